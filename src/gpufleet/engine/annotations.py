@@ -1,0 +1,28 @@
+"""Names of the ``gpufleet.io/`` annotations and labels, in one place.
+
+Pods ask for fractional GPUs and pick queues through these; the scheduler
+writes its GPU assignment through ``ASSIGNMENT``; the node agent publishes its
+inventory through ``INVENTORY``.  A pod annotation under the prefix that is not
+listed here is rejected, so a typo is an error rather than a silent no-op.
+"""
+
+PREFIX = "gpufleet.io/"
+
+GPU_MILLI = PREFIX + "gpu-milli"  # share of one GPU, 1..1000
+GPU_MEMORY = PREFIX + "gpu-memory"  # GPU memory per GPU, a quantity ("10Gi")
+GPU_MODELS = PREFIX + "gpu-models"  # comma-separated allow list
+GPU_MODELS_DENY = PREFIX + "gpu-models-deny"  # comma-separated deny list
+QUEUE = PREFIX + "queue"
+POD_GROUP = PREFIX + "pod-group"
+POD_GROUP_MIN = PREFIX + "pod-group-min-member"
+RECLAIM_OPT_OUT = PREFIX + "reclaim-opt-out"
+
+# written by gpufleet itself
+ASSIGNMENT = PREFIX + "assignment"  # JSON: node, gpu indices/uuids, share
+INVENTORY = PREFIX + "gpu-inventory"  # node annotation by the agent, JSON
+IDLE_WARNING = PREFIX + "idle-warning"
+
+POD_INPUT_ANNOTATIONS = frozenset(
+    {GPU_MILLI, GPU_MEMORY, GPU_MODELS, GPU_MODELS_DENY, QUEUE, POD_GROUP, POD_GROUP_MIN, RECLAIM_OPT_OUT}
+)
+POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING})

@@ -1,0 +1,137 @@
+"""Plugins by name: a registry, and profiles built from a YAML/dict config.
+
+A profile names its plugins per extension point and weights its scores::
+
+    profiles:
+      - name: default
+        plugins:
+          filter: [NodeUnschedulable, NodeAffinity, TaintToleration, NodeResourcesFit, GpuFit]
+          score:
+            - {name: FGD, weight: 1}
+          gpuSelect: FGD
+        pluginConfig:
+          FGD: {}
+
+Everything is checked at start-up: an unknown plugin, a plugin placed at an
+extension point it does not implement, a weight that is not a positive integer,
+an unknown key -- each is a ``ConfigError`` that says where.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from .errors import ConfigError
+from .framework import EXTENSION_POINTS, Profile
+from .plugins.filters import DEFAULT_FILTERS
+
+Factory = Callable[..., object]
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._factories: dict[str, Factory] = {}
+
+    def register(self, name: str, factory: Factory) -> None:
+        if name in self._factories:
+            raise ConfigError(f"plugin {name!r} registered twice")
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def create(self, name: str, args: Mapping[str, Any] | None = None) -> object:
+        if name not in self._factories:
+            raise ConfigError(f"unknown plugin {name!r}; known plugins: {', '.join(self.names())}")
+        try:
+            return self._factories[name](**dict(args or {}))
+        except TypeError as exc:
+            raise ConfigError(f"plugin {name!r}: bad pluginConfig: {exc}") from None
+
+    def build_profile(self, cfg: Mapping[str, Any]) -> Profile:
+        if not isinstance(cfg, Mapping):
+            raise ConfigError("a profile must be a mapping")
+        unknown = set(cfg) - {"name", "plugins", "pluginConfig"}
+        if unknown:
+            raise ConfigError(f"profile: unknown key(s) {sorted(unknown)}")
+        pname = cfg.get("name") or "default"
+        plugins = cfg.get("plugins") or {}
+        pconf = cfg.get("pluginConfig") or {}
+        bad_points = set(plugins) - set(EXTENSION_POINTS)
+        if bad_points:
+            raise ConfigError(f"profile {pname!r}: unknown extension point(s) {sorted(bad_points)}; known: {sorted(EXTENSION_POINTS)}")
+        instances: dict[str, object] = {}
+
+        def get(name: Any, point: str) -> object:
+            if not isinstance(name, str):
+                raise ConfigError(f"profile {pname!r}: {point}: plugin name must be a string, got {name!r}")
+            if name not in instances:
+                instances[name] = self.create(name, pconf.get(name))
+            p = instances[name]
+            if not isinstance(p, EXTENSION_POINTS[point]):
+                raise ConfigError(f"profile {pname!r}: plugin {name!r} does not implement the {point} extension point")
+            return p
+
+        for n in pconf:
+            if n not in self._factories:
+                raise ConfigError(f"profile {pname!r}: pluginConfig for unknown plugin {n!r}")
+        prof = Profile(name=pname)
+        prof.pre_filters = [get(n, "preFilter") for n in _names(plugins.get("preFilter"), pname, "preFilter")]  # type: ignore[misc]
+        flt = plugins.get("filter", list(DEFAULT_FILTERS))
+        prof.filters = [get(n, "filter") for n in _names(flt, pname, "filter")]  # type: ignore[misc]
+        for entry in plugins.get("score") or []:
+            if isinstance(entry, str):
+                name, weight = entry, 1
+            elif isinstance(entry, Mapping):
+                extra = set(entry) - {"name", "weight"}
+                if extra:
+                    raise ConfigError(f"profile {pname!r}: score entry {entry!r}: unknown key(s) {sorted(extra)}")
+                name, weight = entry.get("name"), entry.get("weight", 1)
+            else:
+                raise ConfigError(f"profile {pname!r}: score entry must be a name or {{name, weight}}, got {entry!r}")
+            if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
+                raise ConfigError(f"profile {pname!r}: score plugin {name!r}: weight must be a positive integer, got {weight!r}")
+            prof.scores.append((get(name, "score"), weight))  # type: ignore[arg-type]
+        sel = plugins.get("gpuSelect", "BestFitGpu")
+        prof.gpu_selector = get(sel, "gpuSelect")  # type: ignore[assignment]
+        prof.reserves = [get(n, "reserve") for n in _names(plugins.get("reserve"), pname, "reserve")]  # type: ignore[misc]
+        return prof
+
+
+def _names(v: Any, pname: str, point: str) -> list[str]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise ConfigError(f"profile {pname!r}: {point} must be a list of plugin names")
+    return v
+
+
+def load_config(source: str | Path | Mapping[str, Any], registry: Registry) -> dict[str, Profile]:
+    """Profiles by name from a YAML file path, YAML text or an already-parsed mapping."""
+    if isinstance(source, Mapping):
+        data: Any = source
+    else:
+        p = Path(source)
+        try:
+            text = p.read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read scheduler config {p}: {exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(data, Mapping) or not isinstance(data.get("profiles"), list) or not data["profiles"]:
+        raise ConfigError("scheduler config needs a non-empty 'profiles' list")
+    extra = set(data) - {"profiles", "apiVersion", "kind", "schedulerName"}
+    if extra:
+        raise ConfigError(f"scheduler config: unknown key(s) {sorted(extra)}")
+    out: dict[str, Profile] = {}
+    for p in data["profiles"]:
+        prof = registry.build_profile(p)
+        if prof.name in out:
+            raise ConfigError(f"profile {prof.name!r} defined twice")
+        out[prof.name] = prof
+    return out

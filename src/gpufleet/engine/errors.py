@@ -1,0 +1,46 @@
+"""Typed errors for bad input.
+
+Every error names the object and the field so that the same text can go into a
+Kubernetes event, a CLI message or a simulator report unchanged.
+"""
+
+from __future__ import annotations
+
+
+class GpufleetError(Exception):
+    """Base class of every error gpufleet raises on purpose."""
+
+
+class InvalidPodSpec(GpufleetError):
+    """A pod's spec or annotations cannot be turned into a request."""
+
+    def __init__(self, pod: str, field: str, message: str):
+        self.pod = pod
+        self.field = field
+        self.message = message
+        super().__init__(f"pod {pod}: field {field}: {message}")
+
+
+class InvalidQuantity(GpufleetError):
+    """A Kubernetes resource quantity string is malformed."""
+
+    def __init__(self, value: object, message: str = "not a valid Kubernetes quantity"):
+        self.value = value
+        super().__init__(f"{value!r}: {message}")
+
+
+class ConfigError(GpufleetError):
+    """The scheduler profile configuration is wrong; raised at start-up."""
+
+
+class InvalidNodeSpec(GpufleetError):
+    """A node (or its GPU inventory) cannot be modelled."""
+
+    def __init__(self, node: str, field: str, message: str):
+        self.node = node
+        self.field = field
+        super().__init__(f"node {node}: field {field}: {message}")
+
+
+class StateError(GpufleetError):
+    """An operation would break the cluster state's invariants (double-booking)."""

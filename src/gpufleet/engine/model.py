@@ -1,0 +1,183 @@
+"""The cluster model: nodes, GPUs, MIG instances, pod requests, assignments.
+
+Plain dataclasses with units in their names and integers for resources
+(``cpu_milli``, ``memory_mib``, ``gpu_milli`` with 1000 = one whole GPU).  Raw
+Kubernetes JSON never gets past the adapters; ``podspec`` and ``inventory``
+translate it into these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+GPU_MILLI = 1000  # a whole GPU
+
+Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG instance carved out of one GPU (e.g. profile ``1g.10gb``)."""
+
+    profile: str
+    memory_mib: int
+    instance_id: int = 0
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+    nvlink_peers: tuple[int, ...] = ()
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as the scheduler sees it: allocatable resources and its GPUs."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: tuple[Gpu, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict, hash=False, compare=True)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    max_pods: int = 110
+
+
+# --- pod requests ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One node-selector requirement (key, operator, values)."""
+
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SelectorTerm:
+    """Requirements ANDed together; a term list is ORed (Kubernetes semantics)."""
+
+    requirements: tuple[Requirement, ...] = ()
+
+
+@dataclass(frozen=True)
+class PreferredTerm:
+    weight: int
+    term: SelectorTerm
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: str = ""  # empty matches every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """What one pod needs, in engine units.
+
+    GPU demand is ``gpu_count`` devices, each with ``gpu_milli`` of compute
+    share (1000 = whole, exclusive GPU) and ``gpu_memory_mib`` of memory (0 =
+    no memory reservation; a whole GPU always takes all of its memory).  A MIG
+    request is ``mig_profile`` with ``gpu_count`` instances.
+    """
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_count: int = 0
+    gpu_milli: int = 0
+    gpu_memory_mib: int = 0
+    mig_profile: str | None = None
+    gpu_models_allow: frozenset[str] | None = None
+    gpu_models_deny: frozenset[str] = frozenset()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required_terms: tuple[SelectorTerm, ...] = ()
+    preferred_terms: tuple[PreferredTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    priority: int = 0
+    scheduler_name: str = "default-scheduler"
+    queue: str | None = None
+    pod_group: str | None = None
+    pod_group_min: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.gpu_count > 0
+
+    @property
+    def whole_gpus(self) -> bool:
+        return self.gpu_count > 0 and self.mig_profile is None and self.gpu_milli >= GPU_MILLI
+
+    @property
+    def shared_gpu(self) -> bool:
+        return self.gpu_count > 0 and self.mig_profile is None and self.gpu_milli < GPU_MILLI
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """GPU demand in milli-GPU (MIG instances count as their slice share)."""
+        return self.gpu_count * self.gpu_milli
+
+    def shape(self) -> tuple:
+        """What resource-only scoring depends on; pods of one shape share score caches."""
+        return (
+            self.cpu_milli,
+            self.memory_mib,
+            self.gpu_count,
+            self.gpu_milli,
+            self.gpu_memory_mib,
+            self.mig_profile,
+            self.gpu_models_allow,
+            self.gpu_models_deny,
+        )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where a pod runs: the node and the exact devices it holds."""
+
+    pod_key: str
+    node: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_indices: tuple[int, ...] = ()
+    gpu_milli: int = 0  # per GPU
+    gpu_memory_mib: tuple[int, ...] = ()  # per GPU, reserved
+    mig: tuple[tuple[int, int], ...] = ()  # (gpu index, instance id)
+    mig_profile: str | None = None
+    priority: int = 0
+    queue: str | None = None
+    pod_group: str | None = None

@@ -1,0 +1,1 @@
+"""Built-in plugins: the Kubernetes-like filters and scores every profile can use."""

@@ -1,0 +1,272 @@
+"""Turn a real Kubernetes Pod (the JSON dict from the API) into a PodRequest.
+
+Resource arithmetic follows Kubernetes: requests default to limits; app
+containers (and restartable "sidecar" init containers) are summed; ordinary
+init containers run one at a time, so the pod needs the max of that and the
+sum; ``spec.overhead`` is added.  Every bad value raises ``InvalidPodSpec``
+naming the pod and the JSON path of the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from . import annotations as ann
+from .errors import InvalidPodSpec, InvalidQuantity
+from .gpu_models import LARGEST_GPU_MEMORY_MIB, mig_profile_memory_mib
+from .model import (
+    GPU_MILLI,
+    PodRequest,
+    PreferredTerm,
+    Requirement,
+    SelectorTerm,
+    Toleration,
+)
+from .quantity import to_int, to_mib, to_milli
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+_OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '<unnamed>'}"
+
+
+def _container_requests(pod: str, path: str, c: Mapping[str, Any]) -> dict[str, int]:
+    res = c.get("resources") or {}
+    if not isinstance(res, Mapping):
+        raise InvalidPodSpec(pod, f"{path}.resources", "must be an object")
+    limits = res.get("limits") or {}
+    requests = res.get("requests") or {}
+    merged = {**limits, **requests}  # requests default to limits
+    out: dict[str, int] = {}
+    for name, raw in merged.items():
+        src = "requests" if name in requests else "limits"
+        field = f"{path}.resources.{src}.{name}"
+        try:
+            if name == "cpu":
+                v = to_milli(raw)
+            elif name == "memory":
+                v = to_mib(raw)
+            elif name == GPU_RESOURCE or name.startswith(MIG_PREFIX):
+                v = to_int(raw)
+            else:
+                continue
+        except InvalidQuantity as exc:
+            raise InvalidPodSpec(pod, field, str(exc)) from None
+        if v < 0:
+            raise InvalidPodSpec(pod, field, f"must not be negative, got {raw!r}")
+        out[name] = v
+    for name in (GPU_RESOURCE,):
+        if name in requests and name in limits:
+            try:
+                if to_int(requests[name]) != to_int(limits[name]):
+                    raise InvalidPodSpec(pod, f"{path}.resources.requests.{name}", "extended resources need requests equal to limits")
+            except InvalidQuantity as exc:
+                raise InvalidPodSpec(pod, f"{path}.resources.limits.{name}", str(exc)) from None
+    return out
+
+
+def _add(a: dict[str, int], b: Mapping[str, int]) -> None:
+    for k, v in b.items():
+        a[k] = a.get(k, 0) + v
+
+
+def effective_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """Per-resource pod requests with Kubernetes' init-container semantics."""
+    key = pod_key(pod)
+    spec = pod.get("spec") or {}
+    total: dict[str, int] = {}
+    for i, c in enumerate(spec.get("containers") or []):
+        _add(total, _container_requests(key, f"spec.containers[{i}]", c))
+    sidecars: dict[str, int] = {}
+    init_max: dict[str, int] = {}
+    for i, c in enumerate(spec.get("initContainers") or []):
+        r = _container_requests(key, f"spec.initContainers[{i}]", c)
+        if c.get("restartPolicy") == "Always":
+            _add(sidecars, r)
+            _add(total, r)
+            continue
+        # an init container runs beside the sidecars started before it
+        for k in set(r) | set(sidecars):
+            init_max[k] = max(init_max.get(k, 0), r.get(k, 0) + sidecars.get(k, 0))
+    for k, v in init_max.items():
+        total[k] = max(total.get(k, 0), v)
+    for name, raw in (spec.get("overhead") or {}).items():
+        try:
+            if name == "cpu":
+                total["cpu"] = total.get("cpu", 0) + to_milli(raw)
+            elif name == "memory":
+                total["memory"] = total.get("memory", 0) + to_mib(raw)
+        except InvalidQuantity as exc:
+            raise InvalidPodSpec(key, f"spec.overhead.{name}", str(exc)) from None
+    return total
+
+
+def _requirement(pod: str, path: str, e: Any) -> Requirement:
+    if not isinstance(e, Mapping):
+        raise InvalidPodSpec(pod, path, "must be an object")
+    op = e.get("operator")
+    if op not in _OPERATORS:
+        raise InvalidPodSpec(pod, f"{path}.operator", f"unknown operator {op!r}")
+    k = e.get("key")
+    if not k or not isinstance(k, str):
+        raise InvalidPodSpec(pod, f"{path}.key", "must be a non-empty string")
+    values = tuple(str(v) for v in (e.get("values") or []))
+    if op in ("In", "NotIn") and not values:
+        raise InvalidPodSpec(pod, f"{path}.values", f"operator {op} needs at least one value")
+    if op in ("Exists", "DoesNotExist") and values:
+        raise InvalidPodSpec(pod, f"{path}.values", f"operator {op} takes no values")
+    if op in ("Gt", "Lt"):
+        if len(values) != 1:
+            raise InvalidPodSpec(pod, f"{path}.values", f"operator {op} needs exactly one value")
+        try:
+            int(values[0])
+        except ValueError:
+            raise InvalidPodSpec(pod, f"{path}.values", f"operator {op} needs an integer, got {values[0]!r}") from None
+    return Requirement(k, op, values)
+
+
+def _term(pod: str, path: str, t: Any) -> SelectorTerm:
+    if not isinstance(t, Mapping):
+        raise InvalidPodSpec(pod, path, "must be an object")
+    reqs = [_requirement(pod, f"{path}.matchExpressions[{i}]", e) for i, e in enumerate(t.get("matchExpressions") or [])]
+    for i, e in enumerate(t.get("matchFields") or []):
+        r = _requirement(pod, f"{path}.matchFields[{i}]", e)
+        if r.key != "metadata.name":
+            raise InvalidPodSpec(pod, f"{path}.matchFields[{i}].key", "only metadata.name is supported")
+        reqs.append(r)
+    return SelectorTerm(tuple(reqs))
+
+
+def _models(pod: str, key: str, raw: str) -> frozenset[str]:
+    names = frozenset(s.strip() for s in raw.split(",") if s.strip())
+    if not names:
+        raise InvalidPodSpec(pod, f"metadata.annotations[{key}]", "must list at least one GPU model")
+    return names
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
+    """Build the engine's request from Pod JSON; raises InvalidPodSpec."""
+    if not isinstance(pod, Mapping):
+        raise InvalidPodSpec("<unknown>", "", "a pod must be a JSON object")
+    key = pod_key(pod)
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        raise InvalidPodSpec(key, "metadata.annotations", "must be an object")
+    for a in annotations:
+        if a.startswith(ann.PREFIX) and a not in ann.POD_INPUT_ANNOTATIONS and a not in ann.POD_OUTPUT_ANNOTATIONS:
+            raise InvalidPodSpec(key, f"metadata.annotations[{a}]", f"unknown gpufleet annotation; known: {', '.join(sorted(ann.POD_INPUT_ANNOTATIONS))}")
+
+    req = effective_requests(pod)
+    gpus = req.get(GPU_RESOURCE, 0)
+    migs = {k[len(MIG_PREFIX):]: v for k, v in req.items() if k.startswith(MIG_PREFIX) and v > 0}
+    gpu_count, gpu_milli, gpu_mem, mig = gpus, GPU_MILLI if gpus else 0, 0, None
+
+    if len(migs) > 1:
+        raise InvalidPodSpec(key, "spec.containers[*].resources", f"more than one MIG profile requested: {sorted(migs)}")
+    if migs:
+        if gpus:
+            raise InvalidPodSpec(key, "spec.containers[*].resources", "requests both nvidia.com/gpu and a MIG profile")
+        (mig, n), = migs.items()
+        mem = mig_profile_memory_mib(mig)
+        if mem is None:
+            raise InvalidPodSpec(key, f"spec.containers[*].resources.requests.{MIG_PREFIX}{mig}", f"unknown MIG profile {mig!r}")
+        gpu_count, gpu_milli, gpu_mem = n, 0, mem
+
+    share_raw = annotations.get(ann.GPU_MILLI)
+    mem_raw = annotations.get(ann.GPU_MEMORY)
+    if share_raw is not None or mem_raw is not None:
+        if mig:
+            raise InvalidPodSpec(key, f"metadata.annotations[{ann.GPU_MILLI}]", "a GPU share cannot be combined with a MIG profile")
+        if gpus > 1:
+            raise InvalidPodSpec(key, f"metadata.annotations[{ann.GPU_MILLI}]", f"a GPU share applies to one GPU, but the pod requests {gpus} nvidia.com/gpu")
+        gpu_count = 1
+        gpu_milli = 0
+        if share_raw is not None:
+            f = f"metadata.annotations[{ann.GPU_MILLI}]"
+            try:
+                gpu_milli = int(str(share_raw).strip())
+            except ValueError:
+                raise InvalidPodSpec(key, f, f"must be an integer milli-GPU share 1..1000, got {share_raw!r}") from None
+            if not 1 <= gpu_milli <= GPU_MILLI:
+                raise InvalidPodSpec(key, f, f"must be within 1..1000 milli-GPU, got {gpu_milli}")
+        if mem_raw is not None:
+            f = f"metadata.annotations[{ann.GPU_MEMORY}]"
+            try:
+                gpu_mem = to_mib(mem_raw)
+            except InvalidQuantity as exc:
+                raise InvalidPodSpec(key, f, str(exc)) from None
+            if gpu_mem <= 0:
+                raise InvalidPodSpec(key, f, f"must be positive, got {mem_raw!r}")
+            if gpu_mem > LARGEST_GPU_MEMORY_MIB:
+                raise InvalidPodSpec(key, f, f"{gpu_mem} MiB is more than any GPU model has ({LARGEST_GPU_MEMORY_MIB} MiB)")
+
+    allow = _models(key, ann.GPU_MODELS, annotations[ann.GPU_MODELS]) if ann.GPU_MODELS in annotations else None
+    deny = _models(key, ann.GPU_MODELS_DENY, annotations[ann.GPU_MODELS_DENY]) if ann.GPU_MODELS_DENY in annotations else frozenset()
+
+    ns = spec.get("nodeSelector") or {}
+    if not isinstance(ns, Mapping):
+        raise InvalidPodSpec(key, "spec.nodeSelector", "must be an object")
+    node_aff = ((spec.get("affinity") or {}).get("nodeAffinity")) or {}
+    required = (node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    req_terms = tuple(
+        _term(key, f"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]", t)
+        for i, t in enumerate(required)
+    )
+    preferred = []
+    for i, p in enumerate(node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") or []):
+        path = f"spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
+        w = p.get("weight") if isinstance(p, Mapping) else None
+        if not isinstance(w, int) or not 1 <= w <= 100:
+            raise InvalidPodSpec(key, f"{path}.weight", f"must be an integer 1..100, got {w!r}")
+        preferred.append(PreferredTerm(w, _term(key, f"{path}.preference", p.get("preference") or {})))
+
+    tols = []
+    for i, t in enumerate(spec.get("tolerations") or []):
+        if not isinstance(t, Mapping):
+            raise InvalidPodSpec(key, f"spec.tolerations[{i}]", "must be an object")
+        op = t.get("operator") or "Equal"
+        if op not in ("Equal", "Exists"):
+            raise InvalidPodSpec(key, f"spec.tolerations[{i}].operator", f"unknown operator {op!r}")
+        tols.append(Toleration(t.get("key") or "", op, str(t.get("value") or ""), t.get("effect") or ""))
+
+    prio = spec.get("priority", 0) or 0
+    if not isinstance(prio, int):
+        raise InvalidPodSpec(key, "spec.priority", f"must be an integer, got {prio!r}")
+    group_min = 0
+    if ann.POD_GROUP_MIN in annotations:
+        try:
+            group_min = int(annotations[ann.POD_GROUP_MIN])
+            if group_min < 1:
+                raise ValueError
+        except ValueError:
+            raise InvalidPodSpec(key, f"metadata.annotations[{ann.POD_GROUP_MIN}]", f"must be a positive integer, got {annotations[ann.POD_GROUP_MIN]!r}") from None
+
+    return PodRequest(
+        name=meta.get("name") or "<unnamed>",
+        namespace=meta.get("namespace") or "default",
+        uid=meta.get("uid") or "",
+        cpu_milli=req.get("cpu", 0),
+        memory_mib=req.get("memory", 0),
+        gpu_count=gpu_count,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_mem,
+        mig_profile=mig,
+        gpu_models_allow=allow,
+        gpu_models_deny=deny,
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in ns.items())),
+        required_terms=req_terms,
+        preferred_terms=tuple(preferred),
+        tolerations=tuple(tols),
+        priority=prio,
+        scheduler_name=spec.get("schedulerName") or "default-scheduler",
+        queue=annotations.get(ann.QUEUE),
+        pod_group=annotations.get(ann.POD_GROUP),
+        pod_group_min=group_min,
+        labels=tuple(sorted((meta.get("labels") or {}).items())),
+    )

@@ -1,0 +1,63 @@
+"""Placement policies and the plugin registry that the adapters use.
+
+``registry()`` knows every plugin by name: the engine's built-in filters and
+scores, and the policies here (the six of the FGD paper and gpufleet's own
+default).  ``default_profile()`` is what runs when no config file is given.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..engine.config import Registry, load_config
+from ..engine.framework import Profile
+from ..engine.plugins import filters, gpuselect, scores
+
+
+def registry() -> Registry:
+    r = Registry()
+    r.register("NodeUnschedulable", filters.NodeUnschedulable)
+    r.register("NodeAffinity", filters.NodeAffinity)
+    r.register("TaintToleration", filters.TaintToleration)
+    r.register("NodeResourcesFit", filters.NodeResourcesFit)
+    r.register("GpuFit", filters.GpuFit)
+    r.register("LeastAllocated", scores.LeastAllocated)
+    r.register("MostAllocated", scores.MostAllocated)
+    r.register("Spread", scores.Spread)
+    r.register("BestFitGpu", gpuselect.BestFitGpu)
+    from . import paper
+
+    paper.register(r)
+    try:
+        from . import default as _default
+
+        _default.register(r)
+    except ImportError:  # pragma: no cover
+        pass
+    return r
+
+
+CONFIG_DIR = Path(__file__).parent / "profiles"
+
+
+def profile_config(name: str) -> dict[str, Any]:
+    import yaml
+
+    p = CONFIG_DIR / f"{name}.yaml"
+    if not p.exists():
+        known = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(known)}")
+    return yaml.safe_load(p.read_text())
+
+
+def policy_names() -> list[str]:
+    return sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
+
+
+def build_profile(name_or_config: str | Mapping[str, Any], **plugin_args: Any) -> Profile:
+    """A profile by policy name (``fgd``, ``bestfit``, ``default``, ...) or from a config mapping."""
+    cfg = profile_config(name_or_config) if isinstance(name_or_config, str) else name_or_config
+    profs = load_config(cfg, registry())
+    return next(iter(profs.values()))
