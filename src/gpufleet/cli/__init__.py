@@ -1,0 +1,1 @@
+"""Command-line entry points (``gpufleet ...``): thin wiring of the adapters."""

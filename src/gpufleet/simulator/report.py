@@ -1,0 +1,112 @@
+"""A single self-contained HTML report: curves and bars a person would rather look at.
+
+Plots are drawn with matplotlib into inline SVG, so the file opens in any
+browser with no network and no other files.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    s = buf.getvalue()
+    return s[s.find("<svg"):]
+
+
+def _mean_curve(runs: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    arr = np.array([r[key] for r in runs], dtype=float)
+    return np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
+
+
+def curves_plot(by_policy: Mapping[str, list[Mapping[str, Any]]], key: str, ylabel: str, title: str) -> str:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, (pol, runs) in enumerate(by_policy.items()):
+        x = np.array(runs[0]["arrived_pct"], dtype=float)
+        m, s = _mean_curve(runs, key)
+        c = PALETTE[i % len(PALETTE)]
+        ax.plot(x, m, label=pol, color=c, lw=1.6)
+        if len(runs) > 1:
+            ax.fill_between(x, m - s, m + s, color=c, alpha=0.15, lw=0)
+    ax.set_xlabel("arrived GPU request (% of cluster GPU capacity)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    return _svg(fig)
+
+
+def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, float], bound: float | None) -> str:
+    pols = list(summary)
+    ours = [summary[p]["unallocated_gpu_pct_mean"] for p in pols]
+    errs = [summary[p].get("unallocated_gpu_pct_std", 0.0) for p in pols]
+    pub = [published.get(p, np.nan) for p in pols]
+    x = np.arange(len(pols))
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    w = 0.38 if any(not np.isnan(v) for v in pub) else 0.6
+    ax.bar(x - (w / 2 if w < 0.5 else 0), ours, w, yerr=errs, label="gpufleet", color=PALETTE[0])
+    if w < 0.5:
+        ax.bar(x + w / 2, pub, w, label="FGD paper (published)", color=PALETTE[1])
+    if bound is not None:
+        ax.axhline(bound, color="k", ls="--", lw=1, label=f"offline bound ({bound:.2f}%)")
+    for xi, v in zip(x, ours):
+        ax.text(xi - (w / 2 if w < 0.5 else 0), v + 0.1, f"{v:.2f}", ha="center", fontsize=7)
+    ax.set_xticks(x, pols, rotation=20)
+    ax.set_ylabel("unallocated GPU % at 100% arrived")
+    ax.set_title("GPUs left unallocated when the workload equals cluster capacity (lower is better)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _svg(fig)
+
+
+def time_plot(series: Mapping[str, Mapping[str, Sequence[float]]], key: str, ylabel: str, title: str) -> str:
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    for i, (pol, s) in enumerate(series.items()):
+        ax.plot(np.array(s["t_h"]), np.array(s[key]), label=pol, color=PALETTE[i % len(PALETTE)], lw=1.2)
+    ax.set_xlabel("simulated time (hours)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _svg(fig)
+
+
+def table_html(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.9em} td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}
+th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:1em} .grid svg{width:100%;height:auto}
+.note{color:#555;font-size:.9em} pre{background:#f7f7f7;padding:.6em;overflow:auto}
+"""
+
+
+def write_report(path: str, title: str, sections: Sequence[tuple[str, str]], params: Mapping[str, Any]) -> None:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>"]
+    parts.append(f"<h1>{html.escape(title)}</h1>")
+    for heading, body in sections:
+        parts.append(f"<h2>{html.escape(heading)}</h2>{body}")
+    parts.append("<h2>Run parameters</h2><pre>" + html.escape(json.dumps(params, indent=2, default=str)) + "</pre>")
+    parts.append("</body></html>")
+    with open(path, "w") as f:
+        f.write("\n".join(parts))

@@ -1,0 +1,30 @@
+"""Trace loading: the bundled trace parses, broken rows name file, line and field."""
+
+import pytest
+
+from gpufleet.simulator import trace
+
+
+def test_bundled_default_trace_loads():
+    pods = trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods
+    nodes = trace.load_nodes(trace.bundled(trace.DEFAULT_NODES))
+    assert len(pods) == 8152
+    assert len(nodes) == 1213
+    assert sum(len(n.gpus) for n in nodes) == 6212
+
+
+def test_broken_row_names_file_line_and_field(tmp_path):
+    p = tmp_path / "pods.csv"
+    p.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nok,1000,1024,1,500\nbad,abc,1024,1,500\n")
+    with pytest.raises(trace.TraceError) as exc:
+        trace.load_pods(p)
+    msg = str(exc.value)
+    assert "pods.csv" in msg and ":3" in msg and "cpu_milli" in msg
+
+
+def test_skip_bad_rows_counts(tmp_path):
+    p = tmp_path / "pods.csv"
+    p.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nok,1000,1024,1,500\nbad,1000,1024,1,1500\n")
+    t = trace.load_pods(p, skip_bad_rows=True)
+    assert [x.name for x in t.pods] == ["ok"]
+    assert len(t.skipped_rows) == 1 and "gpu_milli" in t.skipped_rows[0]
