@@ -54,7 +54,7 @@ class Registry:
     def build_profile(self, cfg: Mapping[str, Any]) -> Profile:
         if not isinstance(cfg, Mapping):
             raise ConfigError("a profile must be a mapping")
-        unknown = set(cfg) - {"name", "plugins", "pluginConfig"}
+        unknown = set(cfg) - {"name", "plugins", "pluginConfig", "tieBreak"}
         if unknown:
             raise ConfigError(f"profile: unknown key(s) {sorted(unknown)}")
         pname = cfg.get("name") or "default"
@@ -79,6 +79,10 @@ class Registry:
             if n not in self._factories:
                 raise ConfigError(f"profile {pname!r}: pluginConfig for unknown plugin {n!r}")
         prof = Profile(name=pname)
+        tb = cfg.get("tieBreak", "random")
+        if tb not in ("random", "name"):
+            raise ConfigError(f"profile {pname!r}: tieBreak must be 'random' or 'name', got {tb!r}")
+        prof.tie_break = tb
         prof.pre_filters = [get(n, "preFilter") for n in _names(plugins.get("preFilter"), pname, "preFilter")]  # type: ignore[misc]
         flt = plugins.get("filter", list(DEFAULT_FILTERS))
         prof.filters = [get(n, "filter") for n in _names(flt, pname, "filter")]  # type: ignore[misc]

@@ -140,6 +140,9 @@ class Profile:
     scores: list[tuple[ScorePlugin, int]] = field(default_factory=list)
     gpu_selector: GpuSelectPlugin | None = None
     reserves: list[ReservePlugin] = field(default_factory=list)
+    # equal best scores: "random" picks uniformly (kube-scheduler); "name" picks the
+    # node that sorts first by name (the FGD paper's simulator, for reproducibility)
+    tie_break: str = "random"
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,9 @@ class Scheduler:
         ties = np.flatnonzero(scores >= best - 1e-9)
         if ties.size == 1:
             return int(cand[ties[0]])
+        if self.profile.tie_break == "name":
+            names = self.state.nodes
+            return int(min(cand[ties], key=lambda i: names[int(i)].name))
         return int(cand[ties[int(self.rng.integers(ties.size))]])
 
     def diagnosis(self, cycle: Cycle, by_node: bool = False) -> Diagnosis:

@@ -1,3 +1,429 @@
-"""Placeholder, replaced below."""
-def register(r):
-    pass
+"""The six placement policies of the FGD paper, as engine plugins.
+
+Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+Fragmentation Gradient Descent", USENIX ATC 2023.  The definitions follow the
+paper's published simulator (github.com/hkust-adsl/kubernetes-scheduler-
+simulator, ``pkg/simulator/plugin/*_score.go``, ``pkg/utils/frag.go``,
+``pkg/type/resource.go``); each class names the file it mirrors.  Details that
+change results are kept on purpose:
+
+* scores are truncated to integers 0..100 as the Go plugins return them, so
+  ties are frequent and are broken uniformly at random by the framework, as
+  kube-scheduler's ``selectHost`` does;
+* the paper's resource model is CPU + per-GPU milli-GPU; memory only filters.
+  ``MAX_SPEC_CPU_MILLI``/``MAX_SPEC_GPU_MILLI`` are the simulator's
+  normalisers (a 128-core, 8-GPU machine).
+
+Everything is vectorised over candidate nodes (and, for FGD, over the GPUs of
+each node) and declares a cache key, so the framework recomputes a node's
+score only after that node changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..engine.config import Registry
+from ..engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
+from ..engine.model import GPU_MILLI, PodRequest
+from ..engine.plugins.filters import eligible_gpus
+from ..engine.plugins.gpuselect import BestFitGpu, pick_mig, pick_whole
+from ..engine.state import ClusterState
+
+MAX_SPEC_CPU_MILLI = 128_000
+MAX_SPEC_GPU_MILLI = 8_000
+# FGD's target workload: the most common task shapes covering this share of
+# all tasks (the simulator's typicalPodsConfig: popularity 95%, step 1).
+POPULARITY_THRESHOLD = 0.95
+
+
+# --- shapes and the target workload ---------------------------------------------
+
+
+def shape_of(r: PodRequest) -> tuple[int, int, int, frozenset[str] | None]:
+    """(cpu_milli, per-GPU milli, GPU count, allowed models): the paper's PodResource."""
+    if r.gpu_count == 0:
+        return (r.cpu_milli, 0, 0, None)
+    return (r.cpu_milli, r.gpu_milli, r.gpu_count, r.gpu_models_allow)
+
+
+@dataclass
+class TargetWorkload:
+    """Task shapes and their frequencies: FGD's 'target workload'.
+
+    ``from_requests`` follows ``GetTypicalPods`` in ``pkg/utils/frag.go``:
+    count tasks per shape (CPU-only tasks included), take shapes in decreasing
+    count until they cover ``threshold`` of all tasks, renormalise.
+    """
+
+    cpu_milli: np.ndarray
+    gpu_milli: np.ndarray  # per GPU; 0 for CPU-only shapes
+    gpu_count: np.ndarray
+    freq: np.ndarray
+    models: tuple[frozenset[str] | None, ...]
+
+    @classmethod
+    def from_counts(cls, counts: Counter, threshold: float = POPULARITY_THRESHOLD) -> "TargetWorkload":
+        total = float(sum(counts.values()))
+        if total <= 0:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), ())
+
+        def order(item):  # decreasing count; ties: larger cpu, milli, count first (Go's Less, reversed)
+            (cpu, milli, n, models), c = item
+            return (-c, -cpu, -milli, -n, tuple(sorted(models)) if models else ())
+
+        items = sorted(counts.items(), key=order)
+        chosen, cum = [], 0.0
+        for shape, c in items:
+            if cum >= threshold * total:
+                break
+            chosen.append((shape, c))
+            cum += c
+        f = np.array([c for _, c in chosen], dtype=np.float64)
+        f /= f.sum()
+        return cls(
+            cpu_milli=np.array([s[0] for s, _ in chosen], dtype=np.int64),
+            gpu_milli=np.array([s[1] for s, _ in chosen], dtype=np.int64),
+            gpu_count=np.array([s[2] for s, _ in chosen], dtype=np.int64),
+            freq=f,
+            models=tuple(s[3] for s, _ in chosen),
+        )
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[PodRequest], threshold: float = POPULARITY_THRESHOLD) -> "TargetWorkload":
+        return cls.from_counts(Counter(shape_of(r) for r in requests), threshold)
+
+    def __len__(self) -> int:
+        return int(self.freq.size)
+
+    def access(self, model_names: Sequence[str]) -> np.ndarray:
+        """[model id, shape] -> may this shape run on that GPU model."""
+        out = np.ones((len(model_names) + 1, len(self)), dtype=bool)  # last row: no GPU model (-1)
+        for t, allowed in enumerate(self.models):
+            if allowed:
+                for m, name in enumerate(model_names):
+                    out[m, t] = name in allowed
+                out[-1, t] = False
+        return out
+
+
+def node_view(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cpu left, per-GPU milli left [k, G] (0 for absent/unusable GPUs), node GPU model id)."""
+    left = np.where(state.gpu_usable[nodes], state.gpu_free_milli[nodes], 0)
+    model = state.gpu_model[nodes, 0] if state.gpu_model.shape[1] else np.full(nodes.size, -1)
+    return state.cpu_free[nodes], left, model
+
+
+def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, tw: TargetWorkload, access: np.ndarray) -> np.ndarray:
+    """Expected GPU fragment (milli-GPU) of node states, over the target workload.
+
+    Mirrors ``NodeGpuShareFragAmount`` + ``FragAmountSumExceptQ3``: for each
+    task shape, a node's idle GPU milli counts as fragment unless the task fits
+    (Q3), in which case only the GPUs too small for it count.  CPU-only shapes
+    count all idle GPU milli (classes XL/XR are not Q3).  ``cpu_left`` is [S],
+    ``gpu_left`` [S, G], ``model`` [S]; returns [S].
+    """
+    if len(tw) == 0:
+        return np.zeros(cpu_left.shape[0])
+    total = gpu_left.sum(axis=-1).astype(np.float64)  # [S]
+    milli = tw.gpu_milli  # [T]
+    ge = gpu_left[:, None, :] >= milli[None, :, None]  # [S, T, G]
+    cnt_ok = ge.sum(axis=-1)  # [S, T]
+    small = np.where(ge, 0, gpu_left[:, None, :]).sum(axis=-1)  # [S, T]
+    acc = access[model]  # [S, T]  (model -1 picks the last row)
+    q3 = (milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
+    per = np.where(q3, small, total[:, None])
+    return per @ tw.freq
+
+
+def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
+    """int(sigmoid(delta/1000) * 100): FGD's score of a fragment decrease ``delta``."""
+    return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(-delta / 1000.0)))
+
+
+def _take_packed(left: np.ndarray, milli: int, count: int) -> np.ndarray:
+    """``NodeResource.Sub``: take ``count`` GPUs of ``milli``, least sufficient first."""
+    out = left.copy()
+    k = out.shape[0]
+    order = np.argsort(out, axis=1, kind="stable")
+    srt = np.take_along_axis(out, order, axis=1)
+    ok = srt >= milli
+    take = ok & (np.cumsum(ok, axis=1) <= count)
+    srt = srt - take * milli
+    np.put_along_axis(out, order, srt, axis=1)
+    del k
+    return out
+
+
+# --- the policies ------------------------------------------------------------------
+
+
+class _Plugin:
+    name = ""
+
+    def normalize(self, raw: np.ndarray) -> np.ndarray:
+        return raw
+
+    def cache_key(self, cycle: Cycle):
+        return shape_of(cycle.request)
+
+
+@dataclass
+class RandomScore(_Plugin):
+    """Random-fit (``random_score.go``): one random feasible node gets the top score."""
+
+    name: str = "RandomScore"
+
+    def cache_key(self, cycle: Cycle):
+        return None
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        out = np.zeros(nodes.size)
+        out[int(cycle.rng.integers(nodes.size))] = MAX_NODE_SCORE
+        return out
+
+
+@dataclass
+class RandomGpu:
+    """Random GPU among those that fit (``allocateGpuIdBasedOnRandomFit``)."""
+
+    name: str = "RandomGpu"
+
+    def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
+        r = cycle.request
+        if r.mig_profile:
+            return pick_mig(cycle, state, node)
+        idx = [int(g) for g in np.flatnonzero(eligible_gpus(state, r, slice(node, node + 1))[0])]
+        if r.gpu_milli >= GPU_MILLI:
+            got = pick_whole(state, node, idx, r.gpu_count)
+            return GpuChoice(got) if got else None
+        if len(idx) < r.gpu_count:
+            return None
+        pick = cycle.rng.choice(len(idx), size=r.gpu_count, replace=False)
+        return GpuChoice(tuple(sorted(idx[int(i)] for i in pick)))
+
+
+@dataclass
+class DotProductScore(_Plugin):
+    """Dot-product (``dot_product_score.go``, dimension 'merge', norm 'max').
+
+    Node free vector (CPU, total GPU milli) dotted with the request, both
+    normalised by the largest machine; the smaller the product, the higher the
+    score (it avoids nodes whose free resources align with the request).
+    """
+
+    name: str = "DotProductScore"
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        cpu, left, _ = node_view(state, nodes)
+        dot = (cpu / MAX_SPEC_CPU_MILLI) * (r.cpu_milli / MAX_SPEC_CPU_MILLI) + (left.sum(axis=1) / MAX_SPEC_GPU_MILLI) * (
+            r.total_gpu_milli / MAX_SPEC_GPU_MILLI
+        )
+        s = np.floor(MAX_NODE_SCORE * (1.0 - dot / 2.0))
+        return np.where(cpu >= r.cpu_milli, s, 0.0)
+
+
+def _affinity_tag(gpu_count: int, gpu_milli: int) -> str | None:
+    if gpu_count == 0:
+        return None
+    if gpu_milli < GPU_MILLI:
+        return "share"
+    return f"{gpu_count}-gpu"
+
+
+@dataclass
+class GpuClusteringScore(_Plugin):
+    """GPU clustering (``gpu_clustering_score.go``): keep tasks of one kind together.
+
+    Nodes running only tasks of the pod's kind (shared, 1-GPU, 2-GPU, ...) score
+    highest, then mixed nodes that include it, then empty nodes, then nodes of
+    other kinds; within a band, fuller nodes first.
+    """
+
+    name: str = "GpuClusteringScore"
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        tag = _affinity_tag(r.gpu_count, r.gpu_milli)
+        if tag is None:
+            return np.zeros(nodes.size)
+        _, left, _ = node_view(state, nodes)
+        base = (MAX_NODE_SCORE // 4) * (MAX_SPEC_GPU_MILLI - left.sum(axis=1)) // MAX_SPEC_GPU_MILLI
+        out = np.empty(nodes.size)
+        for k, i in enumerate(nodes):
+            tags = set()
+            for key in state.pods_on_node.get(state.nodes[int(i)].name, ()):
+                a = state.assignments[key]
+                t = _affinity_tag(len(a.gpu_indices), a.gpu_milli)
+                if t:
+                    tags.add(t)
+            if tag in tags:
+                band = 3 if len(tags) == 1 else 2
+            else:
+                band = 1 if not tags else 0
+            out[k] = base[k] + band * MAX_NODE_SCORE // 4
+        return out
+
+
+@dataclass
+class GpuPackingScore(_Plugin):
+    """GPU packing (``gpu_packing_score.go``): fill partly used GPUs, then partly
+    used nodes, and open an idle node last."""
+
+    name: str = "GpuPackingScore"
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        if r.gpu_count == 0:
+            return np.zeros(nodes.size)
+        _, left, _ = node_view(state, nodes)
+        n_gpus = state.gpu_n[nodes]
+        full = (left == GPU_MILLI).sum(axis=1)
+        out = np.zeros(nodes.size)
+        idle = full == n_gpus
+        out[idle] = np.maximum(MAX_NODE_SCORE // 3 - full[idle], full[idle])
+        srt = np.sort(np.where(state.gpu_exists[nodes], left, -1), axis=1)  # ascending; absent GPUs first (never fit)
+        ok = srt >= r.gpu_milli
+        use = ok & (np.cumsum(ok, axis=1) <= r.gpu_count)
+        full_used = (use & (srt == GPU_MILLI)).sum(axis=1)
+        pct = np.where(use, srt * 100 // GPU_MILLI, 0).sum(axis=1)
+        partial = ~idle
+        a = partial & (full_used > 0)
+        out[a] = np.maximum(MAX_NODE_SCORE // 2 - full_used[a], MAX_NODE_SCORE // 3)
+        b = partial & (full_used == 0)
+        out[b] = np.maximum(MAX_NODE_SCORE - pct[b] // 10, MAX_NODE_SCORE // 2)
+        return out
+
+
+@dataclass
+class BestFitScore(_Plugin):
+    """Best-fit (``best_fit_score.go``): least weighted free CPU + GPU left after placing."""
+
+    name: str = "BestFitScore"
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        cpu, left, _ = node_view(state, nodes)
+        rest = 0.5 * (cpu - r.cpu_milli) / MAX_SPEC_CPU_MILLI + 0.5 * (left.sum(axis=1) - r.total_gpu_milli) / MAX_SPEC_GPU_MILLI
+        return np.floor((1.0 - rest) * MAX_NODE_SCORE)
+
+    def normalize(self, raw: np.ndarray) -> np.ndarray:
+        lo, hi = raw.min(), raw.max()
+        if hi == lo:
+            return np.zeros(raw.size)
+        return np.floor((raw - lo) * MAX_NODE_SCORE / (hi - lo))
+
+
+@dataclass
+class FGDScore(_Plugin):
+    """Fragmentation gradient descent (``fgd_score.go``).
+
+    Score = how much the node's expected fragment (``frag_amount`` over the
+    target workload) *decreases* when the pod is placed, squashed through a
+    sigmoid; for a shared pod, the best GPU of the node counts, and that GPU
+    is also the one chosen.  The target workload is given (the paper uses the
+    whole trace) or learned online from the pods seen (``learn_online``).
+    """
+
+    name: str = "FGDScore"
+    learn_online: bool = False
+    refresh_every: int = 64
+    workload: TargetWorkload | None = None
+    _counts: Counter = field(default_factory=Counter, repr=False)
+    _seen: int = 0
+    _access: tuple | None = field(default=None, repr=False)
+
+    # the target workload
+    def prime(self, requests: Iterable[PodRequest]) -> None:
+        """Fix the target workload from a known task population (the paper's setting)."""
+        self.workload = TargetWorkload.from_requests(requests)
+        self._access = None
+
+    def observe(self, r: PodRequest) -> None:
+        self._counts[shape_of(r)] += 1
+        self._seen += 1
+        if self.workload is None or self._seen % self.refresh_every == 0:
+            self.workload = TargetWorkload.from_counts(self._counts)
+            self._access = None
+
+    def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
+        tw = self.workload or TargetWorkload.from_counts(Counter())
+        key = (id(tw), len(state.model_names))
+        if self._access is None or self._access[0] != key:
+            self._access = (key, tw.access(state.model_names))
+        return tw, self._access[1]
+
+    def cache_key(self, cycle: Cycle):
+        if self.learn_online and not cycle.data.get("fgd_observed"):
+            cycle.data["fgd_observed"] = True
+            self.observe(cycle.request)
+        return (shape_of(cycle.request), id(self.workload))
+
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """[k, G] scores of placing a shared pod on each GPU (-inf where it does not fit)."""
+        r = cycle.request
+        tw, acc = self._tw(state)
+        cpu, left, model = node_view(state, nodes)
+        before = frag_amount(cpu, left, model, tw, acc)
+        k, g = left.shape
+        elig = eligible_gpus(state, r, nodes) & (left >= r.gpu_milli)
+        rows, cols = np.nonzero(elig)
+        out = np.full((k, g), -np.inf)
+        if rows.size:
+            new_left = left[rows].copy()
+            new_left[np.arange(rows.size), cols] -= r.gpu_milli
+            after = frag_amount(cpu[rows] - r.cpu_milli, new_left, model[rows], tw, acc)
+            out[rows, cols] = _sigmoid_score(before[rows] - after)
+        return out
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
+            s = self._gpu_scores(cycle, state, nodes).max(axis=1)
+            return np.where(np.isfinite(s), s, 0.0)
+        tw, acc = self._tw(state)
+        cpu, left, model = node_view(state, nodes)
+        before = frag_amount(cpu, left, model, tw, acc)
+        new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count else left
+        after = frag_amount(cpu - r.cpu_milli, new_left, model, tw, acc)
+        return _sigmoid_score(before - after)
+
+    def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
+        r = cycle.request
+        if r.mig_profile:
+            return pick_mig(cycle, state, node)
+        if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
+            s = self._gpu_scores(cycle, state, np.array([node]))[0]
+            if not np.isfinite(s).any():
+                return None
+            return GpuChoice((int(np.argmax(s)),))  # first GPU with the best score, as the paper
+        return BestFitGpu().select_gpus(cycle, state, node)
+
+
+def cluster_frag(state: ClusterState, tw: TargetWorkload) -> np.ndarray:
+    """Per-node fragment amount (milli-GPU) of the whole cluster."""
+    nodes = np.arange(len(state))
+    cpu, left, model = node_view(state, nodes)
+    return frag_amount(cpu, left, model, tw, tw.access(state.model_names))
+
+
+def register(r: Registry) -> None:
+    r.register("RandomScore", RandomScore)
+    r.register("RandomGpu", RandomGpu)
+    r.register("DotProductScore", DotProductScore)
+    r.register("GpuClusteringScore", GpuClusteringScore)
+    r.register("GpuPackingScore", GpuPackingScore)
+    r.register("BestFitScore", BestFitScore)
+    r.register("FGDScore", FGDScore)
+
+
+__all__ = [
+    "BestFitScore", "DotProductScore", "FGDScore", "GpuClusteringScore", "GpuPackingScore", "RandomGpu",
+    "RandomScore", "TargetWorkload", "cluster_frag", "frag_amount", "math", "register", "shape_of",
+]
