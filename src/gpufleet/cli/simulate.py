@@ -1,0 +1,264 @@
+"""``gpufleet simulate``: replay a cluster trace through the scheduling engine.
+
+With no arguments: the FGD paper's packing experiment on the bundled Alibaba
+trace, for the paper's six policies and gpufleet's default, seed 42; prints a
+table, writes ``report.html``.  Runs (policy x seed) go to worker processes
+with ``--jobs``; each run is deterministic given its seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engine.errors import GpufleetError
+from ..policies import policy_names
+from ..simulator import trace as tracemod
+
+PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
+PUBLISHED_NAMES = {
+    "01-Random": "random", "02-DotProd": "dotprod", "03-GpuClustering": "clustering",
+    "04-GpuPacking": "packing", "05-BestFit": "bestfit", "06-FGD": "fgd",
+}
+
+
+def parse_seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--seeds: bad seed or range {part!r} (use 42, 42-51 or 1,2,3)") from None
+    if not out:
+        raise argparse.ArgumentTypeError("--seeds: no seeds given")
+    return out
+
+
+def default_policies() -> list[str]:
+    known = policy_names()
+    return [p for p in PAPER_POLICIES if p in known] + (["default"] if "default" in known else [])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", help="node list CSV (sn,cpu_milli,memory_mib,gpu,model); default: the bundled Alibaba GPU node list")
+    p.add_argument("--pods", help="pod list CSV (openb format, 11 or 5 columns); default: the bundled openb_pod_list_default")
+    p.add_argument("--policy", default=None, help="policy name(s), comma-separated (default: the six paper policies + default); known: " + ", ".join(policy_names()))
+    p.add_argument("--seeds", type=parse_seeds, default=[42], help="seeds: 42, 42-51 or 1,2,3 (default 42)")
+    p.add_argument("--tune", type=float, default=1.3, help="packing: inflate the workload to TUNE x cluster GPU capacity (default 1.3)")
+    p.add_argument("--experiment", choices=["packing", "replay"], default="packing")
+    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: number of CPUs)")
+    p.add_argument("--json", dest="json_path", help="write all runs and the summary as JSON to this path")
+    p.add_argument("--report", default="report.html", help="HTML report path (default report.html); '' to skip")
+    p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows (counted and reported) instead of stopping")
+    p.add_argument("--bound", action="store_true", help="packing: also compute the offline bound (an estimate of the best any online policy could do)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+# --- workers (top level, so they pickle) --------------------------------------------
+
+_CACHE: dict[tuple, Any] = {}
+
+
+def _load(nodes_path: str, pods_path: str, skip: bool):
+    key = (nodes_path, pods_path, skip)
+    if key not in _CACHE:
+        nodes = tracemod.load_nodes(nodes_path, skip_bad_rows=skip)
+        tr = tracemod.load_pods(pods_path, skip_bad_rows=skip)
+        _CACHE[key] = (nodes, tr)
+    return _CACHE[key]
+
+
+def _run_one(task: dict) -> dict:
+    nodes, tr = _load(task["nodes"], task["pods"], task["skip"])
+    if task["experiment"] == "packing":
+        from ..simulator.packing import run_packing
+
+        r = run_packing(nodes, tr.pods, task["policy"], seed=task["seed"], tune=task["tune"], trace_name=task["trace"])
+    else:
+        from ..simulator.replay import run_replay
+
+        r = run_replay(nodes, tr.pods, task["policy"], seed=task["seed"], trace_name=task["trace"])
+    return r.to_json()
+
+
+def _bound_one(task: dict) -> dict:
+    from ..simulator.bound import offline_bound
+
+    nodes, tr = _load(task["nodes"], task["pods"], task["skip"])
+    return offline_bound(nodes, tr.pods, seed=task["seed"], tune=task["tune"]).to_json()
+
+
+# --- published figures ------------------------------------------------------------------
+
+
+def published_unallocated(trace_name: str, nodes_path: str, tune: float, seeds: list[int]) -> dict[str, float]:
+    """Mean published unallocated GPU % per policy, where the published runs match this trace."""
+    if Path(nodes_path).name != tracemod.DEFAULT_NODES or abs(tune - 1.3) > 1e-9:
+        return {}
+    p = tracemod.bundled("published/analysis_allo_discrete.csv")
+    if not p.exists():
+        return {}
+    vals: dict[str, dict[int, float]] = {}
+    with open(p, newline="") as f:
+        for row in csv.DictReader(f):
+            if row["workload"] != trace_name or row["sc_policy"] not in PUBLISHED_NAMES or row.get("100") in (None, ""):
+                continue
+            vals.setdefault(PUBLISHED_NAMES[row["sc_policy"]], {})[int(row["seed"])] = 100.0 - float(row["100"])
+    out = {}
+    for pol, by_seed in vals.items():
+        chosen = [v for s, v in by_seed.items() if s in seeds] or list(by_seed.values())
+        out[pol] = round(float(np.mean(chosen)), 2)
+    return out
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def summarize(runs: list[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for pol in dict.fromkeys(r["policy"] for r in runs):
+        rs = [r for r in runs if r["policy"] == pol]
+        if rs[0].get("experiment") == "replay":
+            out[pol] = {
+                "runs": len(rs),
+                "queue_delay_s_mean": float(np.mean([r["queue_delay_s"]["mean"] for r in rs])),
+                "queue_delay_s_p99": float(np.mean([r["queue_delay_s"]["p99"] for r in rs])),
+                "pods_never_placed_mean": float(np.mean([r["pods_never_placed"] for r in rs])),
+                "mean_gpu_alloc_pct": float(np.mean([r["mean_gpu_alloc_pct"] for r in rs])),
+            }
+            continue
+        u = [r["unallocated_gpu_pct"] for r in rs if r["unallocated_gpu_pct"] is not None]
+        out[pol] = {
+            "unallocated_gpu_pct_mean": round(float(np.mean(u)), 4) if u else None,
+            "unallocated_gpu_pct_std": round(float(np.std(u)), 4) if u else None,
+            "runs": len(rs),
+            "pods_failed_mean": float(np.mean([r["pods_failed"] for r in rs])),
+            "wall_s_mean": round(float(np.mean([r["wall_s"] for r in rs])), 3),
+        }
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    nodes_path = args.nodes or str(tracemod.bundled(tracemod.DEFAULT_NODES))
+    pods_path = args.pods or str(tracemod.bundled(tracemod.DEFAULT_PODS))
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()] if args.policy else default_policies()
+    known = policy_names()
+    bad = [p for p in policies if p not in known]
+    if bad:
+        print(f"gpufleet simulate: unknown policy {', '.join(bad)}; known: {', '.join(known)}", file=sys.stderr)
+        return 2
+    if args.tune <= 0 and args.experiment == "packing":
+        print("gpufleet simulate: --tune must be > 0", file=sys.stderr)
+        return 2
+    try:
+        nodes, tr = _load(nodes_path, pods_path, args.skip_bad_rows)
+    except (GpufleetError, OSError) as exc:
+        print(f"gpufleet simulate: {exc}", file=sys.stderr)
+        return 2
+    if tr.skipped_rows:
+        print(f"warning: skipped {len(tr.skipped_rows)} bad row(s) in {pods_path}; first: {tr.skipped_rows[0]}", file=sys.stderr)
+    if not tr.pods:
+        print(f"gpufleet simulate: no pods in {pods_path}", file=sys.stderr)
+        return 2
+    trace_name = Path(pods_path).stem
+    tasks = [
+        {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "experiment": args.experiment,
+         "policy": pol, "seed": s, "tune": args.tune, "trace": trace_name}
+        for pol in policies for s in args.seeds
+    ]
+    jobs = args.jobs or (os.cpu_count() or 1)
+    jobs = max(1, min(jobs, len(tasks)))
+    t0 = time.perf_counter()
+    print(f"{args.experiment} experiment: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, {len(tr.pods)} pods "
+          f"({trace_name}); policies {', '.join(policies)}; seeds {args.seeds[0]}..{args.seeds[-1]} ({len(args.seeds)}); "
+          f"{jobs} worker(s)", file=sys.stderr)
+    runs: list[dict] = []
+    bounds: list[dict] = []
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks) + (len(args.seeds) if args.bound else 0), unit="run", disable=args.no_progress, file=sys.stderr)
+    try:
+        if jobs == 1:
+            for t in tasks:
+                bar.set_postfix_str(f"{t['policy']} seed {t['seed']}")
+                runs.append(_run_one(t))
+                bar.update(1)
+            if args.bound and args.experiment == "packing":
+                for s in args.seeds:
+                    bounds.append(_bound_one(dict(tasks[0], seed=s)))
+                    bar.update(1)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as ex:
+                futs = {ex.submit(_run_one, t): "run" for t in tasks}
+                if args.bound and args.experiment == "packing":
+                    futs.update({ex.submit(_bound_one, dict(tasks[0], seed=s)): "bound" for s in args.seeds})
+                for f in as_completed(futs):
+                    (runs if futs[f] == "run" else bounds).append(f.result())
+                    bar.update(1)
+    finally:
+        bar.close()
+    order = {p: i for i, p in enumerate(policies)}
+    runs.sort(key=lambda r: (order[r["policy"]], r["seed"]))
+    summary = summarize(runs)
+    published = published_unallocated(trace_name, nodes_path, args.tune, args.seeds) if args.experiment == "packing" else {}
+    bound = None
+    if bounds:
+        bound = round(float(np.mean([b["unallocated_gpu_pct"] for b in bounds])), 4)
+    _print_table(args.experiment, summary, published, bound)
+    wall = time.perf_counter() - t0
+    print(f"done in {wall:.1f} s", file=sys.stderr)
+    params = {
+        "experiment": args.experiment, "nodes": nodes_path, "pods": pods_path, "policies": policies, "seeds": args.seeds,
+        "tune": args.tune, "jobs": jobs, "skipped_rows": len(tr.skipped_rows), "wall_s": round(wall, 2),
+    }
+    if args.json_path:
+        doc: dict[str, Any] = {"runs": runs, "summary": summary, "params": params}
+        if published:
+            doc["published"] = published
+        if bounds:
+            doc["bound"] = {"unallocated_gpu_pct_mean": bound, "runs": bounds}
+        with open(args.json_path, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json_path}", file=sys.stderr)
+    if args.report:
+        from ..simulator.report_pages import write_simulation_report
+
+        write_simulation_report(args.report, args.experiment, runs, summary, published, bound, params)
+        print(f"wrote {args.report}", file=sys.stderr)
+    return 0
+
+
+def _print_table(experiment: str, summary: dict, published: dict, bound: float | None) -> None:
+    if experiment == "replay":
+        print(f"{'policy':<12} {'runs':>4} {'mean GPU alloc %':>17} {'queue delay mean s':>19} {'p99 s':>10} {'never placed':>13}")
+        for pol, s in summary.items():
+            print(f"{pol:<12} {s['runs']:>4} {s['mean_gpu_alloc_pct']:>17.2f} {s['queue_delay_s_mean']:>19.1f} "
+                  f"{s['queue_delay_s_p99']:>10.1f} {s['pods_never_placed_mean']:>13.1f}")
+        return
+    print(f"{'policy':<12} {'runs':>4} {'unallocated GPU %':>18} {'± std':>7} {'published':>10} {'failed pods':>12} {'wall s':>7}")
+    for pol, s in summary.items():
+        pub = published.get(pol)
+        m = s["unallocated_gpu_pct_mean"]
+        print(f"{pol:<12} {s['runs']:>4} {m if m is not None else float('nan'):>18.2f} {s['unallocated_gpu_pct_std'] or 0:>7.2f} "
+              f"{(f'{pub:.2f}' if pub is not None else '-'):>10} {s['pods_failed_mean']:>12.1f} {s['wall_s_mean']:>7.1f}")
+    if bound is not None:
+        print(f"{'offline bound':<17} {bound:>18.2f}   (no online policy can be expected to leave fewer GPUs unallocated)")
