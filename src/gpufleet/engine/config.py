@@ -80,8 +80,8 @@ class Registry:
                 raise ConfigError(f"profile {pname!r}: pluginConfig for unknown plugin {n!r}")
         prof = Profile(name=pname)
         tb = cfg.get("tieBreak", "random")
-        if tb not in ("random", "name"):
-            raise ConfigError(f"profile {pname!r}: tieBreak must be 'random' or 'name', got {tb!r}")
+        if tb not in ("random", "ordered"):
+            raise ConfigError(f"profile {pname!r}: tieBreak must be 'random' or 'ordered', got {tb!r}")
         prof.tie_break = tb
         prof.pre_filters = [get(n, "preFilter") for n in _names(plugins.get("preFilter"), pname, "preFilter")]  # type: ignore[misc]
         flt = plugins.get("filter", list(DEFAULT_FILTERS))

@@ -140,8 +140,9 @@ class Profile:
     scores: list[tuple[ScorePlugin, int]] = field(default_factory=list)
     gpu_selector: GpuSelectPlugin | None = None
     reserves: list[ReservePlugin] = field(default_factory=list)
-    # equal best scores: "random" picks uniformly (kube-scheduler); "name" picks the
-    # node that sorts first by name (the FGD paper's simulator, for reproducibility)
+    # equal best scores: "random" picks uniformly (kube-scheduler); "ordered" picks the
+    # first node in a random order drawn once per scheduler (the FGD paper's simulator,
+    # which prefixes node names with a seeded permutation and takes the smallest name)
     tie_break: str = "random"
 
 
@@ -171,6 +172,8 @@ class Scheduler:
         self.profile = profile
         self.state = state
         self.rng = np.random.default_rng(seed)
+        self._rank_rng = np.random.default_rng(None if seed is None else seed + 1)
+        self._rank: np.ndarray | None = None
         self._cache: OrderedDict[tuple, tuple[np.ndarray, np.ndarray, int]] = OrderedDict()
         self._cache_size = cache_size
 
@@ -234,10 +237,17 @@ class Scheduler:
         ties = np.flatnonzero(scores >= best - 1e-9)
         if ties.size == 1:
             return int(cand[ties[0]])
-        if self.profile.tie_break == "name":
-            names = self.state.nodes
-            return int(min(cand[ties], key=lambda i: names[int(i)].name))
+        if self.profile.tie_break == "ordered":
+            rank = self._node_rank()
+            t = cand[ties]
+            return int(t[np.argmin(rank[t])])
         return int(cand[ties[int(self.rng.integers(ties.size))]])
+
+    def _node_rank(self) -> np.ndarray:
+        n = len(self.state)
+        if self._rank is None or self._rank.size != n:
+            self._rank = self._rank_rng.permutation(n)
+        return self._rank
 
     def diagnosis(self, cycle: Cycle, by_node: bool = False) -> Diagnosis:
         first = cycle.first_fail

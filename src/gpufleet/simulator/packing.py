@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -117,7 +117,7 @@ def prime_policy(sched: Scheduler, requests: list[PodRequest]) -> None:
 def run_packing(
     nodes: Sequence[Node],
     pods: Sequence[TracePod],
-    policy: str,
+    policy: str | Mapping,
     seed: int = 42,
     tune: float = 1.3,
     trace_name: str = "",
@@ -127,6 +127,8 @@ def run_packing(
     t0 = time.perf_counter()
     state = ClusterState(nodes)
     profile = build_profile(policy)
+    if not isinstance(policy, str):  # an inline profile config
+        policy = profile.name
     sched = Scheduler(profile, state, seed=seed)
     base_requests = [p.request() for p in pods]
     prime_policy(sched, base_requests)

@@ -1,0 +1,71 @@
+"""Engine benchmark: per-pod decision time per policy on the real Alibaba cluster.
+
+Builds the 1,213-node / 6,212-GPU cluster of the bundled trace, then schedules
+the default pod list (8,152 pods, in trace order, nothing leaves) with each
+policy through ``Scheduler.schedule`` and prints the median and p99 time of one
+scheduling cycle (filter + score + GPU selection + reserve).  It also times one
+full packing run (tune 1.3, seed 42) per policy, the issue's <= 20 s target.
+
+Policies run side by side in one process, alternating, so machine noise hits
+them alike; quote ratios and medians.
+
+    python bench/bench_engine.py [--policies fgd,bestfit] [--repeat 3] [--no-packing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from gpufleet.engine.framework import Scheduler
+from gpufleet.engine.state import ClusterState
+from gpufleet.policies import build_profile, policy_names
+from gpufleet.simulator import trace
+from gpufleet.simulator.packing import prime_policy, run_packing
+
+
+def decision_times(policy: str, nodes, pods) -> np.ndarray:
+    state = ClusterState(nodes)
+    sched = Scheduler(build_profile(policy), state, seed=42)
+    reqs = [p.request() for p in pods]
+    prime_policy(sched, reqs)
+    out = np.empty(len(reqs))
+    for i, r in enumerate(reqs):
+        t0 = time.perf_counter()
+        sched.schedule(r)
+        out[i] = (time.perf_counter() - t0) * 1000.0
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default=",".join(policy_names()))
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; each round runs every policy once (default 3)")
+    ap.add_argument("--no-packing", action="store_true", help="skip the full packing-run timing")
+    args = ap.parse_args()
+    pols = [p for p in args.policies.split(",") if p]
+    nodes = trace.load_nodes(trace.bundled(trace.DEFAULT_NODES))
+    pods = trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods
+    print(f"cluster: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs; {len(pods)} pods; {args.repeat} round(s)")
+    times: dict[str, list[np.ndarray]] = {p: [] for p in pols}
+    walls: dict[str, list[float]] = {p: [] for p in pols}
+    for _ in range(args.repeat):
+        for p in pols:
+            times[p].append(decision_times(p, nodes, pods))
+            if not args.no_packing:
+                walls[p].append(run_packing(nodes, pods, p, seed=42, tune=1.3).wall_s)
+    ref = "fgd" if "fgd" in pols else pols[0]
+    ref_med = float(np.median([np.median(t) for t in times[ref]]))
+    print(f"{'policy':<12} {'median ms':>10} {'p99 ms':>8} {'max ms':>8} {'vs ' + ref:>8} {'packing run s':>14}")
+    for p in pols:
+        med = float(np.median([np.median(t) for t in times[p]]))
+        p99 = float(np.median([np.percentile(t, 99) for t in times[p]]))
+        mx = float(np.median([t.max() for t in times[p]]))
+        wall = f"{np.median(walls[p]):.1f}" if walls[p] else "-"
+        print(f"{p:<12} {med:>10.3f} {p99:>8.3f} {mx:>8.1f} {med / ref_med:>7.2f}x {wall:>14}")
+
+
+if __name__ == "__main__":
+    main()
