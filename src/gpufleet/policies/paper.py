@@ -334,27 +334,38 @@ class FGDScore(_Plugin):
     name: str = "FGDScore"
     learn_online: bool = False
     refresh_every: int = 64
+    threshold: float = POPULARITY_THRESHOLD
+    include_cpu_pods: bool = True
     workload: TargetWorkload | None = None
     _counts: Counter = field(default_factory=Counter, repr=False)
     _seen: int = 0
+    _next_refresh: int = 0
     _access: tuple | None = field(default=None, repr=False)
+    _version: int = 0  # bumped whenever the target workload changes (part of the score cache key)
 
     # the target workload
     def prime(self, requests: Iterable[PodRequest]) -> None:
         """Fix the target workload from a known task population (the paper's setting)."""
-        self.workload = TargetWorkload.from_requests(requests)
+        reqs = [r for r in requests if self.include_cpu_pods or r.gpu_count]
+        self.workload = TargetWorkload.from_requests(reqs, self.threshold)
         self._access = None
+        self._version += 1
 
     def observe(self, r: PodRequest) -> None:
+        if not (self.include_cpu_pods or r.gpu_count):
+            return
         self._counts[shape_of(r)] += 1
         self._seen += 1
-        if self.workload is None or self._seen % self.refresh_every == 0:
-            self.workload = TargetWorkload.from_counts(self._counts)
+        # refresh often while little is known, then every ~10% growth: each refresh re-scores all nodes
+        if self.workload is None or self._seen >= self._next_refresh:
+            self.workload = TargetWorkload.from_counts(self._counts, self.threshold)
             self._access = None
+            self._version += 1
+            self._next_refresh = self._seen + max(self.refresh_every, self._seen // 10)
 
     def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
         tw = self.workload or TargetWorkload.from_counts(Counter())
-        key = (id(tw), len(state.model_names))
+        key = (self._version, len(state.model_names))
         if self._access is None or self._access[0] != key:
             self._access = (key, tw.access(state.model_names))
         return tw, self._access[1]
@@ -363,7 +374,7 @@ class FGDScore(_Plugin):
         if self.learn_online and not cycle.data.get("fgd_observed"):
             cycle.data["fgd_observed"] = True
             self.observe(cycle.request)
-        return (shape_of(cycle.request), id(self.workload))
+        return (shape_of(cycle.request), self._version)
 
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """[k, G] scores of placing a shared pod on each GPU (-inf where it does not fit)."""
