@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import warnings
 from typing import Any, Mapping, Sequence
 
 import matplotlib
@@ -29,8 +30,10 @@ def _svg(fig) -> str:
 
 
 def _mean_curve(runs: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
-    arr = np.array([r[key] for r in runs], dtype=float)
-    return np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
+    arr = np.array([[np.nan if v is None else v for v in r[key]] for r in runs], dtype=float)
+    with warnings.catch_warnings():  # bins no run reached are NaN: drawn as gaps
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
 
 
 def curves_plot(by_policy: Mapping[str, list[Mapping[str, Any]]], key: str, ylabel: str, title: str) -> str:

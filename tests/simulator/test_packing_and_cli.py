@@ -1,0 +1,116 @@
+"""The packing and replay experiments and the ``gpufleet simulate`` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpufleet.cli.main import main
+from gpufleet.simulator import packing, replay, trace
+from gpufleet.simulator.bound import offline_bound
+
+NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+    f"n{i:02d},32000,131072,{g},{m}\n" for i, (g, m) in enumerate([(8, "V100M32")] * 3 + [(2, "T4")] * 4 + [(4, "P100")] * 2)
+)
+
+
+def pods_csv(n: int = 120) -> str:
+    rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"]
+    shapes = [(4000, 1, 500), (8000, 1, 1000), (2000, 1, 250), (16000, 2, 1000), (6000, 0, 0), (3000, 1, 700)]
+    for i in range(n):
+        cpu, g, m = shapes[i % len(shapes)]
+        spec = "T4" if i % 17 == 0 and g else ""
+        rows.append(f"p{i:04d},{cpu},8192,{g},{m},{spec},LS,Running,{i * 60},{i * 60 + 3600},{i * 60}")
+    return "\n".join(rows) + "\n"
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "pods.csv").write_text(pods_csv())
+    return tmp_path
+
+
+def test_workload_order_inflates_to_tune_and_is_seeded(tiny):
+    pods = trace.load_pods(tiny / "pods.csv").pods
+    cap = 40 * 1000
+    a = packing.workload_order(pods, cap, 1.3, 7)
+    b = packing.workload_order(pods, cap, 1.3, 7)
+    c = packing.workload_order(pods, cap, 1.3, 8)
+    assert [n for _, n in a] == [n for _, n in b] != [n for _, n in c]
+    demand = sum(p.request().total_gpu_milli for p, _ in a)
+    assert demand <= 1.3 * cap + 2000 and demand > 1.2 * cap
+    assert len({n for _, n in a}) == len(a)  # resampled pods get unique names
+
+
+@pytest.mark.parametrize("policy", ["fgd", "bestfit", "default"])
+def test_packing_run_curves(tiny, policy):
+    nodes = trace.load_nodes(tiny / "nodes.csv")
+    pods = trace.load_pods(tiny / "pods.csv").pods
+    r = packing.run_packing(nodes, pods, policy, seed=42, tune=1.3)
+    assert len(r.allocation_pct) == 131 and r.arrived_pct[100] == 100.0
+    alloc = [x for x in r.allocation_pct if x is not None]
+    assert all(b >= a - 1e-9 for a, b in zip(alloc, alloc[1:]))  # pods never leave
+    # never more allocated than arrived (bins are +-1 wide, one pod is up to 5% of this tiny cluster)
+    assert all(a <= x + 6 for a, x in zip(r.allocation_pct, r.arrived_pct) if a is not None)
+    assert r.unallocated_gpu_pct == pytest.approx(100 - r.allocation_pct[100])
+    assert r.pods_failed > 0  # 130% demand cannot all fit
+
+
+def test_replay_queues_and_releases(tiny):
+    nodes = trace.load_nodes(tiny / "nodes.csv")[:2]
+    pods = trace.load_pods(tiny / "pods.csv").pods
+    r = replay.run_replay(nodes, pods, "bestfit")
+    assert r.pods_arrived == len(pods)
+    assert r.pods_placed + r.pods_never_placed <= len(pods)
+    assert r.queue_delay_s["p99"] >= r.queue_delay_s["p50"] >= 0
+    assert max(r.gpu_alloc_pct) <= 100.0
+
+
+def test_offline_bound_is_below_every_policy(tiny):
+    nodes = trace.load_nodes(tiny / "nodes.csv")
+    pods = trace.load_pods(tiny / "pods.csv").pods
+    b = offline_bound(nodes, pods, seed=42)
+    for pol in ("fgd", "bestfit"):
+        assert b.unallocated_gpu_pct <= packing.run_packing(nodes, pods, pol, seed=42).unallocated_gpu_pct + 1e-6
+
+
+def test_cli_json_and_report(tiny, capsys):
+    out = tiny / "out.json"
+    rep = tiny / "report.html"
+    rc = main(["simulate", "--nodes", str(tiny / "nodes.csv"), "--pods", str(tiny / "pods.csv"), "--policy", "fgd,bestfit",
+               "--seeds", "1-2", "--jobs", "1", "--json", str(out), "--report", str(rep), "--no-progress", "--bound"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert {(r["policy"], r["seed"]) for r in doc["runs"]} == {("fgd", 1), ("fgd", 2), ("bestfit", 1), ("bestfit", 2)}
+    for r in doc["runs"]:
+        assert len(r["arrived_pct"]) == len(r["allocation_pct"]) == len(r["frag_amount_pct"]) == len(r["frag_rate_pct"]) == 131
+    assert set(doc["summary"]) == {"fgd", "bestfit"} and doc["summary"]["fgd"]["runs"] == 2
+    html = rep.read_text()
+    assert html.startswith("<!doctype html>") and html.count("<svg") >= 4 and "offline bound" in html
+    assert "unallocated GPU %" in capsys.readouterr().out
+
+
+def test_cli_replay(tiny):
+    out = tiny / "r.json"
+    assert main(["simulate", "--experiment", "replay", "--nodes", str(tiny / "nodes.csv"), "--pods", str(tiny / "pods.csv"),
+                 "--policy", "bestfit", "--jobs", "1", "--json", str(out), "--report", "", "--no-progress"]) == 0
+    r = json.loads(out.read_text())["runs"][0]
+    assert r["experiment"] == "replay" and {"mean", "p50", "p99"} <= set(r["queue_delay_s"])
+
+
+def test_cli_bad_rows_stop_or_skip(tiny, capsys):
+    bad = tiny / "bad.csv"
+    bad.write_text(pods_csv(30) + "pbad,abc,1,1,500,,LS,Running,1,2,1\n")
+    rc = main(["simulate", "--nodes", str(tiny / "nodes.csv"), "--pods", str(bad), "--policy", "bestfit", "--report", "", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "bad.csv:32" in err and "cpu_milli" in err
+    rc = main(["simulate", "--nodes", str(tiny / "nodes.csv"), "--pods", str(bad), "--policy", "bestfit", "--report", "",
+               "--no-progress", "--skip-bad-rows", "--jobs", "1"])
+    assert rc == 0 and "skipped 1 bad row" in capsys.readouterr().err
+
+
+def test_cli_unknown_policy(capsys):
+    assert main(["simulate", "--policy", "nope", "--report", ""]) == 2
+    assert "unknown policy nope" in capsys.readouterr().err

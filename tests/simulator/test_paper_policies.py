@@ -1,0 +1,135 @@
+"""Table-driven checks of the FGD-paper policies against hand-computed values."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from gpufleet.engine.framework import Scheduler
+from gpufleet.engine.model import Gpu, Node, PodRequest
+from gpufleet.engine.state import ClusterState
+from gpufleet.policies import build_profile
+from gpufleet.policies.paper import TargetWorkload, frag_amount
+
+
+def node(name: str, gpus: int, cpu_milli: int = 32_000, model: str = "T4") -> Node:
+    return Node(name=name, cpu_milli=cpu_milli, memory_mib=256_000,
+                gpus=tuple(Gpu(i, f"{name}-{i}", model, 16_384) for i in range(gpus)), max_pods=1000)
+
+
+def req(name: str, cpu: int = 1000, count: int = 1, milli: int = 1000, models=None) -> PodRequest:
+    return PodRequest(name=name, namespace="t", cpu_milli=cpu, memory_mib=1024, gpu_count=count,
+                      gpu_milli=milli if count else 0, gpu_models_allow=models)
+
+
+def tw_of(*shapes: tuple[int, int, int, float]) -> TargetWorkload:
+    """(cpu, milli, count, freq) -> workload with exactly those shapes."""
+    c = Counter({(cpu, milli, n, None): f for cpu, milli, n, f in shapes})
+    return TargetWorkload.from_counts(c, threshold=1.0)
+
+
+# frag_amount: (cpu_left, gpu_left, workload) -> expected fragment (milli)
+FRAG_CASES = [
+    # a 500-milli task fits: only GPUs with < 500 left are fragment
+    (8000, [1000, 300], [(1000, 500, 1, 1.0)], 300.0),
+    # nothing fits (all GPUs < 600): everything idle is fragment
+    (8000, [500, 300], [(1000, 600, 1, 1.0)], 800.0),
+    # fits on GPU but CPU is short (Q4): all idle is fragment
+    (500, [1000, 1000], [(1000, 500, 1, 1.0)], 2000.0),
+    # a 2-GPU task needs two GPUs with 1000 free
+    (8000, [1000, 700], [(1000, 1000, 2, 1.0)], 1700.0),
+    # CPU-only shapes count all idle GPU (classes XL/XR are never 'satisfied')
+    (8000, [1000, 0], [(1000, 0, 0, 1.0)], 1000.0),
+    # mixture weights by frequency
+    (8000, [1000, 300], [(1000, 500, 1, 0.5), (1000, 0, 0, 0.5)], 0.5 * 300 + 0.5 * 1300),
+]
+
+
+@pytest.mark.parametrize("cpu,gpus,shapes,expected", FRAG_CASES)
+def test_frag_amount(cpu, gpus, shapes, expected):
+    tw = tw_of(*shapes)
+    acc = tw.access(["T4"])
+    got = frag_amount(np.array([cpu]), np.array([gpus]), np.array([0]), tw, acc)
+    assert got[0] == pytest.approx(expected)
+
+
+def test_model_restricted_shape_counts_all_idle_on_other_models():
+    c = Counter({(1000, 500, 1, frozenset({"A100"})): 1})
+    tw = TargetWorkload.from_counts(c, threshold=1.0)
+    acc = tw.access(["T4", "A100"])
+    got = frag_amount(np.array([8000, 8000]), np.array([[1000, 300], [1000, 300]]), np.array([0, 1]), tw, acc)
+    assert list(got) == [1300.0, 300.0]
+
+
+def test_target_workload_keeps_most_common_shapes_up_to_threshold():
+    c = Counter({(1, 500, 1, None): 60, (2, 1000, 1, None): 30, (3, 250, 1, None): 10})
+    tw = TargetWorkload.from_counts(c, threshold=0.9)
+    assert list(tw.gpu_milli) == [500, 1000]
+    assert tw.freq.sum() == pytest.approx(1.0)
+    assert tw.freq[0] == pytest.approx(60 / 90)
+
+
+def run(policy: str, nodes: list[Node], pods: list[PodRequest], seed: int = 0) -> tuple[Scheduler, list]:
+    state = ClusterState(nodes)
+    s = Scheduler(build_profile(policy), state, seed=seed)
+    for p, _ in s.profile.scores:
+        if hasattr(p, "prime") and not getattr(p, "learn_online", False):
+            p.prime(pods)
+    return s, [s.schedule(p) for p in pods]
+
+
+def test_fgd_puts_a_share_pod_on_the_partly_used_gpu():
+    # one node, GPU0 has 500 used; a 500 pod should complete GPU0, not break GPU1
+    s, decs = run("fgd", [node("n1", 2)], [req("a", milli=500), req("b", milli=500)])
+    assert all(d.ok for d in decs)
+    assert decs[0].assignment.gpu_indices == decs[1].assignment.gpu_indices
+
+
+def test_bestfit_prefers_the_fuller_node():
+    nodes = [node("big", 4), node("small", 2)]
+    s, decs = run("bestfit", nodes, [req("a")])
+    assert decs[0].assignment.node == "small"
+
+
+def test_packing_prefers_partly_used_gpu_over_idle_node():
+    nodes = [node("a", 2), node("b", 2)]
+    s, decs = run("packing", nodes, [req("x", milli=300), req("y", milli=300)])
+    assert decs[0].assignment.node == decs[1].assignment.node
+    assert decs[0].assignment.gpu_indices == decs[1].assignment.gpu_indices
+
+
+def test_clustering_keeps_kinds_apart():
+    nodes = [node("a", 4), node("b", 4)]
+    s, decs = run("clustering", nodes, [req("share1", milli=300), req("whole1"), req("share2", milli=300)])
+    assert decs[0].assignment.node == decs[2].assignment.node  # shared pods together
+    assert decs[1].assignment.node != decs[0].assignment.node  # whole-GPU pod on the other node
+
+
+def test_random_uses_all_nodes_over_many_pods():
+    nodes = [node(f"n{i}", 8) for i in range(4)]
+    s, decs = run("random", nodes, [req(f"p{i}", milli=100, cpu=10) for i in range(40)], seed=3)
+    assert len({d.assignment.node for d in decs}) == 4
+
+
+@pytest.mark.parametrize("policy", ["random", "dotprod", "clustering", "packing", "bestfit", "fgd", "default"])
+def test_no_policy_overcommits(policy):
+    nodes = [node("a", 2, cpu_milli=8000), node("b", 4, cpu_milli=16000, model="V100M16")]
+    rng = np.random.default_rng(1)
+    pods = []
+    for i in range(60):
+        k = int(rng.integers(3))
+        pods.append(req(f"p{i}", cpu=int(rng.integers(100, 3000)), count=[0, 1, 2][k],
+                        milli=int(rng.choice([200, 450, 700, 1000])) if k == 1 else 1000))
+    s, decs = run(policy, nodes, pods)
+    st = s.state
+    assert (st.gpu_free_milli >= 0).all() and (st.cpu_free >= 0).all() and (st.mem_free >= 0).all()
+    used = np.zeros_like(st.gpu_free_milli)
+    for d in decs:
+        if d.ok:
+            a = d.assignment
+            for g in a.gpu_indices:
+                used[st.index[a.node], g] += a.gpu_milli
+    assert (used <= 1000).all()
+    assert (st.gpu_free_milli + used == np.where(st.gpu_exists, 1000, 0)).all()
