@@ -51,7 +51,7 @@ class StrandAwareFragScore(FGDScore):
     threshold: float = 0.9
     include_cpu_pods: bool = False
     strand_weight: float = 16.0
-    sliver_weight: float = 16.0
+    sliver_weight: float = 8.0
     memory_strand: bool = True
     quant_milli: float = 40.0
     _sums: list = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # GPU milli, CPU milli, memory MiB of GPU tasks
