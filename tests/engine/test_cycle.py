@@ -1,0 +1,129 @@
+"""Filters, scores, GPU selection, config validation and whole cycles through the framework."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.engine.errors import ConfigError
+from gpufleet.engine.framework import Scheduler
+from gpufleet.engine.model import Taint
+from gpufleet.engine.podspec import parse_pod
+from gpufleet.engine.state import ClusterState
+from gpufleet.policies import build_profile, registry
+
+from .builders import gpu_node, mig_node, pod
+
+
+def sched(nodes, policy="bestfit"):
+    return Scheduler(build_profile(policy), ClusterState(nodes), seed=0)
+
+
+# (nodes, pod, expected reason fragment) -- every node fails for the same reason
+REJECT = [
+    ([gpu_node("a", 1)], pod(gpus=2), "Insufficient nvidia.com/gpu"),
+    ([gpu_node("a", 1, cpu_milli=1000)], pod(cpu="2", gpus=1), "Insufficient cpu"),
+    ([gpu_node("a", 1, mem_mib=512)], pod(memory="1Gi", gpus=1), "Insufficient memory"),
+    ([gpu_node("a", 1, model="T4")], pod(gpus=1, annotations={"gpufleet.io/gpu-models": "H100"}), "allowed model"),
+    ([gpu_node("a", 1, model="T4")], pod(gpus=1, annotations={"gpufleet.io/gpu-models-deny": "T4"}), "allowed model"),
+    ([gpu_node("a", 1, memory_mib=16384)], pod(gpus=1, annotations={"gpufleet.io/gpu-memory": "20Gi"}), "GPU memory"),
+    ([gpu_node("a", 1, taints=(Taint("gpu", "x", "NoSchedule"),))], pod(gpus=1), "taint"),
+    ([gpu_node("a", 1, unschedulable=True)], pod(gpus=1), "unschedulable"),
+    ([gpu_node("a", 1)], pod(gpus=1, nodeSelector={"zone": "b"}), "affinity"),
+    ([gpu_node("a", 2)], pod(extra_resources={"nvidia.com/mig-1g.10gb": "1"}), "Insufficient nvidia.com/mig-1g.10gb"),
+]
+
+
+@pytest.mark.parametrize("nodes,p,reason", REJECT)
+def test_filters_reject_with_reason(nodes, p, reason):
+    s = sched(nodes)
+    d = s.schedule(parse_pod(p))
+    assert not d.ok
+    assert reason in d.status.message
+    assert d.status.message.startswith("unschedulable: 0/1 nodes are available")
+
+
+def test_tolerated_taint_and_matching_affinity_pass():
+    n = gpu_node("a", 1, taints=(Taint("gpu", "x", "NoSchedule"),), labels={"zone": "b", "gpus": "8"})
+    p = pod(gpus=1, nodeSelector={"zone": "b"}, tolerations=[{"key": "gpu", "operator": "Equal", "value": "x", "effect": "NoSchedule"}],
+            affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]}]}]}}})
+    assert sched([n]).schedule(parse_pod(p)).ok
+
+
+def test_diagnosis_aggregates_like_kubernetes():
+    nodes = [gpu_node(f"t{i}", 1) for i in range(3)] + [gpu_node("tainted", 4, taints=(Taint("k", "v", "NoExecute"),))]
+    d = sched(nodes).schedule(parse_pod(pod(gpus=2)))
+    msg = d.status.message
+    assert msg.startswith("unschedulable: 0/4 nodes are available: 3 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint")
+
+
+def test_next_cycle_sees_reserved_gpus_and_unreserve_restores():
+    s = sched([gpu_node("a", 2)])
+    d1 = s.schedule(parse_pod(pod("p1", gpus=1)))
+    d2 = s.schedule(parse_pod(pod("p2", gpus=1)))
+    assert d1.ok and d2.ok and set(d1.assignment.gpu_indices) | set(d2.assignment.gpu_indices) == {0, 1}
+    assert not s.schedule(parse_pod(pod("p3", gpus=1))).ok
+    s.forget(d1.assignment.pod_key)
+    assert s.schedule(parse_pod(pod("p3", gpus=1))).ok
+
+
+def test_shared_pods_stack_on_one_gpu():
+    s = sched([gpu_node("a", 2)])
+    ds = [s.schedule(parse_pod(pod(f"s{i}", gpus=1, annotations={"gpufleet.io/gpu-milli": "250"}))) for i in range(4)]
+    assert all(d.ok for d in ds)
+    assert len({d.assignment.gpu_indices for d in ds}) == 1
+
+
+def test_mig_pod_gets_a_mig_instance():
+    s = sched([mig_node("m")])
+    d = s.schedule(parse_pod(pod(extra_resources={"nvidia.com/mig-1g.10gb": "1"})))
+    assert d.ok and d.assignment.mig and d.assignment.mig_profile == "1g.10gb"
+
+
+def test_multi_gpu_pod_stays_on_one_nvlink_island():
+    s = sched([gpu_node("a", 4, nvlink=True)])
+    d = s.schedule(parse_pod(pod(gpus=2)))
+    assert d.ok and len(d.assignment.gpu_indices) == 2
+
+
+class FailingBinder:
+    def bind(self, assignment):
+        raise RuntimeError("apiserver said no")
+
+
+def test_bind_failure_unreserves():
+    s = sched([gpu_node("a", 1)])
+    before = s.state.gpu_free_milli.copy()
+    d = s.schedule_and_bind(parse_pod(pod(gpus=1)), FailingBinder())
+    assert not d.ok and "bind failed" in d.status.message
+    assert (s.state.gpu_free_milli == before).all()
+
+
+def test_explain_lists_every_node():
+    s = sched([gpu_node("a", 1), gpu_node("b", 0)])
+    d = s.explain(parse_pod(pod(gpus=1)))
+    assert d.ok and set(d.diagnosis.by_node) == {"a", "b"} and d.diagnosis.by_node["a"] == "fits"
+
+
+@pytest.mark.parametrize("cfg,msg", [
+    ({"profiles": [{"name": "x", "plugins": {"score": [{"name": "NoSuchPlugin", "weight": 1}]}}]}, "unknown plugin 'NoSuchPlugin'"),
+    ({"profiles": [{"name": "x", "plugins": {"filter": ["LeastAllocated"]}}]}, "does not implement the filter extension point"),
+    ({"profiles": [{"name": "x", "plugins": {"score": [{"name": "LeastAllocated", "weight": 0}]}}]}, "weight must be a positive integer"),
+    ({"profiles": [{"name": "x", "plugins": {"scroe": []}}]}, "unknown extension point"),
+    ({"profiles": [{"name": "x", "tieBreak": "coin"}]}, "tieBreak"),
+    ({"profiles": []}, "non-empty 'profiles'"),
+])
+def test_config_errors_are_clear(cfg, msg):
+    with pytest.raises(ConfigError) as exc:
+        build_profile(cfg)
+    assert msg in str(exc.value)
+
+
+def test_every_policy_profile_builds():
+    from gpufleet.policies import policy_names
+
+    names = policy_names()
+    assert {"random", "dotprod", "clustering", "packing", "bestfit", "fgd", "default"} <= set(names)
+    for n in names:
+        assert build_profile(n).scores
+    assert "FGDScore" in registry().names()
