@@ -114,3 +114,12 @@ def test_cli_bad_rows_stop_or_skip(tiny, capsys):
 def test_cli_unknown_policy(capsys):
     assert main(["simulate", "--policy", "nope", "--report", ""]) == 2
     assert "unknown policy nope" in capsys.readouterr().err
+
+
+def test_replay_speedup_raises_load(tiny):
+    nodes = trace.load_nodes(tiny / "nodes.csv")[:3]
+    pods = trace.load_pods(tiny / "pods.csv").pods
+    slow = replay.run_replay(nodes, pods, "bestfit")
+    fast = replay.run_replay(nodes, pods, "bestfit", speedup=20)
+    assert fast.mean_gpu_alloc_pct > slow.mean_gpu_alloc_pct
+    assert fast.queue_delay_s["mean"] >= slow.queue_delay_s["mean"]

@@ -69,6 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path", help="write all runs and the summary as JSON to this path")
     p.add_argument("--report", default="report.html", help="HTML report path (default report.html); '' to skip")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows (counted and reported) instead of stopping")
+    p.add_argument("--speedup", type=float, default=1.0, help="replay: divide the gaps between arrivals by this factor (pod run times unchanged) to raise the load (default 1)")
     p.add_argument("--bound", action="store_true", help="packing: also compute the offline bound (an estimate of the best any online policy could do)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -96,7 +97,7 @@ def _run_one(task: dict) -> dict:
     else:
         from ..simulator.replay import run_replay
 
-        r = run_replay(nodes, tr.pods, task["policy"], seed=task["seed"], trace_name=task["trace"])
+        r = run_replay(nodes, tr.pods, task["policy"], seed=task["seed"], trace_name=task["trace"], speedup=task.get("speedup", 1.0))
     return r.to_json()
 
 
@@ -166,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"gpufleet simulate: unknown policy {', '.join(bad)}; known: {', '.join(known)}", file=sys.stderr)
         return 2
+    if args.speedup <= 0:
+        print("gpufleet simulate: --speedup must be > 0", file=sys.stderr)
+        return 2
     if args.tune <= 0 and args.experiment == "packing":
         print("gpufleet simulate: --tune must be > 0", file=sys.stderr)
         return 2
@@ -182,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     trace_name = Path(pods_path).stem
     tasks = [
         {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "experiment": args.experiment,
-         "policy": pol, "seed": s, "tune": args.tune, "trace": trace_name}
+         "policy": pol, "seed": s, "tune": args.tune, "trace": trace_name, "speedup": args.speedup}
         for pol in policies for s in args.seeds
     ]
     jobs = args.jobs or (os.cpu_count() or 1)
@@ -228,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"done in {wall:.1f} s", file=sys.stderr)
     params = {
         "experiment": args.experiment, "nodes": nodes_path, "pods": pods_path, "policies": policies, "seeds": args.seeds,
-        "tune": args.tune, "jobs": jobs, "skipped_rows": len(tr.skipped_rows), "wall_s": round(wall, 2),
+        "tune": args.tune, "speedup": args.speedup, "jobs": jobs, "skipped_rows": len(tr.skipped_rows), "wall_s": round(wall, 2),
     }
     if args.json_path:
         doc: dict[str, Any] = {"runs": runs, "summary": summary, "params": params}
