@@ -117,8 +117,10 @@ def test_cli_unknown_policy(capsys):
 
 
 def test_replay_speedup_raises_load(tiny):
-    nodes = trace.load_nodes(tiny / "nodes.csv")[:3]
-    pods = trace.load_pods(tiny / "pods.csv").pods
+    import dataclasses
+
+    nodes = trace.load_nodes(tiny / "nodes.csv")
+    pods = [dataclasses.replace(p, deletion_time=p.creation_time + 30) for p in trace.load_pods(tiny / "pods.csv").pods]
     slow = replay.run_replay(nodes, pods, "bestfit")
     fast = replay.run_replay(nodes, pods, "bestfit", speedup=20)
     assert fast.mean_gpu_alloc_pct > slow.mean_gpu_alloc_pct
