@@ -1,0 +1,117 @@
+"""Kubernetes Node / Pod JSON -> engine model.
+
+A node's GPUs come from the node agent's ``gpufleet.io/gpu-inventory``
+annotation when present; otherwise they are modelled from ``nvidia.com/gpu``
+allocatable and GPU Feature Discovery's labels (``nvidia.com/gpu.product``,
+``nvidia.com/gpu.memory``), so gpufleet also works beside NVIDIA's own device
+plugin.  Bad values raise ``InvalidNodeSpec`` naming the node and the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..engine import annotations as ann
+from ..engine.errors import InvalidNodeSpec, InvalidPodSpec, InvalidQuantity
+from ..engine.gpu_models import lookup
+from ..engine.inventory import assignment_from_json, gpus_from_json
+from ..engine.model import Assignment, Gpu, Node, Taint
+from ..engine.podspec import effective_requests, parse_pod, pod_key
+from ..engine.quantity import to_int, to_mib, to_milli
+from ..engine.state import ClusterState
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB, as GFD writes it
+
+
+def node_from_json(obj: Mapping[str, Any]) -> Node:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name") or "<unnamed>"
+    labels = dict(meta.get("labels") or {})
+    annotations = meta.get("annotations") or {}
+    status = obj.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    spec = obj.get("spec") or {}
+
+    def q(key: str, conv, default: int) -> int:
+        if key not in alloc:
+            return default
+        try:
+            return conv(alloc[key])
+        except InvalidQuantity as exc:
+            raise InvalidNodeSpec(name, f"status.allocatable.{key}", str(exc)) from None
+
+    cpu = q("cpu", to_milli, 0)
+    mem = q("memory", to_mib, 0)
+    pods = q("pods", to_int, 110)
+    if ann.INVENTORY in annotations:
+        gpus = gpus_from_json(name, annotations[ann.INVENTORY])
+    else:
+        count = q(GPU_RESOURCE, to_int, 0)
+        product = labels.get(GFD_PRODUCT, "unknown-gpu")
+        mem_mib = 0
+        if GFD_MEMORY in labels:
+            try:
+                mem_mib = int(labels[GFD_MEMORY])
+            except ValueError:
+                raise InvalidNodeSpec(name, f"metadata.labels[{GFD_MEMORY}]", f"must be an integer MiB, got {labels[GFD_MEMORY]!r}") from None
+        if not mem_mib:
+            m = lookup(product)
+            mem_mib = m.memory_mib if m else 16_384
+        gpus = tuple(Gpu(i, f"{name}/gpu{i}", product, mem_mib) for i in range(count))
+    taints = []
+    for i, t in enumerate(spec.get("taints") or []):
+        if not isinstance(t, Mapping) or not t.get("key") or t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise InvalidNodeSpec(name, f"spec.taints[{i}]", f"needs a key and a known effect, got {t!r}")
+        taints.append(Taint(t["key"], t.get("value", ""), t["effect"]))
+    return Node(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, labels=labels, taints=tuple(taints),
+                unschedulable=bool(spec.get("unschedulable")), max_pods=pods)
+
+
+def node_ready(obj: Mapping[str, Any]) -> bool:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return True  # no conditions reported (e.g. a test cluster without kubelets): trust it
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
+    """The resources a bound pod holds: its assignment annotation, else modelled from its requests.
+
+    A pod bound by another scheduler (no annotation) still holds CPU, memory
+    and ``nvidia.com/gpu`` GPUs; those are taken from the node's free whole
+    GPUs in index order, which is what a device plugin without gpufleet hands
+    out first.  Raises ``InvalidPodSpec`` for an annotation that contradicts
+    the binding.
+    """
+    key = pod_key(pod)
+    req = effective_requests(pod)
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    spec = pod.get("spec") or {}
+    node_name = spec.get("nodeName", "")
+    prio = int(spec.get("priority") or 0)
+    cpu, mem = req.get("cpu", 0), req.get("memory", 0)
+    if ann.ASSIGNMENT in annotations:
+        a = assignment_from_json(key, annotations[ann.ASSIGNMENT], cpu, mem, prio)
+        if a.node != node_name:
+            raise InvalidPodSpec(key, f"metadata.annotations[{ann.ASSIGNMENT}].node", f"says {a.node!r} but the pod is bound to {node_name!r}")
+        return a
+    want = req.get(GPU_RESOURCE, 0)
+    gpus: tuple[int, ...] = ()
+    if want and node_name in state.index:
+        i = state.index[node_name]
+        free = [int(g) for g in range(state.gpu_free_milli.shape[1])
+                if state.gpu_usable[i, g] and state.gpu_free_milli[i, g] == 1000]
+        gpus = tuple(free[:want])
+    return Assignment(pod_key=key, node=node_name, cpu_milli=cpu, memory_mib=mem, gpu_indices=gpus,
+                      gpu_milli=1000 if gpus else 0,
+                      gpu_memory_mib=tuple(int(state.gpu_mem_cap[state.index[node_name], g]) for g in gpus),
+                      priority=prio)
+
+
+__all__ = ["bound_assignment", "is_terminal", "node_from_json", "node_ready", "parse_pod", "pod_key"]
