@@ -61,6 +61,7 @@ class Cycle:
     node: int = -1
     assignment: Assignment | None = None
     status: Status = field(default_factory=Status.success)
+    only_nodes: np.ndarray | None = None  # bool mask: consider only these nodes (scheduler extender)
 
 
 # --- extension points ---------------------------------------------------------
@@ -190,6 +191,10 @@ class Scheduler:
         feasible = np.ones(n, dtype=bool)
         first = np.full(n, -1, dtype=np.int64) if True else None
         reasons: list[str] = []
+        if cycle.only_nodes is not None:
+            feasible &= cycle.only_nodes
+            first[~cycle.only_nodes] = 0
+            reasons.append("node(s) were not offered by kube-scheduler")
         for p in self.profile.filters:
             res = p.filter(cycle, self.state)
             newly = feasible & ~res.ok

@@ -1,0 +1,76 @@
+"""The scheduler extender over real HTTP on localhost."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+
+from gpufleet.kube.api import FakeApi
+from gpufleet.kube.extender import Extender, serve
+from gpufleet.kube.loop import SchedulerLoop
+from gpufleet.policies import build_profile
+
+from .test_loop import node, pod
+
+
+@pytest.fixture
+def ext():
+    api = FakeApi()
+    api.add_node(node("small", gpus=1, inventory=True))
+    api.add_node(node("big", gpus=8, inventory=True))
+    api.add_node(node("cpu", gpus=0))
+    loop = SchedulerLoop(api, build_profile("default"), scheduler_name="default-scheduler")
+    loop.resync()
+    e = Extender(loop)
+    srv = serve(e, "127.0.0.1:0")
+    yield api, loop, f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_filter_prioritize_bind(ext):
+    api, loop, base = ext
+    p = pod("train", gpus=4, scheduler="default-scheduler")
+    api.add_pod(p)
+    loop.handle("pod", "ADDED", p)
+    names = ["small", "big", "cpu", "ghost"]
+    f = post(base + "/filter", {"Pod": p, "NodeNames": names})
+    assert f["NodeNames"] == ["big"] and f["Error"] == ""
+    assert "Insufficient nvidia.com/gpu" in f["FailedNodes"]["small"] and "ghost" in f["FailedNodes"]
+    pr = post(base + "/prioritize", {"Pod": p, "NodeNames": ["big"]})
+    assert pr == [{"Host": "big", "Score": 10}]
+    b = post(base + "/bind", {"PodName": "train", "PodNamespace": "ml", "PodUID": "uid-train", "Node": "big"})
+    assert b["Error"] == ""
+    a = json.loads(api.pods["ml/train"]["metadata"]["annotations"]["gpufleet.io/assignment"])
+    assert a["node"] == "big" and len(a["gpus"]) == 4
+    # the GPUs are taken in the snapshot: a second 8-GPU pod no longer fits on big
+    f2 = post(base + "/filter", {"Pod": pod("x", gpus=8), "NodeNames": ["big"]})
+    assert f2["NodeNames"] == []
+
+
+def test_cpu_pods_pass_through_and_bad_requests_are_answered(ext):
+    api, loop, base = ext
+    f = post(base + "/filter", {"Pod": pod("web", gpus=0), "NodeNames": ["small", "cpu"]})
+    assert f["NodeNames"] == ["small", "cpu"]
+    bad = post(base + "/filter", {"Pod": pod("bad", annotations={"gpufleet.io/gpu-milli": "9999"}), "NodeNames": ["big"]})
+    assert "gpufleet.io/gpu-milli" in bad["Error"]
+    req = urllib.request.Request(base + "/filter", data=b"{not json", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=5)
+    assert exc.value.code == 400
+
+
+def test_bind_to_a_node_that_does_not_fit_is_an_error(ext):
+    api, loop, base = ext
+    p = pod("big-one", gpus=4, scheduler="default-scheduler")
+    api.add_pod(p)
+    loop.handle("pod", "ADDED", p)
+    r = post(base + "/bind", {"PodName": "big-one", "PodNamespace": "ml", "Node": "small"})
+    assert "does not fit on small" in r["Error"] and not api.binds
