@@ -1,0 +1,98 @@
+"""``gpufleet agent``: discovery, one device plugin per resource, health loop, node labels."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+
+log = logging.getLogger("gpufleet.agent")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
+    p.add_argument("--fake-gpus", default=os.environ.get("GPUFLEET_FAKE_NVML", ""),
+                   help="use the fake NVML backend with this profile (a100-mig, h100-nvlink, t4) instead of the real GPUs")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
+    p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default="mixed")
+    p.add_argument("--replicas", type=int, default=1, help="time-slicing: advertise each GPU this many times")
+    p.add_argument("--rename-shared", action="store_true", help="with --replicas > 1, advertise nvidia.com/gpu.shared")
+    p.add_argument("--recover-after", type=float, default=300.0, help="seconds without a fatal XID before a GPU is healthy again")
+    p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
+    p.add_argument("--no-labels", action="store_true", help="do not label the node")
+    p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .health import HealthTracker
+    from .labels import desired_labels, inventory_json
+    from .nvml import NoGpuError, open_backend
+    from .plugin import DevicePlugin, KubeletWatcher, resources_for
+
+    try:
+        backend = open_backend(args.fake_gpus or None)
+    except (NoGpuError, ValueError) as exc:
+        print(f"gpufleet agent: {exc}")
+        return 1
+    gpus = backend.gpus()
+    driver = backend.driver()
+    strategy = "mixed" if args.mig_strategy == "none" else args.mig_strategy
+    resources = resources_for(gpus, strategy, args.replicas, args.rename_shared)
+    if args.once:
+        print(f"driver {driver.driver_version}, CUDA {driver.cuda_version[0]}.{driver.cuda_version[1]}; {len(gpus)} GPU(s)")
+        for g in gpus:
+            mig = f" MIG[{', '.join(m.profile for m in g.mig)}]" if g.mig_enabled else ""
+            print(f"  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid} numa {g.numa_node}{mig}")
+        print("resources: " + ", ".join(resources))
+        for k, v in sorted(desired_labels(driver, gpus, strategy, args.replicas).items()):
+            print(f"  {k}={v}")
+        return 0
+    plugins = [DevicePlugin(r, gpus, args.device_plugin_dir, strategy, args.replicas) for r in resources]
+    tracker = HealthTracker(backend, recover_after_s=args.recover_after)
+    kubelet = KubeletWatcher(os.path.join(args.device_plugin_dir, "kubelet.sock"))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    node_api = None
+    if not args.no_labels and args.node_name:
+        try:
+            from kubernetes import client, config
+
+            config.load_kube_config(args.kubeconfig) if args.kubeconfig else config.load_incluster_config()
+            node_api = client.CoreV1Api()
+        except Exception as exc:
+            log.warning("node labelling disabled: %s", exc)
+    last_labels = 0.0
+    while not stop.is_set():
+        if kubelet.changed():  # first start, or kubelet restarted and wiped our sockets
+            for p in plugins:
+                p.stop()
+                p.start()
+                try:
+                    p.register(kubelet.path)
+                    log.info("registered %s with kubelet", p.resource)
+                except Exception as exc:
+                    log.warning("registering %s failed: %s", p.resource, exc)
+                    kubelet._ident = None  # retry next round
+        health = tracker.update()
+        for p in plugins:
+            p.set_health(health)
+        if node_api is not None and time.time() - last_labels > 60:
+            from .labels import label_patch
+
+            try:
+                node = node_api.read_node(args.node_name)
+                patch = label_patch(node.metadata.labels or {}, desired_labels(driver, gpus, strategy, args.replicas),
+                                    inventory_json(gpus, health), (node.metadata.annotations or {}).get("gpufleet.io/gpu-inventory"))
+                if patch:
+                    node_api.patch_node(args.node_name, patch)
+                last_labels = time.time()
+            except Exception as exc:
+                log.warning("labelling node %s failed: %s", args.node_name, exc)
+        stop.wait(2.0)
+    for p in plugins:
+        p.stop()
+    return 0
