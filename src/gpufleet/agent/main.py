@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recover-after", type=float, default=300.0, help="seconds without a fatal XID before a GPU is healthy again")
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
+    p.add_argument("--metrics-addr", default="0.0.0.0:9400", help="Prometheus /metrics (dcgm-exporter names); '' to disable")
+    p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
 
 
@@ -65,6 +67,17 @@ def run(args: argparse.Namespace) -> int:
             node_api = client.CoreV1Api()
         except Exception as exc:
             log.warning("node labelling disabled: %s", exc)
+    collector = None
+    if args.metrics_addr:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from .exporter import GpuCollector, KubeletPodResources
+
+        reg = CollectorRegistry()
+        collector = GpuCollector(backend, args.node_name or os.uname().nodename, KubeletPodResources(args.pod_resources_socket))
+        reg.register(collector)
+        host, port = args.metrics_addr.rsplit(":", 1)
+        start_http_server(int(port), addr=host, registry=reg)
     last_labels = 0.0
     while not stop.is_set():
         if kubelet.changed():  # first start, or kubelet restarted and wiped our sockets
@@ -78,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
                     log.warning("registering %s failed: %s", p.resource, exc)
                     kubelet._ident = None  # retry next round
         health = tracker.update()
+        if collector is not None:
+            collector.note_xids([])  # XIDs are consumed by the health tracker; it records them below
+            for i, reason in tracker.reasons.items():
+                if reason.startswith("XID "):
+                    collector.last_xid[i] = int(reason.split()[1])
         for p in plugins:
             p.set_health(health)
         if node_api is not None and time.time() - last_labels > 60:

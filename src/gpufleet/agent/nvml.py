@@ -71,12 +71,24 @@ class ProcessUsage:
     sm_util_pct: int
 
 
+@dataclass(frozen=True)
+class Telemetry:
+    gpu_util_pct: int
+    mem_copy_util_pct: int
+    fb_used_mib: int
+    fb_free_mib: int
+    temp_c: int
+    power_w: float
+    sm_clock_mhz: int
+
+
 class Backend(Protocol):
     def driver(self) -> DriverInfo: ...
     def gpus(self) -> list[GpuInfo]: ...
     def poll_xids(self) -> list[XidEvent]: ...
     def device_ok(self, index: int) -> bool: ...
     def processes(self) -> list[ProcessUsage]: ...
+    def telemetry(self, index: int) -> Telemetry: ...
 
 
 # --- fake --------------------------------------------------------------------------------
@@ -145,6 +157,13 @@ class FakeBackend:
 
     def processes(self) -> list[ProcessUsage]:
         return list(self._procs)
+
+    def telemetry(self, index: int) -> Telemetry:
+        g = PROFILES[self.profile][1][index]
+        procs = [p for p in self._procs if p.gpu_index == index]
+        used = sum(p.used_memory_mib for p in procs)
+        util = min(100, sum(p.sm_util_pct for p in procs))
+        return Telemetry(util, util // 2, used, g.memory_mib - used, 35 + util // 3, 60.0 + 3.0 * util, 1410 if util else 210)
 
 
 # --- real ---------------------------------------------------------------------------------
@@ -276,9 +295,20 @@ class NvmlBackend:
         return out
 
 
+def _telemetry(nv, h) -> Telemetry:
+    u = nv.nvmlDeviceGetUtilizationRates(h)
+    m = nv.nvmlDeviceGetMemoryInfo(h)
+    return Telemetry(int(u.gpu), int(u.memory), m.used // (1024 * 1024), m.free // (1024 * 1024),
+                     int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                     int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+
+
+NvmlBackend.telemetry = lambda self, index: _telemetry(self.nv, self._handles[index])  # type: ignore[attr-defined]
+
+
 def open_backend(fake: str | None) -> Backend:
     return FakeBackend(fake) if fake else NvmlBackend()
 
 
 __all__ = ["Backend", "DriverInfo", "FakeBackend", "GpuInfo", "MigInfo", "NoGpuError", "NvmlBackend", "PROFILES",
-           "ProcessUsage", "XidEvent", "open_backend", "replace"]
+           "ProcessUsage", "Telemetry", "XidEvent", "open_backend", "replace"]

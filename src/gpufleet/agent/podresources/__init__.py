@@ -1,0 +1,1 @@
+"""kubelet PodResources API v1 (List): the .proto and its generated stubs, committed."""
