@@ -133,3 +133,26 @@ def test_no_policy_overcommits(policy):
                 used[st.index[a.node], g] += a.gpu_milli
     assert (used <= 1000).all()
     assert (st.gpu_free_milli + used == np.where(st.gpu_exists, 1000, 0)).all()
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 64_000), hst.sampled_from([0, 100, 250, 470, 500, 810, 1000]), hst.sampled_from([0, 1, 2, 4, 8]),
+                            hst.floats(0.01, 1.0)), min_size=1, max_size=12),
+       hst.lists(hst.lists(hst.integers(0, 1000), min_size=8, max_size=8), min_size=1, max_size=20),
+       hst.integers(0, 64_000))
+def test_binned_frag_equals_direct_definition(shapes, gpus, cpu):
+    from gpufleet.policies.paper import _frag_amount_reference
+
+    c = Counter()
+    for cpu_t, milli, n, f in shapes:
+        c[(cpu_t, milli if n else 0, n if milli else 0, None)] += f
+    tw = TargetWorkload.from_counts(c, threshold=1.0)
+    acc = tw.access(["T4"])
+    left = np.array(gpus)
+    cpus = np.full(len(gpus), cpu)
+    model = np.zeros(len(gpus), dtype=int)
+    assert np.allclose(frag_amount(cpus, left, model, tw, acc), _frag_amount_reference(cpus, left, model, tw, acc))

@@ -101,6 +101,18 @@ class TargetWorkload:
     def __len__(self) -> int:
         return int(self.freq.size)
 
+    def size_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct per-GPU sizes (ascending) and each shape's index into them (0 for CPU-only shapes)."""
+        cached = getattr(self, "_sizes", None)
+        if cached is None:
+            sizes = np.unique(self.gpu_milli[self.gpu_milli > 0])
+            if sizes.size == 0:
+                sizes = np.array([GPU_MILLI + 1])
+            j = np.searchsorted(sizes, np.maximum(self.gpu_milli, sizes[0]))
+            cached = (sizes, j)
+            object.__setattr__(self, "_sizes", cached)
+        return cached
+
     def access(self, model_names: Sequence[str]) -> np.ndarray:
         """[model id, shape] -> may this shape run on that GPU model."""
         out = np.ones((len(model_names) + 1, len(self)), dtype=bool)  # last row: no GPU model (-1)
@@ -127,18 +139,42 @@ def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, t
     (Q3), in which case only the GPUs too small for it count.  CPU-only shapes
     count all idle GPU milli (classes XL/XR are not Q3).  ``cpu_left`` is [S],
     ``gpu_left`` [S, G], ``model`` [S]; returns [S].
+
+    Instead of comparing every GPU with every shape ([S, T, G]), each GPU is
+    binned once by how many of the shapes' distinct per-GPU sizes it can hold;
+    per-state bin counts and sums then answer "how many GPUs fit shape t" and
+    "how much idle milli is too small for it" for all shapes at once.
     """
     if len(tw) == 0:
         return np.zeros(cpu_left.shape[0])
+    S, G = gpu_left.shape
     total = gpu_left.sum(axis=-1).astype(np.float64)  # [S]
-    milli = tw.gpu_milli  # [T]
-    ge = gpu_left[:, None, :] >= milli[None, :, None]  # [S, T, G]
-    cnt_ok = ge.sum(axis=-1)  # [S, T]
-    small = np.where(ge, 0, gpu_left[:, None, :]).sum(axis=-1)  # [S, T]
+    sizes, j = tw.size_index()
+    nb = sizes.size + 1
+    b = np.searchsorted(sizes, gpu_left.ravel(), side="right")  # GPU can hold sizes[:b]
+    flat = np.repeat(np.arange(S), G) * nb + b
+    hist = np.bincount(flat, minlength=S * nb).reshape(S, nb)
+    sums = np.bincount(flat, weights=gpu_left.ravel(), minlength=S * nb).reshape(S, nb)
+    ge = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # ge[:, k] = GPUs in bins >= k
+    lt = np.cumsum(sums, axis=1)  # lt[:, k] = milli in bins <= k
+    cnt_ok = ge[:, np.minimum(j + 1, nb - 1)]  # GPUs holding size j: bins > j
+    small = lt[:, j]  # idle milli on GPUs that cannot hold it
     acc = access[model]  # [S, T]  (model -1 picks the last row)
-    q3 = (milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
+    q3 = (tw.gpu_milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
     per = np.where(q3, small, total[:, None])
     return per @ tw.freq
+
+
+def _frag_amount_reference(cpu_left, gpu_left, model, tw, access):
+    """The direct [S, T, G] form of ``frag_amount``, kept for the tests."""
+    total = gpu_left.sum(axis=-1).astype(np.float64)
+    milli = tw.gpu_milli
+    ge = gpu_left[:, None, :] >= milli[None, :, None]
+    cnt_ok = ge.sum(axis=-1)
+    small = np.where(ge, 0, gpu_left[:, None, :]).sum(axis=-1)
+    acc = access[model]
+    q3 = (milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
+    return np.where(q3, small, total[:, None]) @ tw.freq
 
 
 def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
