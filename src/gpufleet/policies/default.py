@@ -54,8 +54,10 @@ class StrandAwareFragScore(FGDScore):
     sliver_weight: float = 8.0
     memory_strand: bool = True
     quant_milli: float = 40.0
+    refresh_growth: float = 1.0  # re-learn the workload at 64, 128, ... 512 pods, then each doubling
     _sums: list = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # GPU milli, CPU milli, memory MiB of GPU tasks
     _sliver: tuple | None = field(default=None, repr=False)
+    _bcache: tuple | None = field(default=None, repr=False)
 
     # --- what is learned -----------------------------------------------------------
     def _note(self, r: PodRequest) -> None:
@@ -107,6 +109,20 @@ class StrandAwareFragScore(FGDScore):
     def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
         return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
 
+    def _before(self, state: ClusterState, nodes: np.ndarray, cpu, left, mem, model, tw, acc) -> np.ndarray:
+        """The measure of nodes as they are, cached per node version (shared by every pod shape)."""
+        c = self._bcache
+        if c is None or c[0] != (self._version, state.epoch) or c[1].size != len(state):
+            c = ((self._version, state.epoch), np.zeros(len(state)), np.full(len(state), -1, dtype=np.int64))
+            self._bcache = c
+        _, vals, vers = c
+        stale = vers[nodes] != state.version[nodes]
+        if stale.any():
+            k = np.flatnonzero(stale)
+            vals[nodes[k]] = self._measure(cpu[k], left[k], mem[k], model[k], tw, acc)
+            vers[nodes[k]] = state.version[nodes[k]]
+        return vals[nodes]
+
     def _quantise(self, delta: np.ndarray) -> np.ndarray:
         return np.floor(delta / self.quant_milli) if self.quant_milli > 0 else delta
 
@@ -115,7 +131,7 @@ class StrandAwareFragScore(FGDScore):
         tw, acc = self._tw(state)
         cpu, left, model = node_view(state, nodes)
         mem = state.mem_free[nodes]
-        before = self._measure(cpu, left, mem, model, tw, acc)
+        before = self._before(state, nodes, cpu, left, mem, model, tw, acc)
         k, g = left.shape
         elig = eligible_gpus(state, r, nodes) & (left >= r.gpu_milli)
         rows, cols = np.nonzero(elig)
@@ -135,7 +151,7 @@ class StrandAwareFragScore(FGDScore):
         tw, acc = self._tw(state)
         cpu, left, model = node_view(state, nodes)
         mem = state.mem_free[nodes]
-        before = self._measure(cpu, left, mem, model, tw, acc)
+        before = self._before(state, nodes, cpu, left, mem, model, tw, acc)
         new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
         after = self._measure(cpu - r.cpu_milli, new_left, mem - r.memory_mib, model, tw, acc)
         return self._quantise(before - after)

@@ -370,6 +370,7 @@ class FGDScore(_Plugin):
     name: str = "FGDScore"
     learn_online: bool = False
     refresh_every: int = 64
+    refresh_growth: float = 0.1  # after refresh_every * 8 pods, refresh when the count grew by this fraction
     threshold: float = POPULARITY_THRESHOLD
     include_cpu_pods: bool = True
     workload: TargetWorkload | None = None
@@ -397,7 +398,8 @@ class FGDScore(_Plugin):
             self.workload = TargetWorkload.from_counts(self._counts, self.threshold)
             self._access = None
             self._version += 1
-            self._next_refresh = self._seen + max(self.refresh_every, self._seen // 10)
+            grow = self.refresh_every if self._seen < 8 * self.refresh_every else int(self._seen * self.refresh_growth)
+            self._next_refresh = self._seen + max(self.refresh_every, grow)
 
     def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
         tw = self.workload or TargetWorkload.from_counts(Counter())
