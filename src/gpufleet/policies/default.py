@@ -58,6 +58,7 @@ class StrandAwareFragScore(FGDScore):
     _sums: list = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # GPU milli, CPU milli, memory MiB of GPU tasks
     _sliver: tuple | None = field(default=None, repr=False)
     _bcache: tuple | None = field(default=None, repr=False)
+    _rates: tuple | None = field(default=None, repr=False)
 
     # --- what is learned -----------------------------------------------------------
     def _note(self, r: PodRequest) -> None:
@@ -95,7 +96,9 @@ class StrandAwareFragScore(FGDScore):
     def _penalty(self, cpu: np.ndarray, gpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
         """Stranded + sliver GPU milli of node states ([S], [S, G], [S])."""
         out = np.zeros(cpu.shape[0])
-        g_milli, c_milli, m_mib = self._sums
+        if self._rates is None or self._rates[0] != self._version:  # ratios change with the workload, not per pod
+            self._rates = (self._version, *self._sums)
+        _, g_milli, c_milli, m_mib = self._rates
         total = gpu.sum(axis=-1)
         if self.strand_weight and g_milli > 0:
             stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
