@@ -125,3 +125,15 @@ def test_replay_speedup_raises_load(tiny):
     fast = replay.run_replay(nodes, pods, "bestfit", speedup=20)
     assert fast.mean_gpu_alloc_pct > slow.mean_gpu_alloc_pct
     assert fast.queue_delay_s["mean"] >= slow.queue_delay_s["mean"]
+
+
+def test_cli_queues_experiment(tiny):
+    out = tiny / "q.json"
+    rep = tiny / "q.html"
+    assert main(["simulate", "--experiment", "queues", "--teams", "2", "--speedup", "30", "--nodes", str(tiny / "nodes.csv"),
+                 "--pods", str(tiny / "pods.csv"), "--policy", "bestfit", "--jobs", "1", "--json", str(out), "--report", str(rep),
+                 "--no-progress"]) == 0
+    r = json.loads(out.read_text())["runs"][0]
+    assert r["experiment"] == "queues" and set(r["delay_s"]) == {"team-a", "team-b"}
+    assert all(0 < j <= 1 for j in r["jain"])
+    assert "Team queues" in rep.read_text()

@@ -64,7 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default=None, help="policy name(s), comma-separated (default: the six paper policies + default); known: " + ", ".join(policy_names()))
     p.add_argument("--seeds", type=parse_seeds, default=[42], help="seeds: 42, 42-51 or 1,2,3 (default 42)")
     p.add_argument("--tune", type=float, default=1.3, help="packing: inflate the workload to TUNE x cluster GPU capacity (default 1.3)")
-    p.add_argument("--experiment", choices=["packing", "replay"], default="packing")
+    p.add_argument("--experiment", choices=["packing", "replay", "queues"], default="packing",
+                   help="packing (the FGD paper's), replay (trace clock), queues (replay with team queues, quotas, reclaim)")
+    p.add_argument("--teams", type=int, default=3, help="queues: number of synthetic teams (default 3)")
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default: number of CPUs)")
     p.add_argument("--json", dest="json_path", help="write all runs and the summary as JSON to this path")
     p.add_argument("--report", default="report.html", help="HTML report path (default report.html); '' to skip")
@@ -94,6 +96,10 @@ def _run_one(task: dict) -> dict:
         from ..simulator.packing import run_packing
 
         r = run_packing(nodes, tr.pods, task["policy"], seed=task["seed"], tune=task["tune"], trace_name=task["trace"])
+    elif task["experiment"] == "queues":
+        from ..simulator.queues import run_queue_replay
+
+        r = run_queue_replay(nodes, tr.pods, task["policy"], teams=task.get("teams", 3), speedup=task.get("speedup", 1.0), seed=task["seed"])
     else:
         from ..simulator.replay import run_replay
 
@@ -138,6 +144,15 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for pol in dict.fromkeys(r["policy"] for r in runs):
         rs = [r for r in runs if r["policy"] == pol]
+        if rs[0].get("experiment") == "queues":
+            out[pol] = {
+                "runs": len(rs),
+                "jain_mean": float(np.mean([np.mean(r["jain"]) if r["jain"] else 1.0 for r in rs])),
+                "preemptions": float(np.mean([sum(r["preemptions"].values()) for r in rs])),
+                "mean_gpu_alloc_pct": float(np.mean([np.mean(r["gpu_alloc_pct"]) if r["gpu_alloc_pct"] else 0.0 for r in rs])),
+                "delay_s_mean": {q: float(np.mean([r["delay_s"][q]["mean"] for r in rs])) for q in rs[0]["teams"]},
+            }
+            continue
         if rs[0].get("experiment") == "replay":
             out[pol] = {
                 "runs": len(rs),
@@ -186,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     trace_name = Path(pods_path).stem
     tasks = [
         {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "experiment": args.experiment,
-         "policy": pol, "seed": s, "tune": args.tune, "trace": trace_name, "speedup": args.speedup}
+         "policy": pol, "seed": s, "tune": args.tune, "trace": trace_name, "speedup": args.speedup, "teams": args.teams}
         for pol in policies for s in args.seeds
     ]
     jobs = args.jobs or (os.cpu_count() or 1)
@@ -246,12 +261,29 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         from ..simulator.report_pages import write_simulation_report
 
-        write_simulation_report(args.report, args.experiment, runs, summary, published, bound, params)
+        if args.experiment == "queues":
+            from ..simulator.queues import QueueReplayRun, report_section
+            from ..simulator.report import write_report
+
+            sections = []
+            for r in runs:
+                if r["seed"] == args.seeds[0]:
+                    qr = QueueReplayRun(**{k: v for k, v in r.items() if k != "experiment"})
+                    sections += report_section(qr)
+            write_report(args.report, "gpufleet simulate: team queues", sections, params)
+        else:
+            write_simulation_report(args.report, args.experiment, runs, summary, published, bound, params)
         print(f"wrote {args.report}", file=sys.stderr)
     return 0
 
 
 def _print_table(experiment: str, summary: dict, published: dict, bound: float | None) -> None:
+    if experiment == "queues":
+        print(f"{'policy':<12} {'runs':>4} {'Jain':>6} {'preemptions':>12} {'mean GPU alloc %':>17}  queueing delay mean s per queue")
+        for pol, s in summary.items():
+            d = ", ".join(f"{q} {v:.0f}" for q, v in s["delay_s_mean"].items())
+            print(f"{pol:<12} {s['runs']:>4} {s['jain_mean']:>6.3f} {s['preemptions']:>12.1f} {s['mean_gpu_alloc_pct']:>17.2f}  {d}")
+        return
     if experiment == "replay":
         print(f"{'policy':<12} {'runs':>4} {'mean GPU alloc %':>17} {'queue delay mean s':>19} {'p99 s':>10} {'never placed':>13}")
         for pol, s in summary.items():
