@@ -14,8 +14,9 @@ log = logging.getLogger("gpufleet.agent")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
-    p.add_argument("--fake-gpus", default=os.environ.get("GPUFLEET_FAKE_NVML", ""),
-                   help="use the fake NVML backend with this profile (a100-mig, h100-nvlink, t4) instead of the real GPUs")
+    p.add_argument("--nvml", default=os.environ.get("GPUFLEET_NVML", "real"),
+                   help="'real' (default: the GPUs through NVML) or fake:PROFILE with PROFILE a100-mig, h100-nvlink or t4")
+    p.add_argument("--config", help="agent config YAML (migStrategy, replicas, renameShared, recoverAfterSeconds)")
     p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
     p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default="mixed")
     p.add_argument("--replicas", type=int, default=1, help="time-slicing: advertise each GPU this many times")
@@ -34,8 +35,22 @@ def run(args: argparse.Namespace) -> int:
     from .nvml import NoGpuError, open_backend
     from .plugin import DevicePlugin, KubeletWatcher, resources_for
 
+    from ..engine.errors import ConfigError
+    from .config import load_agent_config
+
+    if args.config:
+        try:
+            cfg = load_agent_config(args.config)
+        except ConfigError as exc:
+            print(f"gpufleet agent: {exc}")
+            return 2
+        args.mig_strategy, args.replicas, args.rename_shared, args.recover_after = (
+            cfg.mig_strategy, cfg.replicas, cfg.rename_shared, cfg.recover_after_s)
+    if args.nvml != "real" and not args.nvml.startswith("fake:"):
+        print(f"gpufleet agent: --nvml must be 'real' or fake:PROFILE, got {args.nvml!r}")
+        return 2
     try:
-        backend = open_backend(args.fake_gpus or None)
+        backend = open_backend(args.nvml[5:] if args.nvml.startswith("fake:") else None)
     except (NoGpuError, ValueError) as exc:
         print(f"gpufleet agent: {exc}")
         return 1
@@ -52,21 +67,29 @@ def run(args: argparse.Namespace) -> int:
         for k, v in sorted(desired_labels(driver, gpus, strategy, args.replicas).items()):
             print(f"  {k}={v}")
         return 0
-    plugins = [DevicePlugin(r, gpus, args.device_plugin_dir, strategy, args.replicas) for r in resources]
-    tracker = HealthTracker(backend, recover_after_s=args.recover_after)
-    kubelet = KubeletWatcher(os.path.join(args.device_plugin_dir, "kubelet.sock"))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     node_api = None
-    if not args.no_labels and args.node_name:
+    if args.node_name:
         try:
             from kubernetes import client, config
 
             config.load_kube_config(args.kubeconfig) if args.kubeconfig else config.load_incluster_config()
             node_api = client.CoreV1Api()
         except Exception as exc:
-            log.warning("node labelling disabled: %s", exc)
+            print(f"gpufleet agent: no API access ({exc}); serving the device plugin with kubelet's device choice, node labels are off")
+    else:
+        print("gpufleet agent: no --node-name/NODE_NAME; serving the device plugin only, node labels are off")
+    pods = None
+    if node_api is not None:
+        from .podsource import KubePodSource
+
+        pods = KubePodSource(node_api, args.node_name)
+    plugins = [DevicePlugin(r, gpus, args.device_plugin_dir, strategy, args.replicas, pods=pods) for r in resources]
+    tracker = HealthTracker(backend, recover_after_s=args.recover_after)
+    kubelet = KubeletWatcher(os.path.join(args.device_plugin_dir, "kubelet.sock"))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    label_api = None if args.no_labels else node_api
     collector = None
     if args.metrics_addr:
         from prometheus_client import CollectorRegistry, start_http_server
@@ -98,15 +121,15 @@ def run(args: argparse.Namespace) -> int:
                     collector.last_xid[i] = int(reason.split()[1])
         for p in plugins:
             p.set_health(health)
-        if node_api is not None and time.time() - last_labels > 60:
+        if label_api is not None and time.time() - last_labels > 60:
             from .labels import label_patch
 
             try:
-                node = node_api.read_node(args.node_name)
+                node = label_api.read_node(args.node_name)
                 patch = label_patch(node.metadata.labels or {}, desired_labels(driver, gpus, strategy, args.replicas),
                                     inventory_json(gpus, health), (node.metadata.annotations or {}).get("gpufleet.io/gpu-inventory"))
                 if patch:
-                    node_api.patch_node(args.node_name, patch)
+                    label_api.patch_node(args.node_name, patch)
                 last_labels = time.time()
             except Exception as exc:
                 log.warning("labelling node %s failed: %s", args.node_name, exc)

@@ -1,0 +1,58 @@
+"""Which pod is kubelet admitting? The scheduler's assignment for it, from the API server.
+
+kubelet's ``Allocate`` names devices, not the pod.  The pod being admitted on
+this node is the oldest pod bound here that carries a ``gpufleet.io/assignment``
+for this resource kind, is not running yet, and was not served before (the
+checkpoint's keys).  A malformed annotation is logged with the pod and the
+field, that pod is skipped, and Allocate falls back to kubelet's choice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..engine import annotations as ann
+from ..engine.errors import GpufleetError
+from ..engine.inventory import assignment_from_json, gpu_uuids_of
+from ..engine.podspec import pod_key
+from .plugin import PodAssignment
+
+log = logging.getLogger(__name__)
+
+
+def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
+    cands = []
+    for p in pods:
+        spec, meta, status = p.get("spec") or {}, p.get("metadata") or {}, p.get("status") or {}
+        a = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
+        if not a or spec.get("nodeName") != node or status.get("phase") not in (None, "Pending"):
+            continue
+        key = pod_key(p)
+        if key in exclude:
+            continue
+        try:
+            asg = assignment_from_json(key, a)
+            uuids = gpu_uuids_of(a)
+        except GpufleetError as exc:
+            log.warning("skipping %s: %s", key, exc)
+            continue
+        is_mig = bool(asg.mig)
+        if resource.startswith("nvidia.com/mig-") != is_mig:
+            continue
+        cands.append((meta.get("creationTimestamp") or "", key, PodAssignment(key, asg, [u for u in uuids if u])))
+    cands.sort(key=lambda c: (c[0], c[1]))
+    return cands[0][2] if cands else None
+
+
+class KubePodSource:
+    def __init__(self, core_v1, node: str) -> None:
+        self.core, self.node = core_v1, node
+
+    def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
+        try:
+            items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
+            pods = [self.core.api_client.sanitize_for_serialization(x) for x in items]
+        except Exception as exc:  # API away: kubelet's choice still works
+            log.warning("cannot list pods on %s: %s", self.node, exc)
+            return None
+        return pick(pods, self.node, resource, count, exclude)
