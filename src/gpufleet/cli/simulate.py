@@ -72,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", default="report.html", help="HTML report path (default report.html); '' to skip")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows (counted and reported) instead of stopping")
     p.add_argument("--speedup", type=float, default=1.0, help="replay: divide the gaps between arrivals by this factor (pod run times unchanged) to raise the load (default 1)")
-    p.add_argument("--bound", action="store_true", help="packing: also compute the offline bound (an estimate of the best any online policy could do)")
+    p.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
+                   help="packing: also compute the offline LP bound (least unallocated GPU %% any policy could reach; default on)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
