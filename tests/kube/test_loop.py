@@ -246,3 +246,15 @@ def test_deploy_manifest_is_valid_and_config_builds():
     assert ("pods/binding", "create") in verbs and not any(v in ("delete", "*") for _, v in verbs)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     assert load_config(yaml.safe_load(cm["data"]["config.yaml"]), registry())
+
+
+def test_explain_shows_dry_run_preemption():
+    api = FakeApi()
+    api.add_node(node("n1", gpus=2))
+    api.add_pod(pod("low", gpus=2, scheduler="default-scheduler", node_name="n1"))
+    loop = make(api)
+    hi = pod("hi", gpus=1)
+    hi["spec"]["priority"] = 1000
+    summary, _ = loop.explain(hi)
+    assert "preemption (dry run)" in summary and "evict ml/low" in summary
+    assert "ml/low" in loop.state.assignments  # nothing changed

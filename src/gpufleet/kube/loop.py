@@ -236,7 +236,13 @@ class SchedulerLoop:
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
         if dec.ok:
             return f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)", by_node  # type: ignore[union-attr]
-        return dec.status.message, by_node
+        msg = dec.status.message
+        if req.priority > 0:  # dry-run preemption: what would make room
+            from ..engine.preemption import find_victims
+
+            plan = find_victims(self.sched, req)
+            msg += "\n  preemption (dry run): " + ("; ".join(plan.explanation) if plan else "no set of lower-priority pods would make room")
+        return msg, by_node
 
 
 __all__ = ["SchedulerLoop", "Stats"]
