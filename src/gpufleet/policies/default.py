@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engine.config import Registry
-from ..engine.framework import Cycle, GpuChoice
+from ..engine.framework import Cycle
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.plugins.filters import eligible_gpus
-from ..engine.plugins.gpuselect import BestFitGpu, pick_mig
 from ..engine.state import ClusterState
 from .paper import FGDScore, _take_packed, frag_amount, node_view
 
@@ -159,16 +158,7 @@ class StrandAwareFragScore(FGDScore):
         after = self._measure(cpu - r.cpu_milli, new_left, mem - r.memory_mib, model, tw, acc)
         return self._quantise(before - after)
 
-    def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
-        r = cycle.request
-        if r.mig_profile:
-            return pick_mig(cycle, state, node)
-        if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
-            s = self._gpu_scores(cycle, state, np.array([node]))[0]
-            if not np.isfinite(s).any():
-                return None
-            return GpuChoice((int(np.argmax(s)),))
-        return BestFitGpu().select_gpus(cycle, state, node)
+    # select_gpus: FGDScore's (the best-scoring GPU for a share, best fit otherwise), on this measure
 
 
 def register(r: Registry) -> None:

@@ -32,7 +32,7 @@ from ..engine.config import Registry
 from ..engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.plugins.filters import eligible_gpus
-from ..engine.plugins.gpuselect import BestFitGpu, pick_mig, pick_whole
+from ..engine.plugins.gpuselect import BestFitGpu, pick_mig, select_with
 from ..engine.state import ClusterState
 
 MAX_SPEC_CPU_MILLI = 128_000
@@ -231,17 +231,7 @@ class RandomGpu:
     name: str = "RandomGpu"
 
     def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
-        r = cycle.request
-        if r.mig_profile:
-            return pick_mig(cycle, state, node)
-        idx = [int(g) for g in np.flatnonzero(eligible_gpus(state, r, slice(node, node + 1))[0])]
-        if r.gpu_milli >= GPU_MILLI:
-            got = pick_whole(state, node, idx, r.gpu_count)
-            return GpuChoice(got) if got else None
-        if len(idx) < r.gpu_count:
-            return None
-        pick = cycle.rng.choice(len(idx), size=r.gpu_count, replace=False)
-        return GpuChoice(tuple(sorted(idx[int(i)] for i in pick)))
+        return select_with(cycle, state, node, lambda idx, n: [idx[int(i)] for i in cycle.rng.choice(len(idx), size=n, replace=False)])
 
 
 @dataclass

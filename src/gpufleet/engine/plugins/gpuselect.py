@@ -63,21 +63,24 @@ def pick_whole(state: ClusterState, node: int, eligible: list[int], k: int) -> t
     return tuple(eligible[:k])
 
 
+def select_with(cycle: Cycle, state: ClusterState, node: int, pick_shared) -> GpuChoice | None:
+    """MIG instance, whole GPUs (NVLink-aware), or ``pick_shared(eligible, count)`` for a GPU share."""
+    r = cycle.request
+    if r.mig_profile:
+        return pick_mig(cycle, state, node)
+    idx = [int(g) for g in np.flatnonzero(eligible_gpus(state, r, slice(node, node + 1))[0])]
+    if r.gpu_milli >= GPU_MILLI:
+        got = pick_whole(state, node, idx, r.gpu_count)
+        return GpuChoice(got) if got else None
+    if len(idx) < r.gpu_count:
+        return None
+    return GpuChoice(tuple(sorted(pick_shared(idx, r.gpu_count))))
+
+
 @dataclass
 class BestFitGpu:
     name: str = "BestFitGpu"
 
     def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
-        r = cycle.request
-        if r.mig_profile:
-            return pick_mig(cycle, state, node)
-        e = eligible_gpus(state, r, slice(node, node + 1))[0]
-        idx = [int(g) for g in np.flatnonzero(e)]
-        if r.gpu_milli >= GPU_MILLI:
-            got = pick_whole(state, node, idx, r.gpu_count)
-            return GpuChoice(got) if got else None
-        if len(idx) < r.gpu_count:
-            return None
         free = state.gpu_free_milli[node]
-        idx.sort(key=lambda g: (free[g], g))
-        return GpuChoice(tuple(sorted(idx[: r.gpu_count])))
+        return select_with(cycle, state, node, lambda idx, n: sorted(idx, key=lambda g: (free[g], g))[:n])
