@@ -22,7 +22,7 @@ from .model import (
     SelectorTerm,
     Toleration,
 )
-from .quantity import to_int, to_mib, to_milli
+from .quantity import parse_quantity, to_int, to_mib, to_milli
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
@@ -34,26 +34,42 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '<unnamed>'}"
 
 
+def _mapping(pod: str, path: str, v: Any) -> Mapping[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise InvalidPodSpec(pod, path, "must be an object")
+    return v
+
+
+def _list(pod: str, path: str, v: Any) -> list[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise InvalidPodSpec(pod, path, "must be a list")
+    return v
+
+
+def _amount(name: str, raw: Any) -> int:
+    """Engine units of one resource; the sign is checked on the exact value (``-1`` bytes is negative, not 0 MiB)."""
+    v = to_milli(raw) if name == "cpu" else to_mib(raw) if name == "memory" else to_int(raw)
+    return -1 if parse_quantity(raw) < 0 else v
+
+
 def _container_requests(pod: str, path: str, c: Mapping[str, Any]) -> dict[str, int]:
-    res = c.get("resources") or {}
-    if not isinstance(res, Mapping):
-        raise InvalidPodSpec(pod, f"{path}.resources", "must be an object")
-    limits = res.get("limits") or {}
-    requests = res.get("requests") or {}
+    c = _mapping(pod, path, c)
+    res = _mapping(pod, f"{path}.resources", c.get("resources"))
+    limits = _mapping(pod, f"{path}.resources.limits", res.get("limits"))
+    requests = _mapping(pod, f"{path}.resources.requests", res.get("requests"))
     merged = {**limits, **requests}  # requests default to limits
     out: dict[str, int] = {}
     for name, raw in merged.items():
         src = "requests" if name in requests else "limits"
         field = f"{path}.resources.{src}.{name}"
+        if name not in ("cpu", "memory", GPU_RESOURCE) and not name.startswith(MIG_PREFIX):
+            continue
         try:
-            if name == "cpu":
-                v = to_milli(raw)
-            elif name == "memory":
-                v = to_mib(raw)
-            elif name == GPU_RESOURCE or name.startswith(MIG_PREFIX):
-                v = to_int(raw)
-            else:
-                continue
+            v = _amount(name, raw)
         except InvalidQuantity as exc:
             raise InvalidPodSpec(pod, field, str(exc)) from None
         if v < 0:
@@ -77,13 +93,13 @@ def _add(a: dict[str, int], b: Mapping[str, int]) -> None:
 def effective_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     """Per-resource pod requests with Kubernetes' init-container semantics."""
     key = pod_key(pod)
-    spec = pod.get("spec") or {}
+    spec = _mapping(key, "spec", pod.get("spec"))
     total: dict[str, int] = {}
-    for i, c in enumerate(spec.get("containers") or []):
+    for i, c in enumerate(_list(key, "spec.containers", spec.get("containers"))):
         _add(total, _container_requests(key, f"spec.containers[{i}]", c))
     sidecars: dict[str, int] = {}
     init_max: dict[str, int] = {}
-    for i, c in enumerate(spec.get("initContainers") or []):
+    for i, c in enumerate(_list(key, "spec.initContainers", spec.get("initContainers"))):
         r = _container_requests(key, f"spec.initContainers[{i}]", c)
         if c.get("restartPolicy") == "Always":
             _add(sidecars, r)
@@ -94,14 +110,16 @@ def effective_requests(pod: Mapping[str, Any]) -> dict[str, int]:
             init_max[k] = max(init_max.get(k, 0), r.get(k, 0) + sidecars.get(k, 0))
     for k, v in init_max.items():
         total[k] = max(total.get(k, 0), v)
-    for name, raw in (spec.get("overhead") or {}).items():
+    for name, raw in _mapping(key, "spec.overhead", spec.get("overhead")).items():
+        if name not in ("cpu", "memory"):
+            continue
         try:
-            if name == "cpu":
-                total["cpu"] = total.get("cpu", 0) + to_milli(raw)
-            elif name == "memory":
-                total["memory"] = total.get("memory", 0) + to_mib(raw)
+            v = _amount(name, raw)
         except InvalidQuantity as exc:
             raise InvalidPodSpec(key, f"spec.overhead.{name}", str(exc)) from None
+        if v < 0:
+            raise InvalidPodSpec(key, f"spec.overhead.{name}", f"must not be negative, got {raw!r}")
+        total[name] = total.get(name, 0) + v
     return total
 
 
@@ -152,9 +170,11 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     """Build the engine's request from Pod JSON; raises InvalidPodSpec."""
     if not isinstance(pod, Mapping):
         raise InvalidPodSpec("<unknown>", "", "a pod must be a JSON object")
-    key = pod_key(pod)
     meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    if not isinstance(meta, Mapping):
+        raise InvalidPodSpec("<unknown>", "metadata", "must be an object")
+    key = pod_key(pod)
+    spec = _mapping(key, "spec", pod.get("spec"))
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, Mapping):
         raise InvalidPodSpec(key, "metadata.annotations", "must be an object")
@@ -212,14 +232,16 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     ns = spec.get("nodeSelector") or {}
     if not isinstance(ns, Mapping):
         raise InvalidPodSpec(key, "spec.nodeSelector", "must be an object")
-    node_aff = ((spec.get("affinity") or {}).get("nodeAffinity")) or {}
-    required = (node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    aff = _mapping(key, "spec.affinity", spec.get("affinity"))
+    node_aff = _mapping(key, "spec.affinity.nodeAffinity", aff.get("nodeAffinity"))
+    rpath = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    required = _list(key, f"{rpath}.nodeSelectorTerms", _mapping(key, rpath, node_aff.get("requiredDuringSchedulingIgnoredDuringExecution")).get("nodeSelectorTerms"))
     req_terms = tuple(
         _term(key, f"spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]", t)
         for i, t in enumerate(required)
     )
     preferred = []
-    for i, p in enumerate(node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") or []):
+    for i, p in enumerate(_list(key, "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution", node_aff.get("preferredDuringSchedulingIgnoredDuringExecution"))):
         path = f"spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[{i}]"
         w = p.get("weight") if isinstance(p, Mapping) else None
         if not isinstance(w, int) or not 1 <= w <= 100:
@@ -227,7 +249,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         preferred.append(PreferredTerm(w, _term(key, f"{path}.preference", p.get("preference") or {})))
 
     tols = []
-    for i, t in enumerate(spec.get("tolerations") or []):
+    for i, t in enumerate(_list(key, "spec.tolerations", spec.get("tolerations"))):
         if not isinstance(t, Mapping):
             raise InvalidPodSpec(key, f"spec.tolerations[{i}]", "must be an object")
         op = t.get("operator") or "Equal"
