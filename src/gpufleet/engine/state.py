@@ -13,6 +13,7 @@ capacity, and ``unreserve`` restores exactly the state before ``reserve``.
 
 from __future__ import annotations
 
+import itertools
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Iterable, Iterator
@@ -21,6 +22,10 @@ import numpy as np
 
 from .errors import StateError
 from .model import GPU_MILLI, Assignment, Node
+
+# Epochs are unique across all states: plugins cache node-metadata masks per epoch, and
+# a per-state counter let a new state (same id() after GC, same epoch) hit a dead one's cache.
+_EPOCHS = itertools.count(1)
 
 
 class ClusterState:
@@ -31,7 +36,7 @@ class ClusterState:
         self.pods_on_node: dict[str, set[str]] = {}
         self.model_names: list[str] = []
         self._model_ids: dict[str, int] = {}
-        self.epoch = 0  # bumped when the node set or node metadata changes
+        self.epoch = 0  # renewed (globally unique) when the node set or node metadata changes
         self._rebuild(list(nodes), usage=None)
 
     # --- construction -------------------------------------------------------------
@@ -92,7 +97,7 @@ class ClusterState:
         )
         self.gpu_milli_cap = self.gpu_usable.sum(axis=1).astype(np.int64) * GPU_MILLI
         self.version = np.zeros(n, dtype=np.int64)
-        self.epoch += 1
+        self.epoch = next(_EPOCHS)
         self.pods_on_node = {x.name: set() for x in nodes}
         old = usage or {}
         self.assignments = {}
