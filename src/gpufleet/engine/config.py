@@ -117,6 +117,11 @@ def load_config(source: str | Path | Mapping[str, Any], registry: Registry) -> d
     """Profiles by name from a YAML file path, YAML text or an already-parsed mapping."""
     if isinstance(source, Mapping):
         data: Any = source
+    elif isinstance(source, str) and "\n" in source:  # YAML text (a path has no newline)
+        try:
+            data = yaml.safe_load(source)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"scheduler config: not valid YAML: {exc}") from None
     else:
         p = Path(source)
         try:
