@@ -1,4 +1,4 @@
-"""``gpufleet reclaim``: find idle GPUs and act on them (dry run unless --apply)."""
+"""``gpufleet reclaim``: find pods whose GPUs sit idle and report, warn or evict them (dry run unless --apply)."""
 
 from __future__ import annotations
 
@@ -11,70 +11,86 @@ log = logging.getLogger("gpufleet.reclaim")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prometheus", required=True, help="Prometheus base URL, e.g. http://prometheus:9090")
-    p.add_argument("--kubeconfig")
-    p.add_argument("--policy-file", help='JSON {"namespace": {"action": "warn", "idle_util_pct": 5, "window_s": 3600, "grace_s": 1800}}')
-    p.add_argument("--apply", action="store_true", help="really annotate/evict (default: dry run, report only)")
-
-
-def query_util(base: str, window_s: float, now: float) -> dict[str, list[tuple[float, float]]]:
-    """Per-pod GPU utilisation series from dcgm-exporter/gpufleet metrics via Prometheus' HTTP API."""
-    import urllib.parse
-    import urllib.request
-
-    q = 'max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})'
-    url = f"{base.rstrip('/')}/api/v1/query_range?" + urllib.parse.urlencode(
-        {"query": q, "start": now - window_s, "end": now, "step": "60"})
-    with urllib.request.urlopen(url, timeout=30) as r:
-        data = json.loads(r.read())
-    out: dict[str, list[tuple[float, float]]] = {}
-    for s in data.get("data", {}).get("result", []):
-        m = s["metric"]
-        out[f"{m.get('namespace')}/{m.get('pod')}"] = [(float(t), float(v)) for t, v in s["values"]]
-    return out
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090 (query_range of DCGM_FI_DEV_GPU_UTIL)")
+    src.add_argument("--agents", metavar="URL,...", help="scrape these agents' /metrics directly (history kept in memory: needs --interval)")
+    src.add_argument("--agents-from-nodes", action="store_true", help="scrape http://<node InternalIP>:PORT/metrics of every GPU node")
+    p.add_argument("--agent-port", type=int, default=9400)
+    p.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
+    p.add_argument("--policy-file", help="YAML/JSON: default: {action, idleUtilPercent, window, grace, ...}, namespaces: {NS: {...}}")
+    p.add_argument("--apply", action="store_true", help="really warn/evict (default: dry run, log and count only)")
+    p.add_argument("--interval", type=float, default=0.0, help="run as a controller, one round every N seconds (default: one round)")
+    p.add_argument("--metrics-addr", default="", help="with --interval: serve the reclaim counters on HOST:PORT")
+    p.add_argument("--json", action="store_true", help="print the round's actions as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubernetes import client, config
+    import yaml
 
-    from ..engine import annotations as ann
-    from ..engine.podspec import effective_requests
-    from .reclaim import NamespacePolicy, PodInfo, decide
+    from ..engine.errors import ConfigError
+    from .kube_actions import KubeReclaimClient
+    from .reclaim import load_config
+    from .reclaim_controller import ReclaimMetrics, Reclaimer
+    from .sources import AgentScrapeSource, PrometheusSource, SourceError, agent_urls_from_nodes
 
-    config.load_kube_config(args.kubeconfig) if args.kubeconfig else config.load_incluster_config()
-    core = client.CoreV1Api()
-    pols = {}
-    if args.policy_file:
-        with open(args.policy_file) as f:
-            pols = {ns: NamespacePolicy(**v) for ns, v in json.load(f).items()}
-    now = time.time()
-    window = max([p.window_s for p in pols.values()] + [3600.0])
-    util = query_util(args.prometheus, window, now)
-    pods = []
-    for p in core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items:
-        raw = core.api_client.sanitize_for_serialization(p)
-        req = effective_requests(raw)
-        a = (p.metadata.annotations or {})
-        gpus = req.get("nvidia.com/gpu", 0)
-        if ann.GPU_MILLI in a and gpus:
-            gpus = int(a[ann.GPU_MILLI]) / 1000
-        if not gpus:
-            continue
-        pods.append(PodInfo(p.metadata.namespace, p.metadata.name, float(gpus), p.metadata.creation_timestamp.timestamp(),
-                            p.spec.priority or 0, a))
-    actions = decide(now, pods, util, pols)
-    returned = 0.0
-    for act in actions:
-        print(f"{act.action:<8} {act.pod:<50} {act.reason}")
-        if not args.apply or act.action not in ("warn", "evict"):
-            continue
-        ns, name = act.pod.split("/", 1)
-        if act.action == "warn":
-            core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {ann.IDLE_WARNING: str(int(now))}}})
+    try:
+        doc = None
+        if args.policy_file:
+            with open(args.policy_file) as f:
+                doc = yaml.safe_load(f)
+        config = load_config(doc)
+    except (OSError, yaml.YAMLError, ConfigError) as exc:
+        print(f"gpufleet reclaim: policy file {args.policy_file}: {exc}")
+        return 2
+    try:
+        kube = KubeReclaimClient(args.kubeconfig)
+    except Exception as exc:
+        print(f"gpufleet reclaim: no Kubernetes API access: {exc}")
+        return 1
+    try:
+        if args.prometheus:
+            source = PrometheusSource(args.prometheus)
         else:
-            core.create_namespaced_pod_eviction(name, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=ns)))
-            returned += act.gpu_hours
-    mode = "applied" if args.apply else "dry run"
-    print(f"{mode}: {sum(a.action == 'warn' for a in actions)} warned, {sum(a.action == 'evict' for a in actions)} to evict, "
-          f"{sum(a.action == 'protect' for a in actions)} protected; GPU-hours returned: {returned:.1f}")
-    return 0
+            if not args.interval:
+                print("gpufleet reclaim: --agents/--agents-from-nodes keep history in memory; add --interval "
+                      "(a pod is only judged after a whole window of scrapes)")
+            if args.agents:
+                urls = [u.strip() for u in args.agents.split(",") if u.strip()]
+                source = AgentScrapeSource(urls, config.lookback_s())
+            else:
+                from kubernetes import client
+
+                ser = client.ApiClient().sanitize_for_serialization
+                source = AgentScrapeSource(lambda: agent_urls_from_nodes([ser(n) for n in kube.core.list_node().items], args.agent_port),
+                                           config.lookback_s())
+    except SourceError as exc:
+        print(f"gpufleet reclaim: {exc}")
+        return 2
+    metrics = ReclaimMetrics()
+    if args.interval and args.metrics_addr:
+        from prometheus_client import start_http_server
+
+        host, port = args.metrics_addr.rsplit(":", 1)
+        start_http_server(int(port), addr=host or "0.0.0.0", registry=metrics.registry)
+    rec = Reclaimer(kube, source, config, apply=args.apply, metrics=metrics,
+                    out=(lambda s: None) if args.json else print)
+    while True:
+        try:
+            res = rec.run_once()
+            if args.json:
+                print(json.dumps({"applied": args.apply, "summary": res.summary, "skipped": res.skipped,
+                                  "actions": [{"pod": a.pod, "action": a.action, "reason": a.reason, "gpus": a.gpus,
+                                               "idle_s": a.idle_s, "gpu_hours": a.gpu_hours,
+                                               "outcome": res.outcomes.get(a.pod)} for a in res.actions]}, indent=1))
+        except SourceError as exc:
+            print(f"gpufleet reclaim: utilisation source: {exc}")
+            if not args.interval:
+                return 1
+        except Exception as exc:  # API server away: retry next round in controller mode
+            if not args.interval:
+                print(f"gpufleet reclaim: {exc}")
+                return 1
+            log.warning("reclaim round failed: %s", exc)
+        if not args.interval:
+            return 0
+        time.sleep(args.interval)
