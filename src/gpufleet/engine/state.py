@@ -87,6 +87,8 @@ class ClusterState:
                     self.gpu_usable[i, j] = True
                     self.gpu_free_milli[i, j] = GPU_MILLI
                     self.gpu_mem_free[i, j] = gpu.memory_mib
+            for insts in free.values():
+                insts.sort()  # the order unreserve restores, so reserve+unreserve is exact
             self.mig_free.append(free)
         self.mig_count: dict[str, np.ndarray] = {}
         for i, free in enumerate(self.mig_free):
@@ -169,6 +171,7 @@ class ClusterState:
         c.assignments = dict(self.assignments)
         c.pods_on_node = {k: set(v) for k, v in self.pods_on_node.items()}
         c.mig_free = [{p: list(l) for p, l in m.items()} for m in self.mig_free]
+        c.mig_count = {p: v.copy() for p, v in self.mig_count.items()}
         c.model_names = list(self.model_names)
         c._model_ids = dict(self._model_ids)
         return c
@@ -189,6 +192,10 @@ class ClusterState:
             return f"node {a.node}: no pod slots left"
         if len(set(a.gpu_indices)) != len(a.gpu_indices):
             return "GPU listed twice"
+        if a.gpu_memory_mib and len(a.gpu_memory_mib) != len(a.gpu_indices):
+            return f"gpu_memory_mib lists {len(a.gpu_memory_mib)} values for {len(a.gpu_indices)} GPUs"
+        if len(set(a.mig)) != len(a.mig):
+            return "MIG instance listed twice"
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib or (0,) * len(a.gpu_indices)):
             if j < 0 or j >= self.gpu_n[i] or not self.gpu_usable[i, j]:
                 return f"node {a.node}: GPU {j} does not exist or is not usable"
