@@ -8,59 +8,100 @@ import time
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prometheus", required=True, help="Prometheus base URL")
-    p.add_argument("--kubeconfig")
-    p.add_argument("--window-h", type=float, default=24.0)
+    p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL (DCGM_FI_DEV_GPU_UTIL / FB_USED by pod)")
+    p.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
+    p.add_argument("--window", default="24h", help="look-back window, e.g. 24h, 7d (default 24h)")
+    p.add_argument("--step", default="5m", help="sample step (default 5m)")
+    p.add_argument("--headroom", type=float, default=1.2, help="multiply p95 use by this (default 1.2)")
+    p.add_argument("--namespace", help="only this namespace")
     p.add_argument("--json", action="store_true", help="JSON output")
 
 
-def _series(base: str, query: str, window_s: float, now: float) -> dict[tuple[str, str], list[float]]:
-    import urllib.parse
-    import urllib.request
+def gather(kube, prom, window_s: float, step_s: float, now: float, namespace: str | None = None):
+    """Pods, owners and series -> WorkloadUsage list (+ skipped objects)."""
+    from ..engine.errors import GpufleetError
+    from ..kube.convert import node_from_json
+    from .recommend import workloads
 
-    url = f"{base.rstrip('/')}/api/v1/query_range?" + urllib.parse.urlencode({"query": query, "start": now - window_s, "end": now, "step": "300"})
-    with urllib.request.urlopen(url, timeout=60) as r:
-        data = json.loads(r.read())
-    out: dict[tuple[str, str], list[float]] = {}
-    for s in data.get("data", {}).get("result", []):
-        m = s["metric"]
-        out.setdefault((m.get("namespace", ""), m.get("pod", "")), []).extend(float(v) for _, v in s["values"])
-    return out
+    util = prom.query_range('max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{pod!=""})', now - window_s, now, step_s)
+    mem = prom.query_range('max by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=""})', now - window_s, now, step_s)
+    pods = [p for p in kube.pods() if not namespace or (p.get("metadata") or {}).get("namespace") == namespace]
+    owners = {}
+    for o in kube.owners():
+        m = o.get("metadata") or {}
+        owners[(m.get("namespace") or "default", o.get("kind") or "", m.get("name") or "")] = o
+    gpu_mem, skipped = {}, []
+    for n in kube.nodes():
+        try:
+            node = node_from_json(n)
+        except GpufleetError as exc:
+            skipped.append(str(exc))
+            continue
+        if node.gpus:
+            gpu_mem[node.name] = node.gpus[0].memory_mib
+    return workloads(pods, owners, util, mem, gpu_mem, step_s, skipped), skipped
+
+
+class KubeReader:
+    """Running pods, their ReplicaSet/Job owners and nodes, as JSON, through the official client."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        from kubernetes import client, config
+
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+        self.core, self.apps, self.batch = client.CoreV1Api(), client.AppsV1Api(), client.BatchV1Api()
+        self.ser = client.ApiClient().sanitize_for_serialization
+
+    def pods(self) -> list[dict]:
+        return [self.ser(p) for p in self.core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items]
+
+    def owners(self) -> list[dict]:
+        out = []
+        for kind, items in (("ReplicaSet", self.apps.list_replica_set_for_all_namespaces().items),
+                            ("Job", self.batch.list_job_for_all_namespaces().items)):
+            for x in items:
+                d = self.ser(x)
+                d["kind"] = kind
+                out.append(d)
+        return out
+
+    def nodes(self) -> list[dict]:
+        return [self.ser(n) for n in self.core.list_node().items]
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubernetes import client, config
+    from ..engine.errors import ConfigError
+    from .reclaim import parse_duration
+    from .recommend import recommend, render_table
+    from .sources import PrometheusSource, SourceError
 
-    from ..engine.podspec import effective_requests
-    from .recommend import WorkloadUsage, owner_of, recommend
-
-    config.load_kube_config(args.kubeconfig) if args.kubeconfig else config.load_incluster_config()
-    core, apps, api = client.CoreV1Api(), client.AppsV1Api(), client.ApiClient()
-    now, win = time.time(), args.window_h * 3600
-    util = _series(args.prometheus, 'DCGM_FI_DEV_GPU_UTIL{pod!=""}', win, now)
-    mem = _series(args.prometheus, 'sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{pod!=""})', win, now)
-    owners = {}
-    for rs in apps.list_replica_set_for_all_namespaces().items:
-        d = api.sanitize_for_serialization(rs)
-        owners[(rs.metadata.namespace, "ReplicaSet", rs.metadata.name)] = d
-    groups: dict[str, dict] = {}
-    for p in core.list_pod_for_all_namespaces(field_selector="status.phase=Running").items:
-        raw = api.sanitize_for_serialization(p)
-        gpus = effective_requests(raw).get("nvidia.com/gpu", 0)
-        if not gpus:
-            continue
-        w = owner_of(raw, owners)
-        g = groups.setdefault(w, {"pods": 0, "gpus": gpus, "util": [], "mem": []})
-        g["pods"] += 1
-        key = (p.metadata.namespace, p.metadata.name)
-        g["util"] += util.get(key, [])
-        g["mem"] += mem.get(key, [])
-    recs = [recommend(WorkloadUsage(w, g["pods"], g["gpus"], 81920, g["util"], g["mem"], args.window_h)) for w, g in groups.items()]
-    recs.sort(key=lambda r: -r.gpu_hours_freed)
+    try:
+        window_s, step_s = parse_duration("--window", args.window), parse_duration("--step", args.step)
+        prom = PrometheusSource(args.prometheus, step_s=step_s)
+    except (ConfigError, SourceError) as exc:
+        print(f"gpufleet recommend: {exc}")
+        return 2
+    try:
+        kube = KubeReader(args.kubeconfig)
+    except Exception as exc:
+        print(f"gpufleet recommend: no Kubernetes API access: {exc}")
+        return 1
+    try:
+        usage, skipped = gather(kube, prom, window_s, step_s, time.time(), args.namespace)
+    except SourceError as exc:
+        print(f"gpufleet recommend: {exc}")
+        return 1
+    recs = sorted((recommend(w, headroom=args.headroom) for w in usage), key=lambda r: (-r.gpu_hours_freed, r.workload))
     if args.json:
-        print(json.dumps([r.__dict__ for r in recs], indent=1))
-        return 0
-    print(f"{'workload':<48} {'req':>4} {'p50%':>5} {'p95%':>5} {'mem p95':>8}  {'recommended':<60} {'GPU-h freed':>11}")
-    for r in recs:
-        print(f"{r.workload:<48} {r.requested_gpus:>4g} {r.util_p50:>5.0f} {r.util_p95:>5.0f} {r.mem_p95_mib:>7.0f}M  {r.request_text():<60} {r.gpu_hours_freed:>11.1f}")
+        print(json.dumps({"window_s": window_s, "recommendations": [r.to_json() for r in recs], "skipped": skipped}, indent=1))
+    else:
+        print(render_table(recs))
+        for s in skipped:
+            print(f"skipped: {s}")
     return 0
