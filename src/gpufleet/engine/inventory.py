@@ -120,7 +120,12 @@ def assignment_from_json(pod: str, text: str, cpu_milli: int = 0, memory_mib: in
     mems = d.get("gpu_memory_mib") or [0] * len(gpus)
     if not isinstance(mems, list) or len(mems) != len(gpus) or not all(isinstance(m, int) and m >= 0 for m in mems):
         raise InvalidPodSpec(pod, f"{field}.gpu_memory_mib", "must list one non-negative integer per GPU")
-    mig = tuple((int(m["gpu"]), int(m["instance_id"])) for m in d.get("mig") or [])
+    migs = d.get("mig") or []
+    if not isinstance(migs, list) or not all(
+        isinstance(m, Mapping) and isinstance(m.get("gpu"), int) and isinstance(m.get("instance_id"), int) for m in migs
+    ):
+        raise InvalidPodSpec(pod, f"{field}.mig", "must be a list of {gpu, instance_id} integers")
+    mig = tuple((m["gpu"], m["instance_id"]) for m in migs)
     return Assignment(
         pod_key=pod,
         node=d["node"],
