@@ -1,71 +1,88 @@
-"""``gpufleet top``: a refreshing terminal view of GPU allocation and utilisation."""
+"""``gpufleet top``: a refreshing terminal view of GPU allocation and use per node and namespace."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import shutil
 import time
+import urllib.parse
+
+log = logging.getLogger("gpufleet.top")
+
+# "GPUs busy": per GPU first (a shared GPU has one series per sharer), then summed
+USED_BY_NODE = "sum by (Hostname) (sum by (Hostname, gpu) (DCGM_FI_DEV_GPU_UTIL)) / 100"
+USED_BY_NAMESPACE = 'sum by (namespace) (DCGM_FI_DEV_GPU_UTIL{namespace!=""}) / 100'
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig")
-    p.add_argument("--prometheus", help="Prometheus base URL for utilisation (optional)")
-    p.add_argument("--interval", type=float, default=5.0)
-    p.add_argument("--once", action="store_true")
+    p.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
+    p.add_argument("--prometheus", metavar="URL", help="Prometheus base URL for the USED columns (optional)")
+    p.add_argument("--interval", type=float, default=5.0, help="refresh every N seconds (default 5)")
+    p.add_argument("--once", action="store_true", help="print once and exit")
 
 
-def snapshot(api, prometheus: str | None):
-    from ..engine.inventory import assignment_from_json
-    from ..engine.podspec import effective_requests, pod_key
+def instant(prometheus: str, query: str, label: str, fetch=None) -> dict[str, float]:
+    from .sources import SourceError, http_get
+
+    body = (fetch or http_get)(f"{prometheus.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query}), 10.0)
+    try:
+        doc = json.loads(body)
+        if doc.get("status") != "success":
+            raise SourceError(f"query {query!r}: {doc.get('error')}")
+        return {s["metric"].get(label, ""): float(s["value"][1]) for s in doc["data"]["result"]}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SourceError(f"query {query!r}: unreadable answer: {exc}") from None
+
+
+def snapshot(api, prometheus: str | None, fetch=None):
+    """One view from a SchedulerApi-like object (list_nodes/list_pods) and optional Prometheus."""
+    from ..engine.errors import GpufleetError
     from ..kube.convert import node_from_json
-    from .top import NodeRow
+    from .sources import SourceError
+    from .top import build_view
 
     nodes_json, _ = api.list_nodes()
     pods_json, _ = api.list_pods()
-    util_node: dict[str, float] = {}
-    util_ns: dict[str, float] = {}
-    if prometheus:
-        import urllib.parse
-        import urllib.request
-
-        for q, target, label in (("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", util_node, "Hostname"),
-                                 ('avg by (namespace) (DCGM_FI_DEV_GPU_UTIL{namespace!=""})', util_ns, "namespace")):
-            with urllib.request.urlopen(f"{prometheus.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": q}), timeout=10) as r:
-                for s in json.loads(r.read())["data"]["result"]:
-                    target[s["metric"].get(label, "")] = float(s["value"][1])
-    alloc: dict[str, int] = {}
-    ns_gpus: dict[str, float] = {}
-    for p in pods_json:
-        node = (p.get("spec") or {}).get("nodeName")
-        if not node or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        a = (p.get("metadata") or {}).get("annotations") or {}
-        if "gpufleet.io/assignment" in a:
-            asg = assignment_from_json(pod_key(p), a["gpufleet.io/assignment"])
-            milli = len(asg.gpu_indices) * asg.gpu_milli
-        else:
-            milli = effective_requests(p).get("nvidia.com/gpu", 0) * 1000
-        alloc[node] = alloc.get(node, 0) + milli
-        ns = (p.get("metadata") or {}).get("namespace", "default")
-        ns_gpus[ns] = ns_gpus.get(ns, 0.0) + milli / 1000
-    rows = []
+    nodes, skipped = [], []
     for n in nodes_json:
-        node = node_from_json(n)
-        if node.gpus:
-            rows.append(NodeRow(node.name, node.gpus[0].model, len(node.gpus), alloc.get(node.name, 0), util_node.get(node.name)))
-    return rows, {ns: (g, util_ns.get(ns)) for ns, g in ns_gpus.items() if g}
+        try:
+            nodes.append(node_from_json(n))
+        except GpufleetError as exc:
+            skipped.append(str(exc))
+    by_node = by_ns = None
+    if prometheus:
+        try:
+            by_node = instant(prometheus, USED_BY_NODE, "Hostname", fetch)
+            by_ns = instant(prometheus, USED_BY_NAMESPACE, "namespace", fetch)
+        except SourceError as exc:
+            skipped.append(f"metrics: {exc}")
+    view = build_view(nodes, pods_json, by_node, by_ns)
+    view.skipped = skipped + view.skipped
+    return view
 
 
 def run(args: argparse.Namespace) -> int:
     from ..kube.api import KubernetesApi
     from .top import render
 
-    api = KubernetesApi(args.kubeconfig, component="gpufleet-top")
+    try:
+        api = KubernetesApi(args.kubeconfig, component="gpufleet-top")
+    except Exception as exc:
+        print(f"gpufleet top: no Kubernetes API access: {exc}")
+        return 1
     while True:
-        rows, ns = snapshot(api, args.prometheus)
-        out = render(rows, ns)
+        try:
+            rows = max(5, (shutil.get_terminal_size((120, 40)).lines - 12) // 2)
+            out = render(snapshot(api, args.prometheus), max_rows=None if args.once else rows)
+        except Exception as exc:  # API away for a moment: say so and keep refreshing
+            if args.once:
+                print(f"gpufleet top: {exc}")
+                return 1
+            out = f"(refresh failed: {exc})"
         if args.once:
             print(out)
             return 0
-        print("\x1b[2J\x1b[H" + time.strftime("%H:%M:%S ") + "gpufleet top\n" + out, flush=True)
+        print("\x1b[2J\x1b[H" + time.strftime("%H:%M:%S ") + f"gpufleet top (every {args.interval:g}s, Ctrl-C quits)\n" + out, flush=True)
         time.sleep(args.interval)
