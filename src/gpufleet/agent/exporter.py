@@ -2,28 +2,45 @@
 
 Metric and label names follow dcgm-exporter (``DCGM_FI_DEV_GPU_UTIL`` ...,
 labels ``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``, plus
-``pod``, ``namespace``, ``container``) so existing dashboards keep working.
+``container``, ``namespace``, ``pod``) so existing dashboards and alerts keep
+working when the gpufleet agent replaces dcgm-exporter.
 
-Which container holds which GPU comes from kubelet's PodResources API.  A GPU
-held by one container gets its device numbers with that container's labels,
-like dcgm-exporter.  A GPU shared by several containers (time-slicing
-replicas, or a fractional gpufleet assignment) is where dcgm-exporter gives
-every sharer the same, whole-GPU numbers; here each sharer gets its own
-series from NVML's per-process accounting (``FB_USED`` = its processes'
-memory, ``GPU_UTIL`` = their SM utilisation), its processes found through a
-pid -> container resolver (``/proc/<pid>/cgroup`` in production, injected in
-tests).  One scrape reads NVML once (a custom collector).
+Which container holds which GPU comes from kubelet's PodResources API (v1
+``List``).  A gpufleet fractional pod is handed the GPU its
+``gpufleet.io/assignment`` names, which can differ from the device ID kubelet
+recorded, so when an assignment source is given it wins for that pod.
+
+A GPU held by one container gets its device numbers with that container's
+labels, like dcgm-exporter.  A GPU shared by several containers (time-slicing
+replicas, gpufleet shares, MIG instances of one GPU) is where dcgm-exporter
+gives every sharer the same whole-GPU numbers; here each sharer gets its own
+``DCGM_FI_DEV_FB_USED`` (its processes' memory) and ``DCGM_FI_DEV_GPU_UTIL``
+(their SM utilisation) from NVML's per-process accounting, the processes found
+through a pid -> container resolver (``/proc/<pid>/cgroup`` + a pod index in
+production, injected in tests).  What no sharer's process explains is
+exported unattributed, so per-GPU sums still equal the device's numbers; the
+other metrics are device-wide and exported once per GPU, unattributed.
+
+One scrape reads NVML once per GPU (a custom collector): telemetry per GPU,
+the process list only when some GPU is shared, and no inventory walk (the
+GPU list is read at start and on ``refresh_inventory``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import threading
+import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
-from .nvml import Backend
+from .nvml import Backend, GpuInfo
+
+log = logging.getLogger(__name__)
 
 METRICS = {
     "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", "gpu_util_pct"),
@@ -34,7 +51,15 @@ METRICS = {
     "DCGM_FI_DEV_POWER_USAGE": ("Power draw (in W).", "power_w"),
     "DCGM_FI_DEV_SM_CLOCK": ("SM clock frequency (in MHz).", "sm_clock_mhz"),
 }
-LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "container", "namespace", "pod"]
+XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
+HEALTH_METRIC = "gpufleet_gpu_healthy"
+PODRESOURCES_UP = "gpufleet_exporter_podresources_up"
+SCRAPE_SECONDS = "gpufleet_exporter_collect_seconds"
+ALL_METRICS = (*METRICS, XID_METRIC, HEALTH_METRIC, PODRESOURCES_UP, SCRAPE_SECONDS)
+DEVICE_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
+LABELS = DEVICE_LABELS + ["container", "namespace", "pod"]
+PER_SHARER = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL")
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
 
 @dataclass(frozen=True)
@@ -45,81 +70,300 @@ class ContainerRef:
 
 
 class PodDevices(Protocol):
-    def devices(self) -> dict[str, list[ContainerRef]]: ...  # physical GPU UUID -> containers holding it
+    def devices(self) -> dict[str, list[ContainerRef]]: ...  # GPU or MIG UUID -> containers holding it
+
+
+def device_uuid(device_id: str) -> str:
+    """kubelet device ID -> GPU/MIG UUID (time-slicing replicas are ``<uuid>::<k>``)."""
+    return device_id.split("::", 1)[0]
 
 
 class KubeletPodResources:
-    """GPU UUID -> containers, from kubelet's PodResources List over its unix socket."""
+    """GPU UUID -> containers, from kubelet's PodResources ``List`` over its unix socket.
+
+    The gRPC channel is kept between scrapes (a new channel costs more than the
+    call) and re-made after an error, e.g. when kubelet restarted.
+    """
 
     def __init__(self, socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock", timeout_s: float = 2.0) -> None:
         self.socket, self.timeout_s = socket, timeout_s
+        self._channel = None
+        self._stub = None
+        self._lock = threading.Lock()
 
-    def devices(self) -> dict[str, list[ContainerRef]]:
+    def _connect(self):
         import grpc
 
-        from .podresources import podresources_pb2 as pb
         from .podresources import podresources_pb2_grpc as pbg
 
-        with grpc.insecure_channel(f"unix://{self.socket}") as ch:
-            resp = pbg.PodResourcesListerStub(ch).List(pb.ListPodResourcesRequest(), timeout=self.timeout_s)
+        self._channel = grpc.insecure_channel(f"unix://{self.socket}")
+        self._stub = pbg.PodResourcesListerStub(self._channel)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = self._stub = None
+
+    def devices(self) -> dict[str, list[ContainerRef]]:
+        from .podresources import podresources_pb2 as pb
+
+        with self._lock:
+            if self._stub is None:
+                self._connect()
+            stub = self._stub
+        try:
+            resp = stub.List(pb.ListPodResourcesRequest(), timeout=self.timeout_s)
+        except Exception:
+            self.close()
+            raise
         out: dict[str, list[ContainerRef]] = {}
         for p in resp.pod_resources:
             for c in p.containers:
+                ref = ContainerRef(p.namespace, p.name, c.name)
                 for d in c.devices:
-                    if not (d.resource_name.startswith("nvidia.com/")):
+                    if not d.resource_name.startswith(GPU_RESOURCE_PREFIXES):
                         continue
                     for dev in d.device_ids:
-                        uuid = dev.split("::", 1)[0]  # time-slicing replica IDs are <uuid>::<k>
-                        ref = ContainerRef(p.namespace, p.name, c.name)
-                        lst = out.setdefault(uuid, [])
+                        lst = out.setdefault(device_uuid(dev), [])
                         if ref not in lst:
                             lst.append(ref)
         return out
 
 
-_CGROUP_POD = re.compile(r"pod([0-9a-f_\-]{36})")
+def apply_assignments(holders: Mapping[str, list[ContainerRef]], assigned: Mapping[tuple[str, str], list[str]]) -> dict[str, list[ContainerRef]]:
+    """Move pods with a gpufleet assignment onto the GPUs it names (pure).
+
+    ``assigned``: (namespace, pod) -> GPU UUIDs from ``gpufleet.io/assignment``.
+    kubelet recorded whichever device ID it picked; the agent's Allocate gave
+    the container the assigned GPU instead.
+    """
+    out: dict[str, list[ContainerRef]] = {}
+    moved: dict[tuple[str, str], list[ContainerRef]] = {}
+    for uuid, refs in holders.items():
+        for r in refs:
+            if assigned.get((r.namespace, r.pod)):
+                moved.setdefault((r.namespace, r.pod), [])
+                if r not in moved[(r.namespace, r.pod)]:
+                    moved[(r.namespace, r.pod)].append(r)
+            else:
+                out.setdefault(uuid, []).append(r)
+    for key, refs in moved.items():
+        for uuid in assigned[key]:
+            lst = out.setdefault(uuid, [])
+            lst.extend(r for r in refs if r not in lst)
+    return out
 
 
-def cgroup_container_id(pid: int) -> str | None:
-    """The container ID in /proc/<pid>/cgroup (last 64-hex token), or None."""
-    try:
-        text = open(f"/proc/{pid}/cgroup").read()
-    except OSError:
-        return None
-    ids = re.findall(r"([0-9a-f]{64})", text)
-    return ids[-1] if ids else None
+# --- pid -> container -----------------------------------------------------------------------
+
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
+
+
+def parse_cgroup(text: str) -> tuple[str, str] | None:
+    """``/proc/<pid>/cgroup`` -> (pod UID, container ID), cgroup v1 or v2, cgroupfs or systemd paths."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        m = _POD_UID.search(path)
+        if not m:
+            continue
+        ids = _CONTAINER_ID.findall(path)
+        if ids:
+            return m.group(1).replace("_", "-"), ids[-1]
+    return None
+
+
+@dataclass(frozen=True)
+class PodEntry:
+    namespace: str
+    name: str
+    containers: Mapping[str, str]  # container ID (hex, no runtime prefix) -> container name
+
+
+def pod_index_from_json(pods: Iterable[Mapping]) -> dict[str, PodEntry]:
+    """Pod JSON (the pods on this node) -> {pod UID: PodEntry}."""
+    out: dict[str, PodEntry] = {}
+    for p in pods:
+        meta = p.get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid:
+            continue
+        conts = {}
+        st = p.get("status") or {}
+        for cs in (st.get("containerStatuses") or []) + (st.get("initContainerStatuses") or []):
+            cid = (cs.get("containerID") or "").split("://", 1)[-1]
+            if cid and cs.get("name"):
+                conts[cid] = cs["name"]
+        out[uid] = PodEntry(meta.get("namespace") or "default", meta.get("name") or "", conts)
+    return out
+
+
+class CgroupResolver:
+    """pid -> ContainerRef: pod UID and container ID from ``/proc/<pid>/cgroup``, names from a pod index.
+
+    Needs the host's PID namespace (``hostPID: true``): NVML reports host PIDs.
+    The index (pod UID -> names) is re-read at most every ``index_ttl_s``, or
+    at once when a pod UID is not in it yet.
+    """
+
+    def __init__(self, index: Callable[[], Mapping[str, PodEntry]], proc_root: str = "/proc", index_ttl_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._index_fn, self.proc_root, self.ttl, self.clock = index, proc_root, index_ttl_s, clock
+        self._index: Mapping[str, PodEntry] = {}
+        self._index_at = -1e18
+        self._lock = threading.Lock()
+
+    def _entries(self, force: bool = False) -> Mapping[str, PodEntry]:
+        now = self.clock()
+        if force and now - self._index_at < 2.0:
+            force = False  # a burst of unknown pods does not hammer the API
+        if force or now - self._index_at > self.ttl:
+            try:
+                self._index = self._index_fn()
+            except Exception as exc:
+                log.warning("pod index for process attribution unavailable: %s", exc)
+            self._index_at = now
+        return self._index
+
+    def __call__(self, pid: int) -> ContainerRef | None:
+        try:
+            with open(os.path.join(self.proc_root, str(pid), "cgroup")) as f:
+                found = parse_cgroup(f.read())
+        except OSError:
+            return None
+        if found is None:
+            return None
+        uid, cid = found
+        with self._lock:
+            entry = self._entries().get(uid)
+            if entry is None:
+                entry = self._entries(force=True).get(uid)
+        if entry is None:
+            return None
+        name = entry.containers.get(cid)
+        if name is None and len(set(entry.containers.values())) == 1:
+            name = next(iter(entry.containers.values()))
+        return ContainerRef(entry.namespace, entry.name, name or "")
+
+
+class KubeNodePods:
+    """Pods on this node through the API (official client), for the resolver and the assignments."""
+
+    def __init__(self, core_v1, node: str, ttl_s: float = 15.0) -> None:
+        self.core, self.node, self.ttl = core_v1, node, ttl_s
+        self._pods: list[dict] = []
+        self._at = -1e18
+
+    def pods(self) -> list[dict]:
+        if time.monotonic() - self._at > self.ttl:
+            items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
+            self._pods = [self.core.api_client.sanitize_for_serialization(x) for x in items]
+            self._at = time.monotonic()
+        return self._pods
+
+    def index(self) -> dict[str, PodEntry]:
+        return pod_index_from_json(self.pods())
+
+    def assignments(self) -> dict[tuple[str, str], list[str]]:
+        import json
+
+        from ..engine.annotations import ASSIGNMENT
+
+        out = {}
+        for p in self.pods():
+            meta = p.get("metadata") or {}
+            raw = (meta.get("annotations") or {}).get(ASSIGNMENT)
+            if not raw:
+                continue
+            try:
+                uuids = [g.get("uuid") for g in json.loads(raw).get("gpus") or [] if g.get("uuid")]
+            except (ValueError, AttributeError):
+                continue  # the scheduler and the device plugin report malformed annotations
+            if uuids:
+                out[(meta.get("namespace") or "default", meta.get("name") or "")] = uuids
+        return out
+
+
+# --- the collector ----------------------------------------------------------------------------
 
 
 class GpuCollector:
+    """prometheus_client custom collector: one NVML pass per scrape."""
+
     def __init__(self, backend: Backend, hostname: str, pods: PodDevices | None = None,
-                 pid_to_container: Callable[[int], ContainerRef | None] | None = None) -> None:
+                 pid_to_container: Callable[[int], ContainerRef | None] | None = None,
+                 assignments: Callable[[], Mapping[tuple[str, str], list[str]]] | None = None,
+                 health: Callable[[], Mapping[int, bool]] | None = None) -> None:
         self.backend = backend
         self.hostname = hostname
         self.pods = pods
         self.pid_to_container = pid_to_container or (lambda pid: None)
+        self.assignments = assignments
+        self.health = health
         self.xid_counts: dict[int, int] = {}
         self.last_xid: dict[int, int] = {}
+        self._gpus: list[GpuInfo] = backend.gpus()
+
+    def refresh_inventory(self) -> None:
+        self._gpus = self.backend.gpus()
 
     def note_xids(self, events: Iterable) -> None:
         for e in events:
             self.last_xid[e.gpu_index] = e.xid
             self.xid_counts[e.gpu_index] = self.xid_counts.get(e.gpu_index, 0) + 1
 
-    def collect(self):
-        fams = {name: GaugeMetricFamily(name, help_, labels=LABELS) for name, (help_, _) in METRICS.items()}
-        xid = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=LABELS)
-        gpus = self.backend.gpus()
+    def _holders(self) -> tuple[dict[str, list[ContainerRef]], bool]:
+        if self.pods is None:
+            return {}, False
         try:
-            holders = self.pods.devices() if self.pods else {}
-        except Exception:  # kubelet away (restarting): device metrics still flow, unattributed
-            holders = {}
-        procs = self.backend.processes() if any(len(v) > 1 for v in holders.values()) else []
-        for g in gpus:
-            t = self.backend.telemetry(g.index)
-            base = [str(g.index), g.uuid, f"nvidia{g.index}", g.name, self.hostname]
+            holders = self.pods.devices()
+        except Exception as exc:  # kubelet away (restarting): device metrics still flow, unattributed
+            log.debug("PodResources List failed: %s", exc)
+            return {}, False
+        if self.assignments is not None:
+            try:
+                holders = apply_assignments(holders, self.assignments())
+            except Exception as exc:
+                log.debug("assignments unavailable: %s", exc)
+        return holders, True
+
+    def collect(self):
+        t0 = time.perf_counter()
+        fams = {name: GaugeMetricFamily(name, help_, labels=LABELS) for name, (help_, _) in METRICS.items()}
+        xid = GaugeMetricFamily(XID_METRIC, "Value of the last XID error encountered.", labels=LABELS)
+        healthy = GaugeMetricFamily(HEALTH_METRIC, "1 if the GPU is healthy (no fatal XID, NVML answers), else 0.", labels=DEVICE_LABELS)
+        holders, up = self._holders()
+        users_of: dict[int, list[ContainerRef]] = {}
+        for g in self._gpus:
             users = list(holders.get(g.uuid, []))
             for m in g.mig:  # MIG instances are attributed to the GPU they live on
                 users += [u for u in holders.get(m.uuid, []) if u not in users]
+            users_of[g.index] = users
+        shared = any(len(u) > 1 for u in users_of.values())
+        procs = []
+        if shared:
+            try:
+                procs = self.backend.processes()
+            except Exception as exc:
+                log.warning("NVML process list failed: %s", exc)
+        health = None
+        if self.health is not None:
+            try:
+                health = self.health()
+            except Exception as exc:
+                log.debug("health source failed: %s", exc)
+        owners: dict[int, ContainerRef | None] = {}
+        for g in self._gpus:
+            base = [str(g.index), g.uuid, f"nvidia{g.index}", g.name, self.hostname]
+            ok = health.get(g.index, True) if health is not None else self.backend.device_ok(g.index)
+            healthy.add_metric(base, 1.0 if ok else 0.0)
+            try:
+                t = self.backend.telemetry(g.index)
+            except Exception as exc:  # a GPU fallen off the bus: the others still report
+                log.warning("telemetry of GPU %d failed: %s", g.index, exc)
+                continue
+            users = users_of[g.index]
             if len(users) <= 1:
                 who = users[0] if users else None
                 lab = base + ([who.container, who.namespace, who.pod] if who else ["", "", ""])
@@ -132,18 +376,50 @@ class GpuCollector:
             for p in procs:
                 if p.gpu_index != g.index:
                     continue
-                ref = self.pid_to_container(p.pid)
+                if p.pid not in owners:
+                    try:
+                        owners[p.pid] = self.pid_to_container(p.pid)
+                    except Exception:
+                        owners[p.pid] = None
+                ref = owners[p.pid]
+                if ref is not None and ref not in per:
+                    # resolver knows the pod but not the container name: match on the pod
+                    ref = next((u for u in users if (u.namespace, u.pod) == (ref.namespace, ref.pod)), None)
                 if ref in per:
                     per[ref][0] += p.used_memory_mib
                     per[ref][1] += p.sm_util_pct
+            mem_sum = util_sum = 0
             for u, (mem, util) in per.items():
                 lab = base + [u.container, u.namespace, u.pod]
                 fams["DCGM_FI_DEV_FB_USED"].add_metric(lab, float(mem))
                 fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lab, float(min(util, 100)))
+                mem_sum += mem
+                util_sum += min(util, 100)
             lab = base + ["", "", ""]  # device-wide values once, unattributed
+            fams["DCGM_FI_DEV_FB_USED"].add_metric(lab, float(max(0, t.fb_used_mib - mem_sum)))
+            fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lab, float(max(0, t.gpu_util_pct - util_sum)))
             for name, (_, attr) in METRICS.items():
-                if name not in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL"):
+                if name not in PER_SHARER:
                     fams[name].add_metric(lab, float(getattr(t, attr)))
             xid.add_metric(lab, float(self.last_xid.get(g.index, 0)))
         yield from fams.values()
         yield xid
+        yield healthy
+        pr = GaugeMetricFamily(PODRESOURCES_UP, "1 if kubelet's PodResources API answered this scrape.")
+        pr.add_metric([], 1.0 if up else 0.0)
+        yield pr
+        dur = GaugeMetricFamily(SCRAPE_SECONDS, "Time this collector took for the scrape (s).")
+        dur.add_metric([], time.perf_counter() - t0)
+        yield dur
+
+
+def build_collector(backend: Backend, hostname: str, pod_resources_socket: str | None, core_v1=None, node_name: str = "",
+                    health: Callable[[], Mapping[int, bool]] | None = None, proc_root: str = "/proc") -> GpuCollector:
+    """The production wiring: PodResources, and with API access the pid resolver and gpufleet assignments."""
+    pods = KubeletPodResources(pod_resources_socket) if pod_resources_socket else None
+    resolver = assignments = None
+    if core_v1 is not None and node_name:
+        node_pods = KubeNodePods(core_v1, node_name)
+        resolver = CgroupResolver(node_pods.index, proc_root=proc_root)
+        assignments = node_pods.assignments
+    return GpuCollector(backend, hostname, pods, resolver, assignments, health)
