@@ -28,7 +28,7 @@ def scheduler_metrics() -> set[str]:
 def reclaim_metrics() -> set[str]:
     text = generate_latest(ReclaimMetrics().registry).decode()
     types = dict(re.findall(r"# TYPE (\S+) (\S+)", text))
-    return {n + "_total" if t == "counter" else n for n, t in types.items()}
+    return {n.removesuffix("_total") + "_total" if t == "counter" else n for n, t in types.items()}
 
 
 def metric_names(expr: str) -> set[str]:
