@@ -124,6 +124,15 @@ class TargetWorkload:
         return out
 
 
+def _distance(a: TargetWorkload, b: TargetWorkload) -> float:
+    """L1 distance between two workloads' shape frequencies (shapes missing on one side count fully)."""
+    def as_map(w: TargetWorkload) -> dict:
+        return {(int(c), int(m), int(n), ms): float(f) for c, m, n, ms, f in zip(w.cpu_milli, w.gpu_milli, w.gpu_count, w.models, w.freq)}
+
+    x, y = as_map(a), as_map(b)
+    return sum(abs(x.get(k, 0.0) - y.get(k, 0.0)) for k in set(x) | set(y))
+
+
 def node_view(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cpu left, per-GPU milli left [k, G] (0 for absent/unusable GPUs), node GPU model id)."""
     left = np.where(state.gpu_usable[nodes], state.gpu_free_milli[nodes], 0)
@@ -361,6 +370,7 @@ class FGDScore(_Plugin):
     learn_online: bool = False
     refresh_every: int = 64
     refresh_growth: float = 0.1  # after refresh_every * 8 pods, refresh when the count grew by this fraction
+    min_change: float = 0.0  # keep the current workload unless shape frequencies moved more than this (L1)
     threshold: float = POPULARITY_THRESHOLD
     include_cpu_pods: bool = True
     workload: TargetWorkload | None = None
@@ -385,9 +395,11 @@ class FGDScore(_Plugin):
         self._seen += 1
         # refresh often while little is known, then every ~10% growth: each refresh re-scores all nodes
         if self.workload is None or self._seen >= self._next_refresh:
-            self.workload = TargetWorkload.from_counts(self._counts, self.threshold)
-            self._access = None
-            self._version += 1
+            new = TargetWorkload.from_counts(self._counts, self.threshold)
+            if self.workload is None or _distance(self.workload, new) > self.min_change:
+                self.workload = new
+                self._access = None
+                self._version += 1  # every cached score is stale now
             grow = self.refresh_every if self._seen < 8 * self.refresh_every else int(self._seen * self.refresh_growth)
             self._next_refresh = self._seen + max(self.refresh_every, grow)
 
