@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException

@@ -14,7 +14,7 @@ import re
 from typing import Any, Mapping
 
 from ..engine import annotations as ann
-from ..engine.errors import GpufleetError, InvalidPodSpec
+from ..engine.errors import InvalidPodSpec
 from ..engine.inventory import assignment_from_json
 from ..engine.podspec import GPU_RESOURCE, MIG_PREFIX, effective_requests, pod_key
 
@@ -129,10 +129,3 @@ def top_owner(pod: Mapping[str, Any], owners: Mapping[tuple[str, str, str], Mapp
         obj = owners.get((ns, ref[0], ref[1]))
     return cur
 
-
-def safe(fn, *args, default=None):
-    """Call ``fn``; a GpufleetError (bad object) gives ``default`` instead of a crash."""
-    try:
-        return fn(*args)
-    except GpufleetError:
-        return default

@@ -78,7 +78,7 @@ class Reclaimer:
             self.source.scrape(now)  # type: ignore[attr-defined]
         try:
             util = self.source.series(now - self.config.lookback_s(), now)
-        except SourceError as exc:
+        except SourceError:
             m.rounds.labels("source-error").inc()
             raise
         pods, skipped = [], []
