@@ -17,7 +17,7 @@ from gpufleet.agent.config import load_agent_config
 from gpufleet.agent.podsource import pick
 from gpufleet.engine.errors import ConfigError
 
-from .test_device_plugin import FakeKubelet
+from .conftest import FakeKubelet
 
 
 def wait_for(cond, timeout_s=15.0):

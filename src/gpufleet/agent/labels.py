@@ -2,47 +2,95 @@
 
 ``desired_labels`` is a pure function of what NVML reports; ``label_patch``
 computes the merge patch that sets what changed and removes what no longer
-holds (a ``null`` value deletes a label), touching only labels we own.
+holds (a ``null`` value deletes a label).  It only ever removes labels this
+agent writes (``OWNED_LABELS`` and the per-profile MIG labels): the GPU
+operator's ``nvidia.com/gpu.deploy.*`` and anyone else's labels are left alone.
+``NodeLabeller`` applies the patch through the ``kubernetes`` client, only when
+something changed.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Mapping
 
 from ..engine import annotations as ann
 from ..engine.inventory import gpus_to_json
-from .nvml import DriverInfo, GpuInfo
+from .nvml import DriverInfo, GpuInfo, engine_gpus
 
-OWNED_PREFIXES = ("nvidia.com/gpu.", "nvidia.com/cuda.", "nvidia.com/mig.", "nvidia.com/gfd.")
+log = logging.getLogger(__name__)
+
+OWNED_LABELS = frozenset({
+    "nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu.count",
+    "nvidia.com/gpu.family", "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor",
+    "nvidia.com/gpu.replicas", "nvidia.com/gpu.sharing-strategy",
+    "nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev",
+    "nvidia.com/cuda.driver-version.major", "nvidia.com/cuda.driver-version.minor",
+    "nvidia.com/cuda.driver-version.revision", "nvidia.com/cuda.driver-version.full",
+    "nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor",
+    "nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor",
+    "nvidia.com/cuda.runtime-version.full",
+    "nvidia.com/mig.capable", "nvidia.com/mig.strategy",
+})
+_OWNED_MIG = re.compile(r"^nvidia\.com/mig-[0-9]+g\.[0-9]+gb(\+[a-z]+)?\.(count|memory|slices\.gi)$")
+
+
+def owned(key: str) -> bool:
+    return key in OWNED_LABELS or bool(_OWNED_MIG.match(key))
 
 
 def _product(name: str) -> str:
-    return name.replace(" ", "-")
+    return "-".join(name.split())
 
 
-def desired_labels(driver: DriverInfo, gpus: list[GpuInfo], mig_strategy: str = "mixed", replicas: int = 1) -> dict[str, str]:
+def desired_labels(driver: DriverInfo, gpus: list[GpuInfo], mig_strategy: str = "mixed", replicas: int = 1,
+                   rename_shared: bool = False) -> dict[str, str]:
     if not gpus:
         return {"nvidia.com/gpu.present": "false"}
     g0 = gpus[0]
-    major, minor, *rest = (driver.driver_version.split(".") + ["0", "0"])[:3]
+    major, minor, rev = (driver.driver_version.split(".") + ["0", "0"])[:3]
+    product, memory, count = _product(g0.name), g0.memory_mib, len(gpus)
+    migs = [m for g in gpus for m in g.mig]
+    if mig_strategy == "single" and migs:
+        profiles = {m.profile for m in migs}
+        if len(profiles) == 1:  # as GFD: single strategy labels the MIG device as "the GPU"
+            product, memory, count = f"{product}-MIG-{migs[0].profile}", migs[0].memory_mib, len(migs)
+        else:
+            log.warning("MIG strategy single with several profiles %s: labelling the physical GPU", sorted(profiles))
+    if replicas > 1 and not rename_shared:
+        product += "-SHARED"
     out = {
         "nvidia.com/gpu.present": "true",
-        "nvidia.com/gpu.product": _product(g0.name) + ("-SHARED" if replicas > 1 else ""),
-        "nvidia.com/gpu.memory": str(g0.memory_mib),
-        "nvidia.com/gpu.count": str(len(gpus)),
+        "nvidia.com/gpu.product": product,
+        "nvidia.com/gpu.memory": str(memory),
+        "nvidia.com/gpu.count": str(count),
         "nvidia.com/gpu.family": g0.family,
         "nvidia.com/gpu.compute.major": str(g0.compute_capability[0]),
         "nvidia.com/gpu.compute.minor": str(g0.compute_capability[1]),
+        "nvidia.com/gpu.replicas": str(replicas),
+        "nvidia.com/gpu.sharing-strategy": "time-slicing" if replicas > 1 else "none",
         "nvidia.com/cuda.driver.major": major,
         "nvidia.com/cuda.driver.minor": minor,
-        "nvidia.com/cuda.driver.rev": rest[0] if rest else "0",
+        "nvidia.com/cuda.driver.rev": rev,
+        "nvidia.com/cuda.driver-version.major": major,
+        "nvidia.com/cuda.driver-version.minor": minor,
+        "nvidia.com/cuda.driver-version.revision": rev,
+        "nvidia.com/cuda.driver-version.full": driver.driver_version,
         "nvidia.com/cuda.runtime.major": str(driver.cuda_version[0]),
         "nvidia.com/cuda.runtime.minor": str(driver.cuda_version[1]),
-        "nvidia.com/mig.capable": "true" if g0.compute_capability in ((8, 0), (9, 0)) else "false",  # A100/A30, H100/H200
+        "nvidia.com/cuda.runtime-version.major": str(driver.cuda_version[0]),
+        "nvidia.com/cuda.runtime-version.minor": str(driver.cuda_version[1]),
+        "nvidia.com/cuda.runtime-version.full": f"{driver.cuda_version[0]}.{driver.cuda_version[1]}",
+        "nvidia.com/mig.capable": "true" if any(g.mig_capable for g in gpus) else "false",
         "nvidia.com/mig.strategy": mig_strategy,
     }
-    if replicas > 1:
-        out["nvidia.com/gpu.replicas"] = str(replicas)
+    if mig_strategy == "mixed":
+        for prof in sorted({m.profile for m in migs}):
+            ms = [m for m in migs if m.profile == prof]
+            out[f"nvidia.com/mig-{prof}.count"] = str(len(ms))
+            out[f"nvidia.com/mig-{prof}.memory"] = str(ms[0].memory_mib)
+            out[f"nvidia.com/mig-{prof}.slices.gi"] = prof.split("g.", 1)[0]
     return out
 
 
@@ -54,7 +102,7 @@ def label_patch(current: Mapping[str, str], desired: Mapping[str, str], inventor
         if current.get(k) != v:
             labels[k] = v
     for k in current:
-        if k.startswith(OWNED_PREFIXES) and k not in desired:
+        if owned(k) and k not in desired:
             labels[k] = None
     patch: dict = {}
     if labels:
@@ -66,4 +114,27 @@ def label_patch(current: Mapping[str, str], desired: Mapping[str, str], inventor
 
 def inventory_json(gpus: list[GpuInfo], health: Mapping[int, bool]) -> str:
     extra = {g.index: {"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node} for g in gpus}
-    return gpus_to_json([g.to_engine(health.get(g.index, True)) for g in gpus], extra)
+    return gpus_to_json(list(engine_gpus(gpus, health)), extra)
+
+
+class NodeLabeller:
+    """Keeps this node's GPU labels and inventory annotation current (through a CoreV1Api-like client)."""
+
+    def __init__(self, core_v1, node: str) -> None:
+        self.core, self.node = core_v1, node
+        self.patches = 0
+
+    def sync(self, desired: Mapping[str, str], inventory: str) -> dict | None:
+        """Read the node, patch what differs; returns the patch sent (None: nothing to do or it failed)."""
+        try:
+            n = self.core.read_node(self.node)
+            meta = n.metadata
+            patch = label_patch(meta.labels or {}, desired, inventory, (meta.annotations or {}).get(ann.INVENTORY))
+            if patch:
+                self.core.patch_node(self.node, patch)
+                self.patches += 1
+                log.info("node %s: labels/inventory updated (%d label change(s))", self.node, len(patch["metadata"].get("labels", {})))
+            return patch
+        except Exception as exc:  # API away: try again next round, the device plugin is unaffected
+            log.warning("labelling node %s failed: %s", self.node, exc)
+            return None

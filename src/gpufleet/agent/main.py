@@ -1,139 +1,255 @@
-"""``gpufleet agent``: discovery, one device plugin per resource, health loop, node labels."""
+"""``gpufleet agent``: discovery, one device plugin per resource, health loop, node labels, metrics.
+
+The loop (every ``--interval`` seconds) re-registers when kubelet.sock is
+re-created or a plugin socket vanished (kubelet restart), pushes health
+changes to ``ListAndWatch``, keeps the node's labels and inventory current,
+forgets served pods that are gone, and reloads the config file when it
+changes (a bad new version is reported, the running one keeps serving).
+SIGTERM/SIGINT stop it cleanly: plugin sockets are removed, exit status 0.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
 import threading
 import time
+from typing import Callable
 
 log = logging.getLogger("gpufleet.agent")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), help="this node (default: $NODE_NAME)")
-    p.add_argument("--nvml", default=os.environ.get("GPUFLEET_NVML", "real"),
-                   help="'real' (default: the GPUs through NVML) or fake:PROFILE with PROFILE a100-mig, h100-nvlink or t4")
-    p.add_argument("--config", help="agent config YAML (migStrategy, replicas, renameShared, recoverAfterSeconds)")
-    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins")
-    p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default="mixed")
-    p.add_argument("--replicas", type=int, default=1, help="time-slicing: advertise each GPU this many times")
-    p.add_argument("--rename-shared", action="store_true", help="with --replicas > 1, advertise nvidia.com/gpu.shared")
-    p.add_argument("--recover-after", type=float, default=300.0, help="seconds without a fatal XID before a GPU is healthy again")
+    p.add_argument("--nvml", default=None,
+                   help="'real' (default: the GPUs through NVML) or fake:PROFILE with PROFILE a100-mig, h100-nvlink or t4 "
+                        "(also $GPUFLEET_NVML, or $GPUFLEET_FAKE_NVML=PROFILE)")
+    p.add_argument("--config", help="agent config YAML (migStrategy, replicas, renameShared, recoverAfterSeconds, ...); "
+                                    "flags given explicitly win over it")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
+                   help="where kubelet.sock lives and the plugin sockets go")
+    p.add_argument("--state-dir", default="/var/lib/gpufleet/agent",
+                   help="allocation checkpoints (kept out of the device-plugin dir, which kubelet cleans)")
+    p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default=None, help="default: mixed")
+    p.add_argument("--replicas", type=int, default=None, help="time-slicing: advertise each GPU this many times (default 1)")
+    p.add_argument("--rename-shared", action="store_true", default=None, help="with --replicas > 1, advertise nvidia.com/gpu.shared")
+    p.add_argument("--recover-after", type=float, default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
+    p.add_argument("--mps-pipe-dir", default=None, help="for GPU shares: MPS pipe directory to mount into the container")
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between health/registration checks")
     p.add_argument("--metrics-addr", default="0.0.0.0:9400", help="Prometheus /metrics (dcgm-exporter names); '' to disable")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
 
 
-def run(args: argparse.Namespace) -> int:
-    from .health import HealthTracker
-    from .labels import desired_labels, inventory_json
-    from .nvml import NoGpuError, open_backend
-    from .plugin import DevicePlugin, KubeletWatcher, resources_for
+def effective_config(args: argparse.Namespace, file_cfg):
+    """Explicit flags win over the file, the file over the defaults."""
+    from .config import AgentConfig, validate
 
+    cfg = file_cfg or AgentConfig()
+    over = {"mig_strategy": args.mig_strategy, "replicas": args.replicas, "rename_shared": args.rename_shared,
+            "recover_after_s": args.recover_after, "mps_pipe_dir": args.mps_pipe_dir}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None})
+    return validate(cfg, "flags")
+
+
+class Agent:
+    """The long-running part, separated from argument parsing so tests can drive it step by step."""
+
+    def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
+                 collector=None, clock: Callable[[], float] = time.time) -> None:
+        from .health import HealthTracker
+        from .plugin import KubeletWatcher
+
+        self.backend = backend
+        self.gpus = backend.gpus()
+        self.driver = backend.driver()
+        self.device_plugin_dir = device_plugin_dir
+        self.state_dir = state_dir
+        self.pods = pods
+        self.labeller = labeller
+        self.collector = collector
+        self.clock = clock
+        self.tracker = HealthTracker(backend, recover_after_s=cfg.recover_after_s, clock=clock)
+        self.kubelet = KubeletWatcher(os.path.join(device_plugin_dir, "kubelet.sock"))
+        self.health: dict[int, bool] = {g.index: True for g in self.gpus}
+        self.plugins: list = []
+        self.cfg = cfg
+        self._last_labels = -1e18
+        self._last_prune = clock()
+        self._build_plugins()
+
+    def _build_plugins(self) -> None:
+        from .plugin import DevicePlugin, resources_for
+
+        c = self.cfg
+        self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, pods=self.pods,
+                                     state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None)
+                        for r in resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)]
+        for p in self.plugins:
+            p.set_health(self.health)
+
+    def reconfigure(self, cfg) -> None:
+        """A new config: rebuild the plugins (resource names may change) and register them again."""
+        if cfg == self.cfg:
+            return
+        log.info("config changed: %s", cfg)
+        self.stop_plugins()
+        self.cfg = cfg
+        self.tracker.recover_after_s = cfg.recover_after_s
+        self._build_plugins()
+        self.kubelet.forget()
+        self._last_labels = -1e18
+
+    def step(self) -> None:
+        kubelet_new = self.kubelet.changed()
+        for p in self.plugins:
+            if kubelet_new or not p.serving():
+                p.stop()
+                p.start()
+                if not os.path.exists(self.kubelet.path):
+                    continue  # kubelet not up (yet): registered when its socket appears
+                try:
+                    p.register(self.kubelet.path)
+                    log.info("registered %s with kubelet (%s)", p.resource, p.endpoint)
+                except Exception as exc:
+                    log.warning("registering %s failed: %s; retrying", p.resource, exc)
+                    self.kubelet.forget()
+        self.health = self.tracker.update()
+        if self.collector is not None:
+            self.collector.note_xids(self.tracker.recent_xids)
+        for p in self.plugins:
+            p.set_health(self.health)
+        now = self.clock()
+        if self.labeller is not None and now - self._last_labels >= self.cfg.label_interval_s:
+            from .labels import desired_labels, inventory_json
+
+            c = self.cfg
+            self.labeller.sync(desired_labels(self.driver, self.gpus, c.mig_strategy, c.replicas, c.rename_shared),
+                               inventory_json(self.gpus, self.health))
+            self._last_labels = now
+        if self.pods is not None and hasattr(self.pods, "live_pods") and now - self._last_prune >= 300:
+            live = self.pods.live_pods()
+            if live is not None:
+                for p in self.plugins:
+                    p.prune(live)
+            self._last_prune = now
+
+    def stop_plugins(self) -> None:
+        for p in self.plugins:
+            p.stop()
+            try:
+                os.unlink(p.socket_path)
+            except FileNotFoundError:
+                pass
+
+
+def run(args: argparse.Namespace) -> int:
     from ..engine.errors import ConfigError
     from .config import load_agent_config
+    from .labels import desired_labels
+    from .nvml import NoGpuError, backend_spec, open_backend
+    from .plugin import resources_for
 
-    if args.config:
-        try:
-            cfg = load_agent_config(args.config)
-        except ConfigError as exc:
-            print(f"gpufleet agent: {exc}")
-            return 2
-        args.mig_strategy, args.replicas, args.rename_shared, args.recover_after = (
-            cfg.mig_strategy, cfg.replicas, cfg.rename_shared, cfg.recover_after_s)
-    if args.nvml != "real" and not args.nvml.startswith("fake:"):
-        print(f"gpufleet agent: --nvml must be 'real' or fake:PROFILE, got {args.nvml!r}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        file_cfg = load_agent_config(args.config) if args.config else None
+        cfg = effective_config(args, file_cfg)
+        fake = backend_spec(args.nvml, os.environ)
+    except (ConfigError, ValueError) as exc:
+        print(f"gpufleet agent: {exc}", flush=True)
         return 2
     try:
-        backend = open_backend(args.nvml[5:] if args.nvml.startswith("fake:") else None)
-    except (NoGpuError, ValueError) as exc:
-        print(f"gpufleet agent: {exc}")
+        backend = open_backend(fake)
+    except NoGpuError as exc:
+        print(f"gpufleet agent: {exc}", flush=True)
         return 1
-    gpus = backend.gpus()
-    driver = backend.driver()
-    strategy = "mixed" if args.mig_strategy == "none" else args.mig_strategy
-    resources = resources_for(gpus, strategy, args.replicas, args.rename_shared)
+    if fake:
+        print(f"gpufleet agent: using the FAKE NVML backend (profile {fake}); no real GPU is read", flush=True)
+    gpus, driver = backend.gpus(), backend.driver()
     if args.once:
         print(f"driver {driver.driver_version}, CUDA {driver.cuda_version[0]}.{driver.cuda_version[1]}; {len(gpus)} GPU(s)")
         for g in gpus:
             mig = f" MIG[{', '.join(m.profile for m in g.mig)}]" if g.mig_enabled else ""
-            print(f"  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid} numa {g.numa_node}{mig}")
-        print("resources: " + ", ".join(resources))
-        for k, v in sorted(desired_labels(driver, gpus, strategy, args.replicas).items()):
+            link = f" nvlink{list(g.nvlink_peers)}" if g.nvlink_peers else ""
+            print(f"  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid} {g.pci_bus_id} numa {g.numa_node} "
+                  f"cc {g.compute_capability[0]}.{g.compute_capability[1]} {g.family}{mig}{link}")
+        print("resources: " + ", ".join(resources_for(gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared)))
+        for k, v in sorted(desired_labels(driver, gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared).items()):
             print(f"  {k}={v}")
         return 0
-    node_api = None
+
+    core = None
     if args.node_name:
         try:
             from kubernetes import client, config
 
             config.load_kube_config(args.kubeconfig) if args.kubeconfig else config.load_incluster_config()
-            node_api = client.CoreV1Api()
+            core = client.CoreV1Api()
         except Exception as exc:
-            print(f"gpufleet agent: no API access ({exc}); serving the device plugin with kubelet's device choice, node labels are off")
+            print(f"gpufleet agent: no API access ({exc}); serving the device plugin with kubelet's device choice, "
+                  "node labels are off", flush=True)
     else:
-        print("gpufleet agent: no --node-name/NODE_NAME; serving the device plugin only, node labels are off")
-    pods = None
-    if node_api is not None:
+        print("gpufleet agent: no --node-name/NODE_NAME; serving the device plugin only, node labels are off", flush=True)
+    pods = labeller = None
+    if core is not None:
+        from .labels import NodeLabeller
         from .podsource import KubePodSource
 
-        pods = KubePodSource(node_api, args.node_name)
-    plugins = [DevicePlugin(r, gpus, args.device_plugin_dir, strategy, args.replicas, pods=pods) for r in resources]
-    tracker = HealthTracker(backend, recover_after_s=args.recover_after)
-    kubelet = KubeletWatcher(os.path.join(args.device_plugin_dir, "kubelet.sock"))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    label_api = None if args.no_labels else node_api
+        pods = KubePodSource(core, args.node_name)
+        labeller = None if args.no_labels else NodeLabeller(core, args.node_name)
+    try:
+        os.makedirs(args.state_dir, exist_ok=True)
+    except OSError as exc:
+        print(f"gpufleet agent: state dir {args.state_dir}: {exc}; allocations will not survive a restart", flush=True)
+
+    agent_holder: list[Agent] = []
     collector = None
     if args.metrics_addr:
         from prometheus_client import CollectorRegistry, start_http_server
 
-        from .exporter import GpuCollector, KubeletPodResources
+        from .exporter import build_collector
 
+        collector = build_collector(backend, args.node_name or os.uname().nodename, args.pod_resources_socket, core,
+                                    args.node_name, health=lambda: agent_holder[0].health if agent_holder else {})
         reg = CollectorRegistry()
-        collector = GpuCollector(backend, args.node_name or os.uname().nodename, KubeletPodResources(args.pod_resources_socket))
         reg.register(collector)
         host, port = args.metrics_addr.rsplit(":", 1)
         start_http_server(int(port), addr=host, registry=reg)
-    last_labels = 0.0
-    while not stop.is_set():
-        if kubelet.changed():  # first start, or kubelet restarted and wiped our sockets
-            for p in plugins:
-                p.stop()
-                p.start()
-                try:
-                    p.register(kubelet.path)
-                    log.info("registered %s with kubelet", p.resource)
-                except Exception as exc:
-                    log.warning("registering %s failed: %s", p.resource, exc)
-                    kubelet._ident = None  # retry next round
-        health = tracker.update()
-        if collector is not None:
-            collector.note_xids([])  # XIDs are consumed by the health tracker; it records them below
-            for i, reason in tracker.reasons.items():
-                if reason.startswith("XID "):
-                    collector.last_xid[i] = int(reason.split()[1])
-        for p in plugins:
-            p.set_health(health)
-        if label_api is not None and time.time() - last_labels > 60:
-            from .labels import label_patch
+    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector)
+    agent_holder.append(agent)
 
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    cfg_mtime = _mtime(args.config)
+    log.info("serving %s from %s", ", ".join(p.resource for p in agent.plugins), args.device_plugin_dir)
+    while not stop.is_set():
+        m = _mtime(args.config)
+        if m != cfg_mtime:
+            cfg_mtime = m
             try:
-                node = label_api.read_node(args.node_name)
-                patch = label_patch(node.metadata.labels or {}, desired_labels(driver, gpus, strategy, args.replicas),
-                                    inventory_json(gpus, health), (node.metadata.annotations or {}).get("gpufleet.io/gpu-inventory"))
-                if patch:
-                    label_api.patch_node(args.node_name, patch)
-                last_labels = time.time()
-            except Exception as exc:
-                log.warning("labelling node %s failed: %s", args.node_name, exc)
-        stop.wait(2.0)
-    for p in plugins:
-        p.stop()
+                agent.reconfigure(effective_config(args, load_agent_config(args.config)))
+            except ConfigError as exc:
+                log.error("%s; keeping the running configuration", exc)
+        try:
+            agent.step()
+        except Exception:  # one bad round must not take the node's GPUs away
+            log.exception("agent loop step failed")
+        stop.wait(args.interval)
+    agent.stop_plugins()
+    log.info("stopped")
     return 0
+
+
+def _mtime(path: str | None) -> float | None:
+    if not path:
+        return None
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None

@@ -1,25 +1,52 @@
 """GPU discovery and health through NVML, behind a small backend protocol.
 
-``NvmlBackend`` uses ``nvidia-ml-py`` (``pynvml``) and is the default; when the
-driver or a GPU is missing it raises ``NoGpuError`` with NVML's own message,
-never silently falling back.  ``FakeBackend`` serves realistic profiles
-(``a100-mig``: 8x A100-SXM4-80GB with MIG in mixed mode on GPUs 0-1;
-``h100-nvlink``: 8x H100 80GB HBM3 fully NVLinked; ``t4``: 4x T4) and lets
-tests inject XID events and per-process usage; select it with
-``--fake-gpus PROFILE`` or ``GPUFLEET_FAKE_NVML=PROFILE``.
+``NvmlBackend`` uses ``nvidia-ml-py`` (``pynvml``, imported lazily) and is the
+default; when the driver or a GPU is missing it raises ``NoGpuError`` ("no
+NVIDIA GPU/driver found: ...") with NVML's own message, never silently
+falling back.  ``FakeBackend`` serves realistic profiles (``a100-mig``: 8x
+A100-SXM4-80GB, MIG in mixed mode on GPUs 0-1; ``h100-nvlink``: 8x H100 80GB
+HBM3 fully NVLinked; ``t4``: 4x T4 on PCIe) and lets tests inject and clear
+XID faults and per-process usage; it is chosen only when asked for
+(``--nvml fake:PROFILE``, ``GPUFLEET_NVML=fake:PROFILE`` or
+``GPUFLEET_FAKE_NVML=PROFILE``).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Mapping, Protocol
 
 from ..engine.model import Gpu, MigInstance
 
 
+MIB = 1024 * 1024
+
+
 class NoGpuError(RuntimeError):
     pass
+
+
+def arch_family(major: int, minor: int) -> str:
+    """GPU Feature Discovery's ``nvidia.com/gpu.family`` value for a compute capability."""
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell",
+            12: "blackwell"}.get(major, "undefined")
+
+
+def mig_profile_name(gpu_slices: int, mig_memory_mib: int, gpu_memory_mib: int) -> str:
+    """``<slices>g.<GB>gb`` the way nvidia-smi names MIG profiles.
+
+    The memory part is the instance's share of the GPU's memory rounded up to
+    eighths (MIG memory slices) times the GPU's size in whole GiB: an A100-80GB
+    9728 MiB instance is 1g.10gb, an A30 5836 MiB one 1g.6gb.
+    """
+    frac = math.ceil(mig_memory_mib / gpu_memory_mib * 8 - 1e-9) / 8
+    return f"{gpu_slices}g.{round(frac * math.ceil(gpu_memory_mib / 1024))}gb"
 
 
 @dataclass(frozen=True)
@@ -43,6 +70,7 @@ class GpuInfo:
     mig_enabled: bool = False
     mig: tuple[MigInfo, ...] = ()
     nvlink_peers: tuple[int, ...] = ()
+    mig_capable: bool = False
 
     def to_engine(self, healthy: bool = True) -> Gpu:
         return Gpu(self.index, self.uuid, self.name, self.memory_mib, mig_enabled=self.mig_enabled,
@@ -103,14 +131,14 @@ def _a100(i: int, mig: bool) -> GpuInfo:
                     MigInfo("2g.20gb", 19_968, 2, f"MIG-a100-{i}-2"))
     peers = tuple(j for j in range(8) if j != i)
     return GpuInfo(i, f"GPU-a100-{i:02d}", "NVIDIA A100-SXM4-80GB", 81_920, f"00000000:{0x07 + i * 8:02X}:00.0", 0 if i < 4 else 1,
-                   (8, 0), "ampere", mig_enabled=mig, mig=migs, nvlink_peers=peers)
+                   (8, 0), "ampere", mig_enabled=mig, mig=migs, nvlink_peers=peers, mig_capable=True)
 
 
 PROFILES: dict[str, tuple[DriverInfo, list[GpuInfo]]] = {
     "a100-mig": (DriverInfo("550.54.15", (12, 4)), [_a100(i, i < 2) for i in range(8)]),
     "h100-nvlink": (DriverInfo("550.90.07", (12, 4)), [
         GpuInfo(i, f"GPU-h100-{i:02d}", "NVIDIA H100 80GB HBM3", 81_559, f"00000000:{0x18 + i * 16:02X}:00.0", 0 if i < 4 else 1,
-                (9, 0), "hopper", nvlink_peers=tuple(j for j in range(8) if j != i)) for i in range(8)]),
+                (9, 0), "hopper", nvlink_peers=tuple(j for j in range(8) if j != i), mig_capable=True) for i in range(8)]),
     "t4": (DriverInfo("535.161.08", (12, 2)), [
         GpuInfo(i, f"GPU-t4-{i:02d}", "Tesla T4", 15_360, f"00000000:{0x3B + i:02X}:00.0", 0, (7, 5), "turing") for i in range(4)]),
 }
@@ -140,9 +168,12 @@ class FakeBackend:
             if device_broken:
                 self._broken.add(gpu_index)
 
-    def repair(self, gpu_index: int) -> None:
+    def clear_fault(self, gpu_index: int) -> None:
+        """The fault is gone: NVML answers for the GPU again (a reset, a transient bus error)."""
         with self._lock:
             self._broken.discard(gpu_index)
+
+    repair = clear_fault
 
     def poll_xids(self) -> list[XidEvent]:
         with self._lock:
@@ -150,7 +181,8 @@ class FakeBackend:
             return out
 
     def device_ok(self, index: int) -> bool:
-        return index not in self._broken
+        with self._lock:
+            return index not in self._broken
 
     def set_processes(self, procs: list[ProcessUsage]) -> None:
         self._procs = list(procs)
@@ -168,6 +200,10 @@ class FakeBackend:
 
 # --- real ---------------------------------------------------------------------------------
 
+def _text(v: str | bytes) -> str:
+    return v if isinstance(v, str) else v.decode()
+
+
 class NvmlBackend:
     """NVML through nvidia-ml-py. Every call is checked; no GPU is a clear error."""
 
@@ -175,77 +211,91 @@ class NvmlBackend:
         try:
             import pynvml
         except ImportError as exc:  # pragma: no cover - it is a dependency
-            raise NoGpuError(f"nvidia-ml-py is not installed: {exc}") from None
+            raise NoGpuError(f"no NVIDIA GPU/driver found: nvidia-ml-py is not installed: {exc}") from None
         self.nv = pynvml
         try:
             pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as exc:
             raise NoGpuError(f"no NVIDIA GPU/driver found: NVML init failed: {exc} (is the NVIDIA driver installed and "
-                             "/dev/nvidia* visible to this container?)") from None
-        if pynvml.nvmlDeviceGetCount() == 0:
+                             "are /dev/nvidia* and libnvidia-ml.so visible to this container? For a trial without a GPU "
+                             "use --nvml fake:PROFILE)") from None
+        if count == 0:
             raise NoGpuError("no NVIDIA GPU/driver found: NVML reports 0 devices")
         self._events = None
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        self._uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
 
     def driver(self) -> DriverInfo:
         nv = self.nv
-        v = nv.nvmlSystemGetDriverVersion()
+        v = _text(nv.nvmlSystemGetDriverVersion())
         cuda = nv.nvmlSystemGetCudaDriverVersion_v2() if hasattr(nv, "nvmlSystemGetCudaDriverVersion_v2") else nv.nvmlSystemGetCudaDriverVersion()
-        return DriverInfo(v if isinstance(v, str) else v.decode(), (cuda // 1000, (cuda % 1000) // 10))
+        return DriverInfo(v, (cuda // 1000, (cuda % 1000) // 10))
+
+    def _mig(self, h, total_mib: int) -> tuple[bool, bool, list[MigInfo]]:
+        nv = self.nv
+        try:
+            cur, _pending = nv.nvmlDeviceGetMigMode(h)
+        except nv.NVMLError:  # NOT_SUPPORTED: not a MIG-capable GPU
+            return False, False, []
+        if cur != nv.NVML_DEVICE_MIG_ENABLE:
+            return True, False, []
+        migs = []
+        for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+            except nv.NVMLError:
+                continue  # an empty slot
+            mmem = nv.nvmlDeviceGetMemoryInfo(mh).total // MIB
+            attrs = nv.nvmlDeviceGetAttributes(mh)
+            try:
+                gi = int(nv.nvmlDeviceGetGpuInstanceId(mh))
+            except (nv.NVMLError, AttributeError):
+                gi = k
+            migs.append(MigInfo(mig_profile_name(attrs.gpuInstanceSliceCount, mmem, total_mib), mmem, gi,
+                                _text(nv.nvmlDeviceGetUUID(mh))))
+        return True, True, migs
+
+    def _peers(self, h, i: int, buses: list[str]) -> list[int]:
+        nv = self.nv
+        peers: list[int] = []
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
+                    continue
+                rbus = _text(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+            except nv.NVMLError:
+                continue  # link not present / not supported: look at the others
+            # through an NVSwitch the remote end is the switch, not a GPU: no peer from this link
+            j = next((j for j, b in enumerate(buses) if b.lower() == rbus.lower()), None)
+            if j is not None and j != i and j not in peers:
+                peers.append(j)
+        return peers
 
     def gpus(self) -> list[GpuInfo]:
         nv = self.nv
+        buses = [_text(nv.nvmlDeviceGetPciInfo(h).busId) for h in self._handles]
         out = []
-        uuids = []
-        for h in self._handles:
-            u = nv.nvmlDeviceGetUUID(h)
-            uuids.append(u if isinstance(u, str) else u.decode())
+        nvswitch = False
         for i, h in enumerate(self._handles):
-            name = nv.nvmlDeviceGetName(h)
-            name = name if isinstance(name, str) else name.decode()
-            mem = nv.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)
-            pci = nv.nvmlDeviceGetPciInfo(h)
-            bus = pci.busId if isinstance(pci.busId, str) else pci.busId.decode()
+            name = _text(nv.nvmlDeviceGetName(h))
+            mem = nv.nvmlDeviceGetMemoryInfo(h).total // MIB
             major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
             try:
-                numa = nv.nvmlDeviceGetNumaNodeId(h)
+                numa = int(nv.nvmlDeviceGetNumaNodeId(h))
             except (nv.NVMLError, AttributeError):
                 numa = -1
-            mig_enabled, migs = False, []
-            try:
-                cur, _pending = nv.nvmlDeviceGetMigMode(h)
-                mig_enabled = cur == nv.NVML_DEVICE_MIG_ENABLE
+            capable, enabled, migs = self._mig(h, mem)
+            peers = self._peers(h, i, buses)
+            try:  # NVSwitch systems (DGX/HGX A100, H100): links go to switches, every GPU reaches every other
+                if not peers and nv.nvmlDeviceGetNvLinkState(h, 0) == nv.NVML_FEATURE_ENABLED:
+                    nvswitch = True
             except nv.NVMLError:
                 pass
-            if mig_enabled:
-                for k in range(nv.nvmlDeviceGetMaxMigDeviceCount(h)):
-                    try:
-                        mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
-                    except nv.NVMLError:
-                        continue
-                    mmem = nv.nvmlDeviceGetMemoryInfo(mh).total // (1024 * 1024)
-                    attrs = nv.nvmlDeviceGetAttributes(mh)
-                    gslices = attrs.gpuInstanceSliceCount
-                    prof = f"{gslices}g.{round(mmem / 1024 / 5) * 5 or 5}gb"
-                    mu = nv.nvmlDeviceGetUUID(mh)
-                    migs.append(MigInfo(prof, mmem, k, mu if isinstance(mu, str) else mu.decode()))
-            peers = []
-            for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-                try:
-                    if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
-                        continue
-                    rp = nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link)
-                    rbus = rp.busId if isinstance(rp.busId, str) else rp.busId.decode()
-                    for j, hj in enumerate(self._handles):
-                        b = nv.nvmlDeviceGetPciInfo(hj).busId
-                        if (b if isinstance(b, str) else b.decode()) == rbus and j != i and j not in peers:
-                            peers.append(j)
-                except nv.NVMLError:
-                    break
-            family = {9: "hopper", 8: "ampere", 7: "volta" if minor == 0 else "turing", 6: "pascal"}.get(major, f"sm{major}{minor}")
-            if major == 8 and minor == 9:
-                family = "ada-lovelace"
-            out.append(GpuInfo(i, uuids[i], name, mem, bus, numa, (major, minor), family, mig_enabled, tuple(migs), tuple(sorted(peers))))
+            out.append(GpuInfo(i, self._uuids[i], name, mem, buses[i], numa, (major, minor), arch_family(major, minor),
+                               enabled, tuple(migs), tuple(sorted(peers)), mig_capable=capable))
+        if nvswitch:
+            out = [replace(g, nvlink_peers=tuple(j for j in range(len(out)) if j != g.index)) for g in out]
         return out
 
     def poll_xids(self) -> list[XidEvent]:
@@ -258,20 +308,27 @@ class NvmlBackend:
                 try:
                     nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._events)
                 except nv.NVMLError:
-                    pass
+                    pass  # not supported on this device: its XIDs are not watched (logged by the caller via reasons)
         out = []
         while True:
             try:
                 d = nv.nvmlEventSetWait_v2(self._events, 0)
-            except nv.NVMLError:
+            except nv.NVMLError:  # TIMEOUT: no more events
                 break
-            idx = next((i for i, h in enumerate(self._handles) if nv.nvmlDeviceGetIndex(h) == nv.nvmlDeviceGetIndex(d.device)), -1)
+            if d.eventType != nv.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                u = _text(nv.nvmlDeviceGetUUID(d.device))
+                idx = self._uuids.index(u)
+            except (nv.NVMLError, ValueError):
+                idx = -1  # an event for no device in particular
             out.append(XidEvent(idx, int(d.eventData), time.time()))
         return out
 
     def device_ok(self, index: int) -> bool:
         try:
             self.nv.nvmlDeviceGetMemoryInfo(self._handles[index])
+            self.nv.nvmlDeviceGetUUID(self._handles[index])
             return True
         except self.nv.NVMLError:
             return False
@@ -291,8 +348,11 @@ class NvmlBackend:
             except nv.NVMLError:
                 pass
             for p in procs:
-                out.append(ProcessUsage(p.pid, i, (p.usedGpuMemory or 0) // (1024 * 1024), int(util.get(p.pid, 0))))
+                out.append(ProcessUsage(p.pid, i, (p.usedGpuMemory or 0) // MIB, int(util.get(p.pid, 0))))
         return out
+
+    def telemetry(self, index: int) -> Telemetry:
+        return _telemetry(self.nv, self._handles[index])
 
 
 def _telemetry(nv, h) -> Telemetry:
@@ -303,12 +363,29 @@ def _telemetry(nv, h) -> Telemetry:
                      int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
 
 
-NvmlBackend.telemetry = lambda self, index: _telemetry(self.nv, self._handles[index])  # type: ignore[attr-defined]
+def backend_spec(flag: str | None, env: Mapping[str, str]) -> str | None:
+    """Which backend: ``--nvml`` wins, then ``GPUFLEET_NVML``, then ``GPUFLEET_FAKE_NVML=PROFILE``.
+
+    Returns the fake profile, or None for the real NVML.  Anything else is a
+    ValueError: a typo must not quietly pick a backend.
+    """
+    spec = flag or env.get("GPUFLEET_NVML") or (f"fake:{env['GPUFLEET_FAKE_NVML']}" if env.get("GPUFLEET_FAKE_NVML") else "real")
+    if spec == "real":
+        return None
+    if spec.startswith("fake:") and spec[5:] in PROFILES:
+        return spec[5:]
+    raise ValueError(f"--nvml must be 'real' or fake:PROFILE with PROFILE one of {', '.join(sorted(PROFILES))}; got {spec!r}")
 
 
 def open_backend(fake: str | None) -> Backend:
     return FakeBackend(fake) if fake else NvmlBackend()
 
 
+def engine_gpus(gpus: list[GpuInfo], health: Mapping[int, bool] | None = None) -> tuple[Gpu, ...]:
+    """Discovery as the engine's model (what the scheduler sees through the inventory)."""
+    return tuple(g.to_engine((health or {}).get(g.index, True)) for g in gpus)
+
+
 __all__ = ["Backend", "DriverInfo", "FakeBackend", "GpuInfo", "MigInfo", "NoGpuError", "NvmlBackend", "PROFILES",
-           "ProcessUsage", "Telemetry", "XidEvent", "open_backend", "replace"]
+           "ProcessUsage", "Telemetry", "XidEvent", "arch_family", "backend_spec", "engine_gpus", "mig_profile_name",
+           "open_backend"]

@@ -8,13 +8,19 @@ One server per advertised resource:
 * ``nvidia.com/mig-<profile>`` (MIG strategy ``mixed``): one ID per MIG
   instance; with strategy ``single`` MIG instances are ``nvidia.com/gpu``.
 
-``Allocate`` gives the container the GPUs the gpufleet scheduler chose when the
-pod being admitted carries a ``gpufleet.io/assignment`` (found through a
-``PodSource``), else kubelet's choice: ``NVIDIA_VISIBLE_DEVICES`` with UUIDs,
-the device nodes, and for a GPU share the MPS limits
+kubelet names devices, never the pod.  When the pod being admitted carries
+the gpufleet scheduler's ``gpufleet.io/assignment`` (found through a
+``PodSource``), ``GetPreferredAllocation`` steers kubelet to the devices of the
+assigned GPUs (so kubelet's accounting matches) and ``Allocate`` hands the
+container exactly those GPUs, with the MPS limits for a GPU share
 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``)
-so the share is enforced, not only accounted.  What was handed out is kept in
-a checkpoint file, so the agent's restart loses nothing.
+so the share is enforced by an MPS server rather than only accounted.
+Without an assignment kubelet's choice stands, helped by a topology-aware
+preference (one NVLink island, one NUMA node).
+
+Every allocation is written to a checkpoint file (atomic replace), so the
+agent's restart neither serves one pod's assignment twice nor forgets what it
+handed out.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import logging
 import os
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +45,13 @@ from .nvml import GpuInfo
 log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+CHECKPOINT_VERSION = 1
+MAX_ANONYMOUS = 512  # kubelet-choice allocations kept in the checkpoint (newest)
+
+
+class AssignmentMismatch(ValueError):
+    """The scheduler's assignment does not fit this node's GPUs (stale inventory, wrong node)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +66,13 @@ class DeviceEntry:
 class PodAssignment:
     pod_key: str
     assignment: Assignment
-    gpu_uuids: list[str]
+    gpu_uuids: list[str]  # as the annotation names them, one per assigned GPU ("" = unknown)
+    uid: str = ""
+
+    @property
+    def served_key(self) -> str:
+        """What the checkpoint remembers: a re-created pod of the same name (new UID) is a new pod."""
+        return f"{self.pod_key}#{self.uid}" if self.uid else self.pod_key
 
 
 class PodSource(Protocol):
@@ -93,36 +113,100 @@ def resources_for(gpus: list[GpuInfo], strategy: str, replicas: int, rename_shar
     return names
 
 
+def nvlink_islands(gpus: list[GpuInfo]) -> dict[int, int]:
+    """GPU index -> island id: connected components of the NVLink graph (a lone GPU is its own island)."""
+    idx = {g.index for g in gpus}
+    adj: dict[int, set[int]] = {i: set() for i in idx}
+    for g in gpus:
+        for p in g.nvlink_peers:
+            if p in idx:
+                adj[g.index].add(p)
+                adj[p].add(g.index)
+    island: dict[int, int] = {}
+    for start in sorted(idx):
+        if start in island:
+            continue
+        stack = [start]
+        while stack:
+            i = stack.pop()
+            if i in island:
+                continue
+            island[i] = start
+            stack.extend(adj[i] - island.keys())
+    return island
+
+
 class DevicePlugin(pbg.DevicePluginServicer):
     def __init__(self, resource: str, gpus: list[GpuInfo], socket_dir: str, strategy: str = "mixed", replicas: int = 1,
-                 pods: PodSource | None = None, checkpoint: str | None = None) -> None:
+                 pods: PodSource | None = None, checkpoint: str | None = None, state_dir: str | None = None,
+                 mps_pipe_dir: str | None = None) -> None:
         self.resource = resource
+        self.strategy = strategy
+        self.replicas = replicas
         self.gpus = {g.index: g for g in gpus}
         self.devices = build_devices(gpus, resource, strategy, replicas)
         self.by_id = {d.id: d for d in self.devices}
+        self.island = nvlink_islands(gpus)
         self.health: dict[int, bool] = {g.index: True for g in gpus}
         self.socket_dir = socket_dir
         safe = resource.replace("/", "_").replace(".", "-")
         self.endpoint = f"gpufleet-{safe}.sock"
         self.pods = pods or NoPods()
-        self.checkpoint = Path(checkpoint or os.path.join(socket_dir, f"gpufleet-{safe}.checkpoint.json"))
-        self.allocated: dict[str, list[str]] = self._load_checkpoint()  # pod key -> device IDs
+        self.mps_pipe_dir = mps_pipe_dir
+        self.checkpoint = Path(checkpoint or os.path.join(state_dir or socket_dir, f"gpufleet-{safe}.checkpoint.json"))
+        self._lock = threading.RLock()  # allocations and the checkpoint
+        self.allocated: dict[str, dict] = {}  # pod key -> {"devices", "uuids", "time_s"}
+        self.anonymous: list[dict] = []  # kubelet's choice, no pod known
+        self._load_checkpoint()
         self._cond = threading.Condition()
         self._version = 0
         self._server: grpc.Server | None = None
         self._stop = threading.Event()
 
     # --- state --------------------------------------------------------------------------
-    def _load_checkpoint(self) -> dict[str, list[str]]:
+    def _load_checkpoint(self) -> None:
         try:
-            return dict(json.loads(self.checkpoint.read_text()).get("allocated", {}))
-        except (OSError, ValueError):
-            return {}
+            data = json.loads(self.checkpoint.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("%s: checkpoint %s unreadable (%s); starting without it", self.resource, self.checkpoint, exc)
+            return
+        if not isinstance(data, dict):
+            log.warning("%s: checkpoint %s is not an object; starting without it", self.resource, self.checkpoint)
+            return
+        pods = data.get("pods", data.get("allocated", {}))  # "allocated": the first format (pod -> device IDs)
+        for key, v in (pods.items() if isinstance(pods, dict) else ()):
+            if isinstance(v, list):
+                v = {"devices": v, "uuids": [], "time_s": 0.0}
+            if isinstance(v, dict):
+                self.allocated[str(key)] = v
+        anon = data.get("anonymous", [])
+        self.anonymous = [a for a in anon if isinstance(a, dict)] if isinstance(anon, list) else []
 
     def _save_checkpoint(self) -> None:
-        tmp = self.checkpoint.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"resource": self.resource, "allocated": self.allocated}))
-        os.replace(tmp, self.checkpoint)
+        data = {"version": CHECKPOINT_VERSION, "resource": self.resource, "pods": self.allocated,
+                "anonymous": self.anonymous[-MAX_ANONYMOUS:]}
+        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        if self.checkpoint.exists() and not self.checkpoint.is_file():
+            log.error("%s: checkpoint path %s is not a regular file; not replacing it", self.resource, self.checkpoint)
+            return
+        try:
+            self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data, sort_keys=True))
+            os.replace(tmp, self.checkpoint)
+        except OSError as exc:  # a full disk must not fail the container's start
+            log.error("%s: cannot write checkpoint %s: %s", self.resource, self.checkpoint, exc)
+
+    def prune(self, live_pods: set[str]) -> int:
+        """Forget served pods that no longer exist; returns how many were dropped."""
+        with self._lock:
+            gone = [k for k in self.allocated if k not in live_pods]
+            for k in gone:
+                del self.allocated[k]
+            if gone:
+                self._save_checkpoint()
+            return len(gone)
 
     def set_health(self, health: dict[int, bool]) -> None:
         with self._cond:
@@ -137,6 +221,43 @@ class DevicePlugin(pbg.DevicePluginServicer):
                       topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa_node)]) if d.numa_node >= 0 else None)
             for d in self.devices
         ])
+
+    # --- the scheduler's assignment -----------------------------------------------------------
+    def _pending(self, count: int) -> PodAssignment | None:
+        try:
+            return self.pods.pending_assignment(self.resource, count, set(self.allocated))
+        except Exception as exc:  # a pod source failure must not fail admission: kubelet's choice stands
+            log.warning("%s: pod source failed: %s", self.resource, exc)
+            return None
+
+    def assigned_devices(self, pa: PodAssignment) -> tuple[list[str], list[list[str]]]:
+        """The UUIDs to expose and, per assigned GPU/instance, the device IDs that stand for it here."""
+        a = pa.assignment
+        uuids: list[str] = []
+        ids: list[list[str]] = []
+        if a.mig:
+            for gi, inst in a.mig:
+                g = self.gpus.get(gi)
+                m = next((m for m in (g.mig if g else ()) if m.instance_id == inst), None)
+                if m is None:
+                    raise AssignmentMismatch(f"{pa.pod_key}: assignment names MIG instance {inst} on GPU {gi}, not on this node")
+                if self.resource.startswith("nvidia.com/mig-") and self.resource != f"nvidia.com/mig-{m.profile}":
+                    raise AssignmentMismatch(f"{pa.pod_key}: MIG instance {inst} on GPU {gi} is {m.profile}, not {self.resource}")
+                uuids.append(m.uuid)
+                ids.append([m.uuid] if m.uuid in self.by_id else [])
+            return uuids, ids
+        for k, gi in enumerate(a.gpu_indices):
+            g = self.gpus.get(gi)
+            if g is None:
+                raise AssignmentMismatch(f"{pa.pod_key}: assignment names GPU {gi}, this node has {sorted(self.gpus)}")
+            want = pa.gpu_uuids[k] if k < len(pa.gpu_uuids) else ""
+            if want and want != g.uuid:
+                raise AssignmentMismatch(f"{pa.pod_key}: assignment names GPU {gi} as {want}, but GPU {gi} here is {g.uuid}")
+            if g.mig_enabled:
+                raise AssignmentMismatch(f"{pa.pod_key}: GPU {gi} is in MIG mode; a whole-GPU assignment cannot use it")
+            uuids.append(g.uuid)
+            ids.append([d.id for d in self.devices if d.gpu_index == gi])
+        return uuids, ids
 
     # --- gRPC -------------------------------------------------------------------------------
     def GetDevicePluginOptions(self, request, context):  # noqa: N802
@@ -164,39 +285,60 @@ class DevicePlugin(pbg.DevicePluginServicer):
         return pb.PreferredAllocationResponse(container_responses=out)
 
     def prefer(self, available: list[str], must: list[str], size: int) -> list[str]:
-        """Keep a multi-GPU request on one NVLink island, else one NUMA node; replicas spread over GPUs."""
-        chosen = list(must)
-        avail = [a for a in available if a in self.by_id and a not in chosen]
+        """The scheduler's GPUs when the pod has an assignment, else one NVLink island / NUMA node."""
+        chosen = list(dict.fromkeys(must))
+        avail = [a for a in dict.fromkeys(available) if a in self.by_id and a not in chosen]
         if len(chosen) >= size:
             return chosen[:size]
-        need = size - len(chosen)
-        groups: dict[tuple, list[str]] = {}
+        pa = self._pending(size)
+        if pa is not None:
+            try:
+                _, per_gpu = self.assigned_devices(pa)
+                pick = list(chosen)
+                for ids in per_gpu:
+                    free = [i for i in ids if i in avail and i not in pick]
+                    if not any(i in pick for i in ids) and free:
+                        pick.append(free[0])
+                if len(pick) == size:
+                    return pick
+                log.info("%s: %s's assigned devices are not all available to kubelet; topology preference instead", self.resource, pa.pod_key)
+            except AssignmentMismatch as exc:
+                log.warning("%s: %s", self.resource, exc)
+        return chosen + self.topology_pick(avail, size - len(chosen))
+
+    def topology_pick(self, avail: list[str], need: int) -> list[str]:
+        if need <= 0:
+            return []
+        by_island_numa: dict[tuple[int, int], list[str]] = {}
+        by_island: dict[int, list[str]] = {}
+        by_numa: dict[int, list[str]] = {}
         for a in avail:
             d = self.by_id[a]
-            g = self.gpus.get(d.gpu_index)
-            island = tuple(sorted({d.gpu_index, *(g.nvlink_peers if g else ())}))
-            groups.setdefault((island, d.numa_node), []).append(a)
-        if need > 1:
-            # the smallest group that holds the whole request, counting distinct GPUs first
-            for key, ids in sorted(groups.items(), key=lambda kv: (len(kv[1]), kv[0])):
-                if len(ids) >= need:
-                    return chosen + self._spread(ids, need)
-            numa: dict[int, list[str]] = {}
-            for a in avail:
-                numa.setdefault(self.by_id[a].numa_node, []).append(a)
-            for _, ids in sorted(numa.items(), key=lambda kv: len(kv[1])):
-                if len(ids) >= need:
-                    return chosen + self._spread(ids, need)
-        return chosen + self._spread(avail, need)
+            isl = self.island.get(d.gpu_index, d.gpu_index)
+            by_island_numa.setdefault((isl, d.numa_node), []).append(a)
+            by_island.setdefault(isl, []).append(a)
+            by_numa.setdefault(d.numa_node, []).append(a)
+        if self.replicas > 1:
+            # time-slicing: spread over the least-loaded GPUs, on the NUMA node with the most free replicas
+            fits = [(-len(ids), k) for k, ids in by_numa.items() if len(ids) >= need]
+            return self._spread(by_numa[min(fits)[1]] if fits else avail, need)
+        # the smallest group that holds the request: keeps bigger groups whole for bigger requests
+        for groups in (by_island_numa, by_island, by_numa):
+            fits = [(len(ids), k) for k, ids in groups.items() if len(ids) >= need]
+            if fits:
+                _, key = min(fits)
+                return self._spread(groups[key], need)
+        return self._spread(avail, need)
 
     def _spread(self, ids: list[str], n: int) -> list[str]:
-        # replicas of distinct GPUs first, so a multi-replica request lands on several GPUs
+        # replicas: one per GPU, least-loaded GPUs (most free replicas) first, then more of the same
         by_gpu: dict[int, list[str]] = {}
         for a in sorted(ids):
             by_gpu.setdefault(self.by_id[a].gpu_index, []).append(a)
+        order = sorted(by_gpu, key=lambda g: (-len(by_gpu[g]), g))
         out: list[str] = []
         while len(out) < n and any(by_gpu.values()):
-            for g in sorted(by_gpu):
+            for g in order:
                 if by_gpu[g] and len(out) < n:
                     out.append(by_gpu[g].pop(0))
         return out
@@ -206,33 +348,50 @@ class DevicePlugin(pbg.DevicePluginServicer):
         for cr in request.container_requests:
             ids = list(cr.devices_ids)
             unknown = [i for i in ids if i not in self.by_id]
-            if unknown:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource}: unknown device IDs {unknown}")
+            if unknown or not ids:
+                msg = f"{self.resource}: unknown device IDs {unknown}" if unknown else f"{self.resource}: no device IDs"
+                log.warning("Allocate refused: %s", msg)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, msg)
             responses.append(self.allocate_one(ids))
         return pb.AllocateResponse(container_responses=responses)
 
     def allocate_one(self, ids: list[str]) -> pb.ContainerAllocateResponse:
         envs: dict[str, str] = {}
-        pa = self.pods.pending_assignment(self.resource, len(ids), set(self.allocated))
-        if pa is not None and pa.gpu_uuids:
-            uuids = list(pa.gpu_uuids)
-            a = pa.assignment
-            if 0 < a.gpu_milli < 1000:
-                envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, a.gpu_milli // 10))
-                mems = [m for m in a.gpu_memory_mib if m]
-                if mems:
-                    envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{u}={m}M" for u, m in zip(uuids, mems))
-            envs["GPUFLEET_POD"] = pa.pod_key
-            self.allocated[pa.pod_key] = ids
+        mounts: list[pb.Mount] = []
+        pa = self._pending(len(ids))
+        uuids: list[str] | None = None
+        if pa is not None:
+            try:
+                uuids, _ = self.assigned_devices(pa)
+            except AssignmentMismatch as exc:
+                log.warning("%s: %s; using kubelet's choice", self.resource, exc)
+                uuids = None
+        with self._lock:
+            if uuids and pa is not None:
+                a = pa.assignment
+                share = not a.mig and 0 <= a.gpu_milli < 1000 and (a.gpu_milli > 0 or any(a.gpu_memory_mib))
+                if share:
+                    if a.gpu_milli > 0:
+                        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, a.gpu_milli // 10))
+                    # device ordinals as the container sees them (NVIDIA_VISIBLE_DEVICES order)
+                    limits = [f"{k}={m}MB" for k, m in enumerate(a.gpu_memory_mib) if m]
+                    if limits:
+                        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(limits)
+                    if self.mps_pipe_dir:
+                        envs["CUDA_MPS_PIPE_DIRECTORY"] = self.mps_pipe_dir
+                        mounts.append(pb.Mount(container_path=self.mps_pipe_dir, host_path=self.mps_pipe_dir))
+                envs["GPUFLEET_POD"] = pa.pod_key
+                self.allocated[pa.served_key] = {"devices": ids, "uuids": uuids, "time_s": round(time.time(), 3)}
+            else:
+                uuids = list(dict.fromkeys(self.by_id[i].gpu_uuid for i in ids))
+                self.anonymous = (self.anonymous + [{"devices": ids, "uuids": uuids, "time_s": round(time.time(), 3)}])[-MAX_ANONYMOUS:]
             self._save_checkpoint()
-        else:
-            uuids = list(dict.fromkeys(self.by_id[i].gpu_uuid for i in ids))
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-        indices = sorted({g.index for g in self.gpus.values() if g.uuid in uuids} | {self.by_id[i].gpu_index for i in ids if self.by_id[i].gpu_uuid in uuids})
+        indices = sorted({g.index for g in self.gpus.values() if g.uuid in uuids}
+                         | {g.index for g in self.gpus.values() for m in g.mig if m.uuid in uuids})
         devs = [pb.DeviceSpec(container_path=f"/dev/nvidia{i}", host_path=f"/dev/nvidia{i}", permissions="rw") for i in indices]
-        for extra in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
-            devs.append(pb.DeviceSpec(container_path=extra, host_path=extra, permissions="rw"))
-        return pb.ContainerAllocateResponse(envs=envs, devices=devs)
+        devs += [pb.DeviceSpec(container_path=p, host_path=p, permissions="rw") for p in CONTROL_DEVICES]
+        return pb.ContainerAllocateResponse(envs=envs, devices=devs, mounts=mounts)
 
     def PreStartContainer(self, request, context):  # noqa: N802
         return pb.PreStartContainerResponse()
@@ -246,7 +405,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         self._stop.clear()
-        srv = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        srv = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dp-{self.resource}"))
         pbg.add_DevicePluginServicer_to_server(self, srv)
         srv.add_insecure_port(f"unix://{self.socket_path}")
         srv.start()
@@ -260,6 +419,9 @@ class DevicePlugin(pbg.DevicePluginServicer):
             self._server.stop(grace=0.5).wait()
             self._server = None
 
+    def serving(self) -> bool:
+        return self._server is not None and os.path.exists(self.socket_path)
+
     def register(self, kubelet_socket: str, timeout_s: float = 5.0) -> None:
         with grpc.insecure_channel(f"unix://{kubelet_socket}") as ch:
             grpc.channel_ready_future(ch).result(timeout=timeout_s)
@@ -271,7 +433,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
 
 @dataclass
 class KubeletWatcher:
-    """Notices kubelet restarts: kubelet.sock is re-created (new inode)."""
+    """Notices kubelet restarts: kubelet.sock is re-created (new inode or ctime)."""
 
     path: str
     _ident: tuple | None = field(default=None)
@@ -286,3 +448,7 @@ class KubeletWatcher:
             self._ident = ident
             return ident is not None
         return False
+
+    def forget(self) -> None:
+        """Report the current socket as new on the next call (a registration to retry)."""
+        self._ident = None

@@ -2,9 +2,11 @@
 
 kubelet's ``Allocate`` names devices, not the pod.  The pod being admitted on
 this node is the oldest pod bound here that carries a ``gpufleet.io/assignment``
-for this resource kind, is not running yet, and was not served before (the
-checkpoint's keys).  A malformed annotation is logged with the pod and the
-field, that pod is skipped, and Allocate falls back to kubelet's choice.
+for this resource (whole/shared GPUs for ``nvidia.com/gpu``, instances of the
+same profile for ``nvidia.com/mig-<profile>``) with as many devices as kubelet
+asks for, is not running yet, and was not served before (the checkpoint's
+keys).  A malformed annotation is logged with the pod and the field, that pod
+is skipped, and Allocate falls back to kubelet's choice.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from .plugin import PodAssignment
 log = logging.getLogger(__name__)
 
 
+def served_key(key: str, uid: str) -> str:
+    return f"{key}#{uid}" if uid else key
+
+
 def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
     cands = []
     for p in pods:
@@ -28,7 +34,8 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         if not a or spec.get("nodeName") != node or status.get("phase") not in (None, "Pending"):
             continue
         key = pod_key(p)
-        if key in exclude:
+        uid = str(meta.get("uid") or "")
+        if served_key(key, uid) in exclude:
             continue
         try:
             asg = assignment_from_json(key, a)
@@ -36,10 +43,18 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         except GpufleetError as exc:
             log.warning("skipping %s: %s", key, exc)
             continue
+        if asg.node != node:
+            log.warning("skipping %s: its assignment is for node %r, the pod is bound to %r", key, asg.node, node)
+            continue
         is_mig = bool(asg.mig)
         if resource.startswith("nvidia.com/mig-") != is_mig:
             continue
-        cands.append((meta.get("creationTimestamp") or "", key, PodAssignment(key, asg, [u for u in uuids if u])))
+        if is_mig and asg.mig_profile and resource != f"nvidia.com/mig-{asg.mig_profile}":
+            continue
+        if (len(asg.mig) if is_mig else len(asg.gpu_indices)) != count:
+            log.debug("%s: assignment holds a different number of %s than requested (%d)", key, resource, count)
+            continue
+        cands.append((meta.get("creationTimestamp") or "", key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid)))
     cands.sort(key=lambda c: (c[0], c[1]))
     return cands[0][2] if cands else None
 
@@ -56,3 +71,12 @@ class KubePodSource:
             log.warning("cannot list pods on %s: %s", self.node, exc)
             return None
         return pick(pods, self.node, resource, count, exclude)
+
+    def live_pods(self) -> set[str] | None:
+        """Keys of the pods bound to this node, or None when the API cannot say (then nothing is pruned)."""
+        try:
+            items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
+        except Exception as exc:
+            log.warning("cannot list pods on %s: %s", self.node, exc)
+            return None
+        return {served_key(f"{p.metadata.namespace}/{p.metadata.name}", p.metadata.uid or "") for p in items}
