@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 from gpufleet.engine import annotations as ann
@@ -265,13 +263,12 @@ def test_multi_gpu_pod_gets_an_nvlink_island():
 def test_policy_profile_reused_across_states(policy):
     """One profile object serving successive snapshots (simulator runs) decides from each one's nodes."""
     prof = build_profile(policy)
-    for k in range(12):
+    for k in range(40):
         zone = "a" if k % 2 else "b"
         st = ClusterState([make_node("n0", 2, T4, labels={"zone": zone}), make_node("n1", 2, T4, labels={"zone": "b"})])
         d = Scheduler(prof, st).schedule(share(f"p{k}", 500, nodeSelector={"zone": "a"}))
         assert d.ok is (zone == "a"), (k, d.status)
-        del st
-        gc.collect()
+        del st  # CPython may give the next state the same id()
 
 
 def test_gpu_selector_failure_is_an_error_not_a_crash():
