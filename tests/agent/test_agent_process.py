@@ -1,4 +1,4 @@
-"""`gpufleet agent` as a process against a fake kubelet: registers, re-registers after a kubelet restart, stops on SIGTERM."""
+"""`gpufleet agent` as a process against a fake kubelet (register, config reload, kubelet restart, SIGTERM); config and pod source."""
 
 from __future__ import annotations
 
@@ -14,50 +14,77 @@ import time
 import pytest
 
 from gpufleet.agent.config import load_agent_config
+from gpufleet.agent.deviceplugin import api_pb2 as pb
 from gpufleet.agent.podsource import pick
 from gpufleet.engine.errors import ConfigError
 
-from .conftest import FakeKubelet
+from .conftest import FakeKubelet, wait_for
 
 
-def wait_for(cond, timeout_s=15.0):
-    end = time.time() + timeout_s
-    while time.time() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def test_agent_registers_and_reregisters_after_kubelet_restart():
+def test_agent_process_serves_reloads_config_reregisters_and_stops_on_sigterm():
     d = tempfile.mkdtemp(dir="/tmp", prefix="ga")
-    kubelet = FakeKubelet(d)
-    kubelet.start()
+    kubelet = FakeKubelet(d).start()
     cfg = os.path.join(d, "agent.yaml")
     with open(cfg, "w") as f:
         f.write("replicas: 2\nmigStrategy: mixed\n")
+    log_path = os.path.join(d, "agent.log")
     env = dict(os.environ, NODE_NAME="")
-    proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli.main", "agent", "--nvml", "fake:a100-mig", "--config", cfg,
-                             "--device-plugin-dir", d, "--metrics-addr", ""], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli.main", "agent", "--nvml", "fake:a100-mig", "--config", cfg,
+                                 "--device-plugin-dir", d, "--state-dir", os.path.join(d, "state"), "--metrics-addr", "",
+                                 "--interval", "0.2"], env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+    kubelet2 = None
     try:
-        assert wait_for(lambda: len(kubelet.registered) >= 4), "agent did not register its 4 resources"
+        assert wait_for(lambda: len(kubelet.registered) >= 4, 20), "agent did not register its 4 resources"
         names = sorted(r.resource_name for r in kubelet.registered)
         assert names == ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"]
+        ch, stub = kubelet.plugin("nvidia.com/gpu")
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 2  # 6 whole GPUs x 2 replicas
+        r = stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-a100-04::1"])]))
+        assert r.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a100-04"
+        ch.close()
+        # a typo in the new config: reported, the running configuration keeps serving
+        with open(cfg, "w") as f:
+            f.write("replica: 4\n")
+        assert wait_for(lambda: "unknown key(s) ['replica']" in open(log_path).read()), "config typo not reported"
+        ch, stub = kubelet.plugin("nvidia.com/gpu")
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 12
+        ch.close()
+        # a good new config: plugins rebuilt and registered again
+        n = len(kubelet.registered)
+        with open(cfg, "w") as f:
+            f.write("replicas: 4\nmigStrategy: single\n")
+        assert wait_for(lambda: len(kubelet.registered) > n), "new config not applied"
+        ch, stub = kubelet.plugin("nvidia.com/gpu")
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 4 + 10  # replicas + single-strategy MIG
+        ch.close()
         kubelet.stop()  # kubelet restarts: its socket is re-created
         time.sleep(0.3)
-        kubelet2 = FakeKubelet(d)
-        kubelet2.start()
-        try:
-            assert wait_for(lambda: len(kubelet2.registered) >= 4), "agent did not re-register after the kubelet restart"
-        finally:
-            kubelet2.stop()
+        kubelet2 = FakeKubelet(d).start()
+        assert wait_for(lambda: len(kubelet2.registered) >= 1), "agent did not re-register after the kubelet restart"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
-        assert "labels are off" in proc.stdout.read()
+        out = open(log_path).read()
+        assert "labels are off" in out and "FAKE NVML" in out
+        assert not [f for f in os.listdir(d) if f.startswith("gpufleet-")], "plugin sockets left behind"
     finally:
         if proc.poll() is None:
             proc.kill()
+        if kubelet2 is not None:
+            kubelet2.stop()
+        kubelet.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_agent_exits_with_a_clear_message_on_bad_start(tmp_path):
+    bad = tmp_path / "a.yaml"
+    bad.write_text("migStrategy: mixd\n")
+    for args, rc, msg in ((["--config", str(bad)], 2, "migStrategy must be mixed, single or none"),
+                          (["--nvml", "fake:v100"], 2, "--nvml must be 'real' or fake:PROFILE"),
+                          (["--nvml", "real"], 1, "no NVIDIA GPU/driver found")):
+        p = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", "agent", "--once", *args], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, GPUFLEET_FAKE_NVML="", GPUFLEET_NVML=""))
+        assert p.returncode == rc and msg in p.stdout + p.stderr, (args, p.stdout, p.stderr)
 
 
 def test_config_typo_is_a_clear_error(tmp_path):
@@ -70,8 +97,8 @@ def test_config_typo_is_a_clear_error(tmp_path):
         load_agent_config(p)
 
 
-def pod(name, annotation, node="n1", phase="Pending", created="2026-01-01T00:00:00Z"):
-    return {"metadata": {"name": name, "namespace": "ml", "creationTimestamp": created,
+def pod(name, annotation, node="n1", phase="Pending", created="2026-01-01T00:00:00Z", uid=""):
+    return {"metadata": {"name": name, "namespace": "ml", "creationTimestamp": created, "uid": uid,
                          "annotations": {"gpufleet.io/assignment": annotation}},
             "spec": {"nodeName": node}, "status": {"phase": phase}}
 
@@ -89,3 +116,18 @@ def test_pod_source_picks_oldest_pending_and_skips_malformed():
     assert pa.pod_key == "ml/older" and pa.gpu_uuids == ["GPU-t4-01"] and pa.assignment.gpu_milli == 500
     assert pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/older"}).pod_key == "ml/newer"
     assert pick(pods, "n1", "nvidia.com/mig-1g.10gb", 1, set()) is None
+
+
+def test_pod_source_matches_resource_count_profile_and_node():
+    two = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-a"}, {"index": 2, "uuid": "GPU-b"}], "gpu_milli": 1000})
+    mig = json.dumps({"node": "n1", "gpus": [{"index": 0, "uuid": "GPU-a100-00"}], "gpu_milli": 0,
+                      "mig": [{"gpu": 0, "instance_id": 3}], "mig_profile": "1g.10gb"})
+    wrong_node = json.dumps({"node": "n2", "gpus": [{"index": 1, "uuid": "GPU-a"}]})
+    pods = [pod("two", two, uid="u-two"), pod("mig", mig), pod("moved", wrong_node, created="2025-01-01T00:00:00Z")]
+    assert pick(pods, "n1", "nvidia.com/gpu", 2, set()).pod_key == "ml/two"
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set()) is None  # a 2-GPU pod is not a 1-device request
+    assert pick(pods, "n1", "nvidia.com/gpu", 2, {"ml/two#u-two"}) is None  # served (checkpoint keys carry the UID)
+    assert pick(pods, "n1", "nvidia.com/gpu", 2, {"ml/two"}).pod_key == "ml/two"  # same name, other UID: a new pod
+    got = pick(pods, "n1", "nvidia.com/mig-1g.10gb", 1, set())
+    assert got.pod_key == "ml/mig" and got.assignment.mig == ((0, 3),)
+    assert pick(pods, "n1", "nvidia.com/mig-2g.20gb", 1, set()) is None

@@ -1,0 +1,88 @@
+"""The agent's loop driven step by step with a fake clock, against a fake kubelet over real unix sockets:
+registration, XID -> Unhealthy -> recovery through ListAndWatch and the inventory, kubelet restart,
+reconfiguration, clean stop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+
+from gpufleet.agent.config import AgentConfig
+from gpufleet.agent.deviceplugin import api_pb2 as pb
+from gpufleet.agent.labels import NodeLabeller
+from gpufleet.agent.main import Agent, add_arguments, effective_config
+from gpufleet.agent.nvml import FakeBackend
+from gpufleet.engine.errors import ConfigError
+
+from .conftest import FakeKubelet
+from .test_labels import FakeCore
+
+
+def health_of(msg):
+    return {d.ID: d.health for d in msg.devices}
+
+
+def test_agent_loop_health_labels_kubelet_restart_and_reconfigure(sockdir, kubelet):
+    be = FakeBackend("h100-nvlink")
+    now = [1000.0]
+    core = FakeCore()
+    agent = Agent(be, AgentConfig(recover_after_s=60, label_interval_s=30), sockdir, os.path.join(sockdir, "st"),
+                  labeller=NodeLabeller(core, "gpu-node-1"), clock=lambda: now[0])
+    try:
+        agent.step()
+        assert [r.resource_name for r in kubelet.registered] == ["nvidia.com/gpu"]
+        assert core.labels["nvidia.com/gpu.count"] == "8" and core.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        inv = json.loads(core.annotations["gpufleet.io/gpu-inventory"])
+        assert len(inv["gpus"]) == 8 and all(g["healthy"] for g in inv["gpus"])
+        ch, stub = kubelet.plugin("nvidia.com/gpu")
+        stream = stub.ListAndWatch(pb.Empty(), timeout=20)
+        assert set(health_of(next(stream)).values()) == {"Healthy"}
+
+        be.inject_xid(3, 31, now[0])  # page fault in someone's kernel: no change
+        be.inject_xid(5, 48, now[0])  # double-bit ECC: unhealthy, though NVML still answers
+        agent.step()
+        h = health_of(next(stream))
+        assert h["GPU-h100-05"] == "Unhealthy" and h["GPU-h100-03"] == "Healthy"
+        now[0] += 31
+        agent.step()  # labels round: the inventory tells the scheduler too
+        assert [g["healthy"] for g in json.loads(core.annotations["gpufleet.io/gpu-inventory"])["gpus"]][5] is False
+        now[0] += 30
+        agent.step()  # 61 s without a fatal XID and NVML answers: healthy again
+        assert health_of(next(stream))["GPU-h100-05"] == "Healthy"
+        ch.close()
+
+        # kubelet restarts: its socket is re-created, and it wiped ours
+        kubelet.stop()
+        os.unlink(agent.plugins[0].socket_path)
+        agent.step()  # kubelet away: the plugin serves again, waits for kubelet
+        k2 = FakeKubelet(sockdir).start()
+        try:
+            agent.step()
+            assert [r.resource_name for r in k2.registered] == ["nvidia.com/gpu"]
+            # new config (time-slicing, renamed): plugins rebuilt, registered under the new name
+            agent.reconfigure(AgentConfig(replicas=2, rename_shared=True, recover_after_s=60))
+            agent.step()
+            assert k2.registered[-1].resource_name == "nvidia.com/gpu.shared"
+            ch, stub = k2.plugin("nvidia.com/gpu.shared")
+            assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 16
+            ch.close()
+            assert core.labels["nvidia.com/gpu.replicas"] == "2"
+        finally:
+            k2.stop()
+    finally:
+        agent.stop_plugins()
+    assert not [f for f in os.listdir(sockdir) if f.endswith(".sock")]
+
+
+def test_flags_win_over_the_config_file():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    file_cfg = AgentConfig(mig_strategy="single", replicas=4, recover_after_s=10)
+    cfg = effective_config(p.parse_args(["--replicas", "2"]), file_cfg)
+    assert (cfg.mig_strategy, cfg.replicas, cfg.recover_after_s) == ("single", 2, 10)
+    assert effective_config(p.parse_args([]), None) == AgentConfig()
+    with pytest.raises(ConfigError, match="replicas must be"):
+        effective_config(p.parse_args(["--replicas", "0"]), None)
