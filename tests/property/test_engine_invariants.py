@@ -199,7 +199,13 @@ class Usage:
         if r.gpu_count == 0:
             return True
         if r.mig_profile:
-            free = [(g.index, m.instance_id) for g in node.gpus if g.mig_enabled and g.healthy for m in g.mig_instances if m.profile == r.mig_profile]
+            free = [
+                (g.index, m.instance_id)
+                for g in node.gpus
+                if g.mig_enabled and g.healthy and self.model_ok(r, g.model)
+                for m in g.mig_instances
+                if m.profile == r.mig_profile
+            ]
             return len([x for x in free if x not in mig]) >= r.gpu_count
         ok = 0
         for g in node.gpus:
@@ -218,6 +224,8 @@ class Usage:
         assert (a.cpu_milli, a.memory_mib) == (r.cpu_milli, r.memory_mib)
         if r.mig_profile:
             assert a.mig_profile == r.mig_profile and len(a.mig) == r.gpu_count and a.gpu_indices == ()
+            for j, _ in a.mig:
+                assert self.model_ok(r, node.gpus[j].model)
         elif r.gpu_count:
             assert len(a.gpu_indices) == r.gpu_count and a.gpu_milli == r.gpu_milli and not a.mig
             for j in a.gpu_indices:

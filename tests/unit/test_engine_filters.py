@@ -314,3 +314,19 @@ def test_eligible_gpus_matches_filter(req, expected):
     st = state_of(make_node("t4", 2, T4), make_node("a10", 1, "NVIDIA-A10"))
     st.reserve(Assignment("default/x", "t4", 0, 0, gpu_indices=(0,), gpu_milli=600, gpu_memory_mib=(1_000,)))
     assert eligible_gpus(st, req).tolist() == expected
+
+
+@pytest.mark.parametrize(
+    "annotations, expected",
+    [
+        ({}, None),
+        ({ann.GPU_MODELS: A100}, None),
+        ({ann.GPU_MODELS: T4}, NO_MODEL),
+        ({ann.GPU_MODELS_DENY: A100}, NO_MODEL),
+        ({ann.GPU_MODELS_DENY: T4}, None),
+    ],
+)
+def test_mig_request_honours_model_lists(annotations, expected):
+    st = state_of(make_node("mig", 1, A100, mig={0: ["1g.10gb"]}))
+    pod = make_pod(containers=[container(limits={"nvidia.com/mig-1g.10gb": "1"})], annotations=annotations)
+    assert verdicts(GpuFit(), pod, st) == {"mig": expected}

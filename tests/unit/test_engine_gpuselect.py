@@ -164,3 +164,27 @@ def test_pod_request_without_parse():
     st = state_of(make_node("n", 2, T4))
     _used(st, "n", (250, 0))
     assert select(st, PodRequest("x", gpu_count=1, gpu_milli=500)) == GpuChoice((0,))
+
+
+def test_mig_instance_choice_honours_model_lists():
+    from gpufleet.engine.model import Gpu, Node
+
+    from tests.builders import mig_instances
+
+    h100 = "NVIDIA-H100-80GB-HBM3"
+    node = Node(
+        "mixed",
+        64_000,
+        262_144,
+        gpus=(
+            Gpu(0, "u0", A100, 81_920, mig_enabled=True, mig_instances=mig_instances(A100, ["1g.10gb"])),
+            Gpu(1, "u1", h100, 81_559, mig_enabled=True, mig_instances=mig_instances(h100, ["1g.10gb", "1g.10gb"])),
+        ),
+    )
+    st = state_of(node)
+    deny_h100 = make_pod(containers=[container(limits={"nvidia.com/mig-1g.10gb": "1"})], annotations={ann.GPU_MODELS_DENY: h100})
+    assert select(st, deny_h100) == GpuChoice(mig=((0, 0),))
+    only_h100 = make_pod(containers=[container(limits={"nvidia.com/mig-1g.10gb": "2"})], annotations={ann.GPU_MODELS: h100})
+    assert select(st, only_h100) == GpuChoice(mig=((1, 0), (1, 1)))
+    two_a100 = make_pod(containers=[container(limits={"nvidia.com/mig-1g.10gb": "2"})], annotations={ann.GPU_MODELS: A100})
+    assert select(st, two_a100) is None

@@ -227,11 +227,20 @@ class GpuFit:
         if r.gpu_count == 0:
             return FilterResult(np.ones(n, dtype=bool))
         k = r.gpu_count
-        if r.mig_profile:
-            ok = state.mig_free_count(r.mig_profile) >= k
-            return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}",))
-        usable = state.gpu_usable
         mm = model_mask(state, r)
+        if r.mig_profile:
+            count = state.mig_free_count(r.mig_profile)
+            ok = count >= k
+            codes = np.zeros(n, dtype=np.int64)
+            if mm is not None:  # count only instances on GPUs of an allowed model
+                for i in np.flatnonzero(ok):
+                    free = state.mig_free[i].get(r.mig_profile, [])
+                    allowed = sum(1 for g, _ in free if mm[state.gpu_model[i, g]])
+                    if allowed < k:
+                        ok[i] = False
+                        codes[i] = 1
+            return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), codes)
+        usable = state.gpu_usable
         codes = np.zeros(n, dtype=np.int64)
         if mm is not None:
             usable = usable & mm[state.gpu_model]

@@ -14,12 +14,15 @@ import numpy as np
 from ..framework import Cycle, GpuChoice
 from ..model import GPU_MILLI
 from ..state import ClusterState
-from .filters import eligible_gpus
+from .filters import eligible_gpus, model_mask
 
 
 def pick_mig(cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
     r = cycle.request
     free = state.mig_free[node].get(r.mig_profile or "", [])
+    mm = model_mask(state, r)
+    if mm is not None:
+        free = [gi for gi in free if mm[state.gpu_model[node, gi[0]]]]
     if len(free) < r.gpu_count:
         return None
     # take instances from the GPU that already has the fewest free instances (pack MIG GPUs)
