@@ -100,3 +100,12 @@ def test_assignment_errors_name_pod_and_field(text, field):
     with pytest.raises(InvalidPodSpec) as exc:
         assignment_from_json("ns/p", text)
     assert exc.value.pod == "ns/p" and exc.value.field == field
+
+
+def test_whole_gpu_assignment_without_memory_rebuilds_full_reservation():
+    from tests.builders import state_of
+
+    a = assignment_from_json("ns/p", '{"node": "n", "gpus": [{"index": 1, "uuid": "GPU-n-1"}], "gpu_milli": 1000}')
+    st = state_of(make_node("n", 2, A100))
+    st.reserve(a)
+    assert st.gpu_mem_free[0].tolist() == [81_920, 0]

@@ -201,3 +201,16 @@ def test_free_never_negative_after_failed_reserves():
             pass
     assert (st.cpu_free >= 0).all() and (st.gpu_free_milli >= 0).all() and (st.pods_free >= 0).all()
     assert np.array_equal(st.gpu_free_milli[0], [400, 400])
+
+
+@pytest.mark.parametrize("mems", [(), (0,), (1_024,)])
+def test_whole_gpu_always_takes_all_its_memory(mems):
+    """Whatever memory an assignment lists (e.g. rebuilt from an annotation without it), a whole GPU is all taken."""
+    st = state_of(make_node("n", 2, T4))
+    st.reserve(Assignment("d/w", "n", 0, 0, gpu_indices=(0,), gpu_milli=1000, gpu_memory_mib=mems))
+    assert st.gpu_mem_free[0].tolist() == [0, 15_360]
+    assert st.assignments["d/w"].gpu_memory_mib == (15_360,)
+    # a memory-only share cannot slip onto the whole GPU
+    assert st.check(Assignment("d/m", "n", 0, 0, gpu_indices=(0,), gpu_milli=0, gpu_memory_mib=(1_024,))) is not None
+    st.unreserve("d/w")
+    assert st.gpu_mem_free[0].tolist() == [15_360, 15_360]

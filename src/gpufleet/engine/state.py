@@ -217,11 +217,14 @@ class ClusterState:
         if why:
             raise StateError(why)
         i = self.index[a.node]
-        if not a.gpu_memory_mib and a.gpu_indices:
+        if a.gpu_indices:
+            # a whole GPU always takes all of its memory, whatever the assignment lists
             mems = tuple(
-                int(self.gpu_mem_cap[i, j]) if a.gpu_milli >= GPU_MILLI else 0 for j in a.gpu_indices
+                int(self.gpu_mem_cap[i, j]) if a.gpu_milli >= GPU_MILLI else (a.gpu_memory_mib[k] if a.gpu_memory_mib else 0)
+                for k, j in enumerate(a.gpu_indices)
             )
-            a = replace(a, gpu_memory_mib=mems)
+            if mems != a.gpu_memory_mib:
+                a = replace(a, gpu_memory_mib=mems)
         self.cpu_free[i] -= a.cpu_milli
         self.mem_free[i] -= a.memory_mib
         self.pods_free[i] -= 1
