@@ -372,6 +372,9 @@ def test_transaction_rollback_restores_state(nodes, stream, evict, fail):
                 d = s.decide(s.new_cycle(r))
                 if d.ok:
                     tx.reserve(d.assignment)
+            for k in evict[:2]:  # evict again, now possibly pods reserved inside the transaction
+                if s.state.assignments:
+                    tx.evict(sorted(s.state.assignments)[(k * 7 + 3) % len(s.state.assignments)])
             if fail:
                 tx.reserve(Assignment("x/overflow", s.state.nodes[0].name, 10**9, 0))  # raises StateError
     except StateError:

@@ -214,3 +214,16 @@ def test_whole_gpu_always_takes_all_its_memory(mems):
     assert st.check(Assignment("d/m", "n", 0, 0, gpu_indices=(0,), gpu_milli=0, gpu_memory_mib=(1_024,))) is not None
     st.unreserve("d/w")
     assert st.gpu_mem_free[0].tolist() == [15_360, 15_360]
+
+
+def test_transaction_rollback_of_a_pod_reserved_then_evicted_inside_it():
+    st = _state()
+    st.reserve(Assignment("d/old", "n", 1_000, 0, gpu_indices=(0,), gpu_milli=1000))
+    before = snapshot(st)
+    with st.transaction() as tx:
+        tx.reserve(Assignment("d/new", "n", 500, 0, gpu_indices=(1,), gpu_milli=500, gpu_memory_mib=(0,)))
+        tx.evict("d/new")
+        tx.evict("d/old")
+        tx.reserve(Assignment("d/old", "n", 2_000, 0, gpu_indices=(1,), gpu_milli=1000))  # moved inside the tx
+        tx.evict("d/old")
+    assert_same_snapshot(snapshot(st), before)

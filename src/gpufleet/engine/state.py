@@ -288,7 +288,10 @@ class Transaction:
     def evict(self, pod_key: str) -> Assignment | None:
         a = self.state.unreserve(pod_key)
         if a is not None:
-            self.removed.append(a)
+            if pod_key in self.reserved:  # reserved inside this transaction: nothing left to undo
+                self.reserved.remove(pod_key)
+            else:
+                self.removed.append(a)
         return a
 
     def commit(self) -> None:
