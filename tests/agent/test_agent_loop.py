@@ -86,3 +86,36 @@ def test_flags_win_over_the_config_file():
     assert effective_config(p.parse_args([]), None) == AgentConfig()
     with pytest.raises(ConfigError, match="replicas must be"):
         effective_config(p.parse_args(["--replicas", "0"]), None)
+
+
+def test_mig_repartition_is_rediscovered_and_advertised(sockdir, kubelet):
+    from dataclasses import replace
+
+    from gpufleet.agent.nvml import MigInfo
+
+    be = FakeBackend("a100-mig")
+    now = [0.0]
+    agent = Agent(be, AgentConfig(), sockdir, os.path.join(sockdir, "st"), clock=lambda: now[0], rediscover_s=60)
+    try:
+        agent.step()
+        assert sorted(r.resource_name for r in kubelet.registered) == [
+            "nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"]
+        # an operator re-partitions GPU 2 into 7x 1g.10gb (mig-parted): the next discovery sees it
+        g = be.gpus()
+        g[2] = replace(g[2], mig_enabled=True, mig=tuple(MigInfo("1g.10gb", 9728, k, f"MIG-a100-2-{k}") for k in range(7)))
+        be.set_gpus(g)
+        n = len(kubelet.registered)
+        now[0] = 30.0
+        agent.step()
+        assert len(kubelet.registered) == n  # not yet: discovery runs every 60 s
+        now[0] = 61.0
+        agent.step()
+        assert len(kubelet.registered) == n + 4
+        ch, stub = kubelet.plugin("nvidia.com/mig-1g.10gb")
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 14
+        ch.close()
+        ch, stub = kubelet.plugin("nvidia.com/gpu")
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 5  # GPU 2 is no longer whole
+        ch.close()
+    finally:
+        agent.stop_plugins()

@@ -61,7 +61,7 @@ class Agent:
     """The long-running part, separated from argument parsing so tests can drive it step by step."""
 
     def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
-                 collector=None, clock: Callable[[], float] = time.time) -> None:
+                 collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0) -> None:
         from .health import HealthTracker
         from .plugin import KubeletWatcher
 
@@ -74,13 +74,16 @@ class Agent:
         self.labeller = labeller
         self.collector = collector
         self.clock = clock
-        self.tracker = HealthTracker(backend, recover_after_s=cfg.recover_after_s, clock=clock)
+        self.tracker = HealthTracker(backend, recover_after_s=cfg.recover_after_s, clock=clock,
+                                     indices=tuple(g.index for g in self.gpus))
         self.kubelet = KubeletWatcher(os.path.join(device_plugin_dir, "kubelet.sock"))
         self.health: dict[int, bool] = {g.index: True for g in self.gpus}
         self.plugins: list = []
         self.cfg = cfg
         self._last_labels = -1e18
         self._last_prune = clock()
+        self._last_discovery = clock()
+        self.rediscover_s = rediscover_s
         self._build_plugins()
 
     def _build_plugins(self) -> None:
@@ -105,7 +108,32 @@ class Agent:
         self.kubelet.forget()
         self._last_labels = -1e18
 
+    def rediscover(self) -> bool:
+        """Read the GPUs again; a changed set (MIG re-partitioned, a GPU gone) rebuilds the plugins."""
+        try:
+            gpus = self.backend.gpus()
+        except Exception as exc:  # NVML hiccup: keep serving what we know
+            log.warning("re-discovery failed: %s", exc)
+            return False
+        if gpus == self.gpus:
+            return False
+        log.info("GPU set changed (%d -> %d GPUs, MIG %s -> %s): rebuilding the device plugins", len(self.gpus), len(gpus),
+                 [m.profile for g in self.gpus for m in g.mig], [m.profile for g in gpus for m in g.mig])
+        self.stop_plugins()
+        self.gpus = gpus
+        self.tracker.indices = tuple(g.index for g in gpus)
+        self.health = {g.index: self.health.get(g.index, True) for g in gpus}
+        self._build_plugins()
+        self.kubelet.forget()
+        self._last_labels = -1e18
+        if self.collector is not None and hasattr(self.collector, "refresh_inventory"):
+            self.collector.refresh_inventory()
+        return True
+
     def step(self) -> None:
+        if self.clock() - self._last_discovery >= self.rediscover_s:
+            self._last_discovery = self.clock()
+            self.rediscover()
         kubelet_new = self.kubelet.changed()
         for p in self.plugins:
             if kubelet_new or not p.serving():

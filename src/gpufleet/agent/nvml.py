@@ -151,6 +151,7 @@ class FakeBackend:
     _broken: set[int] = field(default_factory=set)
     _procs: list[ProcessUsage] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _gpus: list[GpuInfo] | None = None
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -160,7 +161,13 @@ class FakeBackend:
         return PROFILES[self.profile][0]
 
     def gpus(self) -> list[GpuInfo]:
-        return list(PROFILES[self.profile][1])
+        with self._lock:
+            return list(self._gpus if self._gpus is not None else PROFILES[self.profile][1])
+
+    def set_gpus(self, gpus: list[GpuInfo]) -> None:
+        """Change the node's GPUs (a MIG re-partition, a GPU gone): what the next discovery sees."""
+        with self._lock:
+            self._gpus = list(gpus)
 
     def inject_xid(self, gpu_index: int, xid: int, timestamp_s: float, device_broken: bool | None = None) -> None:
         with self._lock:
@@ -191,7 +198,7 @@ class FakeBackend:
         return list(self._procs)
 
     def telemetry(self, index: int) -> Telemetry:
-        g = PROFILES[self.profile][1][index]
+        g = self.gpus()[index]
         procs = [p for p in self._procs if p.gpu_index == index]
         used = sum(p.used_memory_mib for p in procs)
         util = min(100, sum(p.sm_util_pct for p in procs))

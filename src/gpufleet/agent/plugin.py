@@ -367,6 +367,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 log.warning("%s: %s; using kubelet's choice", self.resource, exc)
                 uuids = None
         with self._lock:
+            if pa is not None and pa.served_key in self.allocated:
+                uuids = None  # served meanwhile by a concurrent Allocate
             if uuids and pa is not None:
                 a = pa.assignment
                 share = not a.mig and 0 <= a.gpu_milli < 1000 and (a.gpu_milli > 0 or any(a.gpu_memory_mib))
