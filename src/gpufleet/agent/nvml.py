@@ -20,7 +20,6 @@ from typing import Mapping, Protocol
 
 from ..engine.model import Gpu, MigInstance
 
-
 MIB = 1024 * 1024
 
 
