@@ -274,6 +274,13 @@ BAD_CASES = [
         f"metadata.annotations[{ann.GPU_MILLI}]",
         "MIG",
     ),
+    ("GPU memory with two GPUs", dict(gpu="2", annotations={ann.GPU_MEMORY: "8Gi"}), f"metadata.annotations[{ann.GPU_MEMORY}]", "one GPU"),
+    (
+        "GPU memory with a MIG profile",
+        dict(containers=[container(limits={"nvidia.com/mig-1g.10gb": "1"})], annotations={ann.GPU_MEMORY: "8Gi"}),
+        f"metadata.annotations[{ann.GPU_MEMORY}]",
+        "MIG",
+    ),
     ("GPU memory not a quantity", dict(annotations={ann.GPU_MEMORY: "big"}), f"metadata.annotations[{ann.GPU_MEMORY}]", "quantity"),
     ("GPU memory zero", dict(annotations={ann.GPU_MEMORY: "0"}), f"metadata.annotations[{ann.GPU_MEMORY}]", "positive"),
     ("GPU memory negative", dict(annotations={ann.GPU_MEMORY: "-2Gi"}), f"metadata.annotations[{ann.GPU_MEMORY}]", "positive"),

@@ -201,10 +201,11 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     share_raw = annotations.get(ann.GPU_MILLI)
     mem_raw = annotations.get(ann.GPU_MEMORY)
     if share_raw is not None or mem_raw is not None:
+        present = f"metadata.annotations[{ann.GPU_MILLI if share_raw is not None else ann.GPU_MEMORY}]"
         if mig:
-            raise InvalidPodSpec(key, f"metadata.annotations[{ann.GPU_MILLI}]", "a GPU share cannot be combined with a MIG profile")
+            raise InvalidPodSpec(key, present, "a GPU share cannot be combined with a MIG profile")
         if gpus > 1:
-            raise InvalidPodSpec(key, f"metadata.annotations[{ann.GPU_MILLI}]", f"a GPU share applies to one GPU, but the pod requests {gpus} nvidia.com/gpu")
+            raise InvalidPodSpec(key, present, f"a GPU share applies to one GPU, but the pod requests {gpus} nvidia.com/gpu")
         gpu_count = 1
         gpu_milli = 0
         if share_raw is not None:
