@@ -1,23 +1,109 @@
-"""Gang scheduling: all-or-nothing placement of a pod group as one transaction.
+"""Gang scheduling: all-or-nothing placement of a pod group, without deadlock.
 
-Members are placed one by one on the live snapshot inside a
-``ClusterState.transaction``; if at least ``min_member`` fit, the transaction
-commits, else every tentative reservation rolls back and the gang waits.
-Gangs are tried one at a time, so two gangs can never each hold half the
-cluster and wait for each other (no deadlock); a gang that waited past its
-``timeout_s`` is reported so the caller can give up on it.  Members prefer the
-nodes the gang already uses (one NVLink/node group when possible).
+Why: a distributed training job whose workers start one by one holds GPUs it
+cannot use until the last worker runs; two such jobs that each got half the
+cluster wait for each other forever.  Here a gang is placed as one
+``ClusterState`` transaction: members are decided one by one on the state as
+the transaction leaves it, and the transaction commits only when at least
+``min_member`` members fit; otherwise every tentative reservation rolls back.
+
+Members that arrive over time (a live cluster) may be *held*: reserved
+tentatively while the rest arrive, so the gang is not starved by small pods.
+Only ONE gang holds tentative reservations at a time (the first in order of
+priority, then creation, then name), and a hold older than the group's
+timeout is released (rolled back) and the gang goes to the back of the line.
+So two gangs can never each hold part of the cluster and wait for each other:
+the holder either completes or times out and lets the next one try.
+
+Topology: a gang is first tried on one node, then on one NVLink domain (nodes
+sharing the ``nvidia.com/gpu.clique`` label, configurable), then anywhere,
+preferring nodes it already uses.  Within a node the GPU selector already keeps
+each pod on one NVLink island.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .framework import Decision, Scheduler
-from .model import PodRequest
+from .errors import ConfigError
+from .framework import Cycle, Decision, Scheduler
+from .model import GPU_MILLI, PodRequest
+from .state import ClusterState, Transaction
 from .status import Status
+
+PLUGIN = "Gang"
+DEFAULT_TOPOLOGY_KEY = "nvidia.com/gpu.clique"
+DEFAULT_TIMEOUT_S = 600.0
+MAX_NODE_TRIES = 4  # single nodes tried for a whole gang before spreading it
+
+
+@dataclass
+class PodGroup:
+    """A gang: pods sharing a ``gpufleet.io/pod-group`` annotation or a PodGroup object."""
+
+    name: str
+    namespace: str = "default"
+    min_member: int = 1
+    queue: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    priority: int = 0
+    created_s: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any], created_s: float = 0.0) -> "PodGroup":
+        """A ``gpufleet.io/v1alpha1`` PodGroup custom resource; ConfigError names object and field."""
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not name or not isinstance(name, str):
+            raise ConfigError("PodGroup: field metadata.name is required")
+        ns = meta.get("namespace") or "default"  # type: ignore[union-attr]
+        where = f"PodGroup {ns}/{name}"
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{where}: field spec: required object")
+        mm = spec.get("minMember")
+        if not isinstance(mm, int) or isinstance(mm, bool) or mm < 1:
+            raise ConfigError(f"{where}: field spec.minMember: must be an integer >= 1, got {mm!r}")
+        t = spec.get("scheduleTimeoutSeconds", DEFAULT_TIMEOUT_S)
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or t <= 0:
+            raise ConfigError(f"{where}: field spec.scheduleTimeoutSeconds: must be a positive number, got {t!r}")
+        q = spec.get("queue")
+        if q is not None and not isinstance(q, str):
+            raise ConfigError(f"{where}: field spec.queue: must be a string, got {q!r}")
+        prio = spec.get("priority", 0)
+        if not isinstance(prio, int) or isinstance(prio, bool):
+            raise ConfigError(f"{where}: field spec.priority: must be an integer, got {prio!r}")
+        return cls(name, ns, mm, q, float(t), prio, created_s)
+
+
+def group_key(r: PodRequest) -> str | None:
+    return f"{r.namespace}/{r.pod_group}" if r.pod_group else None
+
+
+def groups_from_pods(reqs: Iterable[PodRequest], timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, PodGroup]:
+    """Pod groups implied by pod annotations (min member: the largest ``pod-group-min-member`` given,
+    else every member seen)."""
+    out: dict[str, PodGroup] = {}
+    count: dict[str, int] = {}
+    for r in reqs:
+        k = group_key(r)
+        if k is None:
+            continue
+        g = out.setdefault(k, PodGroup(r.pod_group, r.namespace, 0, r.queue, timeout_s))  # type: ignore[arg-type]
+        g.min_member = max(g.min_member, r.pod_group_min)
+        g.priority = max(g.priority, r.priority)
+        count[k] = count.get(k, 0) + 1
+    for k, g in out.items():
+        if g.min_member <= 0:
+            g.min_member = count[k]
+    return out
 
 
 @dataclass
@@ -31,50 +117,310 @@ class GangResult:
         return self.status.ok
 
 
-def place_gang(sched: Scheduler, group: str, members: list[PodRequest], min_member: int | None = None) -> GangResult:
-    need = min_member or len(members)
-    res = GangResult(group)
+# --- one-shot all-or-nothing placement -----------------------------------------------------
+
+
+def _mask(n: int, idx: Iterable[int]) -> np.ndarray:
+    m = np.zeros(n, dtype=bool)
+    m[list(idx)] = True
+    return m
+
+
+def _demand(members: Sequence[PodRequest]) -> tuple[int, int, int, int]:
+    whole = sum(r.gpu_count for r in members if r.whole_gpus)
+    share = sum(r.total_gpu_milli for r in members if r.shared_gpu)
+    return whole, share, sum(r.cpu_milli for r in members), sum(r.memory_mib for r in members)
+
+
+def _roomy(st: ClusterState, members: Sequence[PodRequest]) -> np.ndarray:
+    """Per node: could it hold the whole gang (a quick arithmetic screen, not a fit check)?"""
+    whole, share, cpu, mem = _demand(members)
+    full = ((st.gpu_free_milli == GPU_MILLI) & st.gpu_usable).sum(axis=1)
+    ok = (full >= whole) & (st.gpu_free_milli.sum(axis=1) >= whole * GPU_MILLI + share)
+    return ok & (st.cpu_free >= cpu) & (st.mem_free >= mem) & (st.pods_free >= len(members))
+
+
+def _domains(st: ClusterState, members: Sequence[PodRequest], topology_key: str | None) -> list[np.ndarray]:
+    """Node sets to try in turn: single nodes (tightest first), NVLink domains, then anywhere."""
+    n = len(st)
+    out: list[np.ndarray] = []
+    if len(members) > 1:
+        roomy = np.flatnonzero(_roomy(st, members))
+        if roomy.size:
+            left = st.gpu_free_milli[roomy].sum(axis=1)
+            for i in roomy[np.argsort(left, kind="stable")][:MAX_NODE_TRIES]:
+                out.append(_mask(n, [int(i)]))
+        if topology_key:
+            dom: dict[str, list[int]] = {}
+            for i, node in enumerate(st.nodes):
+                v = node.labels.get(topology_key)
+                if v:
+                    dom.setdefault(v, []).append(i)
+            whole, share, _, _ = _demand(members)
+            free = st.gpu_free_milli.sum(axis=1)
+            cands = [(int(free[ix].sum()), k, ix) for k, ix in dom.items()
+                     if len(ix) > 1 and free[ix].sum() >= whole * GPU_MILLI + share]
+            for _, _, ix in sorted(cands)[:MAX_NODE_TRIES]:
+                out.append(_mask(n, ix))
+    out.append(np.ones(n, dtype=bool))
+    return out
+
+
+def _try_place(sched: Scheduler, tx: Transaction, r: PodRequest, allowed: np.ndarray,
+               used: list[int]) -> tuple[Decision, Cycle]:
+    """Decide one member on the transaction's view: first on the nodes the gang uses."""
     st = sched.state
-    used_nodes: list[int] = []
-    with st.transaction() as tx:
-        failures: list[str] = []
-        for r in members:
-            cycle = sched.new_cycle(r)
-            if used_nodes:  # topology: first try the nodes the gang already occupies
-                mask = np.zeros(len(st), dtype=bool)
-                mask[used_nodes] = True
-                cycle.only_nodes = mask
-                dec = sched.decide(cycle)
-                if not dec.ok:
-                    cycle = sched.new_cycle(r)
-                    dec = sched.decide(cycle)
-            else:
-                dec = sched.decide(cycle)
-            if not dec.ok:
-                failures.append(f"{r.key}: {dec.status.message}")
-                continue
-            tx.reserve(dec.assignment)  # type: ignore[arg-type]
-            i = st.index[dec.assignment.node]  # type: ignore[union-attr]
-            if i not in used_nodes:
-                used_nodes.append(i)
-            res.placed.append(dec)
-        if len(res.placed) >= need:
+    dec: Decision | None = None
+    cycle = sched.new_cycle(r)
+    if used:
+        cycle.only_nodes = allowed & _mask(len(st), used)
+        dec = sched.decide(cycle)
+    if dec is None or not dec.ok:
+        cycle = sched.new_cycle(r)
+        cycle.only_nodes = None if allowed.all() else allowed
+        dec = sched.decide(cycle)
+    if dec.ok:
+        s = sched.reserve(cycle)  # with the profile's Reserve plugins (exact quota check)
+        if not s.ok:
+            return Decision(r.key, s), cycle
+        tx.reserved.append(r.key)
+        i = st.index[dec.assignment.node]  # type: ignore[union-attr]
+        if i not in used:
+            used.append(i)
+    return dec, cycle
+
+
+def _release(sched: Scheduler, tx: Transaction, cycles: Sequence[Cycle]) -> None:
+    for c in reversed(cycles):
+        for p in reversed(sched.profile.reserves):
+            p.unreserve(c, sched.state)
+    tx.rollback()
+
+
+def place_gang(sched: Scheduler, group: str, members: Sequence[PodRequest], min_member: int | None = None,
+               topology_key: str | None = DEFAULT_TOPOLOGY_KEY) -> GangResult:
+    """All-or-nothing: reserve at least ``min_member`` of ``members`` (all of them when
+    None) as one transaction, or nothing.  Higher-priority members are placed first."""
+    need = min_member or len(members)
+    members = sorted(members, key=lambda r: -r.priority)
+    st = sched.state
+    if len(members) < need:
+        return GangResult(group, [], Status.wait(
+            f"pod group {group}: {len(members)} of the {need} required members exist", plugin=PLUGIN))
+    first_failure = ""
+    best = 0
+    for allowed in _domains(st, members, topology_key):
+        tx = Transaction(st)
+        placed: list[Decision] = []
+        cycles: list[Cycle] = []
+        used: list[int] = []
+        for j, r in enumerate(members):
+            if len(placed) + (len(members) - j) < need:
+                break  # cannot reach min_member any more in this domain
+            dec, cycle = _try_place(sched, tx, r, allowed, used)
+            if dec.ok:
+                placed.append(dec)
+                cycles.append(cycle)
+            elif not first_failure and allowed.all():
+                first_failure = f"{r.key}: {dec.status.message}"
+        if len(placed) >= need:
             tx.commit()
-            return res
-    res.status = Status.unschedulable(
-        f"pod group {group}: only {len(res.placed)} of the {need} required members fit"
-        + (f"; first failure: {failures[0]}" if failures else ""), plugin="Gang")
-    res.placed = []
-    return res
+            return GangResult(group, placed)
+        best = max(best, len(placed))
+        _release(sched, tx, cycles)
+    return GangResult(group, [], Status.unschedulable(
+        f"pod group {group}: only {best} of the {need} required members fit"
+        + (f"; first failure: {first_failure}" if first_failure else ""), plugin=PLUGIN))
 
 
-def schedule_gangs(sched: Scheduler, gangs: dict[str, tuple[list[PodRequest], int]], waited_s: dict[str, float] | None = None,
-                   timeout_s: float = 600.0) -> dict[str, GangResult]:
-    """Try each gang in turn (never two holding tentative reservations at once)."""
+def schedule_gangs(sched: Scheduler, gangs: Mapping[str, tuple[Sequence[PodRequest], int]],
+                   waited_s: Mapping[str, float] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, GangResult]:
+    """Try complete gangs one at a time (priority, then name); never two with tentative reservations."""
     out = {}
-    for g, (members, mn) in sorted(gangs.items(), key=lambda kv: (-max(m.priority for m in kv[1][0]), kv[0])):
+    for g, (members, mn) in sorted(gangs.items(), key=lambda kv: (-max((m.priority for m in kv[1][0]), default=0), kv[0])):
         r = place_gang(sched, g, members, mn)
         if not r.ok and waited_s and waited_s.get(g, 0.0) > timeout_s:
-            r.status = Status.unresolvable(f"pod group {g}: gave up after {timeout_s:.0f} s: {r.status.message}", plugin="Gang")
+            r.status = Status.unresolvable(f"pod group {g}: gave up after {timeout_s:.0f} s: {r.status.message}", plugin=PLUGIN)
         out[g] = r
     return out
+
+
+# --- live gangs: members arriving over time, one hold at a time, timeouts ----------------------
+
+
+@dataclass
+class _Gang:
+    group: PodGroup
+    members: dict[str, PodRequest] = field(default_factory=dict)  # arrived, not yet placed
+    running: set[str] = field(default_factory=set)  # placed (committed)
+    since_s: float = 0.0  # in line since (reset when a hold times out)
+    placed: bool = False  # reached min_member once; later members go one by one
+
+
+class GangScheduler:
+    """Pod groups whose members arrive over time.
+
+    ``add`` a member when it appears, ``remove`` it when it leaves, call ``step(now)``
+    each scheduling round: it returns what was placed (commit: bind these) and why the
+    others wait.  At most one gang holds tentative reservations (``holder``).
+    """
+
+    def __init__(self, sched: Scheduler, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 topology_key: str | None = DEFAULT_TOPOLOGY_KEY) -> None:
+        self.sched = sched
+        self.timeout_s = timeout_s
+        self.topology_key = topology_key
+        self.gangs: dict[str, _Gang] = {}
+        self.holder: str | None = None
+        self._tx: Transaction | None = None
+        self._held: dict[str, Cycle] = {}
+        self._hold_since = 0.0
+        self.timeouts = 0  # holds released by timeout
+
+    # --- membership ---------------------------------------------------------------------
+    def add_group(self, g: PodGroup, now: float = 0.0) -> None:
+        cur = self.gangs.get(g.key)
+        if cur is None:
+            self.gangs[g.key] = _Gang(g, since_s=g.created_s or now)
+        else:
+            cur.group = g
+
+    def add(self, r: PodRequest, now: float = 0.0) -> None:
+        k = group_key(r)
+        if k is None:
+            raise ValueError(f"pod {r.key} has no pod group")
+        if k not in self.gangs:
+            self.gangs[k] = _Gang(PodGroup(r.pod_group, r.namespace, r.pod_group_min or 1, r.queue,  # type: ignore[arg-type]
+                                           self.timeout_s, r.priority, now), since_s=now)
+        g = self.gangs[k]
+        g.group.min_member = max(g.group.min_member, r.pod_group_min)
+        g.group.priority = max(g.group.priority, r.priority)
+        if r.key not in g.running:
+            g.members[r.key] = r
+
+    def remove(self, pod_key: str) -> None:
+        """A member left (deleted, finished): forget it, releasing a held or running reservation."""
+        for k, g in list(self.gangs.items()):
+            if pod_key in g.members:
+                del g.members[pod_key]
+                if pod_key in self._held:
+                    c = self._held.pop(pod_key)
+                    for p in reversed(self.sched.profile.reserves):
+                        p.unreserve(c, self.sched.state)
+                    self.sched.forget(pod_key)
+                    if self._tx is not None and pod_key in self._tx.reserved:
+                        self._tx.reserved.remove(pod_key)
+            if pod_key in g.running:
+                g.running.discard(pod_key)
+                self.sched.forget(pod_key)
+            if not g.members and not g.running and self.holder != k:
+                del self.gangs[k]
+
+    # --- the round ----------------------------------------------------------------------
+    def _order(self) -> list[str]:
+        return sorted(self.gangs, key=lambda k: (-self.gangs[k].group.priority, self.gangs[k].since_s, k))
+
+    def step(self, now: float) -> list[GangResult]:
+        out: list[GangResult] = []
+        if self.holder is not None:
+            out.append(self._advance_hold(now))
+        for k in self._order():
+            g = self.gangs[k]
+            if k == self.holder or not g.members:
+                continue
+            if g.placed:  # already running: late members go one by one, near the others
+                out.append(self._late_members(k, g))
+                continue
+            need = max(g.group.min_member - len(g.running), 1)
+            if len(g.members) >= need:
+                res = place_gang(self.sched, k, list(g.members.values()), need, self.topology_key)
+                if res.ok:
+                    self._mark_running(g, res.placed)
+                    out.append(res)
+                    continue
+                waited = now - g.since_s
+                if waited > g.group.timeout_s:
+                    res.status = Status.unschedulable(f"{res.status.reasons[0]}; waiting {waited:.0f} s "
+                                                      f"(past its {g.group.timeout_s:.0f} s timeout)", plugin=PLUGIN)
+                out.append(res)
+            elif self.holder is None:
+                out.append(self._start_hold(k, g, now))
+            else:
+                out.append(GangResult(k, [], Status.wait(
+                    f"pod group {k}: {len(g.members)} of {need} members arrived; gang {self.holder} holds the "
+                    f"tentative reservations, waiting for it", plugin=PLUGIN)))
+        return out
+
+    def _mark_running(self, g: _Gang, placed: Sequence[Decision]) -> None:
+        for d in placed:
+            g.members.pop(d.pod_key, None)
+            g.running.add(d.pod_key)
+        g.placed = True
+
+    def _late_members(self, k: str, g: _Gang) -> GangResult:
+        res = GangResult(k)
+        used = [self.sched.state.index[a.node] for p in g.running if (a := self.sched.state.assignments.get(p))]
+        for r in list(g.members.values()):
+            with self.sched.state.transaction() as tx:
+                dec, _ = _try_place(self.sched, tx, r, np.ones(len(self.sched.state), dtype=bool), used)
+                if dec.ok:
+                    tx.commit()
+                    res.placed.append(dec)
+        self._mark_running(g, res.placed)
+        g.placed = True
+        if g.members:
+            res.status = Status.unschedulable(f"pod group {k}: {len(g.members)} extra member(s) do not fit yet", plugin=PLUGIN)
+        return res
+
+    def _start_hold(self, k: str, g: _Gang, now: float) -> GangResult:
+        self.holder = k
+        self._tx = Transaction(self.sched.state)
+        self._held = {}
+        self._hold_since = now
+        return self._advance_hold(now)
+
+    def _advance_hold(self, now: float) -> GangResult:
+        k = self.holder
+        assert k is not None and self._tx is not None
+        g = self.gangs[k]
+        st = self.sched.state
+        used = sorted({st.index[st.assignments[p].node] for p in self._held if p in st.assignments})
+        everywhere = np.ones(len(st), dtype=bool)
+        for r in g.members.values():
+            if r.key in self._held:
+                continue
+            dec, cycle = _try_place(self.sched, self._tx, r, everywhere, used)
+            if dec.ok:
+                self._held[r.key] = cycle
+        need = max(g.group.min_member - len(g.running), 1)
+        if len(self._held) >= need:  # complete: commit the hold
+            placed = [Decision(p, Status.success(), st.assignments[p]) for p in self._held]
+            self._tx.commit()
+            self._end_hold()
+            self._mark_running(g, placed)
+            return GangResult(k, placed)
+        if now - self._hold_since > g.group.timeout_s:
+            n = len(self._held)
+            _release(self.sched, self._tx, list(self._held.values()))
+            self._end_hold()
+            self.timeouts += 1
+            g.since_s = now  # to the back of the line: the next gang may hold
+            return GangResult(k, [], Status.unschedulable(
+                f"pod group {k}: timed out after {g.group.timeout_s:.0f} s with {n} of {need} members reserved; "
+                f"released its reservations", plugin=PLUGIN))
+        return GangResult(k, [], Status.wait(
+            f"pod group {k}: holding {len(self._held)} of {need} members, {len(g.members)} arrived", plugin=PLUGIN))
+
+    def _end_hold(self) -> None:
+        self.holder = None
+        self._tx = None
+        self._held = {}
+
+    @property
+    def held(self) -> list[str]:
+        """Pods with tentative (uncommitted) reservations right now."""
+        return list(self._held)
+
+
+__all__ = ["GangResult", "GangScheduler", "PodGroup", "group_key", "groups_from_pods", "place_gang", "schedule_gangs",
+           "DEFAULT_TOPOLOGY_KEY"]

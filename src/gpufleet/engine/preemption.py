@@ -1,22 +1,68 @@
-"""Priority preemption: the fewest lower-priority victims that make a pod fit.
+"""Priority preemption: the smallest set of lower-priority victims that makes a pod fit.
 
-For each node, candidate victims are pods of lower priority, taken lowest
-priority and youngest first (whole pod groups together), evicted tentatively
-inside a transaction until the pod fits; then victims that turn out not to be
-needed are put back (reprieved), as kube-scheduler does.  A victim protected
-by a PodDisruptionBudget with no disruptions left is skipped.  Nodes are compared like kube-scheduler does: the lowest highest-victim
-priority, then the lowest sum of victim priorities, then the fewest victims.
-``find_victims`` only plans (a dry run, for ``gpufleet explain``);
-``preempt`` carries the plan out.
+Why: a high-priority pod (Kubernetes ``PriorityClass`` value in
+``PodRequest.priority``) that does not fit should displace as little work as
+possible, never pods of its own or higher priority, never a pod whose
+PodDisruptionBudget has no disruption left, and never half a gang (a gang
+member's eviction takes its whole pod group, on every node).
+
+Per node: victims are *units* (a pod, or a whole pod group) of lower priority.
+The planner evicts units tentatively inside a ``ClusterState`` transaction --
+lowest priority, youngest first -- until the pod fits, puts back units that
+turn out not to be needed (kube-scheduler's reprieve), then searches smaller
+combinations (bounded) for a set with fewer victims.  Nodes are compared by
+the number of victim pods, then the highest victim priority, then the sum of
+victim priorities.  Every evaluation rolls back: ``find_victims`` is a dry run
+(its ``explanation`` feeds ``gpufleet explain``); ``preempt`` carries it out.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
+from .errors import ConfigError
 from .framework import Scheduler
 from .model import Assignment, PodRequest
+
+MAX_CHECKS_PER_NODE = 256  # fit checks spent looking for a smaller set than the greedy one
+
+
+@dataclass(frozen=True)
+class PodDisruptionBudget:
+    """A PodDisruptionBudget as data: which pods it covers and how many may go now."""
+
+    name: str
+    namespace: str
+    match_labels: tuple[tuple[str, str], ...]
+    disruptions_allowed: int
+
+    def covers(self, pod_key: str, labels: Mapping[str, str]) -> bool:
+        ns = pod_key.split("/", 1)[0]
+        return ns == self.namespace and all(labels.get(k) == v for k, v in self.match_labels)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "PodDisruptionBudget":
+        """A ``policy/v1`` PodDisruptionBudget with its status (``status.disruptionsAllowed``)."""
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not name:
+            raise ConfigError("PodDisruptionBudget: field metadata.name is required")
+        ns = meta.get("namespace") or "default"  # type: ignore[union-attr]
+        where = f"PodDisruptionBudget {ns}/{name}"
+        sel = (obj.get("spec") or {}).get("selector") or {}
+        if sel.get("matchExpressions"):
+            raise ConfigError(f"{where}: field spec.selector.matchExpressions: not supported, use matchLabels")
+        ml = sel.get("matchLabels") or {}
+        if not isinstance(ml, Mapping):
+            raise ConfigError(f"{where}: field spec.selector.matchLabels: expected an object")
+        allowed = (obj.get("status") or {}).get("disruptionsAllowed", 0)
+        if not isinstance(allowed, int) or isinstance(allowed, bool) or allowed < 0:
+            raise ConfigError(f"{where}: field status.disruptionsAllowed: must be a non-negative integer, got {allowed!r}")
+        return cls(name, ns, tuple(sorted(ml.items())), allowed)
 
 
 @dataclass
@@ -26,71 +72,179 @@ class Plan:
     explanation: list[str] = field(default_factory=list)
 
 
-def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None,
-                 age_rank: Mapping[str, int] | None = None) -> Plan | None:
-    st = sched.state
-    pdb_allows = pdb_allows or (lambda a: True)
-    order = age_rank or {k: i for i, k in enumerate(st.assignments)}  # later = younger
-    best: Plan | None = None
-    for node in [n.name for n in st.nodes]:
-        cands = [st.assignments[k] for k in st.pods_on_node.get(node, ()) if st.assignments[k].priority < r.priority]
-        if not cands:
-            continue
-        # whole pod groups go together
-        groups: dict[str, list[Assignment]] = {}
-        for a in cands:
-            groups.setdefault(a.pod_group or a.pod_key, []).append(a)
-        units = sorted(groups.values(), key=lambda g: (min(a.priority for a in g), -max(order.get(a.pod_key, 0) for a in g)))
-        units = [u for u in units if all(pdb_allows(a) for a in u)]
-        with st.transaction() as tx:
-            evicted: list[list[Assignment]] = []
-            fits = False
-            for u in units:
-                for a in u:
-                    tx.evict(a.pod_key)
-                evicted.append(u)
-                if _fits_on(sched, r, node):
-                    fits = True
-                    break
-            if not fits:
-                continue  # rolled back
-            # reprieve: put back victims (highest priority first) that are not needed
-            for u in sorted(evicted, key=lambda g: -max(a.priority for a in g)):
-                for a in u:
-                    st.reserve(a)
-                if _fits_on(sched, r, node):
-                    evicted.remove(u)
-                    tx.removed = [x for x in tx.removed if x not in u]
-                else:
-                    for a in u:
-                        st.unreserve(a.pod_key)
-            victims = [a for u in evicted for a in u]
-            plan = Plan(node, victims, [f"evict {a.pod_key} (priority {a.priority})" for a in victims])
-            if best is None or _rank(victims) < _rank(best.victims):
-                best = plan
-            # the transaction rolls back: planning changes nothing
-    if best:
-        best.explanation.insert(0, f"{r.key} fits on {best.node} after evicting {len(best.victims)} lower-priority pod(s)")
-    return best
+def _budget_check(pdbs: Sequence[PodDisruptionBudget], labels_of: Mapping[str, Mapping[str, str]],
+                  victims: Iterable[Assignment]) -> str | None:
+    """The first PDB the victims would break, as a phrase, or None."""
+    if not pdbs:
+        return None
+    vs = list(victims)
+    for b in pdbs:
+        n = sum(1 for a in vs if b.covers(a.pod_key, labels_of.get(a.pod_key, {})))
+        if n > b.disruptions_allowed:
+            return f"PodDisruptionBudget {b.namespace}/{b.name} allows {b.disruptions_allowed} disruption(s)"
+    return None
 
 
-def _rank(victims: list[Assignment]) -> tuple[int, int, int]:
-    return (max(a.priority for a in victims), sum(a.priority for a in victims), len(victims))
+def _rank(victims: Sequence[Assignment]) -> tuple[int, int, int]:
+    return (len(victims), max((a.priority for a in victims), default=-(1 << 62)), sum(a.priority for a in victims))
 
 
-def _fits_on(sched: Scheduler, r: PodRequest, node: str) -> bool:
-    import numpy as np
-
-    mask = np.zeros(len(sched.state), dtype=bool)
-    mask[sched.state.index[node]] = True
+def _fits_on(sched: Scheduler, r: PodRequest, node: int) -> bool:
     c = sched.new_cycle(r)
+    mask = np.zeros(len(sched.state), dtype=bool)
+    mask[node] = True
     c.only_nodes = mask
     return sched.decide(c).ok
 
 
-def preempt(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None) -> Plan | None:
-    plan = find_victims(sched, r, pdb_allows)
+def _could_fit(sched: Scheduler, r: PodRequest, node: int, freed: Sequence[Assignment]) -> bool:
+    """Cheap necessary condition: enough CPU, memory, GPU share on the node once ``freed`` go."""
+    st = sched.state
+    here = [a for a in freed if a.node == st.nodes[node].name]
+    cpu = st.cpu_free[node] + sum(a.cpu_milli for a in here)
+    mem = st.mem_free[node] + sum(a.memory_mib for a in here)
+    gpu = st.gpu_free_milli[node].sum() + sum(a.gpu_milli * len(a.gpu_indices) for a in here)
+    return cpu >= r.cpu_milli and mem >= r.memory_mib and gpu >= (0 if r.mig_profile else r.total_gpu_milli)
+
+
+def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None,
+                 age_rank: Mapping[str, int] | None = None, pdbs: Sequence[PodDisruptionBudget] = (),
+                 pod_labels: Mapping[str, Mapping[str, str]] | None = None,
+                 notes: list[str] | None = None) -> Plan | None:
+    """The best node and the fewest lower-priority victims there; a dry run (changes nothing).
+
+    ``pdb_allows`` may veto single pods; ``pdbs`` (with ``pod_labels``: pod key -> labels)
+    are budgets the whole victim set must respect.  ``age_rank``: pod key -> order of
+    creation (larger = younger); default: the order the pods were placed.  ``notes``
+    collects why other nodes were not chosen.
+    """
+    st = sched.state
+    labels = pod_labels or {}
+    allows = pdb_allows or (lambda a: True)
+    order = age_rank if age_rank is not None else {k: i for i, k in enumerate(st.assignments)}
+    by_group: dict[str, list[Assignment]] = {}
+    for a in st.assignments.values():
+        if a.pod_group:
+            by_group.setdefault(f"{a.pod_key.split('/', 1)[0]}/{a.pod_group}", []).append(a)
+    best: Plan | None = None
+    no_lower = too_small = 0
+    protected: dict[str, int] = {}
+    for i, node in enumerate(st.nodes):
+        keys = sorted(st.pods_on_node.get(node.name, ()))
+        units: list[list[Assignment]] = []
+        seen: set[str] = set()
+        for k in keys:
+            a = st.assignments[k]
+            if k in seen or a.priority >= r.priority:
+                continue
+            unit = by_group.get(f"{k.split('/', 1)[0]}/{a.pod_group}", [a]) if a.pod_group else [a]
+            seen.update(b.pod_key for b in unit)
+            if any(b.priority >= r.priority for b in unit):
+                continue  # a gang with a member we may not evict
+            why = next((b.pod_key for b in unit if not allows(b)), None)
+            if why is None and pdbs:
+                why = _budget_check(pdbs, labels, unit) and unit[0].pod_key
+            if why:
+                protected[why] = protected.get(why, 0) + 1
+                continue
+            units.append(unit)
+        if not units:
+            no_lower += 1
+            continue
+        units.sort(key=lambda u: (max(a.priority for a in u), -max(order.get(a.pod_key, 0) for a in u)))
+        allv = [a for u in units for a in u]
+        if not _could_fit(sched, r, i, allv):
+            too_small += 1
+            continue
+        plan = _plan_node(sched, r, i, units, pdbs, labels)
+        if plan is None:
+            too_small += 1
+            continue
+        if best is None or _rank(plan.victims) < _rank(best.victims):
+            best = plan
+    if notes is not None:
+        if no_lower:
+            notes.append(f"{no_lower} node(s) run no pod of lower priority than {r.priority} that may be evicted")
+        if too_small:
+            notes.append(f"{too_small} node(s) would not fit {r.key} even after evicting every lower-priority pod")
+        for k, n in sorted(protected.items()):
+            notes.append(f"{k} is protected (PodDisruptionBudget or gang with higher priority), not a victim")
+    if best is not None:
+        best.explanation.insert(0, f"{r.key} (priority {r.priority}) fits on {best.node} after evicting "
+                                   f"{len(best.victims)} lower-priority pod(s)")
+    return best
+
+
+def _plan_node(sched: Scheduler, r: PodRequest, i: int, units: list[list[Assignment]],
+               pdbs: Sequence[PodDisruptionBudget], labels: Mapping[str, Mapping[str, str]]) -> Plan | None:
+    st = sched.state
+    node = st.nodes[i].name
+    checks = 0
+
+    def fits_without(chosen: Sequence[list[Assignment]]) -> bool:
+        nonlocal checks
+        victims = [a for u in chosen for a in u]
+        if _budget_check(pdbs, labels, victims) or not _could_fit(sched, r, i, victims):
+            return False
+        checks += 1
+        with st.transaction() as tx:
+            for a in victims:
+                tx.evict(a.pod_key)
+            return _fits_on(sched, r, i)  # the transaction rolls back
+
+    # greedy: lowest priority, youngest first, until it fits (within the PDB budgets)
+    greedy: list[list[Assignment]] = []
+    for u in units:
+        if _budget_check(pdbs, labels, [a for g in greedy + [u] for a in g]):
+            continue
+        greedy.append(u)
+        if fits_without(greedy):
+            break
+    else:
+        return None
+    # reprieve: put back (highest priority, oldest first) what is not needed
+    for u in sorted(greedy, key=lambda u: -max(a.priority for a in u)):
+        rest = [g for g in greedy if g is not u]
+        if fits_without(rest):
+            greedy = rest
+    best = greedy
+    best_rank = _rank([a for u in best for a in u])
+    # a smaller set? combinations of fewer units, while the check budget lasts
+    for size in range(1, len(best)):
+        for combo in itertools.combinations(units, size):
+            if checks >= MAX_CHECKS_PER_NODE:
+                break
+            vs = [a for u in combo for a in u]
+            if _rank(vs) < best_rank and fits_without(list(combo)):
+                best, best_rank = list(combo), _rank(vs)
+        if checks >= MAX_CHECKS_PER_NODE:
+            break
+    victims = [a for u in best for a in u]
+    lines = []
+    for a in victims:
+        extra = (f", pod group {a.pod_group}" if a.pod_group else "") + (f", queue {a.queue}" if a.queue else "")
+        lines.append(f"evict {a.pod_key} on {a.node} (priority {a.priority}{extra})")
+    return Plan(node, victims, lines)
+
+
+def explain_preemption(sched: Scheduler, r: PodRequest, **kw: Any) -> list[str]:
+    """Dry-run lines for ``gpufleet explain``: the plan, or why there is none."""
+    notes: list[str] = []
+    plan = find_victims(sched, r, notes=notes, **kw)
+    if plan is None:
+        return [f"preemption (dry run): no set of lower-priority pods would make room for {r.key} "
+                f"(priority {r.priority})"] + notes
+    return ["preemption (dry run): " + plan.explanation[0]] + plan.explanation[1:]
+
+
+def preempt(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None,
+            **kw: Any) -> Plan | None:
+    """Plan, then release the victims in the snapshot (the adapter deletes the pods)."""
+    plan = find_victims(sched, r, pdb_allows, **kw)
     if plan:
         for a in plan.victims:
             sched.forget(a.pod_key)
     return plan
+
+
+__all__ = ["Plan", "PodDisruptionBudget", "explain_preemption", "find_victims", "preempt"]

@@ -1,186 +1,620 @@
 """Team queues: quotas with borrowing, fair share by dominant resource, reclaim.
 
-A queue has a nominal quota per resource and may borrow up to
-``borrowing_limit`` more from what other queues leave idle (Kueue's cohort
-model).  Usage is counted from the assignments in ``ClusterState`` -- the
-single source of truth -- so it survives restarts like everything else.
-Admission is a PreFilter plugin: a pod that would push its queue over
-quota + what it may borrow waits, with a reason that says which resource.
+Why: a shared cluster needs each team to have a guaranteed share (its
+*nominal quota*), the right to use what others leave idle (*borrowing*, up to
+an optional *borrowing limit*), a fair order among teams that all want more
+(weighted dominant resource fairness), and a way to get guaranteed quota back
+(*reclaim*: preempt borrowed pods, lowest priority and youngest first).  The
+model is Kueue's cohort: all root queues together form one pool of quota.
 
-Resources: ``gpu_milli`` (1000 per whole GPU), ``cpu_milli``, ``memory_mib``
-and ``mig:<profile>`` counts.
+Usage is counted from the assignments in ``ClusterState`` -- the single source
+of truth, so it survives restarts like everything else -- and kept up to date
+incrementally.  Admission is a plugin (``QueueQuota``) at PreFilter (fast,
+from the request) and at Reserve (exact, from the chosen devices: a whole GPU
+takes its whole memory).
+
+Resources: ``gpu_milli`` (1000 per whole GPU), ``gpu_memory_mib``,
+``cpu_milli``, ``memory_mib`` and ``mig:<profile>`` instance counts.  A
+resource no queue on the path sets a quota for is not limited.
+
+Hierarchy: a queue may name a parent.  A parent's usage is the sum of its
+children's; a parent with no quota of its own for a resource has the sum of its
+children's.  A pod must fit every queue on its path within quota + borrowing
+limit; past its own quota it borrows from the lowest ancestor that still has
+idle quota, and at the top from the pool of all root queues.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+import heapq
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from .errors import ConfigError
+from . import annotations as ann
+from .errors import ConfigError, GpufleetError
 from .framework import Cycle
 from .model import GPU_MILLI, Assignment, PodRequest
-from .quantity import to_mib, to_milli
+from .quantity import to_int, to_mib, to_milli
 from .state import ClusterState
 from .status import Status
 
-RESOURCES = ("gpu_milli", "cpu_milli", "memory_mib")
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import Registry
+    from .framework import Scheduler
+
+RESOURCES = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
+PLUGIN = "QueueQuota"
+
+Vector = dict[str, int]
 
 
-def request_vector(r: PodRequest | Assignment) -> dict[str, int]:
+# --- resource vectors ------------------------------------------------------------------------
+
+
+def request_vector(r: PodRequest | Assignment) -> Vector:
+    """What a pod (request) or a placed pod (assignment) counts against its queue.
+
+    A request for whole GPUs does not know their memory before a node is chosen:
+    it counts 0 GPU memory here and the exact amount at Reserve.
+    """
     if isinstance(r, PodRequest):
-        v = {"gpu_milli": r.total_gpu_milli if not r.mig_profile else 0, "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
+        v = {"gpu_milli": 0 if r.mig_profile else r.total_gpu_milli,
+             "gpu_memory_mib": r.gpu_count * r.gpu_memory_mib if r.shared_gpu else 0,
+             "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
         if r.mig_profile:
             v[f"mig:{r.mig_profile}"] = r.gpu_count
         return v
-    v = {"gpu_milli": len(r.gpu_indices) * r.gpu_milli, "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
+    v = {"gpu_milli": len(r.gpu_indices) * r.gpu_milli, "gpu_memory_mib": sum(r.gpu_memory_mib),
+         "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
     if r.mig_profile:
         v[f"mig:{r.mig_profile}"] = len(r.mig)
     return v
 
 
+def _add(into: Vector, v: Mapping[str, int], sign: int = 1) -> None:
+    for k, x in v.items():
+        if x:
+            into[k] = into.get(k, 0) + sign * x
+
+
+def fmt_amount(resource: str, value: int) -> str:
+    """An amount as a person reads it: GPUs, cores, Mi/Gi."""
+    if resource == "gpu_milli":
+        return f"{value // GPU_MILLI}" if value % GPU_MILLI == 0 else f"{value / GPU_MILLI:.3g}"
+    if resource == "cpu_milli":
+        return f"{value // 1000}" if value % 1000 == 0 else f"{value}m"
+    if resource.endswith("_mib"):
+        return f"{value // 1024}Gi" if value % 1024 == 0 and value else f"{value}Mi"
+    return str(value)
+
+
+def resource_label(resource: str) -> str:
+    return {"gpu_milli": "GPU", "gpu_memory_mib": "GPU memory", "cpu_milli": "CPU", "memory_mib": "memory"}.get(
+        resource, f"MIG {resource[4:]}" if resource.startswith("mig:") else resource)
+
+
+# --- the Queue object --------------------------------------------------------------------------
+
+
 @dataclass
 class Queue:
     name: str
-    quota: dict[str, int]
-    borrowing_limit: dict[str, int] = field(default_factory=dict)  # absent: may borrow without limit
+    quota: Vector = field(default_factory=dict)  # nominal, per resource
+    borrowing_limit: Vector = field(default_factory=dict)  # per resource; absent: may borrow without limit
     weight: int = 1
     parent: str | None = None
+    namespaces: tuple[str, ...] = ()  # namespaces whose pods go here
+    namespace_selector: dict[str, str] = field(default_factory=dict)  # matchLabels on the namespace
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "Queue":
-        """A ``gpufleet.io/v1alpha1`` Queue custom resource."""
-        name = (obj.get("metadata") or {}).get("name") or ""
+        """A ``gpufleet.io/v1alpha1`` Queue custom resource; ConfigError names the object and field."""
+        if not isinstance(obj, Mapping):
+            raise ConfigError(f"Queue: expected an object, got {type(obj).__name__}")
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not name or not isinstance(name, str):
+            raise ConfigError("Queue: field metadata.name is required")
+        where = f"Queue {name}"
+        if obj.get("kind", "Queue") != "Queue":
+            raise ConfigError(f"{where}: field kind: expected Queue, got {obj.get('kind')!r}")
         spec = obj.get("spec") or {}
-        if not name:
-            raise ConfigError("Queue: metadata.name is required")
-
-        def res(field_: str, raw: Mapping[str, Any]) -> dict[str, int]:
-            out = {}
-            for k, v in (raw or {}).items():
-                try:
-                    if k == "nvidia.com/gpu":
-                        out["gpu_milli"] = int(v) * GPU_MILLI
-                    elif k == "gpu-milli":
-                        out["gpu_milli"] = int(v)
-                    elif k == "cpu":
-                        out["cpu_milli"] = to_milli(v)
-                    elif k == "memory":
-                        out["memory_mib"] = to_mib(v)
-                    elif k.startswith("nvidia.com/mig-"):
-                        out[f"mig:{k[len('nvidia.com/mig-'):]}"] = int(v)
-                    else:
-                        raise ConfigError(f"Queue {name}: spec.{field_}.{k}: unknown resource")
-                except (ValueError, TypeError) as exc:
-                    raise ConfigError(f"Queue {name}: spec.{field_}.{k}: {exc}") from None
-                except ConfigError:
-                    raise
-                except Exception as exc:  # InvalidQuantity
-                    raise ConfigError(f"Queue {name}: spec.{field_}.{k}: {exc}") from None
-            return out
-
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{where}: field spec: expected an object")
+        unknown = set(spec) - {"quota", "borrowingLimit", "weight", "parent", "namespaces", "namespaceSelector"}
+        if unknown:
+            raise ConfigError(f"{where}: field spec.{sorted(unknown)[0]}: unknown field")
+        quota = parse_resources(spec.get("quota"), f"{where}: field spec.quota")
+        borrow = parse_resources(spec.get("borrowingLimit"), f"{where}: field spec.borrowingLimit")
         w = spec.get("weight", 1)
-        if not isinstance(w, int) or w <= 0:
-            raise ConfigError(f"Queue {name}: spec.weight must be a positive integer, got {w!r}")
-        return cls(name, res("quota", spec.get("quota")), res("borrowingLimit", spec.get("borrowingLimit")) if "borrowingLimit" in spec else {},
-                   w, spec.get("parent"))
+        if not isinstance(w, int) or isinstance(w, bool) or w <= 0:
+            raise ConfigError(f"{where}: field spec.weight: must be a positive integer, got {w!r}")
+        parent = spec.get("parent")
+        if parent is not None and (not isinstance(parent, str) or not parent):
+            raise ConfigError(f"{where}: field spec.parent: must be a queue name, got {parent!r}")
+        if parent == name:
+            raise ConfigError(f"{where}: field spec.parent: a queue cannot be its own parent")
+        nss = spec.get("namespaces") or []
+        if not isinstance(nss, list) or not all(isinstance(x, str) for x in nss):
+            raise ConfigError(f"{where}: field spec.namespaces: must be a list of namespace names")
+        sel = spec.get("namespaceSelector") or {}
+        if not isinstance(sel, Mapping):
+            raise ConfigError(f"{where}: field spec.namespaceSelector: expected an object")
+        ml = sel.get("matchLabels", {}) or {}
+        if set(sel) - {"matchLabels"} or not isinstance(ml, Mapping) or not all(isinstance(v, str) for v in ml.values()):
+            raise ConfigError(f"{where}: field spec.namespaceSelector: only matchLabels (string values) is supported")
+        return cls(name, quota, borrow, w, parent, tuple(nss), dict(ml))
+
+
+def parse_resources(raw: Any, where: str) -> Vector:
+    """Quota resources by their Kubernetes names -> engine units."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected an object of resource: amount")
+    out: Vector = {}
+    for k, v in raw.items():
+        try:
+            if k in ("nvidia.com/gpu", "gpus"):
+                key, val = "gpu_milli", to_milli(v)  # "8" -> 8000, "500m" -> half a GPU
+            elif k in ("gpu-milli", ann.GPU_MILLI):
+                key, val = "gpu_milli", to_int(v)
+            elif k in ("gpu-memory", ann.GPU_MEMORY):
+                key, val = "gpu_memory_mib", to_mib(v)
+            elif k == "cpu":
+                key, val = "cpu_milli", to_milli(v)
+            elif k == "memory":
+                key, val = "memory_mib", to_mib(v)
+            elif isinstance(k, str) and k.startswith("nvidia.com/mig-") and len(k) > len("nvidia.com/mig-"):
+                key, val = f"mig:{k[len('nvidia.com/mig-'):]}", to_int(v)
+            else:
+                raise ConfigError(f"{where}.{k}: unknown resource (known: nvidia.com/gpu, gpu-milli, gpu-memory, "
+                                  f"cpu, memory, nvidia.com/mig-<profile>)")
+        except ConfigError:
+            raise
+        except (GpufleetError, ValueError, TypeError) as exc:
+            raise ConfigError(f"{where}.{k}: {exc}") from None
+        if isinstance(v, bool) or val < 0:
+            raise ConfigError(f"{where}.{k}: must be a non-negative amount, got {v!r}")
+        out[key] = out.get(key, 0) + val
+    return out
+
+
+def load_queues(objs: Iterable[Any]) -> tuple[list[Queue], list[str]]:
+    """Parse many Queue objects; a bad one is reported and skipped, never fatal."""
+    out: list[Queue] = []
+    errors: list[str] = []
+    seen: set[str] = set()
+    for o in objs:
+        try:
+            q = Queue.from_json(o)
+        except ConfigError as exc:
+            errors.append(str(exc))
+            continue
+        if q.name in seen:
+            errors.append(f"Queue {q.name}: defined twice; the first one is used")
+            continue
+        seen.add(q.name)
+        out.append(q)
+    return out, errors
+
+
+# --- namespace -> queue ----------------------------------------------------------------------
+
+
+def namespace_queue(ns: Mapping[str, Any]) -> str | None:
+    """The queue a Namespace object names by label or annotation ``gpufleet.io/queue`` (annotation wins)."""
+    meta = ns.get("metadata") or {}
+    a = (meta.get("annotations") or {}).get(ann.QUEUE)
+    return a or (meta.get("labels") or {}).get(ann.QUEUE) or None
+
+
+class NamespaceQueues:
+    """Which queue a pod goes to: its own annotation, else its namespace's label/annotation,
+    else a queue that lists the namespace or whose namespaceSelector matches its labels."""
+
+    def __init__(self, queues: Iterable[Queue], namespaces: Iterable[Mapping[str, Any]] = ()):
+        self.queues = list(queues)
+        self.labels: dict[str, dict[str, str]] = {}
+        self.named: dict[str, str] = {}
+        for ns in namespaces:
+            self.update_namespace(ns)
+
+    def update_namespace(self, ns: Mapping[str, Any]) -> None:
+        meta = ns.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        self.labels[name] = dict(meta.get("labels") or {})
+        q = namespace_queue(ns)
+        if q:
+            self.named[name] = q
+        else:
+            self.named.pop(name, None)
+
+    def queue_for_namespace(self, namespace: str) -> str | None:
+        if namespace in self.named:
+            return self.named[namespace]
+        labels = self.labels.get(namespace, {})
+        for q in sorted(self.queues, key=lambda q: q.name):  # deterministic when several match
+            if namespace in q.namespaces:
+                return q.name
+        for q in sorted(self.queues, key=lambda q: q.name):
+            if q.namespace_selector and all(labels.get(k) == v for k, v in q.namespace_selector.items()):
+                return q.name
+        return None
+
+    def apply(self, r: PodRequest) -> PodRequest:
+        if r.queue:
+            return r
+        q = self.queue_for_namespace(r.namespace)
+        return replace(r, queue=q) if q else r
+
+
+# --- the tree -------------------------------------------------------------------------------
+
+
+@dataclass
+class ReclaimPlan:
+    """Borrowed pods to preempt so that ``pod`` (within its queue's quota) fits."""
+
+    pod: str
+    queue: str
+    victims: list[Assignment]
+    explanation: list[str] = field(default_factory=list)
 
 
 class QueueTree:
-    """All queues and their usage (recomputed from the cluster state on demand)."""
+    """All queues, their usage (kept in step with the cluster state) and the decisions on them."""
 
     def __init__(self, queues: Iterable[Queue], state: ClusterState) -> None:
-        self.queues = {q.name: q for q in queues}
+        self.queues: dict[str, Queue] = {}
+        for q in queues:
+            if q.name in self.queues:
+                raise ConfigError(f"Queue {q.name}: defined twice")
+            self.queues[q.name] = q
         self.state = state
+        self.children: dict[str, list[str]] = {n: [] for n in self.queues}
         for q in self.queues.values():
-            if q.parent and q.parent not in self.queues:
-                raise ConfigError(f"Queue {q.name}: parent {q.parent!r} does not exist")
-
-    def usage(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {n: {} for n in self.queues}
-        for a in self.state.assignments.values():
-            if a.queue in out:
-                for k, v in request_vector(a).items():
-                    out[a.queue][k] = out[a.queue].get(k, 0) + v
-        # a parent's usage includes its children's
-        for name in list(out):
-            p = self.queues[name].parent
+            if q.parent:
+                if q.parent not in self.queues:
+                    raise ConfigError(f"Queue {q.name}: field spec.parent: queue {q.parent!r} does not exist")
+                self.children[q.parent].append(q.name)
+        for q in self.queues.values():  # no cycles
+            seen = {q.name}
+            p = q.parent
             while p:
-                for k, v in out[name].items():
-                    out[p][k] = out[p].get(k, 0) + v
+                if p in seen:
+                    raise ConfigError(f"Queue {q.name}: field spec.parent: the parent chain loops back through {p!r}")
+                seen.add(p)
                 p = self.queues[p].parent
+        self.roots = [n for n, q in self.queues.items() if not q.parent]
+        self._paths = {n: self._path(n) for n in self.queues}
+        self._nominal: dict[tuple[str, str], int | None] = {}
+        self._use: dict[str, Vector] = {n: {} for n in self.queues}
+        self._counted: dict[str, Assignment] = {}
+        self._key: tuple | None = None
+        self.order_seq: dict[str, int] = {}  # pod key -> when first counted (age: larger = younger)
+        self._seq = 0
+
+    def _path(self, name: str) -> list[str]:
+        out = []
+        n: str | None = name
+        while n:
+            out.append(n)
+            n = self.queues[n].parent
         return out
 
-    def admit(self, r: PodRequest) -> Status:
-        if not r.queue:
-            return Status.success()
-        if r.queue not in self.queues:
-            return Status.unresolvable(f"queue {r.queue!r} does not exist", plugin="QueueQuota")
-        use = self.usage()
-        want = request_vector(r)
-        roots = [q for q in self.queues.values() if not q.parent]
-        # what all queues together may hand out (idle quota of others can be borrowed)
-        total_quota = {k: sum(q.quota.get(k, 0) for q in roots) for k in want}  # per resource
-        total_use = {k: sum(use[q.name].get(k, 0) for q in roots) for k in want}
-        name: str | None = r.queue
-        while name:
+    def path(self, name: str) -> list[str]:
+        """The queue and its ancestors, leaf first."""
+        return self._paths[name]
+
+    def nominal(self, name: str, resource: str) -> int | None:
+        """A queue's nominal quota for a resource; a parent without its own is the sum of its children's."""
+        k = (name, resource)
+        if k not in self._nominal:
             q = self.queues[name]
-            u = use[name]
-            for k, v in want.items():
-                if not v or k not in q.quota:  # no quota set for a resource: not limited by this queue
+            if resource in q.quota:
+                v: int | None = q.quota[resource]
+            else:
+                kids = [self.nominal(c, resource) for c in self.children[name]]
+                kids_set = [x for x in kids if x is not None]
+                v = sum(kids_set) if kids_set else None
+            self._nominal[k] = v
+        return self._nominal[k]
+
+    def pool(self, resource: str) -> int | None:
+        """What all root queues together guarantee: the quota there is to lend."""
+        vals = [self.nominal(r, resource) for r in self.roots]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) if vals else None
+
+    # --- usage ----------------------------------------------------------------------------
+    def _sync(self) -> None:
+        st = self.state
+        key = (id(st.assignments), st.epoch, int(st.version.sum()), len(st.assignments))
+        if key == self._key:
+            return
+        cur = st.assignments
+        counted = self._counted
+        for k in list(counted.keys() - cur.keys()):
+            self._count(counted.pop(k), -1)
+        for k, a in cur.items():
+            old = counted.get(k)
+            if old is a:
+                continue
+            if old is not None:
+                self._count(old, -1)
+            counted[k] = a
+            if k not in self.order_seq:
+                self._seq += 1
+                self.order_seq[k] = self._seq
+            self._count(a, +1)
+        if len(self.order_seq) > 2 * len(cur) + 1024:  # forget pods long gone
+            self.order_seq = {k: v for k, v in self.order_seq.items() if k in cur}
+        self._key = key
+
+    def _count(self, a: Assignment, sign: int) -> None:
+        if a.queue not in self.queues:
+            return
+        v = request_vector(a)
+        for n in self._paths[a.queue]:
+            _add(self._use[n], v, sign)
+
+    def usage(self) -> dict[str, Vector]:
+        """Usage per queue (a parent's includes its children's); a copy."""
+        self._sync()
+        return {n: dict(u) for n, u in self._use.items()}
+
+    def used(self, name: str, resource: str) -> int:
+        self._sync()
+        return self._use[name].get(resource, 0)
+
+    def age_rank(self, pod_key: str) -> int:
+        """Larger = younger (seen later); pods never counted rank youngest."""
+        self._sync()
+        return self.order_seq.get(pod_key, 1 << 62)
+
+    # --- admission ------------------------------------------------------------------------
+    def check(self, queue: str | None, want: Mapping[str, int], use: Mapping[str, Mapping[str, int]] | None = None) -> Status:
+        """Would adding ``want`` to ``queue`` keep every queue within quota + what it may borrow?"""
+        if not queue:
+            return Status.success()
+        if queue not in self.queues:
+            return Status.unresolvable(f"queue {queue!r} does not exist", plugin=PLUGIN)
+        if use is None:
+            self._sync()
+            use = self._use
+        path = self._paths[queue]
+        for k, v in want.items():
+            if v <= 0:
+                continue
+            for n in path:  # hard limits: quota + borrowing limit, at every level
+                nom = self.nominal(n, k)
+                if nom is None or k not in self.queues[n].borrowing_limit:
                     continue
-                nominal = q.quota.get(k, 0)
-                limit = nominal + q.borrowing_limit[k] if k in q.borrowing_limit else None
-                if limit is not None and u.get(k, 0) + v > limit:
-                    return Status.unschedulable(
-                        f"queue {q.name}: {k} quota {nominal} + borrowing limit {q.borrowing_limit[k]} exhausted "
-                        f"({u.get(k, 0)} used, pod needs {v})", plugin="QueueQuota")
-                if u.get(k, 0) + v > nominal and total_use[k] + v > total_quota[k]:
-                    return Status.unschedulable(
-                        f"queue {q.name}: {k} over its quota {nominal} ({u.get(k, 0)} used, pod needs {v}) and nothing idle to borrow",
-                        plugin="QueueQuota")
-            name = q.parent
+                bl = self.queues[n].borrowing_limit[k]
+                u = use[n].get(k, 0)
+                if u + v > nom + bl:
+                    lab = resource_label(k)
+                    what = (f"{lab} quota {fmt_amount(k, nom)} exhausted ({fmt_amount(k, u)} used, pod needs "
+                            f"{fmt_amount(k, v)}, borrowing limit 0)") if bl == 0 else \
+                        (f"{lab} quota {fmt_amount(k, nom)} + borrowing limit {fmt_amount(k, bl)} exhausted "
+                         f"({fmt_amount(k, u)} used, pod needs {fmt_amount(k, v)})")
+                    return Status.wait(f"queue {n}: {what}", plugin=PLUGIN)
+            # within some level's nominal quota, or borrowing from the pool of idle quota
+            limited = [n for n in path if self.nominal(n, k) is not None]
+            if not limited:
+                continue
+            if any(use[n].get(k, 0) + v <= self.nominal(n, k) for n in limited):  # type: ignore[operator]
+                continue
+            pool = self.pool(k)
+            pool_use = sum(use[r].get(k, 0) for r in self.roots)
+            if pool is None or pool_use + v > pool:
+                n = limited[0]
+                lab = resource_label(k)
+                return Status.wait(
+                    f"queue {n}: over its {lab} quota {fmt_amount(k, self.nominal(n, k) or 0)} "  # type: ignore[arg-type]
+                    f"({fmt_amount(k, use[n].get(k, 0))} used, pod needs {fmt_amount(k, v)}) and no idle {lab} quota "
+                    f"to borrow ({fmt_amount(k, pool_use)} of {fmt_amount(k, pool or 0)} used by all queues)", plugin=PLUGIN)
         return Status.success()
 
-    def dominant_share(self, queue: str, use: dict[str, dict[str, int]] | None = None) -> float:
-        """Dominant resource share of a queue, divided by its weight (DRF)."""
-        use = use or self.usage()
-        q = self.queues[queue]
-        shares = [use[queue].get(k, 0) / v for k, v in q.quota.items() if v > 0]
-        return (max(shares) if shares else 0.0) / q.weight
+    def admit(self, r: PodRequest) -> Status:
+        """Admission of a pending pod by its queue's quota (and what it may borrow)."""
+        return self.check(r.queue, request_vector(r))
 
-    def order(self, pending: list[PodRequest]) -> list[PodRequest]:
-        """Pending pods by fair share: queues furthest below their share first, then priority."""
+    def within_nominal(self, queue: str, want: Mapping[str, int]) -> bool:
+        """Would the queue stay within its own nominal quota (no borrowing) with ``want`` added?"""
+        self._sync()
+        u = self._use[queue]
+        for k, v in want.items():
+            nom = self.nominal(queue, k)
+            if v > 0 and nom is not None and u.get(k, 0) + v > nom:
+                return False
+        return True
+
+    # --- fair share ---------------------------------------------------------------------
+    def _totals(self) -> Vector:
+        out = {}
+        for k in set(RESOURCES) | {k for q in self.queues.values() for k in q.quota}:
+            p = self.pool(k)
+            if p:
+                out[k] = p
+        return out
+
+    def dominant_share(self, queue: str, use: Mapping[str, Mapping[str, int]] | None = None) -> float:
+        """Weighted dominant resource share (DRF): the largest fraction of any pooled resource
+        the queue uses, divided by its weight."""
+        if use is None:
+            use = self.usage()
+        tot = self._totals()
+        u = use[queue]
+        s = max((u.get(k, 0) / t for k, t in tot.items()), default=0.0)
+        return s / self.queues[queue].weight
+
+    def order(self, pending: Sequence[PodRequest]) -> list[PodRequest]:
+        """Pending pods in weighted-DRF order: repeatedly the next pod (highest priority, then
+        first come) of the queue with the smallest dominant share counting the pods ordered
+        before it.  Pods without a (known) queue keep their order and come first."""
         use = self.usage()
-        return sorted(pending, key=lambda r: (self.dominant_share(r.queue, use) if r.queue in self.queues else 0.0, -r.priority))
+        tot = self._totals()
+        out = [r for r in pending if r.queue not in self.queues]
+        per: dict[str, list[tuple[int, int, PodRequest]]] = {}
+        for i, r in enumerate(pending):
+            if r.queue in self.queues:
+                per.setdefault(r.queue, []).append((-r.priority, i, r))
+        for lst in per.values():
+            lst.sort(key=lambda t: (t[0], t[1]))
 
+        def share(q: str) -> float:
+            u = use[q]
+            return max((u.get(k, 0) / t for k, t in tot.items()), default=0.0) / self.queues[q].weight
+
+        heap = [(share(q), lst[0][0], lst[0][1], q) for q, lst in per.items()]
+        heapq.heapify(heap)
+        pos = {q: 0 for q in per}
+        while heap:
+            _, _, _, q = heapq.heappop(heap)
+            r = per[q][pos[q]][2]
+            out.append(r)
+            _add(use[q], request_vector(r))
+            pos[q] += 1
+            if pos[q] < len(per[q]):
+                nxt = per[q][pos[q]]
+                heapq.heappush(heap, (share(q), nxt[0], nxt[1], q))
+        return out
+
+    # --- reclaim ------------------------------------------------------------------------
     def borrowed(self) -> list[Assignment]:
-        """Running pods beyond their queue's nominal quota, reclaim candidates: lowest priority, youngest first."""
+        """Running pods beyond their queue's nominal quota (reclaim candidates), lowest priority
+        then youngest first; per queue only as many as it is over its quota."""
         use = self.usage()
-        out = []
         by_queue: dict[str, list[Assignment]] = {}
         for a in self.state.assignments.values():
             if a.queue in self.queues:
                 by_queue.setdefault(a.queue, []).append(a)
+        out = []
         for name, pods in by_queue.items():
-            q = self.queues[name]
-            over = {k: use[name].get(k, 0) - q.quota.get(k, 0) for k in RESOURCES}
-            for a in sorted(pods, key=lambda a: (a.priority, -list(self.state.assignments).index(a.pod_key))):
+            over = {}
+            for k, u in use[name].items():
+                nom = self.nominal(name, k)
+                if nom is not None and u > nom:
+                    over[k] = u - nom
+            if not over:
+                continue
+            for a in sorted(pods, key=self._victim_key):
                 v = request_vector(a)
-                if any(over.get(k, 0) > 0 and v.get(k, 0) > 0 for k in RESOURCES):
+                if any(over.get(k, 0) > 0 and v.get(k, 0) > 0 for k in over):
                     out.append(a)
-                    for k in RESOURCES:
-                        over[k] = over.get(k, 0) - v.get(k, 0)
-        return sorted(out, key=lambda a: (a.priority, -list(self.state.assignments).index(a.pod_key)))
+                    _add(over, v, -1)
+        return sorted(out, key=self._victim_key)
+
+    def _victim_key(self, a: Assignment) -> tuple[int, int]:
+        return (a.priority, -self.order_seq.get(a.pod_key, 1 << 62))
+
+    def plan_reclaim(self, sched: "Scheduler", r: PodRequest) -> ReclaimPlan | None:
+        """Borrowed pods of *other* queues to preempt so that ``r`` fits, when ``r`` is within its
+        own queue's nominal quota; None when reclaim does not apply or would not help.
+
+        A dry run: victims are evicted tentatively in one transaction (whole pod groups
+        together) until the pod fits, victims that turn out not to be needed are put back,
+        and everything is rolled back.  ``apply_reclaim`` carries a plan out.
+        """
+        if not r.queue or r.queue not in self.queues or not self.within_nominal(r.queue, request_vector(r)):
+            return None
+        cands = [a for a in self.borrowed() if a.queue != r.queue]
+        if not cands:
+            return None
+        st = self.state
+        units: list[list[Assignment]] = []
+        seen: set[str] = set()
+        for a in cands:
+            if a.pod_key in seen:
+                continue
+            unit = [a]
+            if a.pod_group:  # whole pod groups go together
+                unit = [b for b in st.assignments.values() if b.pod_group == a.pod_group and b.queue == a.queue]
+            seen.update(b.pod_key for b in unit)
+            units.append(unit)
+        with st.transaction() as tx:
+            taken: list[list[Assignment]] = []
+            for u in units:
+                for a in u:
+                    tx.evict(a.pod_key)
+                taken.append(u)
+                if sched.decide(sched.new_cycle(r)).ok:
+                    break
+            else:
+                return None
+            # reprieve: put back (highest priority, oldest first) what is not needed after all
+            for u in sorted(taken, key=lambda u: (-max(a.priority for a in u), min(self._age(a) for a in u))):
+                if not all(st.check(a) is None for a in u):
+                    continue
+                for a in u:
+                    st.reserve(a)
+                if sched.decide(sched.new_cycle(r)).ok:
+                    taken.remove(u)
+                    tx.removed = [x for x in tx.removed if x not in u]
+                else:
+                    for a in u:
+                        st.unreserve(a.pod_key)
+            victims = [a for u in taken for a in u]
+        lines = [f"{r.key} is within queue {r.queue}'s quota; reclaiming {len(victims)} borrowed pod(s)"]
+        lines += [f"reclaim {a.pod_key} from queue {a.queue} on {a.node} (priority {a.priority})" for a in victims]
+        return ReclaimPlan(r.key, r.queue, victims, lines)
+
+    def _age(self, a: Assignment) -> int:
+        return self.order_seq.get(a.pod_key, 1 << 62)
+
+
+def apply_reclaim(sched: "Scheduler", plan: ReclaimPlan, on_evict: Callable[[Assignment], None] | None = None) -> None:
+    """Release the victims in the engine's snapshot (the adapter deletes the pods)."""
+    for a in plan.victims:
+        sched.forget(a.pod_key)
+        if on_evict:
+            on_evict(a)
+
+
+# --- the scheduler plugin -------------------------------------------------------------------
 
 
 @dataclass
 class QueueQuota:
-    """PreFilter: admission by queue quota (+ borrowing)."""
+    """PreFilter + Reserve: admission by queue quota (+ borrowing).
+
+    PreFilter decides from the request (fast, early, with a reason); Reserve checks
+    again with the devices actually chosen, so a whole GPU's memory counts exactly.
+    Without a tree (built from config before the queues are known) it admits everything.
+    """
 
     tree: QueueTree | None = None
-    name: str = "QueueQuota"
+    name: str = PLUGIN
 
     def pre_filter(self, cycle: Cycle, state: ClusterState) -> Status:
         if self.tree is None:
             return Status.success()
         return self.tree.admit(cycle.request)
+
+    def reserve(self, cycle: Cycle, state: ClusterState) -> Status:
+        t = self.tree
+        a = cycle.assignment
+        if t is None or a is None or not a.queue:
+            return Status.success()
+        use = t.usage()  # already counts the reserved pod: take it out again
+        v = request_vector(state.assignments.get(a.pod_key, a))
+        if a.pod_key in state.assignments and a.queue in t.queues:
+            for n in t.path(a.queue):
+                _add(use[n], v, -1)
+        return t.check(a.queue, v, use)
+
+    def unreserve(self, cycle: Cycle, state: ClusterState) -> None:
+        return None
+
+
+def register(registry: "Registry") -> None:
+    """Make ``QueueQuota`` known to profile configs (preFilter and reserve)."""
+    registry.register(PLUGIN, QueueQuota)
+
+
+__all__ = ["Queue", "QueueTree", "QueueQuota", "NamespaceQueues", "ReclaimPlan", "apply_reclaim", "load_queues",
+           "namespace_queue", "parse_resources", "request_vector", "register", "RESOURCES"]
