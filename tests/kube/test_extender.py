@@ -43,7 +43,7 @@ def test_filter_prioritize_bind(ext):
     names = ["small", "big", "cpu", "ghost"]
     f = post(base + "/filter", {"Pod": p, "NodeNames": names})
     assert f["NodeNames"] == ["big"] and f["Error"] == ""
-    assert "Insufficient nvidia.com/gpu" in f["FailedNodes"]["small"] and "ghost" in f["FailedNodes"]
+    assert "Insufficient nvidia.com/gpu" in f["FailedNodes"]["small"] and "ghost" in f["FailedAndUnresolvableNodes"]
     pr = post(base + "/prioritize", {"Pod": p, "NodeNames": ["big"]})
     assert pr == [{"Host": "big", "Score": 10}]
     b = post(base + "/bind", {"PodName": "train", "PodNamespace": "ml", "PodUID": "uid-train", "Node": "big"})

@@ -1,14 +1,20 @@
 """The few API-server calls the scheduler makes, behind one small protocol.
 
 ``KubernetesApi`` implements it with the official ``kubernetes`` client;
-``FakeApi`` is an in-process stand-in for the loop's fast tests.  Objects
-cross this boundary as plain JSON dicts, as the API server sends them.
+``FakeApi`` is an in-process stand-in for the loop's fast tests and the
+benchmark.  Objects cross this boundary as plain JSON dicts, exactly as the
+API server sends them: the client's model classes are skipped
+(``_preload_content=False``, ``deserialize=False``) because turning every pod
+into Python objects and back costs more than scheduling it.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import json
+import threading
+import time
 from typing import Any, Iterator, Protocol
 
 
@@ -20,154 +26,281 @@ class Conflict(Exception):
     """The object changed or is already bound (HTTP 409)."""
 
 
+class NotFound(Exception):
+    """The object does not exist (HTTP 404)."""
+
+
 class SchedulerApi(Protocol):
     def list_nodes(self) -> tuple[list[dict], str]: ...
     def list_pods(self) -> tuple[list[dict], str]: ...
-    def watch(self, kind: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict]]: ...
+    def watch(self, kind: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict]]:
+        """(type, object) with type ADDED/MODIFIED/DELETED/BOOKMARK; raises ``Gone`` on 410."""
+        ...
+    def get_pod(self, namespace: str, name: str) -> dict | None: ...
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None: ...
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None: ...
 
 
+def pod_key_of(obj: dict) -> str:
+    m = obj.get("metadata") or {}
+    return f"{m.get('namespace') or 'default'}/{m.get('name')}"
+
+
 class FakeApi:
-    """An in-memory API server: enough of list/watch/bind/events for the loop's tests."""
+    """An in-memory API server: enough of list/watch/bind/events for the loop's tests.
+
+    Thread-safe; ``watch`` blocks up to ``timeout_s`` for new events like a
+    real watch.  Failure injection: ``fail_binds`` (the next N binds raise
+    before doing anything), ``lost_bind_replies`` (the next N binds succeed
+    but raise a timeout, as when the reply is lost), ``compact()`` (older
+    resourceVersions answer 410 Gone), ``call_latency_s`` (a network round trip
+    for bind/event/get, to model a real apiserver in benchmarks).
+    """
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}
         self.events: list[dict] = []
         self.binds: list[tuple[str, str]] = []
-        self.fail_binds: int = 0  # next N binds raise
+        self.fail_binds = 0
+        self.lost_bind_replies = 0
+        self.call_latency_s = 0.0
+        self.calls: dict[str, int] = {}
         self._rv = itertools.count(1)
         self._log: list[tuple[int, str, str, dict]] = []
+        self._compacted = 0
+        self._cv = threading.Condition()
+
+    def _count(self, what: str) -> None:
+        self.calls[what] = self.calls.get(what, 0) + 1
 
     def _touch(self, kind: str, type_: str, obj: dict) -> None:
         rv = next(self._rv)
         obj.setdefault("metadata", {})["resourceVersion"] = str(rv)
         self._log.append((rv, kind, type_, copy.deepcopy(obj)))
+        self._cv.notify_all()
 
+    # --- test helpers (what kubectl/kubelet would do) ---------------------------------
     def add_node(self, obj: dict) -> None:
-        self.nodes[obj["metadata"]["name"]] = obj
-        self._touch("node", "ADDED", obj)
+        with self._cv:
+            new = obj["metadata"]["name"] not in self.nodes
+            self.nodes[obj["metadata"]["name"]] = obj
+            self._touch("node", "ADDED" if new else "MODIFIED", obj)
+
+    update_node = add_node
+
+    def delete_node(self, name: str) -> None:
+        with self._cv:
+            self._touch("node", "DELETED", self.nodes.pop(name))
 
     def add_pod(self, obj: dict) -> None:
-        m = obj["metadata"]
-        self.pods[f"{m.get('namespace', 'default')}/{m['name']}"] = obj
-        self._touch("pod", "ADDED", obj)
+        with self._cv:
+            obj.setdefault("metadata", {}).setdefault("namespace", "default")
+            key = pod_key_of(obj)
+            new = key not in self.pods
+            self.pods[key] = obj
+            self._touch("pod", "ADDED" if new else "MODIFIED", obj)
+
+    update_pod = add_pod
 
     def delete_pod(self, key: str) -> None:
-        obj = self.pods.pop(key)
-        self._touch("pod", "DELETED", obj)
+        with self._cv:
+            self._touch("pod", "DELETED", self.pods.pop(key))
 
+    def compact(self) -> None:
+        """Forget the event log: watches from an older resourceVersion get 410 Gone."""
+        with self._cv:
+            self._compacted = next(self._rv)
+            self._log.clear()
+
+    # --- the protocol ------------------------------------------------------------------
     def list_nodes(self) -> tuple[list[dict], str]:
-        return [copy.deepcopy(n) for n in self.nodes.values()], str(next(self._rv))
+        with self._cv:
+            self._count("list_nodes")
+            return [copy.deepcopy(n) for n in self.nodes.values()], str(next(self._rv))
 
     def list_pods(self) -> tuple[list[dict], str]:
-        return [copy.deepcopy(p) for p in self.pods.values()], str(next(self._rv))
+        with self._cv:
+            self._count("list_pods")
+            return [copy.deepcopy(p) for p in self.pods.values()], str(next(self._rv))
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 0) -> Iterator[tuple[str, dict]]:
         rv = int(resource_version or 0)
-        for r, k, t, obj in list(self._log):
-            if k == kind and r > rv:
-                yield t, copy.deepcopy(obj)
+        end = time.monotonic() + timeout_s
+        while True:
+            with self._cv:
+                self._count("watch")
+                if rv < self._compacted:
+                    raise Gone(f"{kind} resourceVersion {rv} is too old")
+                batch = [(r, t, copy.deepcopy(o)) for r, k, t, o in self._log if k == kind and r > rv]
+                if not batch:
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._cv.wait(min(left, 0.2))
+                    continue
+            for r, t, o in batch:
+                rv = r
+                yield t, o
+            if time.monotonic() >= end:
+                return
+
+    def get_pod(self, namespace: str, name: str) -> dict | None:
+        if self.call_latency_s:
+            time.sleep(self.call_latency_s)
+        with self._cv:
+            self._count("get_pod")
+            p = self.pods.get(f"{namespace}/{name}")
+            return copy.deepcopy(p) if p is not None else None
 
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None:
+        if self.call_latency_s:
+            time.sleep(self.call_latency_s)
         key = f"{namespace}/{name}"
-        if self.fail_binds > 0:
-            self.fail_binds -= 1
-            raise ConnectionError("injected API failure")
-        pod = self.pods.get(key)
-        if pod is None:
-            raise Conflict(f"pod {key} not found")
-        if pod["spec"].get("nodeName"):
-            raise Conflict(f"pod {key} is already bound to {pod['spec']['nodeName']}")
-        pod["spec"]["nodeName"] = node
-        pod["metadata"].setdefault("annotations", {}).update(annotations)  # the apiserver copies a Binding's annotations
-        self.binds.append((key, node))
-        self._touch("pod", "MODIFIED", pod)
+        with self._cv:
+            self._count("bind")
+            if self.fail_binds > 0:
+                self.fail_binds -= 1
+                raise ConnectionError("injected API failure")
+            pod = self.pods.get(key)
+            if pod is None:
+                raise NotFound(f"pod {key} not found")
+            if pod["spec"].get("nodeName"):
+                raise Conflict(f"pod {key} is already bound to {pod['spec']['nodeName']}")
+            if node not in self.nodes:
+                # the real apiserver accepts a Binding to any name; keep that behaviour
+                pass
+            pod["spec"]["nodeName"] = node
+            pod["metadata"].setdefault("annotations", {}).update(annotations)  # the apiserver copies a Binding's annotations
+            self.binds.append((key, node))
+            self._touch("pod", "MODIFIED", pod)
+            if self.lost_bind_replies > 0:
+                self.lost_bind_replies -= 1
+                raise TimeoutError("injected lost reply")
 
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None:
-        m = pod.get("metadata") or {}
-        self.events.append({"pod": f"{m.get('namespace', 'default')}/{m.get('name')}", "type": type_, "reason": reason, "message": message})
+        if self.call_latency_s:
+            time.sleep(self.call_latency_s)
+        with self._cv:
+            self._count("event")
+            self.events.append({"pod": pod_key_of(pod), "type": type_, "reason": reason, "message": message})
 
 
 class KubernetesApi:
     """The real thing, through the official ``kubernetes`` client."""
 
-    def __init__(self, kubeconfig: str | None = None, context: str | None = None, component: str = "gpufleet-scheduler") -> None:
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None, component: str = "gpufleet-scheduler",
+                 pool_size: int = 32, request_timeout_s: float = 30.0) -> None:
         from kubernetes import client, config
 
+        cfg = client.Configuration()
         if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, context=context)
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
         else:
             try:
-                config.load_incluster_config()
+                config.load_incluster_config(client_configuration=cfg)
             except config.ConfigException:
-                config.load_kube_config(context=context)
+                config.load_kube_config(context=context, client_configuration=cfg)
+        cfg.connection_pool_maxsize = pool_size  # binds and events go out from a thread pool
         self._client = client
-        self.api = client.ApiClient()
+        self.api = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api)
         self.events_api = client.EventsV1Api(self.api)
         self.component = component
+        self.timeout = request_timeout_s
 
-    def _json(self, obj: Any) -> dict:
-        return self.api.sanitize_for_serialization(obj)
+    @staticmethod
+    def _raise(exc: Exception) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(exc, ApiException):
+            if exc.status == 409:
+                raise Conflict(f"{exc.reason}: {(exc.body or '')[:300]}") from None
+            if exc.status == 404:
+                raise NotFound(str(exc.reason)) from None
+            if exc.status == 410:
+                raise Gone(str(exc.reason)) from None
+        raise exc
+
+    def _list(self, fn) -> tuple[list[dict], str]:
+        items: list[dict] = []
+        cont = None
+        rv = ""
+        while True:
+            try:
+                r = fn(limit=500, _continue=cont, _preload_content=False, _request_timeout=self.timeout)
+            except Exception as exc:
+                self._raise(exc)
+            body = json.loads(r.data)
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            rv = meta.get("resourceVersion") or rv
+            cont = meta.get("continue")
+            if not cont:
+                return items, rv
 
     def list_nodes(self) -> tuple[list[dict], str]:
-        r = self.core.list_node()
-        return [self._json(x) for x in r.items], r.metadata.resource_version
+        return self._list(self.core.list_node)
 
     def list_pods(self) -> tuple[list[dict], str]:
-        r = self.core.list_pod_for_all_namespaces()
-        return [self._json(x) for x in r.items], r.metadata.resource_version
+        return self._list(self.core.list_pod_for_all_namespaces)
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 60) -> Iterator[tuple[str, dict]]:
         from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
 
         fn = self.core.list_node if kind == "node" else self.core.list_pod_for_all_namespaces
         w = watch.Watch()
         try:
-            for ev in w.stream(fn, resource_version=resource_version, timeout_seconds=timeout_s, allow_watch_bookmarks=True):
-                if ev["type"] == "ERROR":
-                    if (ev.get("raw_object") or {}).get("code") == 410:
+            for ev in w.stream(fn, resource_version=resource_version, timeout_seconds=timeout_s, allow_watch_bookmarks=True,
+                               deserialize=False, _request_timeout=(10, timeout_s + 30)):
+                t, obj = ev.get("type"), ev.get("object") or {}
+                if t == "ERROR":  # the client raises for these; keep the guard
+                    if obj.get("code") == 410:
                         raise Gone(kind)
-                    continue
-                yield ev["type"], self._json(ev["object"])
-        except ApiException as exc:
-            if exc.status == 410:
-                raise Gone(kind) from None
+                    raise RuntimeError(f"watch error: {obj}")
+                yield t, obj
+        except (Gone, RuntimeError):
             raise
+        except Exception as exc:
+            self._raise(exc)
         finally:
             w.stop()
 
-    def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        c = self._client
-        body = c.V1Binding(
-            metadata=c.V1ObjectMeta(name=name, namespace=namespace, annotations=annotations),
-            target=c.V1ObjectReference(api_version="v1", kind="Node", name=node),
-        )
+    def get_pod(self, namespace: str, name: str) -> dict | None:
         try:
-            # _preload_content=False: the client cannot deserialize the Status the server returns
-            self.core.create_namespaced_binding(namespace, body, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 409:
-                raise Conflict(str(exc.reason)) from None
-            raise
+            r = self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)
+        except Exception as exc:
+            try:
+                self._raise(exc)
+            except NotFound:
+                return None
+        return json.loads(r.data)
+
+    def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        try:
+            self.core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=self.timeout)
+        except Exception as exc:
+            self._raise(exc)
 
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None:
         import datetime
         import uuid
 
-        c = self._client
         m = pod.get("metadata") or {}
-        ns = m.get("namespace", "default")
-        now = datetime.datetime.now(datetime.timezone.utc)
-        ev = c.EventsV1Event(
-            metadata=c.V1ObjectMeta(name=f"{m.get('name')}.{uuid.uuid4().hex[:10]}", namespace=ns),
-            event_time=now, action="Scheduling", reason=reason, note=message[:1024], type=type_,
-            reporting_controller=f"gpufleet.io/{self.component}", reporting_instance=self.component,
-            regarding=c.V1ObjectReference(kind="Pod", namespace=ns, name=m.get("name"), uid=m.get("uid"), api_version="v1"),
-        )
-        self.events_api.create_namespaced_event(ns, ev)
+        ns = m.get("namespace") or "default"
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": f"{m.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": ns},
+            "eventTime": now, "action": "Scheduling", "reason": reason, "note": message[:1024], "type": type_,
+            "reportingController": f"gpufleet.io/{self.component}", "reportingInstance": self.component,
+            "regarding": {"kind": "Pod", "namespace": ns, "name": m.get("name"), "uid": m.get("uid"), "apiVersion": "v1",
+                          "resourceVersion": m.get("resourceVersion")},
+        }
+        try:
+            self.events_api.create_namespaced_event(ns, body, _preload_content=False, _request_timeout=self.timeout)
+        except Exception as exc:
+            self._raise(exc)

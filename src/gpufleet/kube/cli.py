@@ -1,37 +1,53 @@
-"""``gpufleet scheduler``: the secondary scheduler process.
-
-Threads: one watch per kind (nodes, pods) feeding a queue, with reconnect and
-a full relist on 410 Gone; a small HTTP server for ``/metrics``, ``/healthz``
-and ``/readyz``; the main thread applies events and runs scheduling cycles
-while it holds the leader lease.
-"""
+"""``gpufleet scheduler``: the secondary scheduler process (see runner.py for its threads)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
-import queue
 import signal
 import socket
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 log = logging.getLogger("gpufleet.scheduler")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")
-    p.add_argument("--scheduler-name", default="gpufleet", help="schedule pods whose spec.schedulerName is this (default gpufleet)")
     p.add_argument("--policy", default="default", help="policy profile name (default: default)")
-    p.add_argument("--config", help="scheduler config YAML with a profile (overrides --policy)")
+    p.add_argument("--config", help="scheduler config YAML with a 'profiles' list (overrides --policy)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common(p)
+    p.add_argument("--scheduler-name", default="gpufleet", help="schedule pods whose spec.schedulerName is this (default gpufleet)")
     p.add_argument("--metrics-addr", default="0.0.0.0:10251", help="address for /metrics, /healthz, /readyz")
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lease-name", default="gpufleet-scheduler")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
+    p.add_argument("--lease-duration", type=int, default=15, metavar="S")
     p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
+    p.add_argument("--bind-workers", type=int, default=16, help="parallel Binding calls (default 16)")
+    p.add_argument("--log-level", default="INFO")
+
+
+def load_profile(policy: str, config: str | None):
+    """A profile from --config YAML, else by policy name; 'default' falls back to a builtin that exists."""
+    from ..engine.config import load_config
+    from ..policies import build_profile, policy_names, registry
+
+    if config:
+        return next(iter(load_config(config, registry()).values()))
+    names = policy_names()
+    if policy == "default" and "default" not in names:
+        fallback = next((n for n in ("strandfrag", "fgd", "bestfit") if n in names), names[0] if names else None)
+        if fallback is None:
+            raise KeyError("no policy profiles installed")
+        log.warning("policy 'default' is not installed; using %r", fallback)
+        policy = fallback
+    return build_profile(policy)
 
 
 class Metrics:
@@ -40,13 +56,17 @@ class Metrics:
 
         self.registry = CollectorRegistry()
         self.attempts = Counter("gpufleet_schedule_attempts_total", "Scheduling attempts by result", ["result"], registry=self.registry)
-        self.latency = Histogram("gpufleet_scheduling_attempt_duration_seconds", "One scheduling attempt",
-                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1), registry=self.registry)
-        self.e2e = Histogram("gpufleet_pod_scheduling_duration_seconds", "First seen to bound", registry=self.registry,
-                             buckets=(0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 1800))
+        self.latency = Histogram("gpufleet_scheduling_attempt_duration_seconds", "One scheduling attempt, decision to bind reply",
+                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5), registry=self.registry)
+        self.e2e = Histogram("gpufleet_pod_scheduling_duration_seconds", "End to end: pod first seen pending to bound",
+                             registry=self.registry, buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800))
         self.pending = Gauge("gpufleet_pending_pods", "Pods waiting for gpufleet", registry=self.registry)
-        self.binds = Counter("gpufleet_binds_total", "Pods bound", registry=self.registry)
+        self.binds = Counter("gpufleet_binds_total", "Pods bound (rate() gives binds/s)", registry=self.registry)
         self.leader = Gauge("gpufleet_leader", "1 while this replica holds the lease", registry=self.registry)
+
+    def on_attempt(self, result: str, seconds: float) -> None:
+        self.attempts.labels(result).inc()
+        self.latency.observe(seconds)
 
 
 def serve_http(addr: str, metrics: Metrics, ready: threading.Event) -> ThreadingHTTPServer:
@@ -56,11 +76,12 @@ def serve_http(addr: str, metrics: Metrics, ready: threading.Event) -> Threading
 
     class H(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            if self.path == "/metrics":
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
                 body, ctype, code = generate_latest(metrics.registry), CONTENT_TYPE_LATEST, 200
-            elif self.path == "/healthz":
+            elif path == "/healthz":
                 body, ctype, code = b"ok", "text/plain", 200
-            elif self.path == "/readyz":
+            elif path == "/readyz":
                 ok = ready.is_set()
                 body, ctype, code = (b"ok" if ok else b"not synced"), "text/plain", 200 if ok else 503
             else:
@@ -74,96 +95,46 @@ def serve_http(addr: str, metrics: Metrics, ready: threading.Event) -> Threading
         def log_message(self, *a):  # quiet
             pass
 
-    srv = ThreadingHTTPServer((host, int(port)), H)
+    srv = ThreadingHTTPServer((host.strip("[]"), int(port)), H)
     threading.Thread(target=srv.serve_forever, daemon=True, name="http").start()
     return srv
 
 
-def watcher(api, kind: str, loop_rv: dict, q: "queue.Queue", stop: threading.Event) -> None:
-    from .api import Gone
-
-    delay = 1.0
-    while not stop.is_set():
-        try:
-            for type_, obj in api.watch(kind, loop_rv[kind], timeout_s=60):
-                q.put((kind, type_, obj))
-                if stop.is_set():
-                    return
-            delay = 1.0
-        except Gone:
-            q.put(("relist", kind, {}))
-            time.sleep(0.5)
-        except Exception as exc:  # lost connection: back off and reconnect
-            log.warning("%s watch failed: %s; reconnecting in %.0fs", kind, exc, delay)
-            stop.wait(delay)
-            delay = min(delay * 2, 30.0)
-
-
 def run(args: argparse.Namespace) -> int:
     from ..engine.errors import ConfigError
-    from ..policies import build_profile
     from .api import KubernetesApi
     from .leader import KubernetesLeaseStore, LeaseElector
     from .loop import SchedulerLoop
+    from .runner import Runner
 
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        if args.config:
-            from ..engine.config import load_config
-            from ..policies import registry
-
-            profile = next(iter(load_config(args.config, registry()).values()))
-        else:
-            profile = build_profile(args.policy)
+        profile = load_profile(args.policy, args.config)
     except (ConfigError, KeyError) as exc:
-        log.error("bad scheduler configuration: %s", exc)
-        print(f"gpufleet scheduler: {exc}")
+        print(f"gpufleet scheduler: bad configuration: {exc}")
         return 2
-    api = KubernetesApi(args.kubeconfig, args.context)
+    try:
+        api = KubernetesApi(args.kubeconfig, args.context, pool_size=max(10, args.bind_workers + 4))
+    except Exception as exc:
+        print(f"gpufleet scheduler: cannot load Kubernetes credentials: {exc}")
+        return 2
     metrics = Metrics()
-    ready = threading.Event()
-    serve_http(args.metrics_addr, metrics, ready)
-    loop = SchedulerLoop(api, profile, scheduler_name=args.scheduler_name,
-                         on_attempt=lambda r, s: (metrics.attempts.labels(r).inc(), metrics.latency.observe(s)))
-    elector = LeaseElector(KubernetesLeaseStore(api.api, args.lease_name, args.lease_namespace), args.identity) if args.leader_elect else None
+    loop = SchedulerLoop(api, profile, scheduler_name=args.scheduler_name, on_attempt=metrics.on_attempt,
+                         bind_workers=args.bind_workers, event_thread=True)
+    elector = None
+    if args.leader_elect:
+        lease_s = max(3, args.lease_duration)
+        elector = LeaseElector(KubernetesLeaseStore(api.api, args.lease_name, args.lease_namespace), args.identity,
+                               lease_s=lease_s, renew_deadline_s=lease_s * 2 / 3, retry_s=lease_s / 7.5)
+    runner = Runner(api, loop, elector, metrics)
+    srv = serve_http(args.metrics_addr, metrics, runner.ready)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    q: queue.Queue = queue.Queue()
-    loop.resync()
-    ready.set()
-    for kind in ("node", "pod"):
-        threading.Thread(target=watcher, args=(api, kind, loop.rv, q, stop), daemon=True, name=f"watch-{kind}").start()
-    next_renew = 0.0
-    binds_seen = 0
-    while not stop.is_set():
-        if elector and time.monotonic() >= next_renew:
-            try:
-                elector.step()
-            except Exception as exc:
-                log.warning("lease renewal failed: %s", exc)
-                elector.is_leader = False
-            next_renew = time.monotonic() + 5.0
-            metrics.leader.set(1 if elector.is_leader else 0)
-        leading = elector is None or elector.is_leader
-        try:
-            kind, type_, obj = q.get(timeout=0.2)
-            while True:
-                if kind == "relist":
-                    loop.resync()
-                else:
-                    loop.handle(kind, type_, obj)
-                kind, type_, obj = q.get_nowait()
-        except queue.Empty:
-            pass
-        if leading:
-            loop.schedule_due()
-        metrics.pending.set(len(loop.pending))
-        if loop.stats.binds > binds_seen:
-            metrics.binds.inc(loop.stats.binds - binds_seen)
-            binds_seen = loop.stats.binds
-        for s in loop.stats.e2e_s:
-            metrics.e2e.observe(s)
-        loop.stats.e2e_s.clear()
-    if elector:
-        elector.release()
+    log.info("gpufleet scheduler %s: scheduling pods with schedulerName=%s, profile %s", args.identity, args.scheduler_name, profile.name)
+    try:
+        runner.run(stop)
+    finally:
+        srv.shutdown()
     return 0

@@ -3,7 +3,7 @@
 A node's GPUs come from the node agent's ``gpufleet.io/gpu-inventory``
 annotation when present; otherwise they are modelled from ``nvidia.com/gpu``
 allocatable and GPU Feature Discovery's labels (``nvidia.com/gpu.product``,
-``nvidia.com/gpu.memory``), so gpufleet also works beside NVIDIA's own device
+``nvidia.com/gpu.memory``, ``nvidia.com/gpu.count``, ``nvidia.com/gpu.replicas``), so gpufleet also works beside NVIDIA's own device
 plugin.  Bad values raise ``InvalidNodeSpec`` naming the node and the field.
 """
 
@@ -23,6 +23,8 @@ from ..engine.state import ClusterState
 GPU_RESOURCE = "nvidia.com/gpu"
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB, as GFD writes it
+GFD_COUNT = "nvidia.com/gpu.count"
+GFD_REPLICAS = "nvidia.com/gpu.replicas"  # time-slicing: allocatable = count x replicas
 
 
 def node_from_json(obj: Mapping[str, Any]) -> Node:
@@ -48,7 +50,17 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
     if ann.INVENTORY in annotations:
         gpus = gpus_from_json(name, annotations[ann.INVENTORY])
     else:
+        # allocatable is what the kubelet admits against; GFD's count and replicas say how many devices that is
         count = q(GPU_RESOURCE, to_int, 0)
+        for label in (GFD_REPLICAS, GFD_COUNT):
+            if label in labels:
+                try:
+                    v = int(labels[label])
+                except ValueError:
+                    raise InvalidNodeSpec(name, f"metadata.labels[{label}]", f"must be an integer, got {labels[label]!r}") from None
+                if v < (1 if label == GFD_REPLICAS else 0):
+                    raise InvalidNodeSpec(name, f"metadata.labels[{label}]", f"must not be below {1 if label == GFD_REPLICAS else 0}, got {v}")
+                count = count // v if label == GFD_REPLICAS else min(count, v)
         product = labels.get(GFD_PRODUCT, "unknown-gpu")
         mem_mib = 0
         if GFD_MEMORY in labels:

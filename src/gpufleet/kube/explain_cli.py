@@ -1,45 +1,65 @@
-"""``gpufleet explain NAMESPACE/POD``: why a pod is pending, node by node."""
+"""``gpufleet explain NAMESPACE/POD``: why a pod is pending, node by node (the engine's own statuses)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .cli import add_common
+
     p.add_argument("pod", help="NAMESPACE/NAME (or NAME in the default namespace)")
-    p.add_argument("--kubeconfig")
-    p.add_argument("--context")
-    p.add_argument("--policy", default="default")
+    add_common(p)
     p.add_argument("--scheduler-name", default="gpufleet")
+    p.add_argument("--json", action="store_true", help="print {pod, summary, nodes} as JSON")
 
 
-def run(args: argparse.Namespace) -> int:
+def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[int, str]:
+    """(exit code, text) for one pod against a fresh snapshot; changes nothing."""
     from ..engine.errors import GpufleetError
-    from ..engine.podspec import pod_key
-    from ..policies import build_profile
-    from .api import KubernetesApi
     from .loop import SchedulerLoop
 
-    key = args.pod if "/" in args.pod else f"default/{args.pod}"
-    api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-explain")
-    loop = SchedulerLoop(api, build_profile(args.policy), scheduler_name=args.scheduler_name)
-    loop.resync()
-    pods, _ = api.list_pods()
-    pod = next((p for p in pods if pod_key(p) == key), None)
+    ns, name = key.split("/", 1)
+    pod = api.get_pod(ns, name)
     if pod is None:
-        print(f"gpufleet explain: pod {key} not found", file=sys.stderr)
-        return 1
-    if (pod.get("spec") or {}).get("nodeName"):
-        print(f"{key} is bound to {pod['spec']['nodeName']}")
-        return 0
+        return 1, f"pod {key} not found"
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        a = ((pod.get("metadata") or {}).get("annotations") or {}).get("gpufleet.io/assignment")
+        return 0, f"{key} is bound to {node}" + (f"; assignment {a}" if a else "")
+    loop = SchedulerLoop(api, profile, scheduler_name=scheduler_name)
+    loop.resync()
     try:
         summary, by_node = loop.explain(pod)
     except GpufleetError as exc:
-        print(f"{key}: invalid pod spec: {exc}")
-        return 1
-    print(f"{key}: {summary}")
+        return 1, f"{key}: invalid pod spec: {exc}"
+    lines = [f"{key}: {summary}"]
     width = max((len(n) for n in by_node), default=4)
     for n, reason in sorted(by_node.items(), key=lambda kv: (kv[1] != "fits", kv[0])):
-        print(f"  {n:<{width}}  {reason}")
-    return 0
+        lines.append(f"  {n:<{width}}  {reason}")
+    return 0, "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..engine.errors import ConfigError
+    from .api import KubernetesApi
+    from .cli import load_profile
+
+    key = args.pod if "/" in args.pod else f"default/{args.pod}"
+    try:
+        profile = load_profile(args.policy, args.config)
+        api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-explain")
+    except (ConfigError, KeyError) as exc:
+        print(f"gpufleet explain: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        print(f"gpufleet explain: cannot reach the cluster: {exc}", file=sys.stderr)
+        return 2
+    code, text = explain(api, profile, key, args.scheduler_name)
+    if args.json:
+        print(json.dumps({"pod": key, "exit": code, "text": text}))
+    else:
+        print(text, file=sys.stdout if code == 0 else sys.stderr)
+    return code

@@ -3,45 +3,53 @@
 from __future__ import annotations
 
 import argparse
-import queue
+import logging
 import signal
 import threading
 
+log = logging.getLogger("gpufleet.extender")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig")
-    p.add_argument("--context")
-    p.add_argument("--policy", default="default")
+    from .cli import add_common
+
+    add_common(p)
     p.add_argument("--addr", default="0.0.0.0:8888", help="listen address (default 0.0.0.0:8888)")
+    p.add_argument("--log-level", default="INFO")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..policies import build_profile
+    from ..engine.errors import ConfigError
     from .api import KubernetesApi
-    from .cli import watcher
+    from .cli import load_profile
     from .extender import Extender, serve
     from .loop import SchedulerLoop
+    from .runner import Runner
 
-    api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-extender")
-    # the extender never binds on its own: no scheduler name matches
-    loop = SchedulerLoop(api, build_profile(args.policy), scheduler_name="\x00none")
-    loop.resync()
-    ext = Extender(loop)
-    serve(ext, args.addr)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        profile = load_profile(args.policy, args.config)
+    except (ConfigError, KeyError) as exc:
+        print(f"gpufleet extender: bad configuration: {exc}")
+        return 2
+    try:
+        api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-extender")
+    except Exception as exc:
+        print(f"gpufleet extender: cannot load Kubernetes credentials: {exc}")
+        return 2
+    # the extender never schedules on its own: kube-scheduler drives it, so no pod is "ours" to queue
+    loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none")
+    lock = threading.Lock()
+    runner = Runner(api, loop, lock=lock)
+    ext = Extender(loop, lock)
+    srv = serve(ext, args.addr, runner.ready)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    q: queue.Queue = queue.Queue()
-    for kind in ("node", "pod"):
-        threading.Thread(target=watcher, args=(api, kind, loop.rv, q, stop), daemon=True).start()
-    while not stop.is_set():
-        try:
-            kind, type_, obj = q.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        with ext.lock:
-            if kind == "relist":
-                loop.resync()
-            else:
-                loop.handle(kind, type_, obj)
+    log.info("gpufleet extender on %s, profile %s", args.addr, profile.name)
+    try:
+        runner.run(stop)
+    finally:
+        srv.shutdown()
     return 0

@@ -5,27 +5,43 @@ from its ``gpufleet.io/assignment`` annotation, so a restarted scheduler sees
 the same devices taken and never double-books.  A pod that does not fit gets a
 ``FailedScheduling`` event with the engine's aggregated reasons and waits with
 exponential backoff; all waiting pods are retried at once when the cluster
-changes (a node added or updated, a pod deleted).  A pod whose spec is invalid
+changes (a node added or changed, a pod gone).  A pod whose spec is invalid
 gets a warning event naming the field.  Nothing one pod does stops the loop.
+
+Like kube-scheduler, a decision is *assumed* at once (its devices reserved in
+the snapshot, so the next pod sees them taken) and the Binding may go out on a
+worker thread (``bind_workers``); the result comes back through ``drain()`` on
+the loop's own thread, which alone touches the snapshot.  A bind whose reply
+was lost (timeout, connection reset) is checked with a GET before the
+assumption is dropped: the pod may well be bound.
+
+Watch events can arrive after a relist that already contains them; an event
+older than the object we hold (by resourceVersion) is ignored.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
 from ..engine.framework import Profile, Scheduler
 from ..engine.inventory import assignment_to_json
+from ..engine.model import Assignment, Node, Taint
 from ..engine.podspec import parse_pod, pod_key
 from ..engine.state import ClusterState
-from .api import Conflict, SchedulerApi
+from .api import Conflict, NotFound, SchedulerApi
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
 
 log = logging.getLogger(__name__)
+
+NOT_READY_TAINT = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
 
 
 @dataclass
@@ -33,12 +49,90 @@ class Stats:
     attempts: dict[str, int] = field(default_factory=lambda: {"scheduled": 0, "unschedulable": 0, "error": 0, "invalid": 0})
     e2e_s: list[float] = field(default_factory=list)
     binds: int = 0
+    double_book_refused: int = 0  # bound pods whose devices the snapshot already had taken
+    events_dropped: int = 0
+
+
+def _rv(obj: dict) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or "")
+    except ValueError:  # resourceVersions are opaque; etcd's are integers
+        return None
+
+
+class EventSink:
+    """Events are best effort and must not slow scheduling: a bounded queue and one sender thread."""
+
+    def __init__(self, api: SchedulerApi, stats: Stats, threaded: bool, max_queue: int = 5000):
+        self.api = api
+        self.stats = stats
+        self.q: queue.Queue | None = queue.Queue(max_queue) if threaded else None
+        if self.q is not None:
+            threading.Thread(target=self._run, daemon=True, name="events").start()
+
+    def send(self, pod: dict, type_: str, reason: str, message: str) -> None:
+        if self.q is None:
+            self._one(pod, type_, reason, message)
+            return
+        try:
+            self.q.put_nowait((pod, type_, reason, message))
+        except queue.Full:
+            self.stats.events_dropped += 1
+
+    def _one(self, pod: dict, type_: str, reason: str, message: str) -> None:
+        try:
+            self.api.event(pod, type_, reason, message)
+        except Exception as exc:  # events are best effort
+            log.warning("could not record event for %s: %s", pod_key(pod), exc)
+
+    def _run(self) -> None:
+        assert self.q is not None
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            self._one(*item)
+            self.q.task_done()
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        if self.q is None:
+            return
+        end = time.monotonic() + timeout_s
+        while self.q.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)
+
+
+def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotations: dict[str, str]) -> tuple[str, str]:
+    """Bind one pod; runs on a worker thread.  Returns (outcome, detail).
+
+    Outcomes: ``bound`` (ours, on ``node``), ``taken`` (bound elsewhere by
+    someone else; detail is that node), ``gone`` (deleted), ``failed``.
+    """
+    try:
+        api.bind(namespace, name, node, annotations)
+        return "bound", ""
+    except NotFound:
+        return "gone", ""
+    except Exception as exc:  # Conflict, timeout, reset: find out what happened
+        err = f"{type(exc).__name__}: {exc}" if not isinstance(exc, Conflict) else f"conflict: {exc}"
+        try:
+            p = api.get_pod(namespace, name)
+        except Exception as exc2:
+            return "failed", f"{err}; and reading the pod back failed: {exc2}"
+        if p is None:
+            return "gone", ""
+        bound_to = (p.get("spec") or {}).get("nodeName")
+        if not bound_to:
+            return "failed", err
+        mine = ((p.get("metadata") or {}).get("annotations") or {}).get(ann.ASSIGNMENT) == annotations.get(ann.ASSIGNMENT)
+        return ("bound", "") if bound_to == node and mine else ("taken", bound_to)
 
 
 class SchedulerLoop:
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
-                 on_attempt: Callable[[str, float], None] | None = None):
+                 on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
+                 max_in_flight: int = 512):
         self.api = api
         self.profile = profile
         self.scheduler_name = scheduler_name
@@ -48,102 +142,229 @@ class SchedulerLoop:
         self.clock = clock
         self.on_attempt = on_attempt
         self.stats = Stats()
+        self.events = EventSink(api, self.stats, event_thread)
         self.state = ClusterState()
         self.sched = Scheduler(profile, self.state, seed=seed)
         self.node_objs: dict[str, dict] = {}
-        self.pending: dict[str, dict] = {}  # key -> pod JSON
-        self.bound: set[str] = set()
-        self._backoff: dict[str, float] = {}  # key -> current backoff
+        self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
+        self.pending: dict[str, dict] = {}  # key -> pod JSON, waiting for us
+        self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
+        self.binding: dict[str, tuple[dict, Assignment, float]] = {}  # our binds in flight
+        self._pod_rv: dict[str, int] = {}
+        self._node_rv: dict[str, int] = {}
+        self._backoff: dict[str, float] = {}
         self._not_before: dict[str, float] = {}
         self._first_seen: dict[str, float] = {}
         self.rv = {"node": "", "pod": ""}
+        self.max_in_flight = max_in_flight
+        self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
+        self._results: queue.Queue = queue.Queue()
 
-    # --- snapshot -------------------------------------------------------------------
+    @property
+    def bound(self) -> set[str]:
+        return set(self.bound_pods)
+
+    # --- snapshot ---------------------------------------------------------------------
     def resync(self) -> None:
-        """Full relist: rebuild the snapshot from scratch (start-up, 410 Gone)."""
-        nodes, self.rv["node"] = self.api.list_nodes()
-        pods, self.rv["pod"] = self.api.list_pods()
-        self.node_objs = {}
+        """Full relist of both kinds and a rebuilt snapshot (start-up, becoming leader)."""
+        nodes, node_rv = self.api.list_nodes()
+        pods, pod_rv = self.api.list_pods()
+        self.rv = {"node": node_rv, "pod": pod_rv}
+        self.node_objs = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+        self._node_rv = {k: v for k, v in ((k, _rv(n)) for k, n in self.node_objs.items()) if v is not None}
+        old_pending = set(self.pending)
+        self.pending.clear()
+        self.bound_pods.clear()
+        self._pod_rv.clear()
+        for p in pods:
+            self._classify(p)
+        for k in old_pending - set(self.pending):
+            self._forget_timers(k)
+        self.rebuild()
+        self.wake_all()
+
+    def rebuild(self) -> None:
+        """A fresh ClusterState from the cached node and pod objects."""
         good = []
-        for n in nodes:
-            try:
-                if node_ready(n):
-                    good.append(node_from_json(n))
-                    self.node_objs[n["metadata"]["name"]] = n
-            except GpufleetError as exc:
-                log.warning("ignoring node: %s", exc)
+        self.bad_nodes.clear()
+        for name, obj in self.node_objs.items():
+            n = self._node_model(name, obj)
+            if n is not None:
+                good.append(n)
         self.state = ClusterState(good)
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
-        self.pending.clear()
-        self.bound.clear()
-        for p in pods:
-            self._pod_event("ADDED", p, wake=False)
+        # pods with an exact assignment first: modelled ones take whatever GPUs are left
+        keys = sorted(self.bound_pods, key=lambda k: ann.ASSIGNMENT not in ((self.bound_pods[k].get("metadata") or {}).get("annotations") or {}))
+        for k in keys:
+            self._reserve_bound(k, self.bound_pods[k])
+        for k, (_, a, _) in list(self.binding.items()):
+            if k not in self.state.assignments and a.node in self.state.index and not self.state.check(a):
+                self.state.reserve(a)
 
-    def _pod_event(self, type_: str, pod: dict, wake: bool = True) -> None:
-        key = pod_key(pod)
-        spec = pod.get("spec") or {}
-        if type_ == "DELETED" or is_terminal(pod):
-            self.pending.pop(key, None)
-            if key in self.bound:
-                self.bound.discard(key)
-                self.sched.forget(key)
-                if wake:
-                    self.wake_all()
+    def _node_model(self, name: str, obj: dict) -> Node | None:
+        try:
+            n = node_from_json(obj)
+        except GpufleetError as exc:
+            if self.bad_nodes.get(name) != str(exc):
+                log.warning("leaving node out: %s", exc)
+            self.bad_nodes[name] = str(exc)
+            return None
+        if not node_ready(obj) and NOT_READY_TAINT not in n.taints:
+            n = replace(n, taints=n.taints + (NOT_READY_TAINT,))  # what the node lifecycle controller does
+        return n
+
+    def _reserve_bound(self, key: str, pod: dict) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if key in self.state.assignments or node not in self.state.index:
             return
+        try:
+            a = bound_assignment(pod, self.state)
+        except GpufleetError as exc:
+            log.warning("bound pod %s: %s", key, exc)
+            return
+        problem = self.state.check(a)
+        if problem:
+            self.stats.double_book_refused += 1
+            log.error("bound pod %s holds resources the snapshot already has taken: %s", key, problem)
+            return
+        self.state.reserve(a)
+
+    def _classify(self, pod: dict) -> None:
+        """Put a live pod object where it belongs (no snapshot changes)."""
+        key = pod_key(pod)
+        rv = _rv(pod)
+        if rv is not None:
+            self._pod_rv[key] = rv
+        if is_terminal(pod):
+            return
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName"):
+            self.bound_pods[key] = pod
+        elif spec.get("schedulerName", "default-scheduler") == self.scheduler_name and key not in self.binding:
+            self.pending[key] = pod
+            self._first_seen.setdefault(key, self.clock())
+
+    def _forget_timers(self, key: str) -> None:
+        self._backoff.pop(key, None)
+        self._not_before.pop(key, None)
+        self._first_seen.pop(key, None)
+
+    def _drop_pod(self, key: str) -> None:
+        self.pending.pop(key, None)
+        self._forget_timers(key)
+        freed = False
+        if self.bound_pods.pop(key, None) is not None:
+            freed = self.sched.forget(key) is not None
+        if self.binding.pop(key, None) is not None:
+            freed = self.sched.forget(key) is not None or freed
+        if freed:
+            self.wake_all()
+
+    def _pod_event(self, type_: str, pod: dict) -> None:
+        key = pod_key(pod)
+        rv, seen = _rv(pod), self._pod_rv.get(key)
+        if rv is not None and seen is not None and rv < seen:
+            return  # older than what we hold (a relist already had it)
+        if type_ == "DELETED":
+            self._pod_rv.pop(key, None)
+            self._drop_pod(key)
+            return
+        if rv is not None:
+            self._pod_rv[key] = rv
+        if is_terminal(pod):
+            self._drop_pod(key)
+            return
+        spec = pod.get("spec") or {}
         if spec.get("nodeName"):
             self.pending.pop(key, None)
-            if key not in self.bound and key not in self.state.assignments:
-                try:
-                    a = bound_assignment(pod, self.state)
-                    if a.node in self.state.index:
-                        problem = self.state.check(a)
-                        if problem:
-                            log.error("pod %s holds resources the snapshot says are taken: %s", key, problem)
-                        else:
-                            self.state.reserve(a)
-                except GpufleetError as exc:
-                    log.warning("bound pod %s: %s", key, exc)
-            self.bound.add(key)
+            self._forget_timers(key)
+            self.bound_pods[key] = pod
+            if key not in self.binding:  # our own in-flight binds are already reserved
+                self._reserve_bound(key, pod)
             return
+        if key in self.binding or key in self.bound_pods:
+            return  # a stale unbound view of a pod we are binding or saw bound
         if spec.get("schedulerName", "default-scheduler") == self.scheduler_name:
             self.pending[key] = pod
             self._first_seen.setdefault(key, self.clock())
 
     def _node_event(self, type_: str, node: dict) -> None:
         name = (node.get("metadata") or {}).get("name", "")
-        if type_ == "DELETED" or not node_ready(node):
+        rv, seen = _rv(node), self._node_rv.get(name)
+        if rv is not None and seen is not None and rv < seen:
+            return
+        if type_ == "DELETED":
+            self._node_rv.pop(name, None)
+            self.node_objs.pop(name, None)
+            self.bad_nodes.pop(name, None)
             if name in self.state.index:
                 self.state.remove_node(name)
-            self.node_objs.pop(name, None)
             return
-        try:
-            n = node_from_json(node)
-        except GpufleetError as exc:
-            log.warning("ignoring node update: %s", exc)
+        if rv is not None:
+            self._node_rv[name] = rv
+        self.node_objs[name] = node
+        n = self._node_model(name, node)
+        if n is None:
+            if name in self.state.index:
+                self.state.remove_node(name)
             return
+        self.bad_nodes.pop(name, None)
         if name in self.state.index:
-            self.state.update_node(n)
+            if self.state.nodes[self.state.index[name]] == n:
+                return  # a heartbeat or status change the engine does not see
+            lost = self.state.update_node(n)
+            for a in lost:
+                log.warning("pod %s no longer fits node %s after its update (GPU gone?)", a.pod_key, name)
         else:
             self.state.add_node(n)
-        self.node_objs[name] = node
+            for k, p in self.bound_pods.items():  # a node that comes back brings its pods back
+                if (p.get("spec") or {}).get("nodeName") == name:
+                    self._reserve_bound(k, p)
         self.wake_all()
 
     def handle(self, kind: str, type_: str, obj: dict) -> None:
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if rv:
             self.rv[kind] = rv
+        if type_ == "BOOKMARK":
+            return
         (self._node_event if kind == "node" else self._pod_event)(type_, obj)
+
+    def replace(self, kind: str, items: list[dict], resource_version: str) -> None:
+        """A relist of one kind (after 410 Gone): apply the differences as events."""
+        self.rv[kind] = resource_version
+        if kind == "node":
+            names = {(n.get("metadata") or {}).get("name", "") for n in items}
+            for name in list(self.node_objs):
+                if name not in names:
+                    self._node_event("DELETED", self.node_objs[name])
+            for n in items:
+                self._node_event("MODIFIED", n)
+        else:
+            keys = {pod_key(p) for p in items}
+            for k in set(self.pending) | set(self.bound_pods) | set(self.binding):
+                if k not in keys:
+                    self._pod_rv.pop(k, None)
+                    self._drop_pod(k)
+            for p in items:
+                self._pod_event("MODIFIED", p)
+        self.wake_all()
 
     def wake_all(self) -> None:
         """The cluster changed: every waiting pod may fit now."""
         self._not_before.clear()
 
-    # --- scheduling ---------------------------------------------------------------------
+    # --- scheduling -------------------------------------------------------------------
     def due(self) -> list[str]:
         now = self.clock()
         keys = [k for k in self.pending if self._not_before.get(k, 0.0) <= now]
         # higher priority first, then first seen
         return sorted(keys, key=lambda k: (-int((self.pending[k].get("spec") or {}).get("priority") or 0), self._first_seen.get(k, 0.0), k))
+
+    def has_due(self) -> bool:
+        now = self.clock()
+        nb = self._not_before
+        return any(nb.get(k, 0.0) <= now for k in self.pending)
 
     def next_wakeup(self) -> float | None:
         times = [self._not_before.get(k, 0.0) for k in self.pending]
@@ -154,9 +375,19 @@ class SchedulerLoop:
         self._backoff[key] = b
         self._not_before[key] = self.clock() + b
 
-    def schedule_due(self) -> int:
+    def schedule_due(self, budget_s: float | None = None, should_continue: Callable[[], bool] | None = None) -> int:
+        """Run one cycle for each pod that is due; returns how many were tried."""
         n = 0
+        end = None if budget_s is None else time.monotonic() + budget_s
         for key in self.due():
+            if should_continue is not None and not should_continue():
+                break
+            if end is not None and time.monotonic() > end:
+                break
+            if len(self.binding) >= self.max_in_flight:
+                self.drain(block_s=1.0)
+                if len(self.binding) >= self.max_in_flight:
+                    break
             pod = self.pending.get(key)
             if pod is not None:
                 self.schedule_one(pod)
@@ -170,7 +401,7 @@ class SchedulerLoop:
             req = parse_pod(pod)
         except GpufleetError as exc:
             self._count("invalid", t0)
-            self._event(pod, "Warning", "FailedScheduling", f"invalid pod spec: {exc}")
+            self.events.send(pod, "Warning", "FailedScheduling", f"invalid pod spec: {exc}")
             self._defer(key)
             return "invalid"
         try:
@@ -178,62 +409,100 @@ class SchedulerLoop:
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("engine error on %s", key)
             self._count("error", t0)
-            self._event(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
+            self.events.send(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
             self._defer(key)
             return "error"
         if not dec.ok:
             self._count("unschedulable", t0)
-            self._event(pod, "Warning", "FailedScheduling", dec.status.message)
+            self.events.send(pod, "Warning", "FailedScheduling", dec.status.message)
             self._defer(key)
             return "unschedulable"
         a = dec.assignment
         assert a is not None
-        idx = self.state.index[a.node]
-        uuids = {g.index: g.uuid for g in self.state.nodes[idx].gpus}
-        try:
-            m = pod["metadata"]
-            self.api.bind(m.get("namespace", "default"), m["name"], a.node, {ann.ASSIGNMENT: assignment_to_json(a, uuids)})
-        except Conflict as exc:
-            self.sched.forget(key)  # someone else bound or deleted it; the watch will tell us which
-            self.pending.pop(key, None)
-            log.info("bind conflict for %s: %s", key, exc)
-            self._count("error", t0)
-            return "conflict"
-        except Exception as exc:  # timeouts, lost connection: unreserve and retry later
-            self.sched.forget(key)
-            self._count("error", t0)
-            self._event(pod, "Warning", "FailedScheduling", f"binding to {a.node} failed: {exc}")
-            self._defer(key)
-            return "error"
+        gpus = self.state.nodes[self.state.index[a.node]].gpus
+        annotations = {ann.ASSIGNMENT: assignment_to_json(a, {g.index: g.uuid for g in gpus})}
         self.pending.pop(key, None)
-        self.bound.add(key)
-        self._backoff.pop(key, None)
-        self._not_before.pop(key, None)
-        self.stats.binds += 1
-        self._count("scheduled", t0)
-        self.stats.e2e_s.append(self.clock() - self._first_seen.pop(key, t0))
-        gpus = f" GPUs {list(a.gpu_indices)}" if a.gpu_indices else ""
-        share = f" ({a.gpu_milli} milli each)" if a.gpu_indices and a.gpu_milli < 1000 else ""
-        mig = f" MIG {a.mig_profile} {list(a.mig)}" if a.mig else ""
-        self._event(pod, "Normal", "Scheduled", f"Successfully assigned {key} to {a.node}{gpus}{share}{mig}")
-        return "scheduled"
+        self.binding[key] = (pod, a, t0)
+        m = pod["metadata"]
+        ns, name = m.get("namespace") or "default", m["name"]
+        if self._pool is None:
+            self._bind_done(key, *bind_job(self.api, ns, name, a.node, annotations), annotations)
+        else:
+            fut = self._pool.submit(bind_job, self.api, ns, name, a.node, annotations)
+            fut.add_done_callback(lambda f, key=key, annotations=annotations: self._results.put(
+                (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()))), annotations)))
+        return "binding"
+
+    def drain(self, block_s: float = 0.0) -> int:
+        """Apply finished binds (async mode); returns how many."""
+        n = 0
+        try:
+            item = self._results.get(timeout=block_s) if block_s > 0 else self._results.get_nowait()
+            while True:
+                self._bind_done(*item)
+                n += 1
+                item = self._results.get_nowait()
+        except queue.Empty:
+            return n
+
+    def _bind_done(self, key: str, outcome: str, detail: str, annotations: dict[str, str]) -> None:
+        entry = self.binding.pop(key, None)
+        if entry is None:
+            return  # deleted meanwhile; its reservation is already gone
+        pod, a, t0 = entry
+        if outcome == "bound":
+            if key not in self.bound_pods:
+                p = dict(pod)
+                p["spec"] = {**(pod.get("spec") or {}), "nodeName": a.node}
+                p["metadata"] = {**pod["metadata"], "annotations": {**(pod["metadata"].get("annotations") or {}), **annotations}}
+                self.bound_pods[key] = p
+            self._backoff.pop(key, None)
+            self._not_before.pop(key, None)
+            self.stats.binds += 1
+            self._count("scheduled", t0)
+            self.stats.e2e_s.append(self.clock() - self._first_seen.pop(key, t0))
+            gpus = f" GPUs {list(a.gpu_indices)}" if a.gpu_indices else ""
+            share = f" ({a.gpu_milli} milli each)" if a.gpu_indices and a.gpu_milli < 1000 else ""
+            mig = f" MIG {a.mig_profile} {list(a.mig)}" if a.mig else ""
+            self.events.send(pod, "Normal", "Scheduled", f"Successfully assigned {key} to {a.node}{gpus}{share}{mig}")
+            return
+        self.sched.forget(key)  # our assumption was wrong
+        self._count("error", t0)
+        if outcome == "taken":
+            log.info("pod %s was bound to %s by someone else", key, detail)
+            if key in self.bound_pods:
+                self._reserve_bound(key, self.bound_pods[key])
+            self._forget_timers(key)
+        elif outcome == "gone":
+            self._forget_timers(key)
+        else:
+            log.warning("binding %s to %s failed: %s", key, a.node, detail)
+            if key not in self.bound_pods:
+                self.pending[key] = pod
+                self._defer(key)
+                self.events.send(pod, "Warning", "FailedScheduling", f"binding to {a.node} failed: {detail}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait for binds in flight and flush events."""
+        end = time.monotonic() + timeout_s
+        while self.binding and time.monotonic() < end:
+            self.drain(block_s=0.1)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        self.events.flush(max(0.0, end - time.monotonic()))
 
     def _count(self, result: str, t0: float) -> None:
         self.stats.attempts[result] = self.stats.attempts.get(result, 0) + 1
         if self.on_attempt:
             self.on_attempt(result, self.clock() - t0)
 
-    def _event(self, pod: dict, type_: str, reason: str, message: str) -> None:
-        try:
-            self.api.event(pod, type_, reason, message)
-        except Exception as exc:  # events are best effort
-            log.warning("could not record event for %s: %s", pod_key(pod), exc)
-
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
         req = parse_pod(pod)
         dec = self.sched.explain(req)
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
+        for name, why in self.bad_nodes.items():
+            by_node[name] = f"left out: {why}"
         if dec.ok:
             return f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)", by_node  # type: ignore[union-attr]
         msg = dec.status.message
@@ -245,4 +514,4 @@ class SchedulerLoop:
         return msg, by_node
 
 
-__all__ = ["SchedulerLoop", "Stats"]
+__all__ = ["SchedulerLoop", "Stats", "bind_job"]
