@@ -320,7 +320,6 @@ def test_choice_type():
     assert GpuChoice() == GpuChoice((), ()) and Profile("x").tie_break == "random"
 
 
-@pytest.mark.xfail(strict=True, reason="framework.py (not ours to edit): Scheduler.reserve lets StateError escape; reported")
 def test_scheduling_an_already_placed_pod_is_a_status_not_an_exception():
     s = scheduler([make_node("n", 2, T4)])
     assert s.schedule(make_pod("a", gpu="1")).ok

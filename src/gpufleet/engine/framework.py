@@ -21,6 +21,7 @@ from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from .model import GPU_MILLI, Assignment, PodRequest
+from .errors import StateError
 from .state import ClusterState
 from .status import Code, Diagnosis, Status
 
@@ -334,7 +335,10 @@ class Scheduler:
     def reserve(self, cycle: Cycle) -> Status:
         a = cycle.assignment
         assert a is not None
-        self.state.reserve(a)
+        try:
+            self.state.reserve(a)
+        except StateError as exc:  # e.g. the pod is already placed (a duplicate event): a status, not a crash
+            return Status.error(f"cannot reserve {a.pod_key} on {a.node}: {exc}")
         done: list[ReservePlugin] = []
         for p in self.profile.reserves:
             st = p.reserve(cycle, self.state)
