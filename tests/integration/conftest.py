@@ -121,7 +121,7 @@ current-context: envtest
         for p in reversed(self.procs):
             p.terminate()
             try:
-                p.wait(10)
+                p.wait(3)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -30,6 +30,14 @@ class NotFound(Exception):
     """The object does not exist (HTTP 404)."""
 
 
+class ApiError(Exception):
+    """Any other API failure, with the status and the server's message (not the whole response)."""
+
+    def __init__(self, status: int | None, message: str):
+        super().__init__(f"{status} {message}" if status else message)
+        self.status = status
+
+
 class SchedulerApi(Protocol):
     def list_nodes(self) -> tuple[list[dict], str]: ...
     def list_pods(self) -> tuple[list[dict], str]: ...
@@ -214,12 +222,18 @@ class KubernetesApi:
         from kubernetes.client.exceptions import ApiException
 
         if isinstance(exc, ApiException):
+            msg = str(exc.reason)
+            try:
+                msg = json.loads(exc.body or "{}").get("message") or msg
+            except (ValueError, AttributeError):
+                pass
             if exc.status == 409:
-                raise Conflict(f"{exc.reason}: {(exc.body or '')[:300]}") from None
+                raise Conflict(msg) from None
             if exc.status == 404:
-                raise NotFound(str(exc.reason)) from None
+                raise NotFound(msg) from None
             if exc.status == 410:
-                raise Gone(str(exc.reason)) from None
+                raise Gone(msg) from None
+            raise ApiError(exc.status, msg) from None
         raise exc
 
     def _list(self, fn) -> tuple[list[dict], str]:
@@ -281,7 +295,8 @@ class KubernetesApi:
                 "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            self.core.create_namespaced_binding(namespace, body, _preload_content=False, _request_timeout=self.timeout)
+            # the pods/binding subresource, as kube-scheduler uses (RBAC: create pods/binding)
+            self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False, _request_timeout=self.timeout)
         except Exception as exc:
             self._raise(exc)
 

@@ -1,0 +1,339 @@
+"""The live scheduler and the extender against a real kube-apiserver + etcd (envtest tier).
+
+Each test uses its own namespace and node names; nodes are deleted afterwards
+(there is no namespace controller, so namespaces stay).  The scheduler runs on
+a thread through the same ``Runner`` the CLI uses, with the real client.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.engine.inventory import gpus_to_json
+from gpufleet.engine.model import Gpu
+from gpufleet.kube.api import KubernetesApi
+from gpufleet.kube.cli import Metrics, load_profile
+from gpufleet.kube.leader import KubernetesLeaseStore, LeaseElector
+from gpufleet.kube.loop import SchedulerLoop
+from gpufleet.kube.runner import Runner, wait_until
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def admin(control_plane):
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture
+def core(admin):
+    from kubernetes import client
+
+    return client.CoreV1Api(admin)
+
+
+@pytest.fixture
+def ns(core):
+    from kubernetes import client
+
+    name = f"it-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    return name
+
+
+@pytest.fixture
+def nodes(core):
+    made: list[str] = []
+
+    def make(name: str, gpus: int, inventory: bool = False, product: str = "NVIDIA-A100-SXM4-80GB", cpu: str = "32") -> str:
+        meta = {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": "81920",
+                                          "nvidia.com/gpu.count": str(gpus)}}
+        if inventory:
+            meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)])}
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})
+        made.append(name)
+        res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res,
+                                                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                                                 "message": "test", "lastHeartbeatTime": None, "lastTransitionTime": None}]}})
+        return name
+
+    yield make
+    for n in made:
+        try:
+            core.delete_node(n)
+        except Exception:
+            pass
+
+
+def pod_body(name: str, gpus: int = 1, milli: int | None = None, scheduler: str = "gpufleet", annotations: dict | None = None) -> dict:
+    ann = dict(annotations or {})
+    if milli:
+        ann["gpufleet.io/gpu-milli"] = str(milli)
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": ann},
+            "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "busybox",
+                                                                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": limits}}]}}
+
+
+class Sched:
+    """A scheduler on a thread, as ``gpufleet scheduler`` runs it."""
+
+    def __init__(self, kubeconfig: str, identity: str = "s1", lease: tuple[str, str] | None = None, lease_s: int = 3):
+        self.api = KubernetesApi(kubeconfig, pool_size=20)
+        self.metrics = Metrics()
+        self.loop = SchedulerLoop(self.api, load_profile("default", None), on_attempt=self.metrics.on_attempt,
+                                  bind_workers=8, event_thread=True, backoff_initial_s=0.2, backoff_max_s=2.0)
+        self.elector = None
+        if lease:
+            self.elector = LeaseElector(KubernetesLeaseStore(self.api.api, lease[0], lease[1]), identity,
+                                        lease_s=lease_s, renew_deadline_s=2.0, retry_s=0.3)
+        self.runner = Runner(self.api, self.loop, self.elector, self.metrics, watch_timeout_s=20)
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self.runner.run, args=(self.stop_ev,), daemon=True)
+        self.thread.start()
+        assert self.runner.ready.wait(20), "scheduler never synced"
+
+    def stop(self, release: bool = True) -> None:
+        if not release and self.elector is not None:
+            self.elector.release = lambda: None  # a crash: the lease is left to expire
+        self.stop_ev.set()
+        self.thread.join(15)
+        assert not self.thread.is_alive()
+
+
+def bound(core, ns: str) -> dict[str, dict]:
+    return {p.metadata.name: p for p in core.list_namespaced_pod(ns).items if p.spec.node_name}
+
+
+def assignment(p) -> dict:
+    return json.loads((p.metadata.annotations or {})["gpufleet.io/assignment"])
+
+
+def events(core, ns: str) -> list:
+    return core.list_namespaced_event(ns).items
+
+
+def gpu_use(core, ns: str) -> dict[tuple[str, int], int]:
+    use: dict[tuple[str, int], int] = {}
+    for p in bound(core, ns).values():
+        a = assignment(p)
+        assert a["node"] == p.spec.node_name
+        for g in a["gpus"]:
+            use[(a["node"], g["index"])] = use.get((a["node"], g["index"]), 0) + a["gpu_milli"]
+    return use
+
+
+def test_binds_with_assignment_annotation_and_events(control_plane, core, ns, nodes):
+    nodes(f"{ns}-inv", 2, inventory=True)
+    nodes(f"{ns}-gfd", 2)
+    for i in range(3):
+        core.create_namespaced_pod(ns, pod_body(f"whole-{i}"))
+    for i in range(2):
+        core.create_namespaced_pod(ns, pod_body(f"half-{i}", milli=500))
+    core.create_namespaced_pod(ns, pod_body("not-mine", scheduler="other-scheduler"))
+    s = Sched(str(control_plane.kubeconfig))
+    try:
+        assert wait_until(lambda: len(bound(core, ns)) == 5, 20), bound(core, ns).keys()
+        b = bound(core, ns)
+        assert "not-mine" not in b
+        use = gpu_use(core, ns)
+        assert all(v <= 1000 for v in use.values()) and sum(use.values()) == 4000
+        uuids = [g["uuid"] for p in b.values() if p.spec.node_name.endswith("-inv") for g in assignment(p)["gpus"]]
+        assert uuids and all(u.startswith(f"GPU-{ns}-inv-") for u in uuids)
+        assert wait_until(lambda: sum(e.reason == "Scheduled" for e in events(core, ns)) == 5, 10)
+        ev = next(e for e in events(core, ns) if e.reason == "Scheduled")
+        assert ev.involved_object.kind == "Pod" and "Successfully assigned" in ev.message
+        assert s.loop.stats.attempts["scheduled"] == 5
+    finally:
+        s.stop()
+
+
+def test_failed_scheduling_reasons_bad_pod_and_retry_on_node_added(control_plane, core, ns, nodes):
+    from gpufleet.kube.explain_cli import explain
+
+    nodes(f"{ns}-small", 2)
+    core.create_namespaced_pod(ns, pod_body("big", gpus=4))
+    core.create_namespaced_pod(ns, pod_body("bad", annotations={"gpufleet.io/gpu-milli": "5000"}))
+    core.create_namespaced_pod(ns, pod_body("fine"))
+    s = Sched(str(control_plane.kubeconfig))
+    try:
+        def failed(name):
+            return [e for e in events(core, ns) if e.reason == "FailedScheduling" and e.involved_object.name == name]
+
+        assert wait_until(lambda: failed("big") and failed("bad"), 15)
+        assert "Insufficient nvidia.com/gpu" in failed("big")[0].message and "nodes are available" in failed("big")[0].message
+        assert failed("bad")[0].type == "Warning" and "gpufleet.io/gpu-milli" in failed("bad")[0].message
+        assert wait_until(lambda: "fine" in bound(core, ns), 10)  # the bad pod did not stop the loop
+        code, text = explain(s.api, load_profile("default", None), f"{ns}/big")
+        assert code == 0 and f"{ns}-small" in text and "Insufficient nvidia.com/gpu" in text
+        nodes(f"{ns}-big", 8)
+        assert wait_until(lambda: "big" in bound(core, ns), 10)
+        assert bound(core, ns)["big"].spec.node_name == f"{ns}-big"
+        assert "bad" not in bound(core, ns)
+    finally:
+        s.stop()
+
+
+def test_restart_rebuilds_state_and_never_double_books(control_plane, core, ns, nodes):
+    nodes(f"{ns}-n", 4, inventory=True)
+    for i in range(3):
+        core.create_namespaced_pod(ns, pod_body(f"a-{i}", milli=300))
+    core.create_namespaced_pod(ns, pod_body("w-0"))
+    s = Sched(str(control_plane.kubeconfig))
+    assert wait_until(lambda: len(bound(core, ns)) == 4, 15)
+    s.stop()
+    before = {k: assignment(p) for k, p in bound(core, ns).items()}
+    # a fresh process: more whole-GPU pods than are left
+    for i in range(1, 5):
+        core.create_namespaced_pod(ns, pod_body(f"w-{i}"))
+    s2 = Sched(str(control_plane.kubeconfig))
+    try:
+        free_whole = 4 - len({(n, g) for (n, g), v in gpu_use(core, ns).items() if v > 0})
+        assert wait_until(lambda: len(bound(core, ns)) == 4 + free_whole, 15)
+        time.sleep(0.5)
+        use = gpu_use(core, ns)
+        assert all(v <= 1000 for v in use.values()), use
+        after = bound(core, ns)
+        assert all(assignment(after[k]) == v for k, v in before.items())
+        assert len(after) == 4 + free_whole  # the rest stay pending
+        assert s2.loop.stats.double_book_refused == 0
+    finally:
+        s2.stop()
+
+
+def test_leader_election_and_failover(control_plane, core, ns, nodes):
+    from kubernetes import client
+
+    nodes(f"{ns}-n", 8)
+    lease = (f"gpufleet-{ns}", ns)
+    a = Sched(str(control_plane.kubeconfig), "replica-a", lease)
+    assert wait_until(lambda: a.elector.is_leader, 10)
+    b = Sched(str(control_plane.kubeconfig), "replica-b", lease)
+    try:
+        core.create_namespaced_pod(ns, pod_body("p0"))
+        assert wait_until(lambda: "p0" in bound(core, ns), 10)
+        assert a.elector.is_leader and not b.elector.is_leader and b.loop.stats.binds == 0
+        coord = client.CoordinationV1Api(core.api_client)
+        assert coord.read_namespaced_lease(*lease).spec.holder_identity == "replica-a"
+        # a crashes without releasing: b takes over once the lease expires
+        a.stop(release=False)
+        t0 = time.monotonic()
+        core.create_namespaced_pod(ns, pod_body("p1"))
+        assert wait_until(lambda: b.elector.is_leader, 10)
+        took = time.monotonic() - t0
+        assert 2.0 < took < 8.0, took  # waited for the 3 s lease, not longer than needed
+        assert wait_until(lambda: "p1" in bound(core, ns), 10)
+        lz = coord.read_namespaced_lease(*lease)
+        assert lz.spec.holder_identity == "replica-b" and lz.spec.lease_transitions == 1
+        # a graceful stop hands over at once
+        c = Sched(str(control_plane.kubeconfig), "replica-c", lease)
+        b.stop(release=True)
+        t0 = time.monotonic()
+        assert wait_until(lambda: c.elector.is_leader, 5) and time.monotonic() - t0 < 2.0
+        core.create_namespaced_pod(ns, pod_body("p2"))
+        assert wait_until(lambda: "p2" in bound(core, ns), 10)
+        assert all(v <= 1000 for v in gpu_use(core, ns).values())
+        c.stop()
+    finally:
+        for x in (a, b):
+            if x.thread.is_alive():
+                x.stop()
+
+
+def test_least_privilege_rbac_from_the_manifest_is_enough(control_plane, admin, core, ns, nodes):
+    """Run the scheduler as the manifest's ServiceAccount with only the manifest's RBAC."""
+    from kubernetes import client, utils
+
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy/scheduler/scheduler.yaml").read_text()) if d]
+    suffix = ns
+    for d in docs:
+        if d["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+            continue
+        d = json.loads(json.dumps(d))
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            d["metadata"]["name"] += f"-{suffix}"
+        if "namespace" in d["metadata"]:
+            d["metadata"]["namespace"] = ns
+        if "roleRef" in d and d["kind"] == "ClusterRoleBinding":
+            d["roleRef"]["name"] += f"-{suffix}"
+        for s in d.get("subjects", []):
+            s["namespace"] = ns
+        if d["kind"] == "Role":
+            for r in d["rules"]:
+                if "resourceNames" in r:
+                    r["resourceNames"] = [f"gpufleet-{ns}"]
+        utils.create_from_dict(admin, d)
+    tok = client.CoreV1Api(admin).create_namespaced_service_account_token(
+        "gpufleet-scheduler", ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
+    kc = yaml.safe_load(control_plane.kubeconfig.read_text())
+    kc["users"] = [{"name": "sa", "user": {"token": tok.status.token}}]
+    kc["contexts"][0]["context"]["user"] = "sa"
+    path = control_plane.dir / f"kubeconfig-{ns}"
+    path.write_text(yaml.safe_dump(kc))
+    nodes(f"{ns}-n", 2)
+    core.create_namespaced_pod(ns, pod_body("p", milli=250))
+    core.create_namespaced_pod(ns, pod_body("too-big", gpus=3))
+    s = Sched(str(path), "rbac-replica", (f"gpufleet-{ns}", ns))
+    try:
+        assert wait_until(lambda: s.elector.is_leader, 10)
+        assert wait_until(lambda: "p" in bound(core, ns), 10)
+        assert wait_until(lambda: any(e.reason == "FailedScheduling" for e in events(core, ns)), 10)
+        assert s.loop.stats.events_dropped == 0
+    finally:
+        s.stop()
+
+
+def test_extender_filter_prioritize_bind_on_a_real_apiserver(control_plane, core, ns, nodes):
+    import urllib.request
+
+    from gpufleet.kube.extender import Extender, serve
+
+    nodes(f"{ns}-one", 1, inventory=True)
+    nodes(f"{ns}-eight", 8, inventory=True)
+    core.create_namespaced_pod(ns, pod_body("train", gpus=4, scheduler="default-scheduler"))
+    api = KubernetesApi(str(control_plane.kubeconfig))
+    loop = SchedulerLoop(api, load_profile("default", None), scheduler_name="\x00none")
+    lock = threading.Lock()
+    runner = Runner(api, loop, lock=lock, watch_timeout_s=20)
+    stop = threading.Event()
+    t = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+    t.start()
+    srv = serve(Extender(loop, lock), "127.0.0.1:0", runner.ready)
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    def post(verb, body):
+        req = urllib.request.Request(f"{base}/{verb}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        assert runner.ready.wait(20)
+        pod = api.get_pod(ns, "train")
+        names = [f"{ns}-one", f"{ns}-eight"]
+        f = post("filter", {"Pod": pod, "NodeNames": names})
+        assert f["NodeNames"] == [f"{ns}-eight"] and "Insufficient nvidia.com/gpu" in f["FailedNodes"][f"{ns}-one"]
+        assert post("prioritize", {"Pod": pod, "NodeNames": [f"{ns}-eight"]}) == [{"Host": f"{ns}-eight", "Score": 10}]
+        r = post("bind", {"PodName": "train", "PodNamespace": ns, "PodUID": pod["metadata"]["uid"], "Node": f"{ns}-eight"})
+        assert r["Error"] == ""
+        p = core.read_namespaced_pod("train", ns)
+        a = assignment(p)
+        assert p.spec.node_name == f"{ns}-eight" and len(a["gpus"]) == 4 and a["gpus"][0]["uuid"].startswith(f"GPU-{ns}-eight-")
+        core.create_namespaced_pod(ns, pod_body("second", gpus=8, scheduler="default-scheduler"))
+        f2 = post("filter", {"Pod": api.get_pod(ns, "second"), "NodeNames": names})
+        assert f2["NodeNames"] == []  # the 4 bound GPUs are taken
+    finally:
+        srv.shutdown()
+        stop.set()
+        t.join(10)
