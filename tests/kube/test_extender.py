@@ -74,3 +74,25 @@ def test_bind_to_a_node_that_does_not_fit_is_an_error(ext):
     loop.handle("pod", "ADDED", p)
     r = post(base + "/bind", {"PodName": "big-one", "PodNamespace": "ml", "Node": "small"})
     assert "does not fit on small" in r["Error"] and not api.binds
+
+
+def test_lowercase_keys_and_full_node_list_mode(ext):
+    """Without nodeCacheCapable kube-scheduler sends a NodeList and expects a filtered NodeList back."""
+    api, loop, base = ext
+    p = pod("t", gpus=2, scheduler="default-scheduler")
+    items = [{"metadata": {"name": n}} for n in ("small", "big")]
+    f = post(base + "/filter", {"pod": p, "nodes": {"items": items}})
+    assert [n["metadata"]["name"] for n in f["Nodes"]["items"]] == ["big"] and f["NodeNames"] is None
+    pr = post(base + "/prioritize", {"pod": p, "nodenames": ["small", "big"]})
+    assert {h["Host"]: h["Score"] for h in pr} == {"small": 0, "big": 10}
+
+
+def test_bind_checks_uid_and_unknown_verbs_are_404(ext):
+    api, loop, base = ext
+    p = pod("u", gpus=1, scheduler="default-scheduler")
+    api.add_pod(p)
+    r = post(base + "/bind", {"PodName": "u", "PodNamespace": "ml", "PodUID": "someone-else", "Node": "big"})
+    assert "UID" in r["Error"] and not api.binds and not loop.state.assignments
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        post(base + "/preempt", {})
+    assert exc.value.code == 404

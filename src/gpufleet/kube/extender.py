@@ -162,7 +162,7 @@ class Extender:
             annotations = {ann.ASSIGNMENT: assignment_to_json(a, uuids)}
             loop.binding[key] = (pod, a, time.monotonic())
         # the API call runs without the lock: filters for other pods go on meanwhile
-        outcome, detail = bind_job(loop.api, ns, name, node, annotations)
+        outcome, detail, seen = bind_job(loop.api, ns, name, node, annotations)
         with self.lock:
             if loop.binding.pop(key, None) is None:
                 return {"Error": f"pod {key} was deleted while binding"}
@@ -175,6 +175,8 @@ class Extender:
                 loop.stats.binds += 1
                 return {"Error": ""}
             loop.sched.forget(key)
+            if outcome == "taken" and seen is not None:
+                loop.bound_pods.setdefault(key, seen)
             if outcome == "taken" and key in loop.bound_pods:
                 loop._reserve_bound(key, loop.bound_pods[key])
             return {"Error": f"binding {key} to {node} failed: {outcome} {detail}".strip()}

@@ -102,30 +102,30 @@ class EventSink:
             time.sleep(0.01)
 
 
-def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotations: dict[str, str]) -> tuple[str, str]:
-    """Bind one pod; runs on a worker thread.  Returns (outcome, detail).
+def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotations: dict[str, str]) -> tuple[str, str, dict | None]:
+    """Bind one pod; runs on a worker thread.  Returns (outcome, detail, pod as read back or None).
 
-    Outcomes: ``bound`` (ours, on ``node``), ``taken`` (bound elsewhere by
-    someone else; detail is that node), ``gone`` (deleted), ``failed``.
+    Outcomes: ``bound`` (ours, on ``node``), ``taken`` (bound by someone
+    else; detail is that node), ``gone`` (deleted), ``failed``.
     """
     try:
         api.bind(namespace, name, node, annotations)
-        return "bound", ""
+        return "bound", "", None
     except NotFound:
-        return "gone", ""
+        return "gone", "", None
     except Exception as exc:  # Conflict, timeout, reset: find out what happened
         err = f"{type(exc).__name__}: {exc}" if not isinstance(exc, Conflict) else f"conflict: {exc}"
         try:
             p = api.get_pod(namespace, name)
         except Exception as exc2:
-            return "failed", f"{err}; and reading the pod back failed: {exc2}"
+            return "failed", f"{err}; and reading the pod back failed: {exc2}", None
         if p is None:
-            return "gone", ""
+            return "gone", "", None
         bound_to = (p.get("spec") or {}).get("nodeName")
         if not bound_to:
-            return "failed", err
+            return "failed", err, p
         mine = ((p.get("metadata") or {}).get("annotations") or {}).get(ann.ASSIGNMENT) == annotations.get(ann.ASSIGNMENT)
-        return ("bound", "") if bound_to == node and mine else ("taken", bound_to)
+        return ("bound", "", p) if bound_to == node and mine else ("taken", bound_to, p)
 
 
 class SchedulerLoop:
@@ -430,7 +430,7 @@ class SchedulerLoop:
         else:
             fut = self._pool.submit(bind_job, self.api, ns, name, a.node, annotations)
             fut.add_done_callback(lambda f, key=key, annotations=annotations: self._results.put(
-                (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()))), annotations)))
+                (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations)))
         return "binding"
 
     def drain(self, block_s: float = 0.0) -> int:
@@ -445,7 +445,7 @@ class SchedulerLoop:
         except queue.Empty:
             return n
 
-    def _bind_done(self, key: str, outcome: str, detail: str, annotations: dict[str, str]) -> None:
+    def _bind_done(self, key: str, outcome: str, detail: str, seen: dict | None, annotations: dict[str, str]) -> None:
         entry = self.binding.pop(key, None)
         if entry is None:
             return  # deleted meanwhile; its reservation is already gone
@@ -470,6 +470,8 @@ class SchedulerLoop:
         self._count("error", t0)
         if outcome == "taken":
             log.info("pod %s was bound to %s by someone else", key, detail)
+            if key not in self.bound_pods and seen is not None:
+                self.bound_pods[key] = seen
             if key in self.bound_pods:
                 self._reserve_bound(key, self.bound_pods[key])
             self._forget_timers(key)
