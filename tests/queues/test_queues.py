@@ -31,7 +31,9 @@ def test_two_teams_quota_borrowing_and_reclaim():
     assert [a.pod_key for a in tree.borrowed()] == ["default/a1", "default/a7", "default/a6", "default/a5"]
     # team-b is within its quota but there is no room: reclaim
     b0 = gpu_pod("b0", queue="team-b")
-    assert tree.admit(b0).ok and not s.schedule(b0).ok
+    d = s.schedule(b0)
+    assert d.status.reasons == ("queue team-b: within its GPU quota 4 (0 used, pod needs 1) but that quota is lent to "
+                                "other queues (8 of 8 used by all queues); reclaim needed",)
     before = dict(state.assignments)
     plan = tree.plan_reclaim(s, b0)
     assert plan is not None and [a.pod_key for a in plan.victims] == ["default/a1"]  # lowest priority, though older
