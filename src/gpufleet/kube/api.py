@@ -236,28 +236,26 @@ class KubernetesApi:
             raise ApiError(exc.status, msg) from None
         raise exc
 
-    def _list(self, fn) -> tuple[list[dict], str]:
+    def _list(self, path: str) -> tuple[list[dict], str]:
+        from urllib.parse import quote
+
         items: list[dict] = []
-        cont = None
+        cont = ""
         rv = ""
         while True:
-            try:
-                r = fn(limit=500, _continue=cont, _preload_content=False, _request_timeout=self.timeout)
-            except Exception as exc:
-                self._raise(exc)
-            body = json.loads(r.data)
+            body = self._request("GET", f"{path}?limit=500" + (f"&continue={quote(cont)}" if cont else ""))
             items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
-            cont = meta.get("continue")
+            cont = meta.get("continue") or ""
             if not cont:
                 return items, rv
 
     def list_nodes(self) -> tuple[list[dict], str]:
-        return self._list(self.core.list_node)
+        return self._list("/api/v1/nodes")
 
     def list_pods(self) -> tuple[list[dict], str]:
-        return self._list(self.core.list_pod_for_all_namespaces)
+        return self._list("/api/v1/pods")
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 60) -> Iterator[tuple[str, dict]]:
         from kubernetes import watch
@@ -280,25 +278,48 @@ class KubernetesApi:
         finally:
             w.stop()
 
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        """One call straight through the client's connection pool and credentials.
+
+        The generated client methods cost about 2 ms of CPU per call on top of
+        the HTTP request itself (measured: 2.4 ms vs 0.45 ms per Binding),
+        which would cap a 2-core box at a few hundred calls per second.  This
+        path keeps the client's TLS set-up, pool and auth (tokens refreshed
+        through ``auth_settings``) and skips the model layer.
+        """
+        import urllib3
+
+        headers = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": "gpufleet"}
+        self.api.update_params_for_auth(headers, [], ["BearerToken"], path, method, None)
+        r = self.api.rest_client.pool_manager.request(
+            method, self.api.configuration.host + path, body=None if body is None else json.dumps(body).encode(),
+            headers=headers, timeout=urllib3.Timeout(total=self.timeout), retries=False)
+        if 200 <= r.status < 300:
+            return json.loads(r.data) if r.data else {}
+        try:
+            msg = json.loads(r.data).get("message") or r.reason
+        except (ValueError, AttributeError):
+            msg = r.reason
+        if r.status == 409:
+            raise Conflict(msg)
+        if r.status == 404:
+            raise NotFound(msg)
+        if r.status == 410:
+            raise Gone(msg)
+        raise ApiError(r.status, msg)
+
     def get_pod(self, namespace: str, name: str) -> dict | None:
         try:
-            r = self.core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=self.timeout)
-        except Exception as exc:
-            try:
-                self._raise(exc)
-            except NotFound:
-                return None
-        return json.loads(r.data)
+            return self._request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except NotFound:
+            return None
 
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None:
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        try:
-            # the pods/binding subresource, as kube-scheduler uses (RBAC: create pods/binding)
-            self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False, _request_timeout=self.timeout)
-        except Exception as exc:
-            self._raise(exc)
+        # the pods/binding subresource, as kube-scheduler uses (RBAC: create pods/binding)
+        self._request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
 
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None:
         import datetime
@@ -315,7 +336,4 @@ class KubernetesApi:
             "regarding": {"kind": "Pod", "namespace": ns, "name": m.get("name"), "uid": m.get("uid"), "apiVersion": "v1",
                           "resourceVersion": m.get("resourceVersion")},
         }
-        try:
-            self.events_api.create_namespaced_event(ns, body, _preload_content=False, _request_timeout=self.timeout)
-        except Exception as exc:
-            self._raise(exc)
+        self._request("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body)
