@@ -2,8 +2,10 @@
 
 1) 1,000 fake nodes x 8 GPUs, 3,000 pending pods (single-GPU and fractional):
    time from the first list to the last bind through ``SchedulerLoop`` (the
-   same code as ``gpufleet scheduler``, minus the network).  The apiserver
-   round trip is not in this number; the envtest tier measures that.
+   same code as ``gpufleet scheduler``, minus the network), once with inline
+   binds and once with 16 bind workers against a fake API that takes
+   ``--latency-ms`` per call (a round trip to a real apiserver).
+   ``bench_kube_apiserver.py`` measures the real thing.
 2) The engine alone at 5,000 nodes: decisions/s with the default profile.
 
     python bench/bench_kube_loop.py [--nodes 1000] [--pods 3000] [--policy default]
@@ -40,20 +42,26 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=3000)
     ap.add_argument("--policy", default="default")
     ap.add_argument("--engine-nodes", type=int, default=5000)
+    ap.add_argument("--latency-ms", type=float, default=1.5)
     args = ap.parse_args()
-    api = FakeApi()
-    for i in range(args.nodes):
-        api.add_node(node(i))
-    for i in range(args.pods):
-        api.add_pod(pod(i))
-    t0 = time.perf_counter()
-    loop = SchedulerLoop(api, build_profile(args.policy))
-    loop.resync()
-    while loop.pending:
-        if loop.schedule_due() == 0:
-            break
-    dt = time.perf_counter() - t0
-    print(f"loop: {len(api.binds)} of {args.pods} pods bound on {args.nodes} nodes in {dt:.2f} s = {len(api.binds) / dt:.0f} pods/s ({args.policy})")
+    for workers, latency_s in ((0, 0.0), (16, args.latency_ms / 1000)):
+        api = FakeApi()
+        for i in range(args.nodes):
+            api.add_node(node(i))
+        for i in range(args.pods):
+            api.add_pod(pod(i))
+        api.call_latency_s = latency_s
+        t0 = time.perf_counter()
+        loop = SchedulerLoop(api, build_profile(args.policy), bind_workers=workers, event_thread=workers > 0)
+        loop.resync()
+        while loop.pending or loop.binding:
+            loop.drain()
+            if loop.schedule_due() == 0 and not loop.binding:
+                break
+        loop.close()
+        dt = time.perf_counter() - t0
+        mode = f"{workers} bind workers, {latency_s * 1000:.1f} ms per API call" if workers else "inline binds, no latency"
+        print(f"loop: {len(api.binds)} of {args.pods} pods bound on {args.nodes} nodes in {dt:.2f} s = {len(api.binds) / dt:.0f} pods/s ({args.policy}; {mode})")
 
     nodes = [Node(f"n{i}", 128_000, 1_048_576, tuple(Gpu(j, f"g{i}-{j}", "A100", 81920) for j in range(8)), max_pods=110)
              for i in range(args.engine_nodes)]
