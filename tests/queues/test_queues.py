@@ -210,3 +210,23 @@ def test_plugin_is_registered_and_built_from_config():
     assert isinstance(prof.pre_filters[0], QueueQuota) and prof.pre_filters[0] is prof.reserves[0]
     assert prof.pre_filters[0].tree is None  # admits everything until the adapter gives it the queues
     assert isinstance(Registry, type)
+
+
+def test_reclaim_from_a_parent_that_borrowed_while_its_children_are_within_quota():
+    # research guarantees 4 GPUs but its children's quotas add up to 6: the other 2 are borrowed from infra
+    qs = [Queue("research", {"gpu_milli": 4000}), Queue("vision", {"gpu_milli": 4000}, parent="research"),
+          Queue("nlp", {"gpu_milli": 2000}, parent="research"), Queue("infra", {"gpu_milli": 4000})]
+    state, s, tree = cluster(n_nodes=2, gpus=4, queues=qs)
+    for i in range(4):
+        assert s.schedule(gpu_pod(f"v{i}", queue="vision")).ok
+    for i in range(2):
+        assert s.schedule(gpu_pod(f"n{i}", queue="nlp", prio=-1 if i == 0 else 0)).ok
+    for i in range(2):
+        assert s.schedule(gpu_pod(f"i{i}", queue="infra")).ok
+    assert [a.pod_key for a in tree.borrowed()] == ["default/n0", "default/n1"]  # lowest priority, then youngest
+    r = gpu_pod("i2", queue="infra")
+    assert "lent to other queues" in s.schedule(r).status.message
+    plan = tree.plan_reclaim(s, r)
+    assert [a.pod_key for a in plan.victims] == ["default/n0"]
+    apply_reclaim(s, plan)
+    assert s.schedule(r).ok

@@ -30,6 +30,8 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from . import annotations as ann
 from .errors import ConfigError, GpufleetError
 from .framework import Cycle
@@ -294,6 +296,8 @@ class QueueTree:
         self._use: dict[str, Vector] = {n: {} for n in self.queues}
         self._counted: dict[str, Assignment] = {}
         self._key: tuple | None = None
+        self._ver: np.ndarray | None = None
+        self._by_node: dict[str, set[str]] = {}
         self.order_seq: dict[str, int] = {}  # pod key -> when first counted (age: larger = younger)
         self._seq = 0
 
@@ -331,27 +335,53 @@ class QueueTree:
 
     # --- usage ----------------------------------------------------------------------------
     def _sync(self) -> None:
+        """Bring usage up to date: only nodes whose ``version`` moved since the last call are
+        looked at (a pod that left or came changed its node's version), so a decision costs
+        O(pods on the nodes that changed), not O(all pods)."""
         st = self.state
         key = (id(st.assignments), st.epoch, int(st.version.sum()), len(st.assignments))
         if key == self._key:
             return
         cur = st.assignments
         counted = self._counted
-        for k in list(counted.keys() - cur.keys()):
-            self._count(counted.pop(k), -1)
-        for k, a in cur.items():
-            old = counted.get(k)
-            if old is a:
-                continue
-            if old is not None:
-                self._count(old, -1)
-            counted[k] = a
-            if k not in self.order_seq:
-                self._seq += 1
-                self.order_seq[k] = self._seq
-            self._count(a, +1)
+        if self._key is None or self._key[:2] != key[:2] or self._ver is None or self._ver.shape != st.version.shape:
+            for u in self._use.values():  # node set changed (or first call): recount everything
+                u.clear()
+            counted.clear()
+            self._by_node = {}
+            changed = [n.name for n in st.nodes]
+        else:
+            changed = [st.nodes[i].name for i in np.flatnonzero(st.version != self._ver)]
+        fresh: list[str] = []
+        for node in changed:
+            old = self._by_node.get(node, set())
+            new = set(st.pods_on_node.get(node, ()))
+            for k in old - new:
+                a = counted.get(k)
+                if a is not None and a.node == node:  # left (or moved: then counted again below)
+                    del counted[k]
+                    self._count(a, -1)
+            for k in new:
+                a = cur[k]
+                prev = counted.get(k)
+                if prev is a:
+                    continue
+                if prev is not None:
+                    self._count(prev, -1)
+                counted[k] = a
+                self._count(a, +1)
+                if k not in self.order_seq:
+                    fresh.append(k)
+            self._by_node[node] = new
+        if len(fresh) > 1:  # age = order of placement, as the state's dict keeps it
+            pos = {k: i for i, k in enumerate(cur)}
+            fresh.sort(key=pos.__getitem__)
+        for k in fresh:
+            self._seq += 1
+            self.order_seq[k] = self._seq
         if len(self.order_seq) > 2 * len(cur) + 1024:  # forget pods long gone
             self.order_seq = {k: v for k, v in self.order_seq.items() if k in cur}
+        self._ver = st.version.copy()
         self._key = key
 
     def _count(self, a: Assignment, sign: int) -> None:
@@ -402,21 +432,25 @@ class QueueTree:
                         (f"{lab} quota {fmt_amount(k, nom)} + borrowing limit {fmt_amount(k, bl)} exhausted "
                          f"({fmt_amount(k, u)} used, pod needs {fmt_amount(k, v)})")
                     return Status.wait(f"queue {n}: {what}", plugin=PLUGIN)
-            # within some level's nominal quota, or borrowing from the pool of idle quota
+            # the pool: all root queues' quota together can never be over-used
             limited = [n for n in path if self.nominal(n, k) is not None]
             if not limited:
                 continue
-            if any(use[n].get(k, 0) + v <= self.nominal(n, k) for n in limited):  # type: ignore[operator]
-                continue
             pool = self.pool(k)
-            pool_use = sum(use[r].get(k, 0) for r in self.roots)
-            if pool is None or pool_use + v > pool:
+            pool_use = sum(use[r].get(k, 0) for r in self.roots if self.nominal(r, k) is not None)
+            if pool is not None and pool_use + v > pool:
                 n = limited[0]
+                nom = self.nominal(n, k) or 0
+                u = use[n].get(k, 0)
                 lab = resource_label(k)
+                tail = f"({fmt_amount(k, pool_use)} of {fmt_amount(k, pool)} used by all queues)"
+                if u + v <= nom:
+                    return Status.wait(
+                        f"queue {n}: within its {lab} quota {fmt_amount(k, nom)} ({fmt_amount(k, u)} used, pod needs "
+                        f"{fmt_amount(k, v)}) but that quota is lent to other queues {tail}; reclaim needed", plugin=PLUGIN)
                 return Status.wait(
-                    f"queue {n}: over its {lab} quota {fmt_amount(k, self.nominal(n, k) or 0)} "  # type: ignore[arg-type]
-                    f"({fmt_amount(k, use[n].get(k, 0))} used, pod needs {fmt_amount(k, v)}) and no idle {lab} quota "
-                    f"to borrow ({fmt_amount(k, pool_use)} of {fmt_amount(k, pool or 0)} used by all queues)", plugin=PLUGIN)
+                    f"queue {n}: over its {lab} quota {fmt_amount(k, nom)} ({fmt_amount(k, u)} used, pod needs "
+                    f"{fmt_amount(k, v)}) and no idle {lab} quota to borrow {tail}", plugin=PLUGIN)
         return Status.success()
 
     def admit(self, r: PodRequest) -> Status:
@@ -488,26 +522,31 @@ class QueueTree:
     def borrowed(self) -> list[Assignment]:
         """Running pods beyond their queue's nominal quota (reclaim candidates), lowest priority
         then youngest first; per queue only as many as it is over its quota."""
-        use = self.usage()
+        self._sync()
+        overs: dict[str, Vector] = {}
+        for name, u in self._use.items():
+            over = {k: x - nom for k, x in u.items() if (nom := self.nominal(name, k)) is not None and x > nom}
+            if over:
+                overs[name] = over
+        if not overs:
+            return []
         by_queue: dict[str, list[Assignment]] = {}
         for a in self.state.assignments.values():
             if a.queue in self.queues:
-                by_queue.setdefault(a.queue, []).append(a)
-        out = []
+                for n in self._paths[a.queue]:  # a parent over its quota: its children's pods
+                    if n in overs:
+                        by_queue.setdefault(n, []).append(a)
+        out: dict[str, Assignment] = {}
         for name, pods in by_queue.items():
-            over = {}
-            for k, u in use[name].items():
-                nom = self.nominal(name, k)
-                if nom is not None and u > nom:
-                    over[k] = u - nom
-            if not over:
-                continue
+            over = overs[name]
             for a in sorted(pods, key=self._victim_key):
                 v = request_vector(a)
-                if any(over.get(k, 0) > 0 and v.get(k, 0) > 0 for k in over):
-                    out.append(a)
+                if any(x > 0 and v.get(k, 0) > 0 for k, x in over.items()):
+                    out[a.pod_key] = a
                     _add(over, v, -1)
-        return sorted(out, key=self._victim_key)
+                    if all(x <= 0 for x in over.values()):
+                        break
+        return sorted(out.values(), key=self._victim_key)
 
     def _victim_key(self, a: Assignment) -> tuple[int, int]:
         return (a.priority, -self.order_seq.get(a.pod_key, 1 << 62))
