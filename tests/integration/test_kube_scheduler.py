@@ -337,3 +337,46 @@ def test_extender_filter_prioritize_bind_on_a_real_apiserver(control_plane, core
         srv.shutdown()
         stop.set()
         t.join(10)
+
+
+def test_the_cli_process_end_to_end(control_plane, core, ns, nodes):
+    """``gpufleet scheduler`` as a process: binds, serves /metrics and /readyz, releases its lease on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from kubernetes import client
+
+    from .conftest import _free_port
+
+    nodes(f"{ns}-n", 2)
+    core.create_namespaced_pod(ns, pod_body("p", milli=500))
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli.main", "scheduler", "--kubeconfig", str(control_plane.kubeconfig),
+                             f"--metrics-addr=127.0.0.1:{port}", "--lease-namespace", ns, "--lease-name", "cli-lease",
+                             "--identity", "cli-1", "--lease-duration", "3", "--log-level", "WARNING"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert wait_until(lambda: "p" in bound(core, ns), 20)
+
+        def get(path):
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).read().decode()
+            except Exception:
+                return ""
+
+        assert get("/readyz") == "ok" and get("/healthz") == "ok"
+        assert wait_until(lambda: "gpufleet_binds_total 1.0" in get("/metrics"), 5)
+        m = get("/metrics")
+        assert 'gpufleet_schedule_attempts_total{result="scheduled"} 1.0' in m and "gpufleet_leader 1.0" in m
+        assert "gpufleet_pod_scheduling_duration_seconds_count 1.0" in m
+        coord = client.CoordinationV1Api(core.api_client)
+        assert coord.read_namespaced_lease("cli-lease", ns).spec.holder_identity == "cli-1"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        assert coord.read_namespaced_lease("cli-lease", ns).spec.holder_identity == ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -67,3 +67,16 @@ def test_commands_are_wired_into_the_cli(name):
     from gpufleet.cli import main
 
     assert name in main.COMMANDS
+
+
+@pytest.mark.parametrize("status,exc", [(409, "Conflict"), (404, "NotFound"), (410, "Gone"), (403, "ApiError")])
+def test_client_errors_map_to_the_loops_exceptions(status, exc):
+    from kubernetes.client.exceptions import ApiException
+
+    from gpufleet.kube import api as kapi
+
+    e = ApiException(status=status, reason="r")
+    e.body = '{"message": "pods \\"x\\" is forbidden: nope"}'
+    with pytest.raises(getattr(kapi, exc)) as info:
+        kapi.KubernetesApi._raise(e)
+    assert "nope" in str(info.value)
