@@ -380,3 +380,22 @@ def test_the_cli_process_end_to_end(control_plane, core, ns, nodes):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_finished_and_deleted_pods_free_their_gpus(control_plane, core, ns, nodes):
+    nodes(f"{ns}-n", 1)
+    core.create_namespaced_pod(ns, pod_body("first"))
+    s = Sched(str(control_plane.kubeconfig))
+    try:
+        assert wait_until(lambda: "first" in bound(core, ns), 10)
+        core.create_namespaced_pod(ns, pod_body("second"))
+        assert wait_until(lambda: any(e.reason == "FailedScheduling" and e.involved_object.name == "second" for e in events(core, ns)), 10)
+        # the pod finishes (a kubelet would write this): it leaves the live-pod watch as DELETED
+        core.patch_namespaced_pod_status("first", ns, {"status": {"phase": "Succeeded"}})
+        assert wait_until(lambda: "second" in bound(core, ns), 10)
+        core.create_namespaced_pod(ns, pod_body("third"))
+        core.delete_namespaced_pod("second", ns, grace_period_seconds=0)
+        assert wait_until(lambda: "third" in bound(core, ns), 10)
+        assert gpu_use(core, ns) == {(f"{ns}-n", 0): 2000}  # first (finished), third; second is gone
+    finally:
+        s.stop()

@@ -287,3 +287,28 @@ def test_lease_store_conflict_means_only_one_winner():
     assert b.step()
     store.rec = store.rec  # noqa: PLW0127
     assert not store.update(rec)
+
+
+def test_repeated_failures_do_not_repeat_the_same_event_and_bound_pods_are_slim():
+    api = FakeApi()
+    api.add_node(node("n1", gpus=1))
+    big = pod("big", gpus=2)
+    big["spec"]["affinity"] = {"podAntiAffinity": {}}
+    api.add_pod(big)
+    clock = Clock()
+    loop = make(api, clock)
+    for _ in range(4):
+        loop.schedule_due()
+        clock.t += 10
+    assert loop.stats.attempts["unschedulable"] >= 3
+    assert sum(e["reason"] == "FailedScheduling" for e in api.events) == 1
+    clock.t += 61
+    loop.schedule_due()
+    assert sum(e["reason"] == "FailedScheduling" for e in api.events) == 2  # said again after a while
+    theirs = pod("theirs", gpus=1, scheduler="default-scheduler", node_name="n1")
+    theirs["spec"]["affinity"] = {"nodeAffinity": {}}
+    theirs["metadata"]["annotations"]["other.io/x"] = "y" * 1000
+    api.add_pod(theirs)
+    feed(loop, api)
+    held = loop.bound_pods["ml/theirs"]
+    assert "affinity" not in held["spec"] and held["metadata"]["annotations"] == {} and "ml/theirs" in loop.state.assignments

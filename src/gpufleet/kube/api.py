@@ -49,6 +49,11 @@ class SchedulerApi(Protocol):
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None: ...
 
 
+# Finished pods hold nothing; like kube-scheduler, never list or watch them.  A pod that
+# finishes leaves the selector, which a watch reports as DELETED.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
 def pod_key_of(obj: dict) -> str:
     m = obj.get("metadata") or {}
     return f"{m.get('namespace') or 'default'}/{m.get('name')}"
@@ -243,7 +248,7 @@ class KubernetesApi:
         cont = ""
         rv = ""
         while True:
-            body = self._request("GET", f"{path}?limit=500" + (f"&continue={quote(cont)}" if cont else ""))
+            body = self._request("GET", f"{path}limit=500" + (f"&continue={quote(cont)}" if cont else ""))
             items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
             rv = meta.get("resourceVersion") or rv
@@ -252,19 +257,22 @@ class KubernetesApi:
                 return items, rv
 
     def list_nodes(self) -> tuple[list[dict], str]:
-        return self._list("/api/v1/nodes")
+        return self._list("/api/v1/nodes?")
 
     def list_pods(self) -> tuple[list[dict], str]:
-        return self._list("/api/v1/pods")
+        from urllib.parse import quote
+
+        return self._list(f"/api/v1/pods?fieldSelector={quote(LIVE_PODS)}&")
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 60) -> Iterator[tuple[str, dict]]:
         from kubernetes import watch
 
         fn = self.core.list_node if kind == "node" else self.core.list_pod_for_all_namespaces
+        extra = {} if kind == "node" else {"field_selector": LIVE_PODS}
         w = watch.Watch()
         try:
             for ev in w.stream(fn, resource_version=resource_version, timeout_seconds=timeout_s, allow_watch_bookmarks=True,
-                               deserialize=False, _request_timeout=(10, timeout_s + 30)):
+                               deserialize=False, _request_timeout=(10, timeout_s + 30), **extra):
                 t, obj = ev.get("type"), ev.get("object") or {}
                 if t == "ERROR":  # the client raises for these; keep the guard
                     if obj.get("code") == 410:

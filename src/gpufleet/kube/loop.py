@@ -53,6 +53,27 @@ class Stats:
     events_dropped: int = 0
 
 
+def slim_pod(pod: dict) -> dict:
+    """What a bound pod's resources are computed from; the rest is dropped (clusters have many pods)."""
+    m = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+
+    def ctr(c: dict) -> dict:
+        out = {"name": c.get("name"), "resources": c.get("resources") or {}}
+        if "restartPolicy" in c:
+            out["restartPolicy"] = c["restartPolicy"]
+        return out
+
+    ann_ = {k: v for k, v in (m.get("annotations") or {}).items() if k.startswith(ann.PREFIX)}
+    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead") if k in spec}
+    s["containers"] = [ctr(c) for c in spec.get("containers") or [] if isinstance(c, dict)]
+    if spec.get("initContainers"):
+        s["initContainers"] = [ctr(c) for c in spec["initContainers"] if isinstance(c, dict)]
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}
+    meta["annotations"] = ann_
+    return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
+
+
 def _rv(obj: dict) -> int | None:
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion") or "")
@@ -155,6 +176,7 @@ class SchedulerLoop:
         self._backoff: dict[str, float] = {}
         self._not_before: dict[str, float] = {}
         self._first_seen: dict[str, float] = {}
+        self._last_failure: dict[str, tuple[str, float]] = {}
         self.rv = {"node": "", "pod": ""}
         self.max_in_flight = max_in_flight
         self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
@@ -239,12 +261,13 @@ class SchedulerLoop:
             return
         spec = pod.get("spec") or {}
         if spec.get("nodeName"):
-            self.bound_pods[key] = pod
+            self.bound_pods[key] = slim_pod(pod)
         elif spec.get("schedulerName", "default-scheduler") == self.scheduler_name and key not in self.binding:
             self.pending[key] = pod
             self._first_seen.setdefault(key, self.clock())
 
     def _forget_timers(self, key: str) -> None:
+        self._last_failure.pop(key, None)
         self._backoff.pop(key, None)
         self._not_before.pop(key, None)
         self._first_seen.pop(key, None)
@@ -278,7 +301,7 @@ class SchedulerLoop:
         if spec.get("nodeName"):
             self.pending.pop(key, None)
             self._forget_timers(key)
-            self.bound_pods[key] = pod
+            self.bound_pods[key] = pod = slim_pod(pod)
             if key not in self.binding:  # our own in-flight binds are already reserved
                 self._reserve_bound(key, pod)
             return
@@ -401,7 +424,7 @@ class SchedulerLoop:
             req = parse_pod(pod)
         except GpufleetError as exc:
             self._count("invalid", t0)
-            self.events.send(pod, "Warning", "FailedScheduling", f"invalid pod spec: {exc}")
+            self._failed_event(key, pod, f"invalid pod spec: {exc}")
             self._defer(key)
             return "invalid"
         try:
@@ -414,7 +437,7 @@ class SchedulerLoop:
             return "error"
         if not dec.ok:
             self._count("unschedulable", t0)
-            self.events.send(pod, "Warning", "FailedScheduling", dec.status.message)
+            self._failed_event(key, pod, dec.status.message)
             self._defer(key)
             return "unschedulable"
         a = dec.assignment
@@ -432,6 +455,15 @@ class SchedulerLoop:
             fut.add_done_callback(lambda f, key=key, annotations=annotations: self._results.put(
                 (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations)))
         return "binding"
+
+    def _failed_event(self, key: str, pod: dict, message: str) -> None:
+        """FailedScheduling, but not the same words again within ``backoff_max_s`` (a pod retried every minute)."""
+        now = self.clock()
+        last = self._last_failure.get(key)
+        if last is not None and last[0] == message and now - last[1] < self.backoff_max_s:
+            return
+        self._last_failure[key] = (message, now)
+        self.events.send(pod, "Warning", "FailedScheduling", message)
 
     def drain(self, block_s: float = 0.0) -> int:
         """Apply finished binds (async mode); returns how many."""
@@ -455,9 +487,10 @@ class SchedulerLoop:
                 p = dict(pod)
                 p["spec"] = {**(pod.get("spec") or {}), "nodeName": a.node}
                 p["metadata"] = {**pod["metadata"], "annotations": {**(pod["metadata"].get("annotations") or {}), **annotations}}
-                self.bound_pods[key] = p
+                self.bound_pods[key] = slim_pod(p)
             self._backoff.pop(key, None)
             self._not_before.pop(key, None)
+            self._last_failure.pop(key, None)
             self.stats.binds += 1
             self._count("scheduled", t0)
             self.stats.e2e_s.append(self.clock() - self._first_seen.pop(key, t0))
@@ -471,7 +504,7 @@ class SchedulerLoop:
         if outcome == "taken":
             log.info("pod %s was bound to %s by someone else", key, detail)
             if key not in self.bound_pods and seen is not None:
-                self.bound_pods[key] = seen
+                self.bound_pods[key] = slim_pod(seen)
             if key in self.bound_pods:
                 self._reserve_bound(key, self.bound_pods[key])
             self._forget_timers(key)
