@@ -27,9 +27,11 @@ def registry() -> Registry:
     r.register("MostAllocated", scores.MostAllocated)
     r.register("Spread", scores.Spread)
     r.register("BestFitGpu", gpuselect.BestFitGpu)
+    from ..engine.queues import register as _register_queues
     from . import paper
 
     paper.register(r)
+    _register_queues(r)  # QueueQuota: preFilter/reserve; the adapter sets its QueueTree
     try:
         from . import default as _default
 
