@@ -71,7 +71,7 @@ def test_failed_scheduling_event_has_aggregated_reasons_and_backoff():
     loop = make(api, clock)
     loop.schedule_due()
     ev = api.events[-1]
-    assert ev["reason"] == "FailedScheduling" and "0/2 nodes are available: 2 Insufficient nvidia.com/gpu" in ev["message"]
+    assert ev["reason"] == "FailedScheduling" and ev["message"].startswith("0/2 nodes are available: 2 Insufficient nvidia.com/gpu")
     assert loop.schedule_due() == 0  # backing off
     clock.t += 1.1
     assert loop.schedule_due() == 1

@@ -74,6 +74,11 @@ def slim_pod(pod: dict) -> dict:
     return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
 
 
+def reason_text(status) -> str:
+    """The engine's reasons in kube-scheduler's words ("0/12 nodes are available: ..."), no status-code prefix."""
+    return "; ".join(status.reasons) or status.message
+
+
 def _rv(obj: dict) -> int | None:
     try:
         return int((obj.get("metadata") or {}).get("resourceVersion") or "")
@@ -437,7 +442,7 @@ class SchedulerLoop:
             return "error"
         if not dec.ok:
             self._count("unschedulable", t0)
-            self._failed_event(key, pod, dec.status.message)
+            self._failed_event(key, pod, reason_text(dec.status))
             self._defer(key)
             return "unschedulable"
         a = dec.assignment
@@ -540,7 +545,7 @@ class SchedulerLoop:
             by_node[name] = f"left out: {why}"
         if dec.ok:
             return f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)", by_node  # type: ignore[union-attr]
-        msg = dec.status.message
+        msg = reason_text(dec.status)
         if req.priority > 0:  # dry-run preemption: what would make room
             from ..engine.preemption import find_victims
 
