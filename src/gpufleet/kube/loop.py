@@ -470,6 +470,16 @@ class SchedulerLoop:
         self._last_failure[key] = (message, now)
         self.events.send(pod, "Warning", "FailedScheduling", message)
 
+    def next_result(self, timeout_s: float) -> tuple | None:
+        """Wait for a finished bind without touching the snapshot (call ``apply_result`` with it)."""
+        try:
+            return self._results.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def apply_result(self, item: tuple) -> None:
+        self._bind_done(*item)
+
     def drain(self, block_s: float = 0.0) -> int:
         """Apply finished binds (async mode); returns how many."""
         n = 0

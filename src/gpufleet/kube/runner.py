@@ -134,7 +134,12 @@ class Runner:
             leading = self.leading()
             busy = leading and loop.has_due()
             self._apply_events(0.0 if busy or loop.binding else 0.05)
+            done = None
+            if loop.binding and not busy:  # binds in flight, nothing else to do: wait for one, not spin (shared GIL)
+                done = loop.next_result(0.005)
             with self.lock:
+                if done is not None:
+                    loop.apply_result(done)
                 loop.drain()
                 if leading and self.elector is not None and self.elector.term != self._term:
                     try:
