@@ -312,3 +312,30 @@ def test_repeated_failures_do_not_repeat_the_same_event_and_bound_pods_are_slim(
     feed(loop, api)
     held = loop.bound_pods["ml/theirs"]
     assert "affinity" not in held["spec"] and held["metadata"]["annotations"] == {} and "ml/theirs" in loop.state.assignments
+
+
+def test_scheduling_gates_hold_a_pod_until_removed():
+    api = FakeApi()
+    api.add_node(node("n1", gpus=1))
+    gated = pod("g")
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    api.add_pod(gated)
+    loop = make(api)
+    assert loop.schedule_due() == 0 and not api.binds
+    open_ = json.loads(json.dumps(api.pods["ml/g"]))
+    del open_["spec"]["schedulingGates"]
+    api.update_pod(open_)
+    feed(loop, api)
+    assert loop.schedule_due() == 1 and api.binds == [("ml/g", "n1")]
+
+
+def test_bound_pod_with_a_contradicting_annotation_still_holds_its_gpus():
+    api = FakeApi()
+    api.add_node(node("n1", gpus=1))
+    p = pod("odd", gpus=1, scheduler="default-scheduler", node_name="n1",
+            annotations={"gpufleet.io/assignment": '{"node":"elsewhere","gpus":[{"index":0,"uuid":""}],"gpu_milli":1000}'})
+    api.add_pod(p)
+    api.add_pod(pod("mine"))
+    loop = make(api)
+    loop.schedule_due()
+    assert "ml/odd" in loop.state.assignments and not api.binds

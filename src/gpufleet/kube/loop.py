@@ -247,8 +247,15 @@ class SchedulerLoop:
         try:
             a = bound_assignment(pod, self.state)
         except GpufleetError as exc:
-            log.warning("bound pod %s: %s", key, exc)
-            return
+            # a broken or contradicting assignment annotation: the pod still holds what it requests
+            log.warning("bound pod %s: %s; modelling it from its requests", key, exc)
+            m = pod.get("metadata") or {}
+            bare = {**pod, "metadata": {**m, "annotations": {k: v for k, v in (m.get("annotations") or {}).items() if k != ann.ASSIGNMENT}}}
+            try:
+                a = bound_assignment(bare, self.state)
+            except GpufleetError as exc2:
+                log.warning("bound pod %s: %s", key, exc2)
+                return
         problem = self.state.check(a)
         if problem:
             self.stats.double_book_refused += 1
@@ -267,9 +274,13 @@ class SchedulerLoop:
         spec = pod.get("spec") or {}
         if spec.get("nodeName"):
             self.bound_pods[key] = slim_pod(pod)
-        elif spec.get("schedulerName", "default-scheduler") == self.scheduler_name and key not in self.binding:
+        elif self._ours(spec) and key not in self.binding:
             self.pending[key] = pod
             self._first_seen.setdefault(key, self.clock())
+
+    def _ours(self, spec: dict) -> bool:
+        """Pending for us: our scheduler name and no scheduling gates (pods wait until every gate is removed)."""
+        return spec.get("schedulerName", "default-scheduler") == self.scheduler_name and not spec.get("schedulingGates")
 
     def _forget_timers(self, key: str) -> None:
         self._last_failure.pop(key, None)
@@ -305,16 +316,19 @@ class SchedulerLoop:
         spec = pod.get("spec") or {}
         if spec.get("nodeName"):
             self.pending.pop(key, None)
-            self._forget_timers(key)
+            if key not in self.binding:  # the bind result still needs the pod's first-seen time
+                self._forget_timers(key)
             self.bound_pods[key] = pod = slim_pod(pod)
             if key not in self.binding:  # our own in-flight binds are already reserved
                 self._reserve_bound(key, pod)
             return
         if key in self.binding or key in self.bound_pods:
             return  # a stale unbound view of a pod we are binding or saw bound
-        if spec.get("schedulerName", "default-scheduler") == self.scheduler_name:
+        if self._ours(spec):
             self.pending[key] = pod
             self._first_seen.setdefault(key, self.clock())
+        elif key in self.pending:  # e.g. a scheduling gate was added back
+            self.pending.pop(key, None)
 
     def _node_event(self, type_: str, node: dict) -> None:
         name = (node.get("metadata") or {}).get("name", "")
