@@ -228,10 +228,10 @@ def test_runner_only_the_leader_binds_and_a_standby_takes_over():
     api = FakeApi()
     api.add_node(node("n1", gpus=4))
     store = MemoryLeaseStore()
-    ea = LeaseElector(store, "a", lease_s=1, renew_deadline_s=0.6, retry_s=0.1)
+    ea = LeaseElector(store, "a", lease_s=3, renew_deadline_s=2, retry_s=0.1)
     ra, stop_a, ta = run_runner(api, ea)
     assert wait_until(lambda: ea.is_leader, 3)
-    eb = LeaseElector(store, "b", lease_s=1, renew_deadline_s=0.6, retry_s=0.1)
+    eb = LeaseElector(store, "b", lease_s=3, renew_deadline_s=2, retry_s=0.1)
     rb, stop_b, tb = run_runner(api, eb)
     try:
         api.add_pod(pod("p0"))
