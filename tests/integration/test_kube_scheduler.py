@@ -252,22 +252,20 @@ def test_leader_election_and_failover(control_plane, core, ns, nodes):
                 x.stop()
 
 
-def test_least_privilege_rbac_from_the_manifest_is_enough(control_plane, admin, core, ns, nodes):
-    """Run the scheduler as the manifest's ServiceAccount with only the manifest's RBAC."""
+def sa_kubeconfig(control_plane, admin, manifest: str, account: str, ns: str) -> str:
+    """Apply a manifest's RBAC objects (renamed into ``ns``) and return a kubeconfig with that ServiceAccount's token."""
     from kubernetes import client, utils
 
-    docs = [d for d in yaml.safe_load_all((ROOT / "deploy/scheduler/scheduler.yaml").read_text()) if d]
-    suffix = ns
-    for d in docs:
-        if d["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+    for d in yaml.safe_load_all((ROOT / manifest).read_text()):
+        if not d or d["kind"] not in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
             continue
         d = json.loads(json.dumps(d))
         if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-            d["metadata"]["name"] += f"-{suffix}"
+            d["metadata"]["name"] += f"-{ns}"
         if "namespace" in d["metadata"]:
             d["metadata"]["namespace"] = ns
-        if "roleRef" in d and d["kind"] == "ClusterRoleBinding":
-            d["roleRef"]["name"] += f"-{suffix}"
+        if d["kind"] == "ClusterRoleBinding":
+            d["roleRef"]["name"] += f"-{ns}"
         for s in d.get("subjects", []):
             s["namespace"] = ns
         if d["kind"] == "Role":
@@ -276,12 +274,18 @@ def test_least_privilege_rbac_from_the_manifest_is_enough(control_plane, admin, 
                     r["resourceNames"] = [f"gpufleet-{ns}"]
         utils.create_from_dict(admin, d)
     tok = client.CoreV1Api(admin).create_namespaced_service_account_token(
-        "gpufleet-scheduler", ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
+        account, ns, {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}})
     kc = yaml.safe_load(control_plane.kubeconfig.read_text())
     kc["users"] = [{"name": "sa", "user": {"token": tok.status.token}}]
     kc["contexts"][0]["context"]["user"] = "sa"
-    path = control_plane.dir / f"kubeconfig-{ns}"
+    path = control_plane.dir / f"kubeconfig-{account}-{ns}"
     path.write_text(yaml.safe_dump(kc))
+    return str(path)
+
+
+def test_least_privilege_rbac_from_the_manifest_is_enough(control_plane, admin, core, ns, nodes):
+    """Run the scheduler as the manifest's ServiceAccount with only the manifest's RBAC."""
+    path = sa_kubeconfig(control_plane, admin, "deploy/scheduler/scheduler.yaml", "gpufleet-scheduler", ns)
     nodes(f"{ns}-n", 2)
     core.create_namespaced_pod(ns, pod_body("p", milli=250))
     core.create_namespaced_pod(ns, pod_body("too-big", gpus=3))
@@ -295,7 +299,8 @@ def test_least_privilege_rbac_from_the_manifest_is_enough(control_plane, admin, 
         s.stop()
 
 
-def test_extender_filter_prioritize_bind_on_a_real_apiserver(control_plane, core, ns, nodes):
+def test_extender_filter_prioritize_bind_on_a_real_apiserver(control_plane, admin, core, ns, nodes):
+    """The extender's verbs, run as the extender manifest's ServiceAccount with only its RBAC."""
     import urllib.request
 
     from gpufleet.kube.extender import Extender, serve
@@ -303,7 +308,7 @@ def test_extender_filter_prioritize_bind_on_a_real_apiserver(control_plane, core
     nodes(f"{ns}-one", 1, inventory=True)
     nodes(f"{ns}-eight", 8, inventory=True)
     core.create_namespaced_pod(ns, pod_body("train", gpus=4, scheduler="default-scheduler"))
-    api = KubernetesApi(str(control_plane.kubeconfig))
+    api = KubernetesApi(sa_kubeconfig(control_plane, admin, "deploy/extender/extender.yaml", "gpufleet-extender", ns))
     loop = SchedulerLoop(api, load_profile("default", None), scheduler_name="\x00none")
     lock = threading.Lock()
     runner = Runner(api, loop, lock=lock, watch_timeout_s=20)
