@@ -96,3 +96,19 @@ def test_bind_checks_uid_and_unknown_verbs_are_404(ext):
     with pytest.raises(urllib.error.HTTPError) as exc:
         post(base + "/preempt", {})
     assert exc.value.code == 404
+
+
+def test_not_synced_yet_is_an_error_not_an_empty_answer():
+    import threading
+
+    api = FakeApi()
+    api.add_node(node("big", gpus=8))
+    loop = SchedulerLoop(api, build_profile("bestfit"), scheduler_name="default-scheduler")
+    ready = threading.Event()
+    e = Extender(loop, ready=ready)
+    r = e.filter({"Pod": pod("t", gpus=1, scheduler="default-scheduler"), "NodeNames": ["big"]})
+    assert "not synced" in r["Error"] and r["NodeNames"] == []
+    assert "not synced" in e.bind({"PodName": "t", "PodNamespace": "ml", "Node": "big"})["Error"]
+    loop.resync()
+    ready.set()
+    assert e.filter({"Pod": pod("t", gpus=1, scheduler="default-scheduler"), "NodeNames": ["big"]})["NodeNames"] == ["big"]

@@ -52,8 +52,9 @@ def _names(args: dict[str, Any]) -> tuple[list[str], list[dict] | None]:
 
 
 class Extender:
-    def __init__(self, loop: SchedulerLoop, lock: threading.Lock | None = None) -> None:
+    def __init__(self, loop: SchedulerLoop, lock: threading.Lock | None = None, ready: threading.Event | None = None) -> None:
         self.loop = loop
+        self.ready = ready  # until the first list is in, answer with an error (kube-scheduler retries the pod)
         self.lock = lock or threading.Lock()  # the snapshot is shared with the watch thread
         self.requests = {"filter": 0, "prioritize": 0, "bind": 0}
 
@@ -86,6 +87,8 @@ class Extender:
             return reply([], {}, {}, f"invalid pod spec: {exc}")
         if not req.gpu_count:  # not ours to judge
             return reply(names, {}, {})
+        if self.ready is not None and not self.ready.is_set():
+            return reply([], {}, {}, "gpufleet has not synced its snapshot yet")
         with self.lock:
             sched = self.loop.sched
             cycle = sched.new_cycle(req)
@@ -135,6 +138,8 @@ class Extender:
         uid = args.get("poduid") or ""
         key = f"{ns}/{name}"
         loop = self.loop
+        if self.ready is not None and not self.ready.is_set():
+            return {"Error": "gpufleet has not synced its snapshot yet"}
         with self.lock:
             pod = loop.pending.get(key)
             if pod is None:

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none")
     lock = threading.Lock()
     runner = Runner(api, loop, lock=lock)
-    ext = Extender(loop, lock)
+    ext = Extender(loop, lock, runner.ready)
     srv = serve(ext, args.addr, runner.ready)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
