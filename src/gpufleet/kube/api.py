@@ -15,7 +15,7 @@ import itertools
 import json
 import threading
 import time
-from typing import Any, Iterator, Protocol
+from typing import Iterator, Protocol
 
 
 class Gone(Exception):

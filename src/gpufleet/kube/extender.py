@@ -32,7 +32,7 @@ import numpy as np
 from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
 from ..engine.inventory import assignment_to_json
-from ..engine.podspec import parse_pod, pod_key
+from ..engine.podspec import parse_pod
 from .loop import SchedulerLoop, bind_job
 
 log = logging.getLogger(__name__)
