@@ -111,29 +111,45 @@ class StrandAwareFragScore(FGDScore):
     def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
         return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
 
-    def _before(self, state: ClusterState, nodes: np.ndarray, cpu, left, mem, model, tw, acc) -> np.ndarray:
-        """The measure of nodes as they are, cached per node version (shared by every pod shape)."""
+    def _before_cache(self, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
+        """The measure of nodes as they are, per node version (shared by every pod shape)."""
         c = self._bcache
         if c is None or c[0] != (self._version, state.epoch) or c[1].size != len(state):
             c = ((self._version, state.epoch), np.zeros(len(state)), np.full(len(state), -1, dtype=np.int64))
             self._bcache = c
-        _, vals, vers = c
-        stale = vers[nodes] != state.version[nodes]
-        if stale.any():
-            k = np.flatnonzero(stale)
-            vals[nodes[k]] = self._measure(cpu[k], left[k], mem[k], model[k], tw, acc)
-            vers[nodes[k]] = state.version[nodes[k]]
-        return vals[nodes]
+        return c[1], c[2]
 
     def _quantise(self, delta: np.ndarray) -> np.ndarray:
         return np.floor(delta / self.quant_milli) if self.quant_milli > 0 else delta
 
-    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-        r = cycle.request
+    def _descent(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after, gpu_after, mem_after) -> np.ndarray:
+        """Quantised measure decrease from node ``nodes[rows]`` as it is to the given after-states.
+
+        The stale before-states and all after-states go through ``_measure`` in
+        one call: with one changed node per cycle, numpy's per-call cost is most
+        of the work.
+        """
         tw, acc = self._tw(state)
+        vals, vers = self._before_cache(state)
+        stale = np.flatnonzero(vers[nodes] != state.version[nodes])
         cpu, left, model = node_view(state, nodes)
         mem = state.mem_free[nodes]
-        before = self._before(state, nodes, cpu, left, mem, model, tw, acc)
+        m = self._measure(
+            np.concatenate([cpu[stale], cpu_after]),
+            np.concatenate([left[stale], gpu_after]),
+            np.concatenate([mem[stale], mem_after]),
+            np.concatenate([model[stale], model[rows]]),
+            tw, acc,
+        )
+        if stale.size:
+            vals[nodes[stale]] = m[: stale.size]
+            vers[nodes[stale]] = state.version[nodes[stale]]
+        return self._quantise(vals[nodes[rows]] - m[stale.size:])
+
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        cpu, left, _ = node_view(state, nodes)
+        mem = state.mem_free[nodes]
         k, g = left.shape
         elig = eligible_gpus(state, r, nodes) & (left >= r.gpu_milli)
         rows, cols = np.nonzero(elig)
@@ -141,22 +157,17 @@ class StrandAwareFragScore(FGDScore):
         if rows.size:
             new_left = left[rows].copy()
             new_left[np.arange(rows.size), cols] -= r.gpu_milli
-            after = self._measure(cpu[rows] - r.cpu_milli, new_left, mem[rows] - r.memory_mib, model[rows], tw, acc)
-            out[rows, cols] = self._quantise(before[rows] - after)
+            out[rows, cols] = self._descent(state, nodes, rows, cpu[rows] - r.cpu_milli, new_left, mem[rows] - r.memory_mib)
         return out
 
-    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    _UNFIT = -1e9
+
+    def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
-        if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
-            s = self._gpu_scores(cycle, state, nodes).max(axis=1)
-            return np.where(np.isfinite(s), s, -1e9)
-        tw, acc = self._tw(state)
-        cpu, left, model = node_view(state, nodes)
+        cpu, left, _ = node_view(state, nodes)
         mem = state.mem_free[nodes]
-        before = self._before(state, nodes, cpu, left, mem, model, tw, acc)
         new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
-        after = self._measure(cpu - r.cpu_milli, new_left, mem - r.memory_mib, model, tw, acc)
-        return self._quantise(before - after)
+        return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib)
 
     # select_gpus: FGDScore's (the best-scoring GPU for a share, best fit otherwise), on this measure
 

@@ -22,7 +22,7 @@ score only after that node changed.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -140,6 +140,27 @@ def node_view(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.nd
     return state.cpu_free[nodes], left, model
 
 
+DEDUPE_MIN_NODES = 32  # below this, grouping costs more than it saves
+
+
+def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group nodes whose free resources and GPU make-up are identical: (representatives, inverse).
+
+    A fragmentation score depends only on these columns, so nodes in one group
+    score alike; a large cluster has few distinct states (most nodes are idle or
+    full), which turns a full re-score (a new epoch, a re-learned workload) from
+    every node into a few dozen.
+    """
+    cols = np.concatenate(
+        [state.cpu_free[nodes, None], state.mem_free[nodes, None], state.gpu_free_milli[nodes], state.gpu_mem_free[nodes],
+         state.gpu_mem_cap[nodes], state.gpu_usable[nodes].astype(np.int64), state.gpu_model[nodes].astype(np.int64)],
+        axis=1,
+    )
+    rows = np.ascontiguousarray(cols).view(np.dtype((np.void, cols.itemsize * cols.shape[1]))).ravel()
+    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    return nodes[first], inverse.ravel()
+
+
 def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, tw: TargetWorkload, access: np.ndarray) -> np.ndarray:
     """Expected GPU fragment (milli-GPU) of node states, over the target workload.
 
@@ -171,7 +192,7 @@ def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, t
     acc = access[model]  # [S, T]  (model -1 picks the last row)
     q3 = (tw.gpu_milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
     per = np.where(q3, small, total[:, None])
-    return per @ tw.freq
+    return (per * tw.freq).sum(axis=1)  # row by row, so a node scores the same in any batch (matmul may not)
 
 
 def _frag_amount_reference(cpu_left, gpu_left, model, tw, access):
@@ -379,6 +400,7 @@ class FGDScore(_Plugin):
     _next_refresh: int = 0
     _access: tuple | None = field(default=None, repr=False)
     _version: int = 0  # bumped whenever the target workload changes (part of the score cache key)
+    _gsel: OrderedDict = field(default_factory=OrderedDict, repr=False)  # see _gpu_cache
 
     # the target workload
     def prime(self, requests: Iterable[PodRequest]) -> None:
@@ -416,6 +438,47 @@ class FGDScore(_Plugin):
             self.observe(cycle.request)
         return (shape_of(cycle.request), self._version)
 
+    def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
+        """Per-GPU scores of a shared pod's shape, [nodes, G], with the node version each was computed at.
+
+        ``score`` fills it; ``select_gpus`` reads the chosen node's row instead of
+        scoring that node a second time.
+        """
+        key = (shape_of(cycle.request), self._version, state.epoch, id(state))
+        cache = self._gsel
+        ent = cache.get(key)
+        if ent is None or ent[0].shape != state.gpu_free_milli.shape:
+            ent = (np.full(state.gpu_free_milli.shape, -np.inf), np.full(len(state), -1, dtype=np.int64))
+            cache[key] = ent
+            if len(cache) > 16:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        return ent
+
+    def _shared_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """[k, G] per-GPU scores of ``nodes`` for a single shared GPU, through the per-GPU cache."""
+        rows, vers = self._gpu_cache(cycle, state)
+        stale = nodes[vers[nodes] != state.version[nodes]]
+        if stale.size:
+            if stale.size >= DEDUPE_MIN_NODES:
+                reps, inv = state_groups(state, stale)
+                rows[stale] = self._gpu_scores(cycle, state, reps)[inv]
+            else:
+                rows[stale] = self._gpu_scores(cycle, state, stale)
+            vers[stale] = state.version[stale]
+        return rows[nodes]
+
+    def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """Scores of placing a pod that is not a single shared GPU."""
+        r = cycle.request
+        tw, acc = self._tw(state)
+        cpu, left, model = node_view(state, nodes)
+        before = frag_amount(cpu, left, model, tw, acc)
+        new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count else left
+        after = frag_amount(cpu - r.cpu_milli, new_left, model, tw, acc)
+        return _sigmoid_score(before - after)
+
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """[k, G] scores of placing a shared pod on each GPU (-inf where it does not fit)."""
         r = cycle.request
@@ -433,24 +496,25 @@ class FGDScore(_Plugin):
             out[rows, cols] = _sigmoid_score(before[rows] - after)
         return out
 
+    _UNFIT = 0.0  # score of a node where no GPU takes the share (the filters normally drop it)
+
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
         if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
-            s = self._gpu_scores(cycle, state, nodes).max(axis=1)
-            return np.where(np.isfinite(s), s, 0.0)
-        tw, acc = self._tw(state)
-        cpu, left, model = node_view(state, nodes)
-        before = frag_amount(cpu, left, model, tw, acc)
-        new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count else left
-        after = frag_amount(cpu - r.cpu_milli, new_left, model, tw, acc)
-        return _sigmoid_score(before - after)
+            s = self._shared_scores(cycle, state, nodes).max(axis=1)
+            return np.where(np.isfinite(s), s, self._UNFIT)
+        if nodes.size >= DEDUPE_MIN_NODES:
+            reps, inv = state_groups(state, nodes)
+            if reps.size < nodes.size:
+                return self._node_scores(cycle, state, reps)[inv]
+        return self._node_scores(cycle, state, nodes)
 
     def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
         r = cycle.request
         if r.mig_profile:
             return pick_mig(cycle, state, node)
         if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
-            s = self._gpu_scores(cycle, state, np.array([node]))[0]
+            s = self._shared_scores(cycle, state, np.array([node]))[0]
             if not np.isfinite(s).any():
                 return None
             return GpuChoice((int(np.argmax(s)),))  # first GPU with the best score, as the paper
