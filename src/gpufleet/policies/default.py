@@ -38,7 +38,7 @@ from ..engine.framework import Cycle
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.plugins.filters import eligible_gpus
 from ..engine.state import ClusterState
-from .paper import FGDScore, _take_packed, frag_amount, node_view
+from .paper import FGDScore, _take_packed, distinct_placements, frag_amount, node_view
 
 
 @dataclass
@@ -155,9 +155,11 @@ class StrandAwareFragScore(FGDScore):
         rows, cols = np.nonzero(elig)
         out = np.full((k, g), -np.inf)
         if rows.size:
-            new_left = left[rows].copy()
-            new_left[np.arange(rows.size), cols] -= r.gpu_milli
-            out[rows, cols] = self._descent(state, nodes, rows, cpu[rows] - r.cpu_milli, new_left, mem[rows] - r.memory_mib)
+            first, inv = distinct_placements(left, rows, cols)
+            ur, uc = rows[first], cols[first]
+            new_left = left[ur].copy()
+            new_left[np.arange(ur.size), uc] -= r.gpu_milli
+            out[rows, cols] = self._descent(state, nodes, ur, cpu[ur] - r.cpu_milli, new_left, mem[ur] - r.memory_mib)[inv]
         return out
 
     _UNFIT = -1e9

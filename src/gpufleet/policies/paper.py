@@ -21,6 +21,7 @@ score only after that node changed.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
@@ -151,14 +152,51 @@ def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np
     full), which turns a full re-score (a new epoch, a re-learned workload) from
     every node into a few dozen.
     """
-    cols = np.concatenate(
-        [state.cpu_free[nodes, None], state.mem_free[nodes, None], state.gpu_free_milli[nodes], state.gpu_mem_free[nodes],
-         state.gpu_mem_cap[nodes], state.gpu_usable[nodes].astype(np.int64), state.gpu_model[nodes].astype(np.int64)],
-        axis=1,
-    )
-    rows = np.ascontiguousarray(cols).view(np.dtype((np.void, cols.itemsize * cols.shape[1]))).ravel()
-    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-    return nodes[first], inverse.ravel()
+    g = state.max_gpus
+    cols = np.empty((nodes.size, 3 + 2 * g), dtype=np.int64)
+    cols[:, 0] = _node_kinds(state)[nodes]
+    cols[:, 1] = state.cpu_free[nodes]
+    cols[:, 2] = state.mem_free[nodes]
+    cols[:, 3 : 3 + g] = state.gpu_free_milli[nodes]
+    cols[:, 3 + g :] = state.gpu_mem_free[nodes]
+    # group by a 64-bit hash of each row (wrapping multiply-add), then check that every node
+    # equals its representative; on a collision, fall back to comparing whole rows
+    _, first, inverse = np.unique((cols * _hash_coeffs(cols.shape[1])).sum(axis=1), return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if not (cols == cols[first[inverse]]).all():
+        rows = np.ascontiguousarray(cols).view(np.dtype((np.void, cols.itemsize * cols.shape[1]))).ravel()
+        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+    return nodes[first], inverse
+
+
+_KINDS: OrderedDict[int, np.ndarray] = OrderedDict()
+
+
+def _node_kinds(state: ClusterState) -> np.ndarray:
+    """Per node, an id of its fixed GPU make-up (model, memory, usable), which changes only with the epoch."""
+    kinds = _KINDS.get(state.epoch)
+    if kinds is None or kinds.size != len(state):
+        static = np.concatenate([state.gpu_usable, state.gpu_model, state.gpu_mem_cap], axis=1).astype(np.int64)
+        _, kinds = np.unique(static, axis=0, return_inverse=True)
+        kinds = kinds.ravel()
+        _KINDS[state.epoch] = kinds
+        while len(_KINDS) > 8:
+            _KINDS.popitem(last=False)
+    return kinds
+
+
+@functools.lru_cache(maxsize=8)
+def _hash_coeffs(width: int) -> np.ndarray:
+    return np.random.default_rng(20231).integers(1, 2**62, width, dtype=np.int64) | 1
+
+
+def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse) over (node, GPU) placements of one share: placing it on either of two GPUs
+    of a node with the same free milli leaves the same multiset of free GPUs, which is all a
+    fragmentation measure sees, so one placement stands for both (8 -> 1 on an idle node)."""
+    _, first, inverse = np.unique(rows * (GPU_MILLI + 1) + left[rows, cols], return_index=True, return_inverse=True)
+    return first, inverse.ravel()
 
 
 def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, tw: TargetWorkload, access: np.ndarray) -> np.ndarray:
@@ -490,10 +528,12 @@ class FGDScore(_Plugin):
         rows, cols = np.nonzero(elig)
         out = np.full((k, g), -np.inf)
         if rows.size:
-            new_left = left[rows].copy()
-            new_left[np.arange(rows.size), cols] -= r.gpu_milli
-            after = frag_amount(cpu[rows] - r.cpu_milli, new_left, model[rows], tw, acc)
-            out[rows, cols] = _sigmoid_score(before[rows] - after)
+            first, inv = distinct_placements(left, rows, cols)
+            ur, uc = rows[first], cols[first]
+            new_left = left[ur].copy()
+            new_left[np.arange(ur.size), uc] -= r.gpu_milli
+            after = frag_amount(cpu[ur] - r.cpu_milli, new_left, model[ur], tw, acc)
+            out[rows, cols] = _sigmoid_score(before[ur] - after)[inv]
         return out
 
     _UNFIT = 0.0  # score of a node where no GPU takes the share (the filters normally drop it)
