@@ -4,24 +4,27 @@ Starts etcd and kube-apiserver from $KUBEBUILDER_ASSETS (as the integration
 tier does), creates ``--nodes`` fake nodes of 8 GPUs (status patched, no
 kubelets) and ``--pods`` pending pods with ``schedulerName: gpufleet`` (half
 whole single-GPU, half fractional 250/300/500 milli), then starts
-``gpufleet scheduler`` as its own process and times until every pod is bound,
-reading ``gpufleet_binds_total`` from its /metrics.  Everything -- apiserver,
-etcd, the pod creator and the scheduler -- shares this machine's cores.
+``gpufleet scheduler`` as its own process and times until every pod is bound
+(a watch on the pods counts them).  Then the same again, on a fresh apiserver,
+with the stock ``kube-scheduler`` (client QPS and burst 1,000, its profile
+named ``gpufleet`` so it takes the same pods) when ``$KUBEBUILDER_ASSETS``
+holds a ``kube-scheduler`` binary or ``--kube-scheduler`` names one.
+Everything -- apiserver, etcd, the pod creator and the scheduler -- shares
+this machine's cores.
 
-    KUBEBUILDER_ASSETS=/work/envtest-assets python bench/bench_kube_apiserver.py --nodes 1000 --pods 3000
+    KUBEBUILDER_ASSETS=/path/to/bin python bench/bench_kube_apiserver.py --nodes 1000 --pods 3000 [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,32 +58,70 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def binds(url: str) -> int:
-    try:
-        text = urllib.request.urlopen(url, timeout=2).read().decode()
-    except Exception:
-        return -1
-    m = re.search(r"^gpufleet_binds_total ([0-9.e+]+)$", text, re.M)
-    return int(float(m.group(1))) if m else 0
+class BindCounter:
+    """Counts pods in the namespace that have a node, from a watch (cheap for the apiserver, same for every scheduler)."""
+
+    def __init__(self, core, namespace: str):
+        import threading
+
+        from kubernetes import watch
+
+        self.bound: set[str] = set()
+        self.first_t: float | None = None
+        self._w = watch.Watch()
+        self._stop = False
+
+        def run() -> None:
+            rv = core.list_namespaced_pod(namespace, limit=1).metadata.resource_version
+            while not self._stop:
+                try:
+                    for ev in self._w.stream(core.list_namespaced_pod, namespace, resource_version=rv, timeout_seconds=60):
+                        o = ev["object"]
+                        rv = o.metadata.resource_version
+                        if o.spec.node_name and o.metadata.name not in self.bound:
+                            if self.first_t is None:
+                                self.first_t = time.perf_counter()
+                            self.bound.add(o.metadata.name)
+                except Exception:
+                    time.sleep(0.2)
+
+        self._t = threading.Thread(target=run, daemon=True)
+        self._t.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._w.stop()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--pods", type=int, default=3000)
-    ap.add_argument("--policy", default="default")
-    ap.add_argument("--bind-workers", type=int, default=16)
-    ap.add_argument("--timeout-s", type=float, default=300)
-    args = ap.parse_args()
-    assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if not assets or not all((Path(assets) / b).is_file() for b in ("etcd", "kube-apiserver")):
-        print("set KUBEBUILDER_ASSETS to a folder with etcd and kube-apiserver", file=sys.stderr)
-        return 2
+KUBE_SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {{kubeconfig: "{kubeconfig}", qps: 1000, burst: 1000}}
+leaderElection: {{leaderElect: false}}
+profiles:
+- schedulerName: gpufleet
+"""
+
+
+def scheduler_cmd(which: str, args, kubeconfig: Path, d: Path) -> list[str]:
+    if which == "gpufleet":
+        return [sys.executable, "-m", "gpufleet.cli.main", "scheduler", "--kubeconfig", str(kubeconfig),
+                "--no-leader-elect", f"--metrics-addr=127.0.0.1:{_free_port()}", f"--policy={args.policy}",
+                f"--bind-workers={args.bind_workers}", "--log-level=WARNING"]
+    # the stock kube-scheduler, its profile named like ours so it takes the same pods (the
+    # fractional annotation means nothing to it: each pod takes one whole nvidia.com/gpu)
+    cfg = d / "kube-scheduler.yaml"
+    cfg.write_text(KUBE_SCHEDULER_CONFIG.format(kubeconfig=kubeconfig))
+    return [args.kube_scheduler, f"--config={cfg}", f"--secure-port={_free_port()}", "--bind-address=127.0.0.1",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}", "-v=1"]
+
+
+def run_one(which: str, args, assets: str) -> dict | None:
     from kubernetes import client, config
 
     d = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     cp = ControlPlane(assets, d)
     proc = None
+    counter = None
     try:
         cp.start()
         cfg = client.Configuration()
@@ -97,41 +138,33 @@ def main() -> int:
             t1 = time.perf_counter()
             list(ex.map(lambda i: core.create_namespaced_pod("bench", pod_body(i), _preload_content=False), range(args.pods)))
         t2 = time.perf_counter()
-        print(f"setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s")
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}/metrics"
+        print(f"[{which}] setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s")
+        counter = BindCounter(core, "bench")
         log = open(d / "scheduler.log", "wb")
         cpu0 = {p.args[0].rsplit("/", 1)[-1]: cpu_s(p.pid) for p in cp.procs}
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli.main", "scheduler", "--kubeconfig", str(cp.kubeconfig),
-                                 "--no-leader-elect", f"--metrics-addr=127.0.0.1:{port}", f"--policy={args.policy}",
-                                 f"--bind-workers={args.bind_workers}", "--log-level=WARNING"], stdout=log, stderr=subprocess.STDOUT)
-        first = None
-        n = 0
-        while time.perf_counter() - start < args.timeout_s:
-            n = binds(url)
-            if n > 0 and first is None:
-                first = (time.perf_counter(), n)
-            if n >= args.pods:
-                break
+        proc = subprocess.Popen(scheduler_cmd(which, args, cp.kubeconfig, d), stdout=log, stderr=subprocess.STDOUT)
+        while time.perf_counter() - start < args.timeout_s and len(counter.bound) < args.pods:
             if proc.poll() is not None:
                 print((d / "scheduler.log").read_text()[-3000:])
-                return 1
-            time.sleep(0.1)
+                return None
+            time.sleep(0.05)
         end = time.perf_counter()
+        n = len(counter.bound)
         cpu = {k: cpu_s(p.pid) - cpu0[k] for k, p in zip(cpu0, cp.procs)}
-        cpu["gpufleet scheduler"] = cpu_s(proc.pid)
+        cpu[which] = cpu_s(proc.pid)
         total = end - start
-        print(f"scheduler: {n} of {args.pods} pods bound in {total:.2f} s from process start = {n / total:.0f} pods/s")
-        if first:
-            ft, fn = first
-            print(f"           first bind seen after {ft - start:.2f} s (start-up: imports, list of {args.nodes} nodes and "
-                  f"{args.pods} pods); steady {(n - fn) / max(1e-9, end - ft):.0f} pods/s from then")
-        print("CPU seconds while scheduling: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + f" (wall {total:.1f} s, {os.cpu_count()} cores)")
-        bound = sum(1 for p in core.list_namespaced_pod("bench").items if p.spec.node_name)
-        print(f"check: {bound} pods bound according to the apiserver")
-        return 0 if n >= args.pods else 1
+        res = {"which": which, "bound": n, "total_s": total, "pods_per_s": n / total, "steady": None, "cpu": cpu}
+        print(f"[{which}] {n} of {args.pods} pods bound in {total:.2f} s from process start = {n / total:.0f} pods/s")
+        if counter.first_t:
+            ft = counter.first_t
+            res["steady"] = n / max(1e-9, end - ft)
+            print(f"[{which}] first bind after {ft - start:.2f} s (start-up, list of nodes and pods); {res['steady']:.0f} pods/s from then")
+        print(f"[{which}] CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + f" (wall {total:.1f} s, {os.cpu_count()} cores)")
+        return res if n >= args.pods else None
     finally:
+        if counter is not None:
+            counter.stop()
         if proc is not None:
             proc.terminate()
             try:
@@ -140,6 +173,44 @@ def main() -> int:
                 proc.kill()
         cp.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=3000)
+    ap.add_argument("--policy", default="default")
+    ap.add_argument("--bind-workers", type=int, default=16)
+    ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds; each runs every scheduler once, alternating")
+    ap.add_argument("--kube-scheduler", default="", help="stock kube-scheduler binary to compare with "
+                    "(default: $KUBEBUILDER_ASSETS/kube-scheduler when present)")
+    args = ap.parse_args()
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if not assets or not all((Path(assets) / b).is_file() for b in ("etcd", "kube-apiserver")):
+        print("set KUBEBUILDER_ASSETS to a folder with etcd and kube-apiserver", file=sys.stderr)
+        return 2
+    if not args.kube_scheduler and (Path(assets) / "kube-scheduler").is_file():
+        args.kube_scheduler = str(Path(assets) / "kube-scheduler")
+    which = ["gpufleet"] + (["kube-scheduler"] if args.kube_scheduler else [])
+    results: dict[str, list[dict]] = {w: [] for w in which}
+    ok = True
+    for _ in range(args.rounds):
+        for w in which:
+            r = run_one(w, args, assets)
+            ok &= r is not None
+            if r:
+                results[w].append(r)
+    print(f"summary ({args.nodes} nodes, {args.pods} pods, median of {args.rounds} round(s)):")
+    for w, rs in results.items():
+        if rs:
+            print(f"  {w:<15} {statistics.median(r['pods_per_s'] for r in rs):6.0f} pods/s from process start, "
+                  f"{statistics.median(r['steady'] or 0 for r in rs):6.0f} steady")
+    if all(results[w] for w in which) and len(which) == 2:
+        a = statistics.median(r["pods_per_s"] for r in results["gpufleet"])
+        b = statistics.median(r["pods_per_s"] for r in results["kube-scheduler"])
+        print(f"  gpufleet / kube-scheduler = {a / b:.2f}x")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
