@@ -44,14 +44,35 @@ class SchedulerApi(Protocol):
     def watch(self, kind: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict]]:
         """(type, object) with type ADDED/MODIFIED/DELETED/BOOKMARK; raises ``Gone`` on 410."""
         ...
+    def list_kind(self, kind: str) -> tuple[list[dict], str]:
+        """List one of ``POLICY_KINDS``; raises ``NotFound`` when the API does not serve it (CRD not installed)."""
+        ...
     def get_pod(self, namespace: str, name: str) -> dict | None: ...
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None: ...
+    def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
+        """Delete (evict) a pod (preemption, reclaim); ``uid`` guards against deleting a newer pod of the same name."""
+        ...
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None: ...
 
 
 # Finished pods hold nothing; like kube-scheduler, never list or watch them.  A pod that
 # finishes leaves the selector, which a watch reports as DELETED.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+# What queues, gangs and preemption read besides nodes and pods, and where the API serves it.
+POLICY_KINDS = {
+    "namespace": "/api/v1/namespaces",
+    "queue": "/apis/gpufleet.io/v1alpha1/queues",
+    "podgroup": "/apis/gpufleet.io/v1alpha1/podgroups",
+    "pdb": "/apis/policy/v1/poddisruptionbudgets",
+}
+
+
+def object_key(obj: dict) -> str:
+    """namespace/name for namespaced objects, name for cluster-scoped ones."""
+    m = obj.get("metadata") or {}
+    return f"{m['namespace']}/{m.get('name')}" if m.get("namespace") else str(m.get("name"))
 
 
 def pod_key_of(obj: dict) -> str:
@@ -73,6 +94,9 @@ class FakeApi:
     def __init__(self) -> None:
         self.nodes: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}
+        self.objects: dict[str, dict[str, dict]] = {k: {} for k in POLICY_KINDS}
+        self.unserved: set[str] = set()  # kinds answered 404 (a CRD not installed)
+        self.evicted: list[tuple[str, int | None]] = []  # (pod key, grace period) by evict_pod
         self.events: list[dict] = []
         self.binds: list[tuple[str, str]] = []
         self.fail_binds = 0
@@ -120,6 +144,18 @@ class FakeApi:
         with self._cv:
             self._touch("pod", "DELETED", self.pods.pop(key))
 
+    def put_object(self, kind: str, obj: dict) -> None:
+        """Create or replace a namespace, Queue, PodGroup or PodDisruptionBudget."""
+        with self._cv:
+            key = object_key(obj)
+            new = key not in self.objects[kind]
+            self.objects[kind][key] = obj
+            self._touch(kind, "ADDED" if new else "MODIFIED", obj)
+
+    def delete_object(self, kind: str, key: str) -> None:
+        with self._cv:
+            self._touch(kind, "DELETED", self.objects[kind].pop(key))
+
     def compact(self) -> None:
         """Forget the event log: watches from an older resourceVersion get 410 Gone."""
         with self._cv:
@@ -136,6 +172,25 @@ class FakeApi:
         with self._cv:
             self._count("list_pods")
             return [copy.deepcopy(p) for p in self.pods.values()], str(next(self._rv))
+
+    def list_kind(self, kind: str) -> tuple[list[dict], str]:
+        with self._cv:
+            self._count(f"list_{kind}")
+            if kind in self.unserved:
+                raise NotFound(f"the server could not find the requested resource ({kind})")
+            return [copy.deepcopy(o) for o in self.objects[kind].values()], str(next(self._rv))
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
+        key = f"{namespace}/{name}"
+        with self._cv:
+            self._count("evict_pod")
+            pod = self.pods.get(key)
+            if pod is None:
+                raise NotFound(f"pod {key} not found")
+            if uid and (pod.get("metadata") or {}).get("uid") not in (None, uid):
+                raise Conflict(f"pod {key}: precondition failed: uid {uid}")
+            self.evicted.append((key, grace_period_s))
+            self._touch("pod", "DELETED", self.pods.pop(key))
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 0) -> Iterator[tuple[str, dict]]:
         rv = int(resource_version or 0)
@@ -264,7 +319,60 @@ class KubernetesApi:
 
         return self._list(f"/api/v1/pods?fieldSelector={quote(LIVE_PODS)}&")
 
+    def list_kind(self, kind: str) -> tuple[list[dict], str]:
+        return self._list(POLICY_KINDS[kind] + "?")
+
+    def _raw_watch(self, path: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict]]:
+        """A watch of any path, read line by line through the client's pool and credentials."""
+        import urllib3
+
+        url = f"{path}?watch=1&allowWatchBookmarks=true&timeoutSeconds={timeout_s}&resourceVersion={resource_version}"
+        headers = {"Accept": "application/json", "User-Agent": "gpufleet"}
+        self.api.update_params_for_auth(headers, [], ["BearerToken"], url, "GET", None)
+        r = self.api.rest_client.pool_manager.request("GET", self.api.configuration.host + url, headers=headers,
+                                                      preload_content=False, retries=False,
+                                                      timeout=urllib3.Timeout(connect=10, read=timeout_s + 30))
+        try:
+            if r.status != 200:
+                body = r.read()
+                try:
+                    msg = json.loads(body).get("message") or r.reason
+                except (ValueError, AttributeError):
+                    msg = r.reason
+                if r.status == 410:
+                    raise Gone(msg)
+                if r.status == 404:
+                    raise NotFound(msg)
+                raise ApiError(r.status, msg)
+            buf = b""
+            for chunk in r.stream(65536):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    t, obj = ev.get("type"), ev.get("object") or {}
+                    if t == "ERROR":
+                        if obj.get("code") == 410:
+                            raise Gone(path)
+                        raise RuntimeError(f"watch error: {obj}")
+                    yield t, obj
+        finally:
+            r.release_conn()
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
+        body: dict = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        if grace_period_s is not None:
+            body["gracePeriodSeconds"] = grace_period_s
+        self._request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+
     def watch(self, kind: str, resource_version: str, timeout_s: int = 60) -> Iterator[tuple[str, dict]]:
+        if kind in POLICY_KINDS:
+            yield from self._raw_watch(POLICY_KINDS[kind], resource_version, timeout_s)
+            return
         from kubernetes import watch
 
         fn = self.core.list_node if kind == "node" else self.core.list_pod_for_all_namespaces

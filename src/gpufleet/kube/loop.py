@@ -17,6 +17,17 @@ assumption is dropped: the pod may well be bound.
 
 Watch events can arrive after a relist that already contains them; an event
 older than the object we hold (by resourceVersion) is ignored.
+
+Teams, gangs and priority (``policy_objects``): namespaces, Queues, PodGroups
+and PodDisruptionBudgets are watched too.  Pods get their queue from their own
+annotation, their PodGroup, or their namespace; the ``QueueQuota`` plugin
+admits by quota; pending pods are tried in weighted-DRF order.  Pods of a pod
+group go through ``GangScheduler`` (all or nothing).  A pod that does not fit
+first tries to *reclaim* quota its queue lent out (borrowed pods of other
+queues), then to *preempt* lower-priority pods (whole gangs, within
+PodDisruptionBudgets); victims are deleted through the API and the pod is
+tried first once they are gone.  The queue a pod was admitted to is written
+next to its assignment, so a restart counts usage exactly as before.
 """
 
 from __future__ import annotations
@@ -30,14 +41,18 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..engine import annotations as ann
-from ..engine.errors import GpufleetError
+from ..engine.errors import ConfigError, GpufleetError
 from ..engine.framework import Profile, Scheduler
+from ..engine.gang import GangScheduler, group_key
 from ..engine.inventory import assignment_to_json
-from ..engine.model import Assignment, Node, Taint
+from ..engine.model import Assignment, Node, PodRequest, Taint
 from ..engine.podspec import parse_pod, pod_key
+from ..engine.preemption import explain_preemption, find_victims
+from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
-from .api import Conflict, NotFound, SchedulerApi
+from .api import POLICY_KINDS, ApiError, Conflict, NotFound, SchedulerApi
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
+from .policy_objects import PolicyObjects
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +66,8 @@ class Stats:
     binds: int = 0
     double_book_refused: int = 0  # bound pods whose devices the snapshot already had taken
     events_dropped: int = 0
+    preempted: int = 0  # pods deleted to make room for higher priority
+    reclaimed: int = 0  # borrowed pods deleted to give a queue its quota back
 
 
 def slim_pod(pod: dict) -> dict:
@@ -69,7 +86,7 @@ def slim_pod(pod: dict) -> dict:
     s["containers"] = [ctr(c) for c in spec.get("containers") or [] if isinstance(c, dict)]
     if spec.get("initContainers"):
         s["initContainers"] = [ctr(c) for c in spec["initContainers"] if isinstance(c, dict)]
-    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in m}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in m}
     meta["annotations"] = ann_
     return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
 
@@ -158,9 +175,23 @@ class SchedulerLoop:
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
-                 max_in_flight: int = 512):
+                 max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
+                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0):
         self.api = api
+        # queue quotas need the QueueQuota plugin; add it when the profile does not name it
+        self.quota = next((p for p in profile.pre_filters if isinstance(p, QueueQuota)), None)
+        if self.quota is None and policy_kinds:
+            self.quota = QueueQuota()
+            profile = replace(profile, pre_filters=[self.quota, *profile.pre_filters], reserves=[self.quota, *profile.reserves])
         self.profile = profile
+        self.objects = PolicyObjects()
+        self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else []
+        self.preemption = preemption
+        self.eviction_grace_s = eviction_grace_s
+        self.nominated_timeout_s = nominated_timeout_s
+        self.tree: QueueTree | None = None
+        self._nominated: dict[str, tuple[set[str], float]] = {}  # pod -> victims being deleted for it, until
+        self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
         self.scheduler_name = scheduler_name
         self.seed = seed
         self.backoff_initial_s = backoff_initial_s
@@ -182,21 +213,49 @@ class SchedulerLoop:
         self._not_before: dict[str, float] = {}
         self._first_seen: dict[str, float] = {}
         self._last_failure: dict[str, tuple[str, float]] = {}
-        self.rv = {"node": "", "pod": ""}
+        self.rv = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
         self.max_in_flight = max_in_flight
         self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
         self._results: queue.Queue = queue.Queue()
+        self.gangs = GangScheduler(self.sched)
 
     @property
     def bound(self) -> set[str]:
         return set(self.bound_pods)
 
+    @property
+    def watch_kinds(self) -> list[str]:
+        """Kinds to watch: nodes, pods, and the policy kinds the API serves."""
+        return ["node", "pod"] + [k for k in self.policy_kinds if k not in self.objects.unserved]
+
+    def list_kind(self, kind: str) -> tuple[list[dict], str]:
+        if kind == "node":
+            return self.api.list_nodes()
+        if kind == "pod":
+            return self.api.list_pods()
+        return self.api.list_kind(kind)
+
     # --- snapshot ---------------------------------------------------------------------
     def resync(self) -> None:
         """Full relist of both kinds and a rebuilt snapshot (start-up, becoming leader)."""
+        for kind in self.policy_kinds:  # first: bound pods' queues come from namespaces
+            try:
+                items, rv = self.api.list_kind(kind)
+            except (NotFound, ApiError) as exc:
+                if isinstance(exc, ApiError) and exc.status != 403:
+                    raise
+                if kind not in self.objects.unserved:
+                    log.warning("cannot list %s (%s; CRD not installed or RBAC): working without it", kind, exc)
+                self.objects.unserved.add(kind)
+                items, rv = [], ""
+            else:
+                self.objects.unserved.discard(kind)
+            self.objects.replace(kind, items)
+            self.rv[kind] = rv
+        self._req_cache.clear()
         nodes, node_rv = self.api.list_nodes()
         pods, pod_rv = self.api.list_pods()
-        self.rv = {"node": node_rv, "pod": pod_rv}
+        self.rv.update({"node": node_rv, "pod": pod_rv})
         self.node_objs = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
         self._node_rv = {k: v for k, v in ((k, _rv(n)) for k, n in self.node_objs.items()) if v is not None}
         old_pending = set(self.pending)
@@ -220,6 +279,8 @@ class SchedulerLoop:
                 good.append(n)
         self.state = ClusterState(good)
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
+        self.gangs = GangScheduler(self.sched)
+        self._rebuild_tree()
         # pods with an exact assignment first: modelled ones take whatever GPUs are left
         keys = sorted(self.bound_pods, key=lambda k: ann.ASSIGNMENT not in ((self.bound_pods[k].get("metadata") or {}).get("annotations") or {}))
         for k in keys:
@@ -227,6 +288,48 @@ class SchedulerLoop:
         for k, (_, a, _) in list(self.binding.items()):
             if k not in self.state.assignments and a.node in self.state.index and not self.state.check(a):
                 self.state.reserve(a)
+
+    def _rebuild_tree(self) -> None:
+        """The queue tree over the current snapshot; queues with a missing parent are left out (reported)."""
+        qs: list[Queue] = list(self.objects.queues)
+        while True:
+            names = {q.name for q in qs}
+            bad = [q for q in qs if q.parent and q.parent not in names]
+            if not bad:
+                break
+            for q in bad:
+                self.objects._report(f"Queue {q.name}", f"Queue {q.name}: field spec.parent: queue {q.parent!r} does not exist")
+            qs = [q for q in qs if q not in bad]
+        try:
+            self.tree = QueueTree(qs, self.state) if qs else None
+        except ConfigError as exc:  # e.g. a parent loop: no quotas rather than no scheduler
+            log.error("queues left out: %s", exc)
+            self.tree = None
+        if self.quota is not None:
+            self.quota.tree = self.tree
+
+    def _request(self, key: str, pod: dict) -> PodRequest:
+        """The pod as the engine sees it, with its queue and pod group resolved (cached per resourceVersion)."""
+        rv = self._pod_rv.get(key)
+        c = self._req_cache.get(key)
+        if c is not None and rv is not None and c[0] == rv:
+            return c[1]
+        r = parse_pod(pod)
+        if r.pod_group:
+            g = self.objects.groups.get(f"{r.namespace}/{r.pod_group}")
+            if g is not None:
+                r = replace(r, pod_group_min=max(r.pod_group_min, g.min_member), queue=r.queue or g.queue)
+        if self.tree is not None:
+            r = self.objects.namespace_queues.apply(r)
+        self._req_cache[key] = (rv, r)
+        return r
+
+    def _queue_of_bound(self, pod: dict) -> str | None:
+        m = pod.get("metadata") or {}
+        q = (m.get("annotations") or {}).get(ann.QUEUE)
+        if q or self.tree is None:
+            return q
+        return self.objects.namespace_queues.queue_for_namespace(m.get("namespace") or "default")
 
     def _node_model(self, name: str, obj: dict) -> Node | None:
         try:
@@ -256,6 +359,10 @@ class SchedulerLoop:
             except GpufleetError as exc2:
                 log.warning("bound pod %s: %s", key, exc2)
                 return
+        group = ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.POD_GROUP)
+        queue_ = self._queue_of_bound(pod)
+        if (queue_, group) != (a.queue, a.pod_group):
+            a = replace(a, queue=queue_, pod_group=group)
         problem = self.state.check(a)
         if problem:
             self.stats.double_book_refused += 1
@@ -291,6 +398,10 @@ class SchedulerLoop:
     def _drop_pod(self, key: str) -> None:
         self.pending.pop(key, None)
         self._forget_timers(key)
+        self._req_cache.pop(key, None)
+        self._nominated.pop(key, None)
+        if self.gangs.gangs:
+            self.gangs.remove(key)
         freed = False
         if self.bound_pods.pop(key, None) is not None:
             freed = self.sched.forget(key) is not None
@@ -370,11 +481,26 @@ class SchedulerLoop:
             self.rv[kind] = rv
         if type_ == "BOOKMARK":
             return
+        if kind in POLICY_KINDS:
+            self.objects.handle(kind, type_, obj)
+            self._policy_changed(kind)
+            return
         (self._node_event if kind == "node" else self._pod_event)(type_, obj)
+
+    def _policy_changed(self, kind: str) -> None:
+        if kind == "queue":
+            self._rebuild_tree()
+        if kind != "pdb":
+            self._req_cache.clear()
+        self.wake_all()
 
     def replace(self, kind: str, items: list[dict], resource_version: str) -> None:
         """A relist of one kind (after 410 Gone): apply the differences as events."""
         self.rv[kind] = resource_version
+        if kind in POLICY_KINDS:
+            self.objects.replace(kind, items)
+            self._policy_changed(kind)
+            return
         if kind == "node":
             names = {(n.get("metadata") or {}).get("name", "") for n in items}
             for name in list(self.node_objs):
@@ -397,11 +523,34 @@ class SchedulerLoop:
         self._not_before.clear()
 
     # --- scheduling -------------------------------------------------------------------
+    def _in_gang(self, pod: dict) -> bool:
+        return ann.POD_GROUP in ((pod.get("metadata") or {}).get("annotations") or {})
+
     def due(self) -> list[str]:
+        """Pods to try now, one by one (gang members go through ``due_gang_members``).
+
+        Pods that had victims deleted for them first; then, with queues, weighted
+        DRF order; else higher priority first, then first seen.
+        """
         now = self.clock()
-        keys = [k for k in self.pending if self._not_before.get(k, 0.0) <= now]
-        # higher priority first, then first seen
-        return sorted(keys, key=lambda k: (-int((self.pending[k].get("spec") or {}).get("priority") or 0), self._first_seen.get(k, 0.0), k))
+        keys = [k for k in self.pending if self._not_before.get(k, 0.0) <= now and not self._in_gang(self.pending[k])]
+        keys.sort(key=lambda k: (-int((self.pending[k].get("spec") or {}).get("priority") or 0), self._first_seen.get(k, 0.0), k))
+        if self.tree is not None and len(keys) > 1:
+            reqs = []
+            rest = []
+            for k in keys:
+                try:
+                    reqs.append(self._request(k, self.pending[k]))
+                except GpufleetError:
+                    rest.append(k)  # invalid: schedule_one reports it
+            keys = rest + [r.key for r in self.tree.order(reqs)]
+        if self._nominated:
+            keys.sort(key=lambda k: k not in self._nominated)  # stable: keeps the order within each part
+        return keys
+
+    def due_gang_members(self) -> list[str]:
+        now = self.clock()
+        return [k for k in self.pending if self._not_before.get(k, 0.0) <= now and self._in_gang(self.pending[k])]
 
     def has_due(self) -> bool:
         now = self.clock()
@@ -434,13 +583,45 @@ class SchedulerLoop:
             if pod is not None:
                 self.schedule_one(pod)
                 n += 1
+        gang_keys = self.due_gang_members()
+        if gang_keys and (should_continue is None or should_continue()):
+            n += self._gang_round(gang_keys)
         return n
+
+    def _gang_round(self, keys: list[str]) -> int:
+        """Hand arrived gang members to the GangScheduler, step it, bind what it placed."""
+        now = self.clock()
+        for k in keys:
+            pod = self.pending[k]
+            try:
+                r = self._request(k, pod)
+            except GpufleetError:
+                self.schedule_one(pod)  # reports the invalid spec
+                continue
+            g = self.objects.groups.get(group_key(r) or "")
+            if g is not None:
+                self.gangs.add_group(g, now)
+            self.gangs.add(r, now)
+        for res in self.gangs.step(now):
+            for d in res.placed:
+                pod = self.pending.get(d.pod_key)
+                if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
+                    self.gangs.remove(d.pod_key)
+                    continue
+                self._start_bind(d.pod_key, pod, d.assignment, self._first_seen.get(d.pod_key, now))
+            if not res.ok:
+                g = self.gangs.gangs.get(res.group)
+                for k in list(g.members) if g else []:
+                    if k in self.pending and k not in self.gangs.held:
+                        self._failed_event(k, self.pending[k], reason_text(res.status))
+                        self._defer(k)
+        return len(keys)
 
     def schedule_one(self, pod: dict) -> str:
         key = pod_key(pod)
         t0 = self.clock()
         try:
-            req = parse_pod(pod)
+            req = self._request(key, pod)
         except GpufleetError as exc:
             self._count("invalid", t0)
             self._failed_event(key, pod, f"invalid pod spec: {exc}")
@@ -458,11 +639,22 @@ class SchedulerLoop:
             self._count("unschedulable", t0)
             self._failed_event(key, pod, reason_text(dec.status))
             self._defer(key)
+            if self.preemption:
+                try:
+                    self._make_room(key, pod, req)
+                except Exception:  # a planning bug must not stop the loop
+                    log.exception("making room for %s failed", key)
             return "unschedulable"
-        a = dec.assignment
-        assert a is not None
+        assert dec.assignment is not None
+        self._nominated.pop(key, None)
+        self._start_bind(key, pod, dec.assignment, t0)
+        return "binding"
+
+    def _start_bind(self, key: str, pod: dict, a: Assignment, t0: float) -> None:
         gpus = self.state.nodes[self.state.index[a.node]].gpus
         annotations = {ann.ASSIGNMENT: assignment_to_json(a, {g.index: g.uuid for g in gpus})}
+        if a.queue and ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.QUEUE) != a.queue:
+            annotations[ann.QUEUE] = a.queue  # the queue it was admitted to: a restart counts it there again
         self.pending.pop(key, None)
         self.binding[key] = (pod, a, t0)
         m = pod["metadata"]
@@ -473,7 +665,52 @@ class SchedulerLoop:
             fut = self._pool.submit(bind_job, self.api, ns, name, a.node, annotations)
             fut.add_done_callback(lambda f, key=key, annotations=annotations: self._results.put(
                 (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations)))
-        return "binding"
+
+    # --- reclaim and preemption -----------------------------------------------------------
+    def _make_room(self, key: str, pod: dict, req: PodRequest) -> None:
+        """Reclaim lent quota, else preempt lower-priority pods; delete the victims through the API."""
+        now = self.clock()
+        nom = self._nominated.get(key)
+        if nom is not None and now < nom[1] and any(v in self.state.assignments for v in nom[0]):
+            return  # victims already on their way out
+        victims: list[Assignment] = []
+        reason = lines = None
+        if self.tree is not None:
+            rp = self.tree.plan_reclaim(self.sched, req)
+            if rp is not None:
+                victims, lines = rp.victims, rp.explanation
+                reason, kind = f"reclaimed: queue {req.queue} needs its quota back for {key}", "reclaimed"
+        if not victims and any(a.priority < req.priority for a in self.state.assignments.values()):
+            plan = find_victims(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
+                                age_rank=self._age_rank())
+            if plan is not None:
+                victims, lines = plan.victims, plan.explanation
+                reason, kind = f"preempted by {key} (priority {req.priority}) on {plan.node}", "preempted"
+        if not victims:
+            return
+        if any(v.pod_key not in self.bound_pods for v in victims):
+            return  # a victim is still being bound (or held by a gang): decide again next time
+        for v in victims:
+            p = self.bound_pods[v.pod_key]
+            ns, name = v.pod_key.split("/", 1)
+            try:
+                self.api.evict_pod(ns, name, uid=(p.get("metadata") or {}).get("uid"), grace_period_s=self.eviction_grace_s)
+            except NotFound:
+                pass
+            except Exception as exc:
+                log.warning("could not delete %s to make room for %s: %s", v.pod_key, key, exc)
+                continue
+            self.events.send(p, "Normal", "Preempted", reason)
+            setattr(self.stats, kind, getattr(self.stats, kind) + 1)
+        self._nominated[key] = ({v.pod_key for v in victims}, now + self.nominated_timeout_s)
+        self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(lines or [reason]))
+
+    def _pod_labels(self) -> dict[str, dict[str, str]]:
+        return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
+
+    def _age_rank(self) -> dict[str, int]:
+        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
+        return {k: self._pod_rv.get(k, 0) for k in self.state.assignments}
 
     def _failed_event(self, key: str, pod: dict, message: str) -> None:
         """FailedScheduling, but not the same words again within ``backoff_max_s`` (a pod retried every minute)."""
@@ -528,6 +765,8 @@ class SchedulerLoop:
             mig = f" MIG {a.mig_profile} {list(a.mig)}" if a.mig else ""
             self.events.send(pod, "Normal", "Scheduled", f"Successfully assigned {key} to {a.node}{gpus}{share}{mig}")
             return
+        if self.gangs.gangs:
+            self.gangs.remove(key)
         self.sched.forget(key)  # our assumption was wrong
         self._count("error", t0)
         if outcome == "taken":
@@ -562,7 +801,7 @@ class SchedulerLoop:
 
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
-        req = parse_pod(pod)
+        req = self._request(pod_key(pod), pod)
         dec = self.sched.explain(req)
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
         for name, why in self.bad_nodes.items():
@@ -570,11 +809,14 @@ class SchedulerLoop:
         if dec.ok:
             return f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)", by_node  # type: ignore[union-attr]
         msg = reason_text(dec.status)
-        if req.priority > 0:  # dry-run preemption: what would make room
-            from ..engine.preemption import find_victims
-
-            plan = find_victims(self.sched, req)
-            msg += "\n  preemption (dry run): " + ("; ".join(plan.explanation) if plan else "no set of lower-priority pods would make room")
+        if self.tree is not None:
+            rp = self.tree.plan_reclaim(self.sched, req)
+            if rp is not None:
+                msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
+        if any(a.priority < req.priority for a in self.state.assignments.values()):
+            lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
+                                       age_rank=self._age_rank())
+            msg += "\n  " + "\n  ".join(lines)
         return msg, by_node
 
 

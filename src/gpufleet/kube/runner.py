@@ -61,8 +61,8 @@ class Runner:
             except Gone:
                 log.info("%s watch expired (410 Gone): relisting", kind)
                 try:
-                    items, rv = self.api.list_nodes() if kind == "node" else self.api.list_pods()
-                    self.relists[kind] += 1
+                    items, rv = self.loop.list_kind(kind)
+                    self.relists[kind] = self.relists.get(kind, 0) + 1
                     self.q.put(("replace", kind, (items, rv)))
                 except Exception as exc:
                     log.warning("%s relist failed: %s; retrying in %.1fs", kind, exc, delay)
@@ -121,7 +121,7 @@ class Runner:
         if stop.is_set():
             return
         self.ready.set()
-        for kind in ("node", "pod"):
+        for kind in loop.watch_kinds:
             t = threading.Thread(target=self._reflect, args=(kind, loop.rv[kind], stop), daemon=True, name=f"watch-{kind}")
             t.start()
             self._threads.append(t)

@@ -1,0 +1,108 @@
+"""The cluster objects that shape scheduling besides nodes and pods: namespaces,
+Queues, PodGroups and PodDisruptionBudgets, kept from list+watch.
+
+They only become engine inputs here (``Queue``, ``NamespaceQueues``,
+``PodGroup``, ``PodDisruptionBudget``), so the loop stays a thin adapter.  A
+malformed object is reported once, by name and field, and left out; it never
+stops the others.  A kind the API does not serve (the CRDs not installed) is
+simply empty: the scheduler then behaves as if there were no queues or groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+from ..engine.errors import ConfigError
+from ..engine.gang import PodGroup
+from ..engine.preemption import PodDisruptionBudget
+from ..engine.queues import NamespaceQueues, Queue, load_queues
+from .api import object_key
+
+log = logging.getLogger(__name__)
+
+
+class PolicyObjects:
+    def __init__(self) -> None:
+        self.raw: dict[str, dict[str, dict]] = {"namespace": {}, "queue": {}, "podgroup": {}, "pdb": {}}
+        self.unserved: set[str] = set()
+        self.errors: dict[str, str] = {}  # object -> why it is left out
+        self._queues: list[Queue] | None = None
+        self._ns: NamespaceQueues | None = None
+        self._groups: dict[str, PodGroup] | None = None
+        self._pdbs: list[PodDisruptionBudget] | None = None
+
+    # --- updates -------------------------------------------------------------------------
+    def handle(self, kind: str, type_: str, obj: dict) -> None:
+        key = object_key(obj)
+        if type_ == "DELETED":
+            self.raw[kind].pop(key, None)
+        else:
+            self.raw[kind][key] = obj
+        self._dirty(kind)
+
+    def replace(self, kind: str, items: Iterable[dict]) -> None:
+        self.raw[kind] = {object_key(o): o for o in items}
+        self._dirty(kind)
+
+    def _dirty(self, kind: str) -> None:
+        if kind == "queue":
+            self._queues = None
+            self._ns = None
+        elif kind == "namespace":
+            self._ns = None
+        elif kind == "podgroup":
+            self._groups = None
+        elif kind == "pdb":
+            self._pdbs = None
+
+    def _report(self, what: str, why: str) -> None:
+        if self.errors.get(what) != why:
+            log.warning("leaving %s out: %s", what, why)
+        self.errors[what] = why
+
+    # --- engine inputs ---------------------------------------------------------------------
+    @property
+    def queues(self) -> list[Queue]:
+        if self._queues is None:
+            qs, errors = load_queues(self.raw["queue"].values())
+            for e in errors:
+                self._report(e.split(":", 1)[0], e)
+            self._queues = qs
+        return self._queues
+
+    @property
+    def namespace_queues(self) -> NamespaceQueues:
+        if self._ns is None:
+            self._ns = NamespaceQueues(self.queues, self.raw["namespace"].values())
+        return self._ns
+
+    @property
+    def groups(self) -> dict[str, PodGroup]:
+        """PodGroup objects by namespace/name."""
+        if self._groups is None:
+            out = {}
+            for k, o in self.raw["podgroup"].items():
+                try:
+                    g = PodGroup.from_json(o)
+                except ConfigError as exc:
+                    self._report(f"PodGroup {k}", str(exc))
+                    continue
+                out[g.key] = g
+            self._groups = out
+        return self._groups
+
+    @property
+    def budgets(self) -> list[PodDisruptionBudget]:
+        if self._pdbs is None:
+            out = []
+            for k, o in self.raw["pdb"].items():
+                try:
+                    out.append(PodDisruptionBudget.from_json(o))
+                except ConfigError as exc:
+                    self._report(f"PodDisruptionBudget {k}", str(exc))
+            self._pdbs = out
+        return self._pdbs
+
+
+__all__ = ["PolicyObjects"]

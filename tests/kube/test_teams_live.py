@@ -1,0 +1,243 @@
+"""Queues, reclaim, preemption and gangs in the live loop, against the in-process fake API.
+
+Each test drives ``SchedulerLoop`` as ``gpufleet scheduler`` does: objects
+arrive by list and watch, decisions go out as Bindings, deletions and events.
+"""
+
+from __future__ import annotations
+
+from gpufleet.kube.api import FakeApi
+from gpufleet.kube.loop import SchedulerLoop
+from gpufleet.policies import build_profile
+
+from tests.kube.test_loop import Clock, node
+
+
+def pod(name, ns="team-a", gpus=1, priority=0, annotations=None, labels=None, node_name=None):
+    spec = {"schedulerName": "gpufleet", "priority": priority, "containers": [{"name": "c", "resources": {
+        "requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}", "annotations": dict(annotations or {}),
+                         "labels": dict(labels or {})}, "spec": spec, "status": {"phase": "Pending"}}
+
+
+def queue(name, gpus, borrowing=None, **spec):
+    s = {"quota": {"nvidia.com/gpu": str(gpus)}, **spec}
+    if borrowing is not None:
+        s["borrowingLimit"] = {"nvidia.com/gpu": str(borrowing)}
+    return {"apiVersion": "gpufleet.io/v1alpha1", "kind": "Queue", "metadata": {"name": name}, "spec": s}
+
+
+def namespace(name, queue_name=None):
+    return {"metadata": {"name": name, "labels": {"gpufleet.io/queue": queue_name} if queue_name else {}}}
+
+
+def sync(api, loop):
+    """Apply every watch event since the loop's resourceVersions (what the runner's reflectors do)."""
+    for kind in loop.watch_kinds:
+        for t, obj in api.watch(kind, loop.rv[kind]):
+            loop.handle(kind, t, obj)
+
+
+def run(api, loop, clock, rounds=6):
+    for _ in range(rounds):
+        sync(api, loop)
+        loop.schedule_due()
+        clock.t += 61  # past any backoff
+    sync(api, loop)
+
+
+def cluster(gpus_per_node=4, nodes=1):
+    api = FakeApi()
+    for i in range(nodes):
+        api.add_node(node(f"n{i}", gpus=gpus_per_node, cpu="64"))
+    return api
+
+
+def make(api, clock, **kw):
+    loop = SchedulerLoop(api, build_profile("bestfit"), clock=clock, **kw)
+    loop.resync()
+    return loop
+
+
+def bound(api, ns=None):
+    return sorted(k for k, p in api.pods.items() if p["spec"].get("nodeName") and (ns is None or k.startswith(ns + "/")))
+
+
+def messages(api, key, reason):
+    return [e["message"] for e in api.events if e["pod"] == key and e["reason"] == reason]
+
+
+def test_namespace_label_maps_pods_to_a_queue_and_quota_holds_the_rest_with_a_reason():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 2, borrowing=0))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    for i in range(3):
+        api.add_pod(pod(f"p{i}"))
+    clock = Clock()
+    loop = make(api, clock)
+    run(api, loop, clock)
+    assert len(bound(api)) == 2
+    waiting = next(k for k in api.pods if k not in bound(api))
+    assert any("queue qa: GPU quota 2 exhausted" in m for m in messages(api, waiting, "FailedScheduling"))
+    # the admitted queue is written on the pod, so a restart counts it again
+    assert all(api.pods[k]["metadata"]["annotations"]["gpufleet.io/queue"] == "qa" for k in bound(api))
+
+
+def test_restart_rebuilds_queue_usage_from_bound_pods():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 2, borrowing=0))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    api.add_pod(pod("p0"))
+    api.add_pod(pod("p1"))
+    clock = Clock()
+    run(api, make(api, clock), clock)
+    assert len(bound(api)) == 2
+    api.add_pod(pod("p2"))
+    fresh = make(api, Clock())  # a restarted scheduler: nothing but the API
+    assert fresh.tree is not None and fresh.tree.used("qa", "gpu_milli") == 2000
+    run(api, fresh, Clock())
+    assert "team-a/p2" not in bound(api)
+
+
+def test_a_queue_change_is_seen_without_restart():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 1, borrowing=0))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    api.add_pod(pod("p0"))
+    api.add_pod(pod("p1"))
+    clock = Clock()
+    loop = make(api, clock)
+    run(api, loop, clock)
+    assert len(bound(api)) == 1
+    api.put_object("queue", queue("qa", 2, borrowing=0))
+    run(api, loop, clock)
+    assert len(bound(api)) == 2
+
+
+def test_borrowed_pods_are_reclaimed_youngest_first_when_the_owner_needs_its_quota():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 2))
+    api.put_object("queue", queue("qb", 2))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    api.put_object("namespace", namespace("team-b", "qb"))
+    clock = Clock()
+    loop = make(api, clock)
+    for i in range(4):  # team-a borrows team-b's idle quota
+        api.add_pod(pod(f"a{i}"))
+        run(api, loop, clock, rounds=1)
+    assert len(bound(api, "team-a")) == 4
+    api.add_pod(pod("b0", ns="team-b"))
+    run(api, loop, clock)
+    assert [k for k, _ in api.evicted] == ["team-a/a3"]  # youngest borrowed pod
+    assert bound(api, "team-b") == ["team-b/b0"]
+    assert any("queue qb needs its quota back" in m for m in messages(api, "team-a/a3", "Preempted"))
+    assert messages(api, "team-b/b0", "Reclaiming")
+    assert loop.stats.reclaimed == 1
+
+
+def test_preemption_takes_the_fewest_lower_priority_pods_and_respects_a_budget():
+    api = cluster(gpus_per_node=2, nodes=2)
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("guarded", ns="ml", labels={"app": "db"}))
+    api.add_pod(pod("pair", ns="ml", gpus=2))
+    api.add_pod(pod("single", ns="ml"))
+    run(api, loop, clock)
+    assert len(bound(api)) == 3
+    api.put_object("pdb", {"metadata": {"name": "db", "namespace": "ml"}, "spec": {"selector": {"matchLabels": {"app": "db"}}},
+                           "status": {"disruptionsAllowed": 0}})
+    api.add_pod(pod("urgent", ns="ml", gpus=1, priority=100))
+    run(api, loop, clock)
+    # the node with guarded+single: guarded is protected, single alone frees one GPU
+    assert [k for k, _ in api.evicted] == ["ml/single"]
+    assert "ml/urgent" in bound(api) and "ml/guarded" in bound(api)
+    assert messages(api, "ml/urgent", "Preempting")
+
+
+def test_no_preemption_for_equal_priority_and_explain_says_why():
+    api = cluster(gpus_per_node=1)
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("first", ns="ml", priority=5))
+    run(api, loop, clock)
+    api.add_pod(pod("second", ns="ml", priority=5))
+    run(api, loop, clock)
+    assert not api.evicted and "ml/second" not in bound(api)
+    api.add_pod(pod("third", ns="ml", priority=9))
+    sync(api, loop)
+    summary, _ = loop.explain(api.pods["ml/third"])
+    assert "preemption (dry run)" in summary and "evict ml/first" in summary
+    assert not api.evicted  # explain changes nothing
+
+
+def test_a_gang_binds_all_together_or_not_at_all():
+    api = cluster(gpus_per_node=2, nodes=2)
+    clock = Clock()
+    loop = make(api, clock)
+    g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "3"}
+    api.add_pod(pod("w0", ns="ml", annotations=g))
+    api.add_pod(pod("w1", ns="ml", annotations=g))
+    run(api, loop, clock, rounds=2)
+    assert bound(api) == []  # 2 of 3 members: nothing binds
+    api.add_pod(pod("w2", ns="ml", annotations=g))
+    run(api, loop, clock)
+    assert bound(api) == ["ml/w0", "ml/w1", "ml/w2"]
+
+
+def test_a_gang_that_cannot_fit_binds_nothing_and_says_so():
+    api = cluster(gpus_per_node=2, nodes=1)
+    clock = Clock()
+    loop = make(api, clock)
+    g = {"gpufleet.io/pod-group": "big", "gpufleet.io/pod-group-min-member": "3"}
+    for i in range(3):
+        api.add_pod(pod(f"w{i}", ns="ml", annotations=g))
+    api.add_pod(pod("solo", ns="ml"))
+    run(api, loop, clock)
+    assert bound(api) == ["ml/solo"]
+    assert any("pod group" in m or "gang" in m for m in messages(api, "ml/w0", "FailedScheduling"))
+    assert not loop.gangs.held and loop.state.gpu_free_milli.sum() == 1000  # nothing left reserved
+
+
+def test_podgroup_object_sets_min_member_and_queue():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 4, borrowing=0))
+    api.put_object("podgroup", {"apiVersion": "gpufleet.io/v1alpha1", "kind": "PodGroup",
+                                "metadata": {"name": "job", "namespace": "ml"}, "spec": {"minMember": 2, "queue": "qa"}})
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("m0", ns="ml", annotations={"gpufleet.io/pod-group": "job"}))
+    run(api, loop, clock, rounds=2)
+    assert bound(api) == []
+    api.add_pod(pod("m1", ns="ml", annotations={"gpufleet.io/pod-group": "job"}))
+    run(api, loop, clock)
+    assert bound(api) == ["ml/m0", "ml/m1"]
+    assert loop.tree.used("qa", "gpu_milli") == 2000
+
+
+def test_without_the_crds_the_scheduler_works_as_before():
+    api = cluster()
+    api.unserved |= {"queue", "podgroup"}
+    api.add_pod(pod("p", ns="ml"))
+    clock = Clock()
+    loop = make(api, clock)
+    assert "queue" not in loop.watch_kinds and "namespace" in loop.watch_kinds
+    run(api, loop, clock)
+    assert bound(api) == ["ml/p"]
+
+
+def test_a_broken_queue_is_reported_and_the_others_still_apply():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 1, borrowing=0))
+    api.put_object("queue", {"metadata": {"name": "broken"}, "spec": {"weight": -1}})
+    api.put_object("queue", queue("orphan", 1, parent="nowhere"))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    api.add_pod(pod("p0"))
+    api.add_pod(pod("p1"))
+    clock = Clock()
+    loop = make(api, clock)
+    run(api, loop, clock)
+    assert len(bound(api)) == 1
+    assert "spec.weight" in loop.objects.errors["Queue broken"]
+    assert "spec.parent" in loop.objects.errors["Queue orphan"]
