@@ -30,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-duration", type=int, default=15, metavar="S")
     p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
     p.add_argument("--bind-workers", type=int, default=16, help="parallel Binding calls (default 16)")
+    p.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=True,
+                   help="delete lower-priority or borrowed pods to make room (default on)")
+    p.add_argument("--eviction-grace-period", type=int, default=None, metavar="S",
+                   help="grace period for pods deleted by preemption/reclaim (default: each pod's own)")
+    p.add_argument("--queues", action=argparse.BooleanOptionalAction, default=True,
+                   help="watch Namespaces, Queues, PodGroups and PodDisruptionBudgets (default on)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -63,6 +69,8 @@ class Metrics:
         self.pending = Gauge("gpufleet_pending_pods", "Pods waiting for gpufleet", registry=self.registry)
         self.binds = Counter("gpufleet_binds_total", "Pods bound (rate() gives binds/s)", registry=self.registry)
         self.leader = Gauge("gpufleet_leader", "1 while this replica holds the lease", registry=self.registry)
+        self.evictions = Counter("gpufleet_evictions_total", "Pods deleted to make room, by reason (preempted, reclaimed)",
+                                 ["reason"], registry=self.registry)
 
     def on_attempt(self, result: str, seconds: float) -> None:
         self.attempts.labels(result).inc()
@@ -121,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     metrics = Metrics()
     loop = SchedulerLoop(api, profile, scheduler_name=args.scheduler_name, on_attempt=metrics.on_attempt,
-                         bind_workers=args.bind_workers, event_thread=True)
+                         bind_workers=args.bind_workers, event_thread=True, policy_kinds=args.queues,
+                         preemption=args.preemption, eviction_grace_s=args.eviction_grace_period)
     elector = None
     if args.leader_elect:
         lease_s = max(3, args.lease_duration)

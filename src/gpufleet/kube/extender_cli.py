@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet extender: cannot load Kubernetes credentials: {exc}")
         return 2
     # the extender never schedules on its own: kube-scheduler drives it, so no pod is "ours" to queue
-    loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none")
+    # kube-scheduler does queueing and preemption in this mode; gpufleet picks nodes and GPUs
+    loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none", policy_kinds=False, preemption=False)
     lock = threading.Lock()
     runner = Runner(api, loop, lock=lock)
     ext = Extender(loop, lock, runner.ready)

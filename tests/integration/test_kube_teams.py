@@ -1,0 +1,176 @@
+"""Queues, reclaim, PriorityClass preemption with a PodDisruptionBudget, and gangs on a real kube-apiserver.
+
+The scheduler runs as in test_kube_scheduler (``Runner`` on a thread, the real
+client), with the gpufleet CRDs installed from ``deploy/crds``.  Victims are
+deleted with grace period 0: there is no kubelet to finish a graceful delete.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+import yaml
+
+from gpufleet.kube.api import KubernetesApi
+from gpufleet.kube.cli import Metrics, load_profile
+from gpufleet.kube.loop import SchedulerLoop
+from gpufleet.kube.runner import Runner, wait_until
+
+from .test_kube_scheduler import ROOT, admin, bound, core, events, nodes, pod_body  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(scope="module")
+def crds(admin):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    ext = client.ApiextensionsV1Api(admin)
+    for f in ("queue.yaml", "podgroup.yaml"):
+        try:
+            ext.create_custom_resource_definition(yaml.safe_load((ROOT / "deploy/crds" / f).read_text()))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    for n in ("queues.gpufleet.io", "podgroups.gpufleet.io"):
+        assert wait_until(lambda: any(c.type == "Established" and c.status == "True"
+                                      for c in (ext.read_custom_resource_definition(n).status.conditions or [])), 10), n
+    time.sleep(1.0)  # discovery catches up
+    return client.CustomObjectsApi(admin)
+
+
+MADE: list[str] = []
+
+
+def namespace(core, queue: str | None = None) -> str:
+    name = f"it-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name, "labels": {"gpufleet.io/queue": queue} if queue else {}}})
+    MADE.append(name)
+    return name
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_pods(core):
+    """Pods left pending by a test would take the next test's nodes (there is no namespace controller)."""
+    yield
+    while MADE:
+        ns = MADE.pop()
+        for p in core.list_namespaced_pod(ns).items:
+            core.delete_namespaced_pod(p.metadata.name, ns, grace_period_seconds=0)
+
+
+class Sched:
+    """A scheduler of its own name, so pods other test files left pending never reach this test's nodes."""
+
+    def __init__(self, kubeconfig: str, name: str):
+        self.api = KubernetesApi(kubeconfig, pool_size=20)
+        self.loop = SchedulerLoop(self.api, load_profile("default", None), scheduler_name=name, bind_workers=4, event_thread=True,
+                                  backoff_initial_s=0.2, backoff_max_s=1.0, eviction_grace_s=0)
+        self.runner = Runner(self.api, self.loop, None, Metrics(), watch_timeout_s=20)
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self.runner.run, args=(self.stop_ev,), daemon=True)
+        self.thread.start()
+        assert self.runner.ready.wait(20)
+
+    def stop(self) -> None:
+        self.stop_ev.set()
+        self.thread.join(15)
+
+
+def reasons(core, ns: str) -> list[tuple[str, str, str]]:
+    return [(e.involved_object.name, e.reason, e.message or e.note or "") for e in events(core, ns)]
+
+
+def ev_reasons(admin, ns: str) -> list[tuple[str, str, str]]:
+    from kubernetes import client
+
+    return [(e.regarding.name, e.reason, e.note or "") for e in client.EventsV1Api(admin).list_namespaced_event(ns).items]
+
+
+def test_quota_admission_and_reclaim_of_borrowed_gpus(control_plane, admin, core, crds, nodes):
+    tag = uuid.uuid4().hex[:6]
+    qa, qb = f"qa-{tag}", f"qb-{tag}"
+    for q in (qa, qb):
+        crds.create_cluster_custom_object("gpufleet.io", "v1alpha1", "queues", {
+            "apiVersion": "gpufleet.io/v1alpha1", "kind": "Queue", "metadata": {"name": q},
+            "spec": {"quota": {"nvidia.com/gpu": "2"}}})
+    na, nb = namespace(core, qa), namespace(core, qb)
+    nodes(f"{tag}-n", 4, cpu="64")
+    s = Sched(str(control_plane.kubeconfig), f"gpufleet-{tag}")
+    try:
+        for i in range(4):  # team a borrows b's idle quota
+            core.create_namespaced_pod(na, pod_body(f"a{i}", scheduler=f"gpufleet-{tag}"))
+            assert wait_until(lambda: f"a{i}" in bound(core, na), 15)
+            time.sleep(0.05)  # distinct ages
+        assert all(p.metadata.annotations["gpufleet.io/queue"] == qa for p in bound(core, na).values())
+        core.create_namespaced_pod(nb, pod_body("b0", scheduler=f"gpufleet-{tag}"))
+        assert wait_until(lambda: "b0" in bound(core, nb), 20), ev_reasons(admin, nb)
+        assert wait_until(lambda: len(bound(core, na)) == 3, 10)
+        assert "a3" not in bound(core, na)  # the youngest borrowed pod went
+        assert any(r == "Reclaiming" for _, r, _ in ev_reasons(admin, nb))
+        assert any(n == "a3" and r == "Preempted" and f"queue {qb}" in m for n, r, m in ev_reasons(admin, na))
+        # over quota with nothing left to borrow: waits, with the queue named in the reason
+        core.create_namespaced_pod(na, pod_body("a4", scheduler=f"gpufleet-{tag}"))
+        core.create_namespaced_pod(na, pod_body("a5", scheduler=f"gpufleet-{tag}"))
+        assert wait_until(lambda: any(n == "a5" and r == "FailedScheduling" and qa in m for n, r, m in ev_reasons(admin, na))
+                          or any(n == "a4" and r == "FailedScheduling" and qa in m for n, r, m in ev_reasons(admin, na)), 15)
+    finally:
+        s.stop()
+        for q in (qa, qb):
+            crds.delete_cluster_custom_object("gpufleet.io", "v1alpha1", "queues", q)
+
+
+def test_priority_class_preemption_spares_pods_under_a_disruption_budget(control_plane, admin, core, crds, nodes):
+    from kubernetes import client
+
+    tag = uuid.uuid4().hex[:6]
+    client.SchedulingV1Api(admin).create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                                         "metadata": {"name": f"urgent-{tag}"}, "value": 1000})
+    ns = namespace(core)
+    nodes(f"{tag}-n", 2)
+    guarded = pod_body("guarded", scheduler=f"gpufleet-{tag}")
+    guarded["metadata"]["labels"] = {"app": "db"}
+    client.PolicyV1Api(admin).create_namespaced_pod_disruption_budget(ns, {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "db"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}})
+    s = Sched(str(control_plane.kubeconfig), f"gpufleet-{tag}")
+    try:
+        core.create_namespaced_pod(ns, guarded)
+        core.create_namespaced_pod(ns, pod_body("batch", scheduler=f"gpufleet-{tag}"))
+        assert wait_until(lambda: len(bound(core, ns)) == 2, 15)
+        urgent = pod_body("urgent", scheduler=f"gpufleet-{tag}")
+        urgent["spec"]["priorityClassName"] = f"urgent-{tag}"
+        core.create_namespaced_pod(ns, urgent)
+        assert core.read_namespaced_pod("urgent", ns).spec.priority == 1000  # the apiserver resolved the class
+        assert wait_until(lambda: "urgent" in bound(core, ns), 20), ev_reasons(admin, ns)
+        assert set(bound(core, ns)) == {"guarded", "urgent"}  # the budget kept guarded
+        assert any(n == "batch" and r == "Preempted" for n, r, _ in ev_reasons(admin, ns))
+    finally:
+        s.stop()
+
+
+def test_gang_binds_only_when_min_member_pods_fit(control_plane, admin, core, crds, nodes):
+    tag = uuid.uuid4().hex[:6]
+    ns = namespace(core)
+    crds.create_namespaced_custom_object("gpufleet.io", "v1alpha1", ns, "podgroups", {
+        "apiVersion": "gpufleet.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "train"},
+        "spec": {"minMember": 3, "scheduleTimeoutSeconds": 30}})
+    nodes(f"{tag}-a", 2)
+    nodes(f"{tag}-b", 2)
+    s = Sched(str(control_plane.kubeconfig), f"gpufleet-{tag}")
+    try:
+        wait_until(lambda: f"{ns}/train" in s.loop.objects.groups, 10)
+        for i in range(2):
+            core.create_namespaced_pod(ns, pod_body(f"w{i}", annotations={"gpufleet.io/pod-group": "train"}, scheduler=f"gpufleet-{tag}"))
+        time.sleep(2.0)
+        assert bound(core, ns) == {}  # 2 of 3: nothing binds
+        core.create_namespaced_pod(ns, pod_body("w2", annotations={"gpufleet.io/pod-group": "train"}, scheduler=f"gpufleet-{tag}"))
+        assert wait_until(lambda: len(bound(core, ns)) == 3, 15), ev_reasons(admin, ns)
+        used = {json.loads(p.metadata.annotations["gpufleet.io/assignment"])["node"] for p in bound(core, ns).values()}
+        assert used <= {f"{tag}-a", f"{tag}-b"}
+    finally:
+        s.stop()
