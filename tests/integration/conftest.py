@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.engine.inventory import gpus_to_json
+from gpufleet.engine.model import Gpu
+
 ASSETS = os.environ.get("KUBEBUILDER_ASSETS", "")
 HAVE_ASSETS = bool(ASSETS) and all((Path(ASSETS) / b).is_file() for b in ("etcd", "kube-apiserver"))
 TOKEN = "gpufleet-integration-admin-token"
@@ -139,3 +142,47 @@ def control_plane():
     finally:
         cp.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+# --- shared by the integration test files ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def admin(control_plane):
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture
+def core(admin):
+    from kubernetes import client
+
+    return client.CoreV1Api(admin)
+
+
+@pytest.fixture
+def nodes(core):
+    made: list[str] = []
+
+    def make(name: str, gpus: int, inventory: bool = False, product: str = "NVIDIA-A100-SXM4-80GB", cpu: str = "32") -> str:
+        meta = {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": "81920",
+                                          "nvidia.com/gpu.count": str(gpus)}}
+        if inventory:
+            meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)])}
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})
+        made.append(name)
+        res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res,
+                                                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                                                 "message": "test", "lastHeartbeatTime": None, "lastTransitionTime": None}]}})
+        return name
+
+    yield make
+    for n in made:
+        try:
+            core.delete_node(n)
+        except Exception:
+            pass

@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufleet.engine.inventory import gpus_to_json
-from gpufleet.engine.model import Gpu
 from gpufleet.kube.api import KubernetesApi
 from gpufleet.kube.cli import Metrics, load_profile
 from gpufleet.kube.leader import KubernetesLeaseStore, LeaseElector
@@ -27,22 +25,6 @@ from gpufleet.kube.runner import Runner, wait_until
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.fixture(scope="module")
-def admin(control_plane):
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=cfg)
-    return client.ApiClient(cfg)
-
-
-@pytest.fixture
-def core(admin):
-    from kubernetes import client
-
-    return client.CoreV1Api(admin)
-
-
 @pytest.fixture
 def ns(core):
     from kubernetes import client
@@ -50,31 +32,6 @@ def ns(core):
     name = f"it-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     return name
-
-
-@pytest.fixture
-def nodes(core):
-    made: list[str] = []
-
-    def make(name: str, gpus: int, inventory: bool = False, product: str = "NVIDIA-A100-SXM4-80GB", cpu: str = "32") -> str:
-        meta = {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": "81920",
-                                          "nvidia.com/gpu.count": str(gpus)}}
-        if inventory:
-            meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)])}
-        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})
-        made.append(name)
-        res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
-        core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res,
-                                                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                                                 "message": "test", "lastHeartbeatTime": None, "lastTransitionTime": None}]}})
-        return name
-
-    yield make
-    for n in made:
-        try:
-            core.delete_node(n)
-        except Exception:
-            pass
 
 
 def pod_body(name: str, gpus: int = 1, milli: int | None = None, scheduler: str = "gpufleet", annotations: dict | None = None) -> dict:

@@ -20,7 +20,7 @@ from gpufleet.kube.cli import Metrics, load_profile
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner, wait_until
 
-from .test_kube_scheduler import ROOT, admin, bound, core, events, nodes, pod_body  # noqa: F401  (fixtures)
+from .test_kube_scheduler import ROOT, bound, events, pod_body
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +79,6 @@ class Sched:
     def stop(self) -> None:
         self.stop_ev.set()
         self.thread.join(15)
-
-
-def reasons(core, ns: str) -> list[tuple[str, str, str]]:
-    return [(e.involved_object.name, e.reason, e.message or e.note or "") for e in events(core, ns)]
 
 
 def ev_reasons(admin, ns: str) -> list[tuple[str, str, str]]:

@@ -243,7 +243,8 @@ def test_deploy_manifest_is_valid_and_config_builds():
     assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "ConfigMap", "Deployment", "Service"} <= kinds
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     verbs = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
-    assert ("pods/binding", "create") in verbs and not any(v in ("delete", "*") for _, v in verbs)
+    assert ("pods/binding", "create") in verbs and not any(v == "*" for _, v in verbs)
+    assert {r for r, v in verbs if v == "delete"} == {"pods"}  # preemption and reclaim only
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     assert load_config(yaml.safe_load(cm["data"]["config.yaml"]), registry())
 

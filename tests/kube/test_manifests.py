@@ -29,8 +29,16 @@ def test_kustomizations_list_existing_files():
 def test_scheduler_rbac_is_exactly_what_it_calls():
     d = docs("scheduler/scheduler.yaml")
     cluster = next(x for x in d if x["kind"] == "ClusterRole")
+    watched = {("", "namespaces"), ("gpufleet.io", "queues"), ("gpufleet.io", "podgroups"), ("policy", "poddisruptionbudgets")}
     assert grants(cluster) == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"),
-                               ("", "pods", "watch"), ("", "pods/binding", "create"), ("events.k8s.io", "events", "create")}
+                               ("", "pods", "watch"), ("", "pods", "delete"),  # preemption and reclaim
+                               ("", "pods/binding", "create"), ("events.k8s.io", "events", "create")} | {
+        (g, r, v) for g, r in watched for v in ("list", "watch")}
+    from gpufleet.kube.api import POLICY_KINDS  # every kind the loop lists is granted
+
+    for path in POLICY_KINDS.values():
+        group = "" if path.startswith("/api/") else path.split("/")[2]
+        assert (group, path.rsplit("/", 1)[1], "list") in grants(cluster)
     lease = next(x for x in d if x["kind"] == "Role")
     assert grants(lease) == {("coordination.k8s.io", "leases", v) for v in ("create", "get", "update")}
     named = [r for r in lease["rules"] if "resourceNames" in r]
