@@ -139,6 +139,27 @@ def test_drf_order_by_weight_and_dominant_resource():
     assert [r.name for r in tree.order(pend2)] == ["none", "hi", "lo"]
 
 
+def test_hierarchical_drf_splits_a_teams_share_among_its_sub_teams():
+    # research (weight 1) has two sub-teams; ops (weight 1) is one team: flat DRF over the three
+    # leaves would give ops a third of the turns, hierarchical DRF gives it half
+    qs = [Queue("research", {"gpu_milli": 4000}), Queue("vision", parent="research"), Queue("nlp", parent="research"),
+          Queue("ops", {"gpu_milli": 4000})]
+    state, s, tree = cluster(queues=qs)
+    pend = [gpu_pod(f"{q}{i}", queue=q) for q in ("vision", "nlp", "ops") for i in range(6)]
+    first8 = [r.name for r in tree.order(pend)][:8]
+    assert sum(n.startswith("ops") for n in first8) == 4
+    assert sum(n.startswith("vision") for n in first8) == 2 and sum(n.startswith("nlp") for n in first8) == 2
+    # a parent's own pods compete with its children as one more sibling
+    pend = [gpu_pod(f"r{i}", queue="research") for i in range(4)] + [gpu_pod(f"v{i}", queue="vision") for i in range(4)]
+    first4 = [r.name for r in tree.order(pend)][:4]
+    assert sorted(n[0] for n in first4) == ["r", "r", "v", "v"]
+    # running pods count: a sub-team already holding GPUs waits behind its sibling
+    for i in range(2):
+        assert s.schedule(gpu_pod(f"run{i}", queue="vision")).ok
+    pend = [gpu_pod("v9", queue="vision"), gpu_pod("n9", queue="nlp")]
+    assert [r.name for r in tree.order(pend)] == ["n9", "v9"]
+
+
 def test_queue_custom_resource_parsing_and_errors():
     q = Queue.from_json({"apiVersion": "gpufleet.io/v1alpha1", "kind": "Queue", "metadata": {"name": "ml"},
                          "spec": {"quota": {"nvidia.com/gpu": 8, "cpu": "64", "memory": "256Gi", "gpu-memory": "80Gi",

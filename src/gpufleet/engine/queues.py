@@ -26,7 +26,6 @@ idle quota, and at the top from the pool of all root queues.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
@@ -487,35 +486,68 @@ class QueueTree:
         return s / self.queues[queue].weight
 
     def order(self, pending: Sequence[PodRequest]) -> list[PodRequest]:
-        """Pending pods in weighted-DRF order: repeatedly the next pod (highest priority, then
-        first come) of the queue with the smallest dominant share counting the pods ordered
-        before it.  Pods without a (known) queue keep their order and come first."""
+        """Pending pods in hierarchical weighted-DRF order.
+
+        Repeatedly, from the roots down: among the sibling queues with pending pods
+        in their subtree, take the one with the smallest weighted dominant share
+        (its subtree's usage, counting the pods ordered so far, over the pool,
+        divided by its weight), until a queue whose own pod comes next; within a
+        queue, higher priority first, then first come.  A queue's own pods compete
+        with its children as one more sibling, with the queue's weight.  Siblings
+        are compared on the same pool, so this is DRF applied level by level
+        (a team's share is split among its sub-teams, never taken from a sibling
+        team).  Pods without a (known) queue keep their order and come first.
+        """
         use = self.usage()
         tot = self._totals()
         out = [r for r in pending if r.queue not in self.queues]
-        per: dict[str, list[tuple[int, int, PodRequest]]] = {}
+        own: dict[str, list[tuple[int, int, PodRequest]]] = {}
         for i, r in enumerate(pending):
             if r.queue in self.queues:
-                per.setdefault(r.queue, []).append((-r.priority, i, r))
-        for lst in per.values():
+                own.setdefault(r.queue, []).append((-r.priority, i, r))
+        for lst in own.values():
             lst.sort(key=lambda t: (t[0], t[1]))
+        pos = {q: 0 for q in own}
+        waiting: dict[str, int] = {n: 0 for n in self.queues}  # pods pending in each subtree
+        for q, lst in own.items():
+            for n in self._paths[q]:
+                waiting[n] += len(lst)
 
-        def share(q: str) -> float:
+        def share(q: str, own_only: bool = False) -> float:
             u = use[q]
-            return max((u.get(k, 0) / t for k, t in tot.items()), default=0.0) / self.queues[q].weight
+            amount = (lambda k: u.get(k, 0) - sum(use[c].get(k, 0) for c in self.children[q])) if own_only else \
+                (lambda k: u.get(k, 0))
+            return max((amount(k) / t for k, t in tot.items()), default=0.0) / self.queues[q].weight
 
-        heap = [(share(q), lst[0][0], lst[0][1], q) for q, lst in per.items()]
-        heapq.heapify(heap)
-        pos = {q: 0 for q in per}
-        while heap:
-            _, _, _, q = heapq.heappop(heap)
-            r = per[q][pos[q]][2]
+        def head(q: str) -> tuple[int, int]:
+            lst = own.get(q)
+            return lst[pos[q]][:2] if lst and pos[q] < len(lst) else (0, 1 << 62)
+
+        def subtree_head(q: str) -> tuple[int, int]:
+            return min([head(q)] + [subtree_head(c) for c in self.children[q] if waiting[c]])
+
+        def key(c: tuple[str, str]) -> tuple:
+            kind, q = c  # ("sub", q): q's whole subtree; ("own", q): q's own pods beside its children
+            return (share(q, kind == "own"), head(q) if kind == "own" else subtree_head(q), q, kind)
+
+        roots = [("sub", q) for q in sorted(self.roots)]
+        total = sum(len(v) for v in own.values())
+        for _ in range(total):
+            cands = [c for c in roots if waiting[c[1]]]
+            while True:
+                kind, q = min(cands, key=key)
+                kids = [("sub", c) for c in self.children[q] if waiting[c]]
+                if kind == "own" or not kids:
+                    node = q
+                    break
+                cands = kids + ([("own", q)] if pos.get(q, 0) < len(own.get(q, ())) else [])
+            r = own[node][pos[node]][2]
+            pos[node] += 1
             out.append(r)
-            _add(use[q], request_vector(r))
-            pos[q] += 1
-            if pos[q] < len(per[q]):
-                nxt = per[q][pos[q]]
-                heapq.heappush(heap, (share(q), nxt[0], nxt[1], q))
+            v = request_vector(r)
+            for n in self._paths[node]:
+                _add(use[n], v)
+                waiting[n] -= 1
         return out
 
     # --- reclaim ------------------------------------------------------------------------
