@@ -61,12 +61,14 @@ def _wait(pred, timeout_s: float, what: str, proc: subprocess.Popen, log: Path) 
 
 
 class ControlPlane:
-    def __init__(self, assets: str, workdir: Path):
+    def __init__(self, assets: str, workdir: Path, extra_args: tuple[str, ...] = ()):
         self.assets = Path(assets)
         self.dir = workdir
         self.procs: list[subprocess.Popen] = []
         self.kubeconfig = workdir / "kubeconfig"
         self.url = ""
+        self.etcd_url = ""
+        self.extra_args = extra_args
 
     def start(self) -> None:
         d = self.dir
@@ -79,6 +81,7 @@ class ControlPlane:
              "--initial-cluster", f"envtest=http://127.0.0.1:{peer_port}", "--unsafe-no-fsync"],
             stdout=open(etcd_log, "wb"), stderr=subprocess.STDOUT)
         self.procs.append(etcd)
+        self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         _wait(lambda: urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=1).status == 200, 30, "etcd", etcd, etcd_log)
         key = d / "sa.key"
         subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
@@ -93,7 +96,7 @@ class ControlPlane:
              "--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.0.0.0/24",
              "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--enable-priority-and-fairness=false",
              "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000", "--event-ttl=10m",
-             "--allow-privileged=true", "--advertise-address=127.0.0.1"],
+             "--allow-privileged=true", "--advertise-address=127.0.0.1", *self.extra_args],
             stdout=open(api_log, "wb"), stderr=subprocess.STDOUT)
         self.procs.append(api)
         self.url = f"https://127.0.0.1:{api_port}"

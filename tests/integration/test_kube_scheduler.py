@@ -361,3 +361,74 @@ def test_finished_and_deleted_pods_free_their_gpus(control_plane, core, ns, node
         assert gpu_use(core, ns) == {(f"{ns}-n", 0): 2000}  # first (finished), third; second is gone
     finally:
         s.stop()
+
+
+
+
+def compact_etcd(etcd_url: str) -> int:
+    """Compact etcd to its current revision through its HTTP gateway; returns that revision."""
+    import base64
+    import urllib.request
+
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(etcd_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=5).read())
+
+    rev = int(post("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+    post("/v3/kv/compaction", {"revision": str(rev), "physical": True})
+    return rev
+
+
+def test_expired_watch_410_gone_relists_and_scheduling_goes_on(tmp_path):
+    """After etcd compaction, a watch from an older resourceVersion answers 410 Gone: the runner relists
+    that kind and goes on.  Its own apiserver without the watch cache, so watches reach etcd."""
+    from kubernetes import client, config
+
+    from gpufleet.kube.api import Gone
+
+    from .conftest import ASSETS, ControlPlane
+
+    cp = ControlPlane(ASSETS, tmp_path, extra_args=("--watch-cache=false",))
+    cp.start()
+    try:
+        core = client.CoreV1Api(config.new_client_from_config(str(cp.kubeconfig)))
+        api = KubernetesApi(str(cp.kubeconfig))
+        _, old_rv = api.list_pods()
+        core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "it"}})
+        res = {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "2"}
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"}}})
+        core.patch_node_status("n1", {"status": {"capacity": res, "allocatable": res}})
+        core.create_namespaced_pod("it", pod_body("before"))
+        compact_etcd(cp.etcd_url)
+        for kind in ("pod", "namespace"):  # the client's watch and the raw watch of the policy kinds
+            with pytest.raises(Gone):
+                for _ in api.watch(kind, old_rv, 5):
+                    pass
+
+        class StaleFirstWatch(KubernetesApi):
+            stale = True
+
+            def watch(self, kind, resource_version, timeout_s=60):
+                if kind == "pod" and self.stale:  # the first pod watch starts from the compacted version
+                    self.stale = False
+                    resource_version = old_rv
+                return super().watch(kind, resource_version, timeout_s)
+
+        sapi = StaleFirstWatch(str(cp.kubeconfig))
+        loop = SchedulerLoop(sapi, load_profile("default", None), backoff_initial_s=0.2, backoff_max_s=1.0)
+        runner = Runner(sapi, loop, watch_timeout_s=20)
+        stop = threading.Event()
+        t = threading.Thread(target=runner.run, args=(stop,), daemon=True)
+        t.start()
+        try:
+            assert runner.ready.wait(20)
+            assert wait_until(lambda: runner.relists.get("pod") == 1, 10)
+            assert wait_until(lambda: "before" in bound(core, "it"), 10)
+            core.create_namespaced_pod("it", pod_body("after"))
+            assert wait_until(lambda: "after" in bound(core, "it"), 10)
+        finally:
+            stop.set()
+            t.join(15)
+    finally:
+        cp.stop()

@@ -20,7 +20,7 @@ from gpufleet.kube.cli import Metrics, load_profile
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner, wait_until
 
-from .test_kube_scheduler import ROOT, bound, events, pod_body
+from .test_kube_scheduler import ROOT, bound, pod_body
 
 
 @pytest.fixture(scope="module")

@@ -322,11 +322,11 @@ class KubernetesApi:
     def list_kind(self, kind: str) -> tuple[list[dict], str]:
         return self._list(POLICY_KINDS[kind] + "?")
 
-    def _raw_watch(self, path: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict]]:
+    def _raw_watch(self, path: str, resource_version: str, timeout_s: int, query: str = "") -> Iterator[tuple[str, dict]]:
         """A watch of any path, read line by line through the client's pool and credentials."""
         import urllib3
 
-        url = f"{path}?watch=1&allowWatchBookmarks=true&timeoutSeconds={timeout_s}&resourceVersion={resource_version}"
+        url = f"{path}?{query}watch=1&allowWatchBookmarks=true&timeoutSeconds={timeout_s}&resourceVersion={resource_version}"
         headers = {"Accept": "application/json", "User-Agent": "gpufleet"}
         self.api.update_params_for_auth(headers, [], ["BearerToken"], url, "GET", None)
         r = self.api.rest_client.pool_manager.request("GET", self.api.configuration.host + url, headers=headers,
@@ -370,29 +370,15 @@ class KubernetesApi:
         self._request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 60) -> Iterator[tuple[str, dict]]:
-        if kind in POLICY_KINDS:
-            yield from self._raw_watch(POLICY_KINDS[kind], resource_version, timeout_s)
-            return
-        from kubernetes import watch
+        # the raw stream for every kind: the client's Watch with deserialize=False fails on the
+        # ERROR event of an expired watch (KeyError 'raw_object') instead of reporting 410 Gone
+        from urllib.parse import quote
 
-        fn = self.core.list_node if kind == "node" else self.core.list_pod_for_all_namespaces
-        extra = {} if kind == "node" else {"field_selector": LIVE_PODS}
-        w = watch.Watch()
-        try:
-            for ev in w.stream(fn, resource_version=resource_version, timeout_seconds=timeout_s, allow_watch_bookmarks=True,
-                               deserialize=False, _request_timeout=(10, timeout_s + 30), **extra):
-                t, obj = ev.get("type"), ev.get("object") or {}
-                if t == "ERROR":  # the client raises for these; keep the guard
-                    if obj.get("code") == 410:
-                        raise Gone(kind)
-                    raise RuntimeError(f"watch error: {obj}")
-                yield t, obj
-        except (Gone, RuntimeError):
-            raise
-        except Exception as exc:
-            self._raise(exc)
-        finally:
-            w.stop()
+        if kind == "node":
+            return self._raw_watch("/api/v1/nodes", resource_version, timeout_s)
+        if kind == "pod":
+            return self._raw_watch("/api/v1/pods", resource_version, timeout_s, f"fieldSelector={quote(LIVE_PODS)}&")
+        return self._raw_watch(POLICY_KINDS[kind], resource_version, timeout_s)
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
         """One call straight through the client's connection pool and credentials.
