@@ -104,7 +104,8 @@ profiles:
 
 def scheduler_cmd(which: str, args, kubeconfig: Path, d: Path) -> list[str]:
     if which == "gpufleet":
-        return [sys.executable, "-m", "gpufleet.cli.main", "scheduler", "--kubeconfig", str(kubeconfig),
+        prof = ["-m", "cProfile", "-o", args.profile] if args.profile else []
+        return [sys.executable, *prof, "-m", "gpufleet.cli.main", "scheduler", "--kubeconfig", str(kubeconfig),
                 "--no-leader-elect", f"--metrics-addr=127.0.0.1:{_free_port()}", f"--policy={args.policy}",
                 f"--bind-workers={args.bind_workers}", "--log-level=WARNING"]
     # the stock kube-scheduler, its profile named like ours so it takes the same pods (the
@@ -182,6 +183,7 @@ def main() -> int:
     ap.add_argument("--policy", default="default")
     ap.add_argument("--bind-workers", type=int, default=16)
     ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--profile", default="", help="write a cProfile of the gpufleet scheduler process here")
     ap.add_argument("--rounds", type=int, default=1, help="rounds; each runs every scheduler once, alternating")
     ap.add_argument("--kube-scheduler", default="", help="stock kube-scheduler binary to compare with "
                     "(default: $KUBEBUILDER_ASSETS/kube-scheduler when present)")

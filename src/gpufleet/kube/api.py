@@ -346,9 +346,9 @@ class KubernetesApi:
                 raise ApiError(r.status, msg)
             buf = b""
             for chunk in r.stream(65536):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                lines = (buf + chunk).split(b"\n")
+                buf = lines.pop()  # an incomplete last line waits for the next chunk
+                for line in lines:
                     if not line.strip():
                         continue
                     ev = json.loads(line)
