@@ -55,6 +55,16 @@ def cluster(gpus_per_node=4, nodes=1):
     return api
 
 
+def team_a(quota_gpus, pods=2):
+    """One 4-GPU node; namespace team-a maps to queue qa (no borrowing); ``pods`` 1-GPU pods waiting."""
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", quota_gpus, borrowing=0))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    for i in range(pods):
+        api.add_pod(pod(f"p{i}"))
+    return api
+
+
 def make(api, clock, **kw):
     loop = SchedulerLoop(api, build_profile("bestfit"), clock=clock, **kw)
     loop.resync()
@@ -70,11 +80,7 @@ def messages(api, key, reason):
 
 
 def test_namespace_label_maps_pods_to_a_queue_and_quota_holds_the_rest_with_a_reason():
-    api = cluster(gpus_per_node=4)
-    api.put_object("queue", queue("qa", 2, borrowing=0))
-    api.put_object("namespace", namespace("team-a", "qa"))
-    for i in range(3):
-        api.add_pod(pod(f"p{i}"))
+    api = team_a(2, pods=3)
     clock = Clock()
     loop = make(api, clock)
     run(api, loop, clock)
@@ -86,11 +92,7 @@ def test_namespace_label_maps_pods_to_a_queue_and_quota_holds_the_rest_with_a_re
 
 
 def test_restart_rebuilds_queue_usage_from_bound_pods():
-    api = cluster(gpus_per_node=4)
-    api.put_object("queue", queue("qa", 2, borrowing=0))
-    api.put_object("namespace", namespace("team-a", "qa"))
-    api.add_pod(pod("p0"))
-    api.add_pod(pod("p1"))
+    api = team_a(2)
     clock = Clock()
     run(api, make(api, clock), clock)
     assert len(bound(api)) == 2
@@ -102,11 +104,7 @@ def test_restart_rebuilds_queue_usage_from_bound_pods():
 
 
 def test_a_queue_change_is_seen_without_restart():
-    api = cluster(gpus_per_node=4)
-    api.put_object("queue", queue("qa", 1, borrowing=0))
-    api.put_object("namespace", namespace("team-a", "qa"))
-    api.add_pod(pod("p0"))
-    api.add_pod(pod("p1"))
+    api = team_a(1)
     clock = Clock()
     loop = make(api, clock)
     run(api, loop, clock)

@@ -254,6 +254,16 @@ class FakeApi:
             self.events.append({"pod": pod_key_of(pod), "type": type_, "reason": reason, "message": message})
 
 
+def _status_error(status: int, body: bytes, reason: str) -> Exception:
+    """The exception for an HTTP error reply, with the server's message (a Status object's) when there is one."""
+    try:
+        msg = json.loads(body).get("message") or reason
+    except (ValueError, AttributeError):
+        msg = reason
+    kinds = {409: Conflict, 404: NotFound, 410: Gone}
+    return kinds[status](msg) if status in kinds else ApiError(status, msg)
+
+
 class KubernetesApi:
     """The real thing, through the official ``kubernetes`` client."""
 
@@ -334,16 +344,7 @@ class KubernetesApi:
                                                       timeout=urllib3.Timeout(connect=10, read=timeout_s + 30))
         try:
             if r.status != 200:
-                body = r.read()
-                try:
-                    msg = json.loads(body).get("message") or r.reason
-                except (ValueError, AttributeError):
-                    msg = r.reason
-                if r.status == 410:
-                    raise Gone(msg)
-                if r.status == 404:
-                    raise NotFound(msg)
-                raise ApiError(r.status, msg)
+                raise _status_error(r.status, r.read(), r.reason)
             buf = b""
             for chunk in r.stream(65536):
                 lines = (buf + chunk).split(b"\n")
@@ -398,17 +399,7 @@ class KubernetesApi:
             headers=headers, timeout=urllib3.Timeout(total=self.timeout), retries=False)
         if 200 <= r.status < 300:
             return json.loads(r.data) if r.data else {}
-        try:
-            msg = json.loads(r.data).get("message") or r.reason
-        except (ValueError, AttributeError):
-            msg = r.reason
-        if r.status == 409:
-            raise Conflict(msg)
-        if r.status == 404:
-            raise NotFound(msg)
-        if r.status == 410:
-            raise Gone(msg)
-        raise ApiError(r.status, msg)
+        raise _status_error(r.status, r.data, r.reason)
 
     def get_pod(self, namespace: str, name: str) -> dict | None:
         try:
