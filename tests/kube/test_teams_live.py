@@ -239,3 +239,31 @@ def test_a_broken_queue_is_reported_and_the_others_still_apply():
     assert len(bound(api)) == 1
     assert "spec.weight" in loop.objects.errors["Queue broken"]
     assert "spec.parent" in loop.objects.errors["Queue orphan"]
+
+
+def test_an_engine_error_in_a_gang_round_or_the_fair_share_order_does_not_stop_the_loop(monkeypatch):
+    from gpufleet.engine import gang, queues
+
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 4))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    g = {"gpufleet.io/pod-group": "job", "gpufleet.io/pod-group-min-member": "2"}
+    api.add_pod(pod("m0", annotations=g))
+    api.add_pod(pod("m1", annotations=g))
+    api.add_pod(pod("solo0"))
+    api.add_pod(pod("solo1"))
+    clock = Clock()
+    loop = make(api, clock)
+
+    def boom(*a, **k):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(gang.GangScheduler, "step", boom)
+    monkeypatch.setattr(queues.QueueTree, "order", boom)
+    run(api, loop, clock, rounds=2)
+    assert bound(api) == ["team-a/solo0", "team-a/solo1"]  # single pods still scheduled, in priority order
+    assert any("internal error placing its pod group" in m for m in messages(api, "team-a/m0", "FailedScheduling"))
+    assert loop.state.gpu_free_milli.sum() == 2000  # nothing half-reserved
+    monkeypatch.undo()
+    run(api, loop, clock)
+    assert bound(api) == ["team-a/m0", "team-a/m1", "team-a/solo0", "team-a/solo1"]

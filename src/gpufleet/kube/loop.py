@@ -543,7 +543,10 @@ class SchedulerLoop:
                     reqs.append(self._request(k, self.pending[k]))
                 except GpufleetError:
                     rest.append(k)  # invalid: schedule_one reports it
-            keys = rest + [r.key for r in self.tree.order(reqs)]
+            try:
+                keys = rest + [r.key for r in self.tree.order(reqs)]
+            except Exception:  # an ordering bug must not stop scheduling: keep priority order
+                log.exception("fair-share order failed; using priority order")
         if self._nominated:
             keys.sort(key=lambda k: k not in self._nominated)  # stable: keeps the order within each part
         return keys
@@ -585,7 +588,15 @@ class SchedulerLoop:
                 n += 1
         gang_keys = self.due_gang_members()
         if gang_keys and (should_continue is None or should_continue()):
-            n += self._gang_round(gang_keys)
+            try:
+                n += self._gang_round(gang_keys)
+            except Exception as exc:  # an engine bug must not stop the loop
+                log.exception("gang round failed")
+                for k in gang_keys:
+                    if k in self.pending:
+                        self._failed_event(k, self.pending[k], f"internal error placing its pod group: {exc}")
+                        self._defer(k)
+                self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
         return n
 
     def _gang_round(self, keys: list[str]) -> int:
