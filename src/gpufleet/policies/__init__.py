@@ -7,7 +7,6 @@ default).  ``default_profile()`` is what runs when no config file is given.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 

@@ -36,9 +36,8 @@ import numpy as np
 from ..engine.config import Registry
 from ..engine.framework import Cycle
 from ..engine.model import GPU_MILLI, PodRequest
-from ..engine.plugins.filters import eligible_gpus
 from ..engine.state import ClusterState
-from .paper import FGDScore, _take_packed, distinct_placements, frag_amount, node_view
+from .paper import FGDScore, _take_packed, frag_amount, node_view
 
 
 @dataclass
@@ -146,21 +145,7 @@ class StrandAwareFragScore(FGDScore):
             vers[nodes[stale]] = state.version[nodes[stale]]
         return self._quantise(vals[nodes[rows]] - m[stale.size:])
 
-    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-        r = cycle.request
-        cpu, left, _ = node_view(state, nodes)
-        mem = state.mem_free[nodes]
-        k, g = left.shape
-        elig = eligible_gpus(state, r, nodes) & (left >= r.gpu_milli)
-        rows, cols = np.nonzero(elig)
-        out = np.full((k, g), -np.inf)
-        if rows.size:
-            first, inv = distinct_placements(left, rows, cols)
-            ur, uc = rows[first], cols[first]
-            new_left = left[ur].copy()
-            new_left[np.arange(ur.size), uc] -= r.gpu_milli
-            out[rows, cols] = self._descent(state, nodes, ur, cpu[ur] - r.cpu_milli, new_left, mem[ur] - r.memory_mib)[inv]
-        return out
+    _placement_scores = _descent  # FGDScore._gpu_scores enumerates the placements; this measure scores them
 
     _UNFIT = -1e9
 

@@ -520,21 +520,25 @@ class FGDScore(_Plugin):
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """[k, G] scores of placing a shared pod on each GPU (-inf where it does not fit)."""
         r = cycle.request
-        tw, acc = self._tw(state)
-        cpu, left, model = node_view(state, nodes)
-        before = frag_amount(cpu, left, model, tw, acc)
+        cpu, left, _ = node_view(state, nodes)
         k, g = left.shape
-        elig = eligible_gpus(state, r, nodes) & (left >= r.gpu_milli)
-        rows, cols = np.nonzero(elig)
+        rows, cols = np.nonzero(eligible_gpus(state, r, nodes) & (left >= r.gpu_milli))
         out = np.full((k, g), -np.inf)
         if rows.size:
             first, inv = distinct_placements(left, rows, cols)
             ur, uc = rows[first], cols[first]
             new_left = left[ur].copy()
             new_left[np.arange(ur.size), uc] -= r.gpu_milli
-            after = frag_amount(cpu[ur] - r.cpu_milli, new_left, model[ur], tw, acc)
-            out[rows, cols] = _sigmoid_score(before[ur] - after)[inv]
+            mem_after = state.mem_free[nodes[ur]] - r.memory_mib
+            out[rows, cols] = self._placement_scores(state, nodes, ur, cpu[ur] - r.cpu_milli, new_left, mem_after)[inv]
         return out
+
+    def _placement_scores(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after: np.ndarray,
+                          gpu_after: np.ndarray, mem_after: np.ndarray) -> np.ndarray:
+        """Score of turning node ``nodes[rows]`` (as it is now) into each given after-state."""
+        tw, acc = self._tw(state)
+        cpu, left, model = node_view(state, nodes[rows])
+        return _sigmoid_score(frag_amount(cpu, left, model, tw, acc) - frag_amount(cpu_after, gpu_after, model, tw, acc))
 
     _UNFIT = 0.0  # score of a node where no GPU takes the share (the filters normally drop it)
 
