@@ -56,6 +56,25 @@ def load_profile(policy: str, config: str | None):
     return build_profile(policy)
 
 
+def start(args: argparse.Namespace, command: str, component: str, pool_size: int = 32):
+    """Logging, the profile and the API client for a long-running command; (profile, api) or an exit code."""
+    from ..engine.errors import ConfigError
+    from .api import KubernetesApi
+
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        profile = load_profile(args.policy, args.config)
+    except (ConfigError, KeyError) as exc:
+        print(f"gpufleet {command}: bad configuration: {exc}")
+        return 2
+    try:
+        return profile, KubernetesApi(args.kubeconfig, args.context, component=component, pool_size=pool_size)
+    except Exception as exc:
+        print(f"gpufleet {command}: cannot load Kubernetes credentials: {exc}")
+        return 2
+
+
 class Metrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -109,24 +128,14 @@ def serve_http(addr: str, metrics: Metrics, ready: threading.Event) -> Threading
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.errors import ConfigError
-    from .api import KubernetesApi
     from .leader import KubernetesLeaseStore, LeaseElector
     from .loop import SchedulerLoop
     from .runner import Runner
 
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        profile = load_profile(args.policy, args.config)
-    except (ConfigError, KeyError) as exc:
-        print(f"gpufleet scheduler: bad configuration: {exc}")
-        return 2
-    try:
-        api = KubernetesApi(args.kubeconfig, args.context, pool_size=max(10, args.bind_workers + 4))
-    except Exception as exc:
-        print(f"gpufleet scheduler: cannot load Kubernetes credentials: {exc}")
-        return 2
+    started = start(args, "scheduler", "gpufleet-scheduler", pool_size=max(10, args.bind_workers + 4))
+    if isinstance(started, int):
+        return started
+    profile, api = started
     metrics = Metrics()
     loop = SchedulerLoop(api, profile, scheduler_name=args.scheduler_name, on_attempt=metrics.on_attempt,
                          bind_workers=args.bind_workers, event_thread=True, policy_kinds=args.queues,

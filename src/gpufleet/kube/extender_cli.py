@@ -19,25 +19,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..engine.errors import ConfigError
-    from .api import KubernetesApi
-    from .cli import load_profile
+    from .cli import start
     from .extender import Extender, serve
     from .loop import SchedulerLoop
     from .runner import Runner
 
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        profile = load_profile(args.policy, args.config)
-    except (ConfigError, KeyError) as exc:
-        print(f"gpufleet extender: bad configuration: {exc}")
-        return 2
-    try:
-        api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-extender")
-    except Exception as exc:
-        print(f"gpufleet extender: cannot load Kubernetes credentials: {exc}")
-        return 2
+    started = start(args, "extender", "gpufleet-extender")
+    if isinstance(started, int):
+        return started
+    profile, api = started
     # the extender never schedules on its own: kube-scheduler drives it, so no pod is "ours" to queue
     # kube-scheduler does queueing and preemption in this mode; gpufleet picks nodes and GPUs
     loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none", policy_kinds=False, preemption=False)

@@ -20,6 +20,19 @@ from ..engine import annotations as ann
 log = logging.getLogger(__name__)
 
 
+def load_client_config(kubeconfig: str | None) -> None:
+    """The official client's default configuration: ``kubeconfig``, else in-cluster, else ~/.kube/config."""
+    from kubernetes import config
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+        return
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
 class ReclaimKube(Protocol):
     def list_running_pods(self) -> list[dict]: ...
     def list_pdbs(self) -> list[dict]: ...
@@ -42,15 +55,7 @@ class KubeReclaimClient:
 
         self._client = client
         if core is None or policy is None:
-            from kubernetes import config
-
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
+            load_client_config(kubeconfig)
         self.core = core or client.CoreV1Api()
         self.policy = policy or client.PolicyV1Api()
         self._ser = client.ApiClient().sanitize_for_serialization

@@ -46,15 +46,11 @@ class KubeReader:
     """Running pods, their ReplicaSet/Job owners and nodes, as JSON, through the official client."""
 
     def __init__(self, kubeconfig: str | None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+        from .kube_actions import load_client_config
+
+        load_client_config(kubeconfig)
         self.core, self.apps, self.batch = client.CoreV1Api(), client.AppsV1Api(), client.BatchV1Api()
         self.ser = client.ApiClient().sanitize_for_serialization
 
