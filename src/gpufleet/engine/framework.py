@@ -190,7 +190,7 @@ class Scheduler:
     def _filter(self, cycle: Cycle, explain: bool = False) -> np.ndarray:
         n = len(self.state)
         feasible = np.ones(n, dtype=bool)
-        first = np.full(n, -1, dtype=np.int64) if True else None
+        first = np.full(n, -1, dtype=np.int64)
         reasons: list[str] = []
         if cycle.only_nodes is not None:
             feasible &= cycle.only_nodes
@@ -356,25 +356,23 @@ class Scheduler:
         if cycle.assignment is not None:
             self.state.unreserve(cycle.assignment.pod_key)
 
+    def _schedule(self, request: PodRequest) -> tuple[Cycle, Decision]:
+        cycle = self.new_cycle(request)
+        dec = self.decide(cycle)
+        if dec.ok:
+            st = self.reserve(cycle)
+            if not st.ok:
+                dec = Decision(request.key, st, feasible_nodes=dec.feasible_nodes)
+        return cycle, dec
+
     def schedule(self, request: PodRequest) -> Decision:
         """Decide and reserve: on success the devices are taken in the snapshot."""
-        cycle = self.new_cycle(request)
-        dec = self.decide(cycle)
-        if not dec.ok:
-            return dec
-        st = self.reserve(cycle)
-        if not st.ok:
-            return Decision(request.key, st, feasible_nodes=dec.feasible_nodes)
-        return dec
+        return self._schedule(request)[1]
 
     def schedule_and_bind(self, request: PodRequest, binder: Binder) -> Decision:
-        cycle = self.new_cycle(request)
-        dec = self.decide(cycle)
+        cycle, dec = self._schedule(request)
         if not dec.ok:
             return dec
-        st = self.reserve(cycle)
-        if not st.ok:
-            return Decision(request.key, st, feasible_nodes=dec.feasible_nodes)
         try:
             binder.bind(dec.assignment)  # type: ignore[arg-type]
         except Exception as exc:  # the adapter's failure must not corrupt the snapshot
