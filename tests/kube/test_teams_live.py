@@ -267,3 +267,35 @@ def test_an_engine_error_in_a_gang_round_or_the_fair_share_order_does_not_stop_t
     monkeypatch.undo()
     run(api, loop, clock)
     assert bound(api) == ["team-a/m0", "team-a/m1", "team-a/solo0", "team-a/solo1"]
+
+
+def test_a_high_priority_gang_preempts_room_for_all_its_members_at_once():
+    api = cluster(gpus_per_node=2, nodes=2)
+    clock = Clock()
+    loop = make(api, clock)
+    for i in range(3):
+        api.add_pod(pod(f"low{i}", ns="ml", priority=1))
+    api.add_pod(pod("keep", ns="ml", priority=500))  # higher than the gang: never a victim
+    run(api, loop, clock)
+    assert len(bound(api)) == 4
+    g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "2"}
+    api.add_pod(pod("w0", ns="ml", priority=100, annotations=g))
+    api.add_pod(pod("w1", ns="ml", priority=100, annotations=g))
+    run(api, loop, clock)
+    assert {"ml/w0", "ml/w1", "ml/keep"} <= set(bound(api))
+    assert len(api.evicted) == 2 and all(k.startswith("ml/low") for k, _ in api.evicted)  # only what the gang needs
+    assert messages(api, "ml/w0", "Preempting")
+
+
+def test_a_gang_that_could_only_fit_by_evicting_higher_priority_pods_preempts_nothing():
+    api = cluster(gpus_per_node=2, nodes=1)
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("low", ns="ml", priority=1))
+    api.add_pod(pod("high", ns="ml", priority=900))
+    run(api, loop, clock)
+    g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "2"}
+    api.add_pod(pod("w0", ns="ml", priority=100, annotations=g))
+    api.add_pod(pod("w1", ns="ml", priority=100, annotations=g))
+    run(api, loop, clock)
+    assert not api.evicted and bound(api) == ["ml/high", "ml/low"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.engine.errors import ConfigError
-from gpufleet.engine.preemption import PodDisruptionBudget, explain_preemption, find_victims, preempt
+from gpufleet.engine.preemption import PodDisruptionBudget, explain_preemption, find_gang_victims, find_victims, preempt
 
 from .helpers import cluster, gpu_pod
 
@@ -99,3 +99,22 @@ def test_explanation_lines_for_explain():
                      "evict default/pair on n0 (priority 2)"]
     lines = explain_preemption(s, gpu_pod("huge", n=8, prio=100))
     assert "1 node(s) would not fit default/huge even after evicting every lower-priority pod" in lines
+
+
+def test_gang_victims_make_room_for_every_member_at_once_and_change_nothing():
+    state, s, _ = cluster(n_nodes=2, gpus=2)
+    for i in range(4):
+        assert s.schedule(gpu_pod(f"low{i}", prio=1, labels=[("app", "low")])).ok
+    members = [gpu_pod(f"w{i}", n=2, prio=100, group="train", group_min=2) for i in range(2)]
+    snap = (dict(state.assignments), state.gpu_free_milli.copy())
+    plan = find_gang_victims(s, "default/train", members, need=2)
+    assert plan is not None and len(plan.victims) == 4  # two whole nodes
+    assert state.assignments == snap[0] and (state.gpu_free_milli == snap[1]).all()  # a dry run
+    assert find_gang_victims(s, "default/train", members[:1], need=1) is not None
+    assert len(find_gang_victims(s, "default/train", members[:1], need=1).victims) == 2
+    # a budget that allows 3 disruptions cannot cover both members
+    labels = {f"default/low{i}": {"app": "low"} for i in range(4)}
+    pdb = PodDisruptionBudget("low", "default", (("app", "low"),), 3)
+    assert find_gang_victims(s, "default/train", members, need=2, pdbs=[pdb], pod_labels=labels) is None
+    # equal priority: no victims
+    assert find_gang_victims(s, "default/train", [gpu_pod("w", n=2, prio=1, group="train")], need=1) is None

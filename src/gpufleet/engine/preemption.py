@@ -227,6 +227,44 @@ def _plan_node(sched: Scheduler, r: PodRequest, i: int, units: list[list[Assignm
     return Plan(node, victims, lines)
 
 
+def find_gang_victims(sched: Scheduler, group: str, members: Sequence[PodRequest], need: int,
+                      pdbs: Sequence[PodDisruptionBudget] = (), **kw: Any) -> Plan | None:
+    """Victims that make room for ``need`` members of a gang at once; a dry run (changes nothing).
+
+    Members (largest first) are placed one by one on the state as the plan
+    leaves it: a member that fits takes its place; one that does not first has
+    the fewest lower-priority victims for it (``find_victims``) evicted
+    tentatively.  The victims together must respect the disruption budgets.
+    None when some member cannot be made to fit.
+    """
+    st = sched.state
+    labels = kw.get("pod_labels") or {}
+    victims: list[Assignment] = []
+    with st.transaction() as tx:  # never committed: rolls back on the way out
+        placed = 0
+        for r in sorted(members, key=lambda r: (-r.total_gpu_milli, -r.cpu_milli, r.key)):
+            if placed >= need:
+                break
+            dec = sched.decide(sched.new_cycle(r))
+            if not dec.ok:
+                plan = find_victims(sched, r, pdbs=pdbs, **kw)
+                if plan is None or _budget_check(pdbs, labels, victims + plan.victims):
+                    return None
+                for a in plan.victims:
+                    tx.evict(a.pod_key)
+                victims.extend(plan.victims)
+                dec = sched.decide(sched.new_cycle(r))
+                if not dec.ok:
+                    return None
+            tx.reserve(dec.assignment)  # type: ignore[arg-type]
+            placed += 1
+        if placed < need:
+            return None
+    lines = [f"pod group {group} ({need} member(s)) fits after evicting {len(victims)} lower-priority pod(s)"]
+    lines += [f"evict {a.pod_key} on {a.node} (priority {a.priority})" for a in victims]
+    return Plan(",".join(sorted({a.node for a in victims})), victims, lines) if victims else None
+
+
 def explain_preemption(sched: Scheduler, r: PodRequest, **kw: Any) -> list[str]:
     """Dry-run lines for ``gpufleet explain``: the plan, or why there is none."""
     notes: list[str] = []
@@ -247,4 +285,4 @@ def preempt(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], 
     return plan
 
 
-__all__ = ["Plan", "PodDisruptionBudget", "explain_preemption", "find_victims", "preempt"]
+__all__ = ["Plan", "PodDisruptionBudget", "explain_preemption", "find_gang_victims", "find_victims", "preempt"]

@@ -47,7 +47,7 @@ from ..engine.gang import GangScheduler, group_key
 from ..engine.inventory import assignment_to_json
 from ..engine.model import Assignment, Node, PodRequest, Taint
 from ..engine.podspec import parse_pod, pod_key
-from ..engine.preemption import explain_preemption, find_victims
+from ..engine.preemption import explain_preemption, find_gang_victims, find_victims
 from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
 from .api import POLICY_KINDS, ApiError, Conflict, NotFound, SchedulerApi
@@ -570,8 +570,16 @@ class SchedulerLoop:
         self._not_before[key] = self.clock() + b
 
     def schedule_due(self, budget_s: float | None = None, should_continue: Callable[[], bool] | None = None) -> int:
-        """Run one cycle for each pod that is due; returns how many were tried."""
+        """Run one cycle for each pod that is due; returns how many were tried.
+
+        Gang members go in one gang round, after the single pods -- or before them
+        when a gang had victims deleted for it, so the room it made is its own.
+        """
         n = 0
+        gang_keys = self.due_gang_members()
+        gangs_first = any(k in self._nominated for k in gang_keys)
+        if gangs_first:
+            n += self._safe_gang_round(gang_keys)
         end = None if budget_s is None else time.monotonic() + budget_s
         for key in self.due():
             if should_continue is not None and not should_continue():
@@ -586,24 +594,29 @@ class SchedulerLoop:
             if pod is not None:
                 self.schedule_one(pod)
                 n += 1
-        gang_keys = self.due_gang_members()
-        if gang_keys and (should_continue is None or should_continue()):
-            try:
-                n += self._gang_round(gang_keys)
-            except Exception as exc:  # an engine bug must not stop the loop
-                log.exception("gang round failed")
-                for k in gang_keys:
-                    if k in self.pending:
-                        self._failed_event(k, self.pending[k], f"internal error placing its pod group: {exc}")
-                        self._defer(k)
-                self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
+        if gang_keys and not gangs_first and (should_continue is None or should_continue()):
+            n += self._safe_gang_round(gang_keys)
         return n
+
+    def _safe_gang_round(self, keys: list[str]) -> int:
+        try:
+            return self._gang_round(keys)
+        except Exception as exc:  # an engine bug must not stop the loop
+            log.exception("gang round failed")
+            for k in keys:
+                if k in self.pending:
+                    self._failed_event(k, self.pending[k], f"internal error placing its pod group: {exc}")
+                    self._defer(k)
+            self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
+            return len(keys)
 
     def _gang_round(self, keys: list[str]) -> int:
         """Hand arrived gang members to the GangScheduler, step it, bind what it placed."""
         now = self.clock()
         for k in keys:
-            pod = self.pending[k]
+            pod = self.pending.get(k)
+            if pod is None:
+                continue
             try:
                 r = self._request(k, pod)
             except GpufleetError:
@@ -626,6 +639,8 @@ class SchedulerLoop:
                     if k in self.pending and k not in self.gangs.held:
                         self._failed_event(k, self.pending[k], reason_text(res.status))
                         self._defer(k)
+                if self.preemption:
+                    self._make_room_for_gang(res.group)
         return len(keys)
 
     def schedule_one(self, pod: dict) -> str:
@@ -697,10 +712,40 @@ class SchedulerLoop:
             if plan is not None:
                 victims, lines = plan.victims, plan.explanation
                 reason, kind = f"preempted by {key} (priority {req.priority}) on {plan.node}", "preempted"
-        if not victims:
+        if victims and self._evict(victims, reason, kind, key):
+            self._nominated[key] = ({v.pod_key for v in victims}, now + self.nominated_timeout_s)
+            self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(lines or [reason]))
+
+    def _make_room_for_gang(self, group: str) -> None:
+        """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
+        g = self.gangs.gangs.get(group)
+        if g is None or self.gangs.holder == group:
             return
+        need = max(g.group.min_member - len(g.running), 1)
+        members = list(g.members.values())
+        if len(members) < need:
+            return  # not all there yet: nothing to make room for
+        now = self.clock()
+        noms = [self._nominated.get(r.key) for r in members]
+        if any(n is not None and now < n[1] and any(v in self.state.assignments for v in n[0]) for n in noms):
+            return
+        prio = min(r.priority for r in members)
+        if not any(a.priority < prio for a in self.state.assignments.values()):
+            return
+        plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets,
+                                 pod_labels=self._pod_labels(), age_rank=self._age_rank())
+        if plan is None:
+            return
+        if self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group):
+            for r in members:
+                self._nominated[r.key] = ({v.pod_key for v in plan.victims}, now + self.nominated_timeout_s)
+                if r.key in self.pending:
+                    self.events.send(self.pending[r.key], "Normal", "Preempting", "; ".join(plan.explanation))
+
+    def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> bool:
+        """Delete the victims through the API (each gets a ``Preempted`` event); False if any is not bound yet."""
         if any(v.pod_key not in self.bound_pods for v in victims):
-            return  # a victim is still being bound (or held by a gang): decide again next time
+            return False  # a victim is still being bound (or held by a gang): decide again next time
         for v in victims:
             p = self.bound_pods[v.pod_key]
             ns, name = v.pod_key.split("/", 1)
@@ -709,12 +754,11 @@ class SchedulerLoop:
             except NotFound:
                 pass
             except Exception as exc:
-                log.warning("could not delete %s to make room for %s: %s", v.pod_key, key, exc)
+                log.warning("could not delete %s to make room for %s: %s", v.pod_key, for_, exc)
                 continue
             self.events.send(p, "Normal", "Preempted", reason)
             setattr(self.stats, kind, getattr(self.stats, kind) + 1)
-        self._nominated[key] = ({v.pod_key for v in victims}, now + self.nominated_timeout_s)
-        self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(lines or [reason]))
+        return True
 
     def _pod_labels(self) -> dict[str, dict[str, str]]:
         return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
