@@ -118,3 +118,15 @@ def test_gang_victims_make_room_for_every_member_at_once_and_change_nothing():
     assert find_gang_victims(s, "default/train", members, need=2, pdbs=[pdb], pod_labels=labels) is None
     # equal priority: no victims
     assert find_gang_victims(s, "default/train", [gpu_pod("w", n=2, prio=1, group="train")], need=1) is None
+
+
+def test_bounded_candidate_search_takes_the_best_of_the_nodes_it_looked_at():
+    state, s, _ = cluster(n_nodes=2, gpus=4)
+    for i in range(4):
+        assert s.schedule(gpu_pod(f"n0-{i}", prio=1)).ok  # bestfit fills n0 first
+    assert s.schedule(gpu_pod("n1-all", n=4, prio=1)).ok
+    assert {state.assignments[f"default/n0-{i}"].node for i in range(4)} == {"n0"}
+    hi = gpu_pod("hi", n=4, prio=100)
+    assert len(find_victims(s, hi).victims) == 1  # exhaustive: n1's single pod
+    assert len(find_victims(s, hi, max_candidates=1, start=0).victims) == 4  # stopped after n0
+    assert [v.pod_key for v in find_victims(s, hi, max_candidates=1, start=1).victims] == ["default/n1-all"]

@@ -12,7 +12,7 @@ lowest priority, youngest first -- until the pod fits, puts back units that
 turn out not to be needed (kube-scheduler's reprieve), then searches smaller
 combinations (bounded) for a set with fewer victims.  Nodes are compared by
 the number of victim pods, then the highest victim priority, then the sum of
-victim priorities.  Every evaluation rolls back: ``find_victims`` is a dry run
+victim priorities, then the GPU the victims hold (evict no more than needed).  Every evaluation rolls back: ``find_victims`` is a dry run
 (its ``explanation`` feeds ``gpufleet explain``); ``preempt`` carries it out.
 """
 
@@ -85,8 +85,10 @@ def _budget_check(pdbs: Sequence[PodDisruptionBudget], labels_of: Mapping[str, M
     return None
 
 
-def _rank(victims: Sequence[Assignment]) -> tuple[int, int, int]:
-    return (len(victims), max((a.priority for a in victims), default=-(1 << 62)), sum(a.priority for a in victims))
+def _rank(victims: Sequence[Assignment]) -> tuple[int, int, int, int]:
+    """Fewer victims, then lower top priority, then lower priority sum, then less GPU taken away."""
+    return (len(victims), max((a.priority for a in victims), default=-(1 << 62)), sum(a.priority for a in victims),
+            sum(a.gpu_milli * len(a.gpu_indices) for a in victims))
 
 
 def _fits_on(sched: Scheduler, r: PodRequest, node: int) -> bool:
@@ -110,13 +112,16 @@ def _could_fit(sched: Scheduler, r: PodRequest, node: int, freed: Sequence[Assig
 def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None,
                  age_rank: Mapping[str, int] | None = None, pdbs: Sequence[PodDisruptionBudget] = (),
                  pod_labels: Mapping[str, Mapping[str, str]] | None = None,
-                 notes: list[str] | None = None) -> Plan | None:
+                 notes: list[str] | None = None, max_candidates: int | None = None, start: int = 0) -> Plan | None:
     """The best node and the fewest lower-priority victims there; a dry run (changes nothing).
 
     ``pdb_allows`` may veto single pods; ``pdbs`` (with ``pod_labels``: pod key -> labels)
     are budgets the whole victim set must respect.  ``age_rank``: pod key -> order of
     creation (larger = younger); default: the order the pods were placed.  ``notes``
-    collects why other nodes were not chosen.
+    collects why other nodes were not chosen.  ``max_candidates``: stop once this
+    many nodes have a workable plan and take the best of those, looking at nodes
+    from ``start`` on (kube-scheduler's bounded candidate search, so a live
+    scheduler does not stall on a large cluster); None looks at every node.
     """
     st = sched.state
     labels = pod_labels or {}
@@ -129,7 +134,12 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
     best: Plan | None = None
     no_lower = too_small = 0
     protected: dict[str, int] = {}
-    for i, node in enumerate(st.nodes):
+    n_nodes = len(st.nodes)
+    candidates = 0
+    for i in ((start + j) % n_nodes for j in range(n_nodes)):
+        if max_candidates is not None and candidates >= max_candidates:
+            break
+        node = st.nodes[i]
         keys = sorted(st.pods_on_node.get(node.name, ()))
         units: list[list[Assignment]] = []
         seen: set[str] = set()
@@ -160,6 +170,7 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
         if plan is None:
             too_small += 1
             continue
+        candidates += 1
         if best is None or _rank(plan.victims) < _rank(best.victims):
             best = plan
     if notes is not None:

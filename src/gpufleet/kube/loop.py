@@ -708,7 +708,7 @@ class SchedulerLoop:
                 reason, kind = f"reclaimed: queue {req.queue} needs its quota back for {key}", "reclaimed"
         if not victims and any(a.priority < req.priority for a in self.state.assignments.values()):
             plan = find_victims(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                age_rank=self._age_rank())
+                                age_rank=self._age_rank(), **self._candidate_bound())
             if plan is not None:
                 victims, lines = plan.victims, plan.explanation
                 reason, kind = f"preempted by {key} (priority {req.priority}) on {plan.node}", "preempted"
@@ -733,7 +733,7 @@ class SchedulerLoop:
         if not any(a.priority < prio for a in self.state.assignments.values()):
             return
         plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets,
-                                 pod_labels=self._pod_labels(), age_rank=self._age_rank())
+                                 pod_labels=self._pod_labels(), age_rank=self._age_rank(), **self._candidate_bound())
         if plan is None:
             return
         if self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group):
@@ -759,6 +759,11 @@ class SchedulerLoop:
             self.events.send(p, "Normal", "Preempted", reason)
             setattr(self.stats, kind, getattr(self.stats, kind) + 1)
         return True
+
+    def _candidate_bound(self) -> dict:
+        """Like kube-scheduler: look for preemption candidates on max(100, 10% of nodes), from a random node on."""
+        n = len(self.state)
+        return {"max_candidates": max(100, n // 10), "start": int(self.sched.rng.integers(n)) if n else 0}
 
     def _pod_labels(self) -> dict[str, dict[str, str]]:
         return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
