@@ -299,3 +299,18 @@ def test_a_gang_that_could_only_fit_by_evicting_higher_priority_pods_preempts_no
     api.add_pod(pod("w1", ns="ml", priority=100, annotations=g))
     run(api, loop, clock)
     assert not api.evicted and bound(api) == ["ml/high", "ml/low"]
+
+
+def test_preemption_planning_has_a_time_budget():
+    api = cluster(gpus_per_node=1)
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("low", ns="ml", priority=1))
+    run(api, loop, clock)
+    loop._plan_debt_s = 50.0  # as if planning had just used a lot of time
+    api.add_pod(pod("urgent", ns="ml", priority=100))
+    run(api, loop, clock, rounds=2)
+    assert not api.evicted  # skipped, retried later
+    loop._plan_debt_s = 0.0
+    run(api, loop, clock)
+    assert [k for k, _ in api.evicted] == ["ml/low"] and "ml/urgent" in bound(api)

@@ -172,6 +172,7 @@ def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotation
 
 
 class SchedulerLoop:
+    PLAN_SHARE = 0.25  # of the loop's time that preemption planning may use on average
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
@@ -192,6 +193,8 @@ class SchedulerLoop:
         self.tree: QueueTree | None = None
         self._nominated: dict[str, tuple[set[str], float]] = {}  # pod -> victims being deleted for it, until
         self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
+        self._plan_debt_s = 0.0  # preemption planning time not yet paid back (see _planning_allowed)
+        self._plan_last = time.monotonic()
         self.scheduler_name = scheduler_name
         self.seed = seed
         self.backoff_initial_s = backoff_initial_s
@@ -693,12 +696,33 @@ class SchedulerLoop:
                 (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations)))
 
     # --- reclaim and preemption -----------------------------------------------------------
+    def _planning_allowed(self) -> bool:
+        """Preemption planning may take ``PLAN_SHARE`` of the loop's time on average (1 s bursts):
+        a flood of pods nothing can make room for must not stall the binds of pods that fit.
+        A pod skipped here plans again at its next retry."""
+        now = time.monotonic()
+        self._plan_debt_s = max(0.0, self._plan_debt_s - (now - self._plan_last) * self.PLAN_SHARE)
+        self._plan_last = now
+        return self._plan_debt_s < 1.0
+
+    def _planned(self, t0: float) -> None:
+        self._plan_debt_s += time.monotonic() - t0
+
     def _make_room(self, key: str, pod: dict, req: PodRequest) -> None:
         """Reclaim lent quota, else preempt lower-priority pods; delete the victims through the API."""
         now = self.clock()
         nom = self._nominated.get(key)
         if nom is not None and now < nom[1] and any(v in self.state.assignments for v in nom[0]):
             return  # victims already on their way out
+        if not self._planning_allowed():
+            return
+        t0 = time.monotonic()
+        try:
+            self._plan_and_evict(key, pod, req, now)
+        finally:
+            self._planned(t0)
+
+    def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float) -> None:
         victims: list[Assignment] = []
         reason = lines = None
         if self.tree is not None:
@@ -730,10 +754,14 @@ class SchedulerLoop:
         if any(n is not None and now < n[1] and any(v in self.state.assignments for v in n[0]) for n in noms):
             return
         prio = min(r.priority for r in members)
-        if not any(a.priority < prio for a in self.state.assignments.values()):
+        if not any(a.priority < prio for a in self.state.assignments.values()) or not self._planning_allowed():
             return
-        plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets,
-                                 pod_labels=self._pod_labels(), age_rank=self._age_rank(), **self._candidate_bound())
+        t0 = time.monotonic()
+        try:
+            plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets,
+                                     pod_labels=self._pod_labels(), age_rank=self._age_rank(), **self._candidate_bound())
+        finally:
+            self._planned(t0)
         if plan is None:
             return
         if self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group):
