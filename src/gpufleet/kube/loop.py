@@ -301,7 +301,7 @@ class SchedulerLoop:
             if not bad:
                 break
             for q in bad:
-                self.objects._report(f"Queue {q.name}", f"Queue {q.name}: field spec.parent: queue {q.parent!r} does not exist")
+                self.objects.report(f"Queue {q.name}", f"Queue {q.name}: field spec.parent: queue {q.parent!r} does not exist")
             qs = [q for q in qs if q not in bad]
         try:
             self.tree = QueueTree(qs, self.state) if qs else None

@@ -56,7 +56,8 @@ class PolicyObjects:
         elif kind == "pdb":
             self._pdbs = None
 
-    def _report(self, what: str, why: str) -> None:
+    def report(self, what: str, why: str) -> None:
+        """Log why an object is left out, once per distinct reason; kept in ``errors``."""
         if self.errors.get(what) != why:
             log.warning("leaving %s out: %s", what, why)
         self.errors[what] = why
@@ -67,7 +68,7 @@ class PolicyObjects:
         if self._queues is None:
             qs, errors = load_queues(self.raw["queue"].values())
             for e in errors:
-                self._report(e.split(":", 1)[0], e)
+                self.report(e.split(":", 1)[0], e)
             self._queues = qs
         return self._queues
 
@@ -86,7 +87,7 @@ class PolicyObjects:
                 try:
                     g = PodGroup.from_json(o)
                 except ConfigError as exc:
-                    self._report(f"PodGroup {k}", str(exc))
+                    self.report(f"PodGroup {k}", str(exc))
                     continue
                 out[g.key] = g
             self._groups = out
@@ -100,7 +101,7 @@ class PolicyObjects:
                 try:
                     out.append(PodDisruptionBudget.from_json(o))
                 except ConfigError as exc:
-                    self._report(f"PodDisruptionBudget {k}", str(exc))
+                    self.report(f"PodDisruptionBudget {k}", str(exc))
             self._pdbs = out
         return self._pdbs
 

@@ -78,7 +78,6 @@ class Runner:
         return self.elector is None or self.elector.is_leader
 
     def _apply_events(self, first_wait_s: float) -> int:
-        n = 0
         try:
             item = self.q.get(timeout=first_wait_s) if first_wait_s > 0 else self.q.get_nowait()
         except queue.Empty:
