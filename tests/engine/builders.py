@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.engine.model import Gpu, MigInstance, Node, Taint
+from gpufleet.engine.model import Gpu, MigInstance, Node
 
 
 def gpu_node(name: str, gpus: int = 0, model: str = "T4", memory_mib: int = 16_384, cpu_milli: int = 32_000,
