@@ -179,6 +179,8 @@ def test_a_gang_binds_all_together_or_not_at_all():
     api.add_pod(pod("w1", ns="ml", annotations=g))
     run(api, loop, clock, rounds=2)
     assert bound(api) == []  # 2 of 3 members: nothing binds
+    summary, _ = loop.explain(api.pods["ml/w0"])
+    assert "pod group ml/train: 2 member(s) waiting, 0 running, minMember 3" in summary
     api.add_pod(pod("w2", ns="ml", annotations=g))
     run(api, loop, clock)
     assert bound(api) == ["ml/w0", "ml/w1", "ml/w2"]

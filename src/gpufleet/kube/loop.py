@@ -788,6 +788,21 @@ class SchedulerLoop:
             setattr(self.stats, kind, getattr(self.stats, kind) + 1)
         return True
 
+    def _gang_line(self, req: PodRequest) -> str:
+        """Where a gang member's pod group stands: members waiting and running against its minimum."""
+        k = group_key(req)
+        if k is None:
+            return ""
+
+        def in_group(p: dict) -> bool:
+            m = p.get("metadata") or {}
+            return (m.get("namespace") or "default") == req.namespace and (m.get("annotations") or {}).get(ann.POD_GROUP) == req.pod_group
+        waiting = sum(1 for p in self.pending.values() if in_group(p))
+        running = sum(1 for p in self.bound_pods.values() if in_group(p))
+        need = max(req.pod_group_min, 1)
+        what = "places all-or-nothing" if running < need else "is running; extra members go one by one"
+        return f"pod group {k}: {waiting} member(s) waiting, {running} running, minMember {need} -- the gang {what}"
+
     def _candidate_bound(self) -> dict:
         """Like kube-scheduler: look for preemption candidates on max(100, 10% of nodes), from a random node on."""
         n = len(self.state)
@@ -894,9 +909,11 @@ class SchedulerLoop:
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
         for name, why in self.bad_nodes.items():
             by_node[name] = f"left out: {why}"
+        gang = self._gang_line(req)
         if dec.ok:
-            return f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)", by_node  # type: ignore[union-attr]
-        msg = reason_text(dec.status)
+            fits = f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)"  # type: ignore[union-attr]
+            return fits + (f"\n  {gang}" if gang else ""), by_node
+        msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
         if self.tree is not None:
             rp = self.tree.plan_reclaim(self.sched, req)
             if rp is not None:
