@@ -170,3 +170,29 @@ def test_gang_binds_only_when_min_member_pods_fit(control_plane, admin, core, cr
         assert used <= {f"{tag}-a", f"{tag}-b"}
     finally:
         s.stop()
+
+
+def test_a_high_priority_gang_preempts_room_for_all_members(control_plane, admin, core, crds, nodes):
+    from kubernetes import client
+
+    tag = uuid.uuid4().hex[:6]
+    client.SchedulingV1Api(admin).create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                                         "metadata": {"name": f"train-{tag}"}, "value": 500})
+    ns = namespace(core)
+    nodes(f"{tag}-a", 2)
+    nodes(f"{tag}-b", 2)
+    s = Sched(str(control_plane.kubeconfig), f"gpufleet-{tag}")
+    try:
+        for i in range(4):
+            core.create_namespaced_pod(ns, pod_body(f"batch{i}", scheduler=f"gpufleet-{tag}"))
+        assert wait_until(lambda: len(bound(core, ns)) == 4, 15)
+        for i in range(2):
+            w = pod_body(f"w{i}", gpus=2, annotations={"gpufleet.io/pod-group": "train",
+                                                       "gpufleet.io/pod-group-min-member": "2"}, scheduler=f"gpufleet-{tag}")
+            w["spec"]["priorityClassName"] = f"train-{tag}"
+            core.create_namespaced_pod(ns, w)
+        assert wait_until(lambda: {"w0", "w1"} <= set(bound(core, ns)), 25), ev_reasons(admin, ns)
+        assert not any(n.startswith("batch") for n in bound(core, ns))  # two whole nodes were needed
+        assert any(r == "Preempting" for _, r, _ in ev_reasons(admin, ns))
+    finally:
+        s.stop()

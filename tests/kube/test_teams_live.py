@@ -316,3 +316,19 @@ def test_preemption_planning_has_a_time_budget():
     loop._plan_debt_s = 0.0
     run(api, loop, clock)
     assert [k for k, _ in api.evicted] == ["ml/low"] and "ml/urgent" in bound(api)
+
+
+def test_a_gang_holding_part_of_its_members_still_preempts_for_the_rest():
+    api = cluster(gpus_per_node=2, nodes=2)
+    clock = Clock()
+    loop = make(api, clock)
+    for i in range(4):
+        api.add_pod(pod(f"low{i}", ns="ml", priority=1))
+    run(api, loop, clock)
+    g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "2"}
+    api.add_pod(pod("w0", ns="ml", gpus=2, priority=100, annotations=g))
+    run(api, loop, clock, rounds=1)  # one member: the gang starts holding what it can (nothing fits)
+    assert loop.gangs.holder == "ml/train"
+    api.add_pod(pod("w1", ns="ml", gpus=2, priority=100, annotations=g))
+    run(api, loop, clock)
+    assert {"ml/w0", "ml/w1"} <= set(bound(api)) and len(api.evicted) == 4

@@ -743,12 +743,16 @@ class SchedulerLoop:
     def _make_room_for_gang(self, group: str) -> None:
         """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
         g = self.gangs.gangs.get(group)
-        if g is None or self.gangs.holder == group:
+        if g is None:
             return
         need = max(g.group.min_member - len(g.running), 1)
-        members = list(g.members.values())
-        if len(members) < need:
+        if len(g.members) < need:
             return  # not all there yet: nothing to make room for
+        held = set(self.gangs.held) if self.gangs.holder == group else set()
+        members = [r for r in g.members.values() if r.key not in held]  # held ones already have their room
+        need -= len(held)
+        if need <= 0 or not members:
+            return
         now = self.clock()
         noms = [self._nominated.get(r.key) for r in members]
         if any(n is not None and now < n[1] and any(v in self.state.assignments for v in n[0]) for n in noms):
