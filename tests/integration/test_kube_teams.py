@@ -144,6 +144,8 @@ def test_priority_class_preemption_spares_pods_under_a_disruption_budget(control
         assert core.read_namespaced_pod("urgent", ns).spec.priority == 1000  # the apiserver resolved the class
         assert wait_until(lambda: "urgent" in bound(core, ns), 20), ev_reasons(admin, ns)
         assert set(bound(core, ns)) == {"guarded", "urgent"}  # the budget kept guarded
+        u = core.read_namespaced_pod("urgent", ns)
+        assert u.status.nominated_node_name == u.spec.node_name  # set while its victim went
         assert any(n == "batch" and r == "Preempted" for n, r, _ in ev_reasons(admin, ns))
     finally:
         s.stop()

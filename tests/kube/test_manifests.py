@@ -32,7 +32,8 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
     watched = {("", "namespaces"), ("gpufleet.io", "queues"), ("gpufleet.io", "podgroups"), ("policy", "poddisruptionbudgets")}
     assert grants(cluster) == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"),
                                ("", "pods", "watch"), ("", "pods", "delete"),  # preemption and reclaim
-                               ("", "pods/binding", "create"), ("events.k8s.io", "events", "create")} | {
+                               ("", "pods/binding", "create"), ("", "pods/status", "patch"),  # nominatedNodeName
+                               ("events.k8s.io", "events", "create")} | {
         (g, r, v) for g, r in watched for v in ("list", "watch")}
     from gpufleet.kube.api import POLICY_KINDS  # every kind the loop lists is granted
 

@@ -152,6 +152,8 @@ def test_preemption_takes_the_fewest_lower_priority_pods_and_respects_a_budget()
     assert [k for k, _ in api.evicted] == ["ml/single"]
     assert "ml/urgent" in bound(api) and "ml/guarded" in bound(api)
     assert messages(api, "ml/urgent", "Preempting")
+    urgent = api.pods["ml/urgent"]
+    assert urgent["status"]["nominatedNodeName"] == urgent["spec"]["nodeName"]  # where it was promised room
 
 
 def test_no_preemption_for_equal_priority_and_explain_says_why():

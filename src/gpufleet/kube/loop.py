@@ -739,6 +739,12 @@ class SchedulerLoop:
         if victims and self._evict(victims, reason, kind, key):
             self._nominated[key] = ({v.pod_key for v in victims}, now + self.nominated_timeout_s)
             self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(lines or [reason]))
+            if kind == "preempted":  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
+                ns, name = key.split("/", 1)
+                try:
+                    self.api.nominate(ns, name, plan.node)
+                except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
+                    log.info("could not set nominatedNodeName on %s: %s", key, exc)
 
     def _make_room_for_gang(self, group: str) -> None:
         """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
