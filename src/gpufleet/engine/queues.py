@@ -513,18 +513,27 @@ class QueueTree:
             for n in self._paths[q]:
                 waiting[n] += len(lst)
 
+        memo: dict[tuple[str, bool], float] = {}  # share per (queue, own only); dropped along a placed pod's path
+        memo_head: dict[str, tuple[int, int]] = {}
+
         def share(q: str, own_only: bool = False) -> float:
-            u = use[q]
-            amount = (lambda k: u.get(k, 0) - sum(use[c].get(k, 0) for c in self.children[q])) if own_only else \
-                (lambda k: u.get(k, 0))
-            return max((amount(k) / t for k, t in tot.items()), default=0.0) / self.queues[q].weight
+            m = memo.get((q, own_only))
+            if m is None:
+                u = use[q]
+                amount = (lambda k: u.get(k, 0) - sum(use[c].get(k, 0) for c in self.children[q])) if own_only else \
+                    (lambda k: u.get(k, 0))
+                m = memo[(q, own_only)] = max((amount(k) / t for k, t in tot.items()), default=0.0) / self.queues[q].weight
+            return m
 
         def head(q: str) -> tuple[int, int]:
             lst = own.get(q)
             return lst[pos[q]][:2] if lst and pos[q] < len(lst) else (0, 1 << 62)
 
         def subtree_head(q: str) -> tuple[int, int]:
-            return min([head(q)] + [subtree_head(c) for c in self.children[q] if waiting[c]])
+            h = memo_head.get(q)
+            if h is None:
+                h = memo_head[q] = min([head(q)] + [subtree_head(c) for c in self.children[q] if waiting[c]])
+            return h
 
         def key(c: tuple[str, str]) -> tuple:
             kind, q = c  # ("sub", q): q's whole subtree; ("own", q): q's own pods beside its children
@@ -548,6 +557,9 @@ class QueueTree:
             for n in self._paths[node]:
                 _add(use[n], v)
                 waiting[n] -= 1
+                memo.pop((n, False), None)
+                memo.pop((n, True), None)
+                memo_head.pop(n, None)
         return out
 
     # --- reclaim ------------------------------------------------------------------------
