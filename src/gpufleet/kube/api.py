@@ -183,25 +183,25 @@ class FakeApi:
                 raise NotFound(f"the server could not find the requested resource ({kind})")
             return [copy.deepcopy(o) for o in self.objects[kind].values()], str(next(self._rv))
 
-    def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
+    def _pod(self, what: str, namespace: str, name: str) -> tuple[str, dict]:
+        """Count the call; the pod or NotFound (call with the lock held)."""
+        self._count(what)
         key = f"{namespace}/{name}"
+        if key not in self.pods:
+            raise NotFound(f"pod {key} not found")
+        return key, self.pods[key]
+
+    def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
         with self._cv:
-            self._count("evict_pod")
-            pod = self.pods.get(key)
-            if pod is None:
-                raise NotFound(f"pod {key} not found")
+            key, pod = self._pod("evict_pod", namespace, name)
             if uid and (pod.get("metadata") or {}).get("uid") not in (None, uid):
                 raise Conflict(f"pod {key}: precondition failed: uid {uid}")
             self.evicted.append((key, grace_period_s))
             self._touch("pod", "DELETED", self.pods.pop(key))
 
     def nominate(self, namespace: str, name: str, node: str) -> None:
-        key = f"{namespace}/{name}"
         with self._cv:
-            self._count("nominate")
-            pod = self.pods.get(key)
-            if pod is None:
-                raise NotFound(f"pod {key} not found")
+            _, pod = self._pod("nominate", namespace, name)
             pod.setdefault("status", {})["nominatedNodeName"] = node
             self._touch("pod", "MODIFIED", pod)
 
