@@ -482,7 +482,7 @@ class FGDScore(_Plugin):
         ``score`` fills it; ``select_gpus`` reads the chosen node's row instead of
         scoring that node a second time.
         """
-        key = (shape_of(cycle.request), self._version, state.epoch, id(state))
+        key = (shape_of(cycle.request), self._version, state.epoch)  # epochs are unique across states
         cache = self._gsel
         ent = cache.get(key)
         if ent is None or ent[0].shape != state.gpu_free_milli.shape:
