@@ -43,7 +43,7 @@ def test_contracts_say_what_the_architecture_needs():
     layers = next(c for c in _contracts() if c["type"] == "layers")["layers"]
     assert layers[-2:] == ["gpufleet.policies", "gpufleet.engine"]
     assert layers[0] == "gpufleet.cli"
-    adapters = next(l for l in layers if "gpufleet.kube" in l)
+    adapters = next(layer for layer in layers if "gpufleet.kube" in layer)
     assert {x.strip() for x in adapters.split("|")} == {"gpufleet.kube", "gpufleet.simulator", "gpufleet.agent"}
 
 

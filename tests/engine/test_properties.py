@@ -56,12 +56,14 @@ def requests(spec):
 def check_no_overcommit(state: ClusterState, nodes) -> None:
     """Recompute usage from the assignments alone and compare with capacities."""
     n = len(nodes)
-    cpu = np.zeros(n, int); mem = np.zeros(n, int); pods = np.zeros(n, int)
-    gpu = np.zeros(state.gpu_free_milli.shape, int); gmem = np.zeros(state.gpu_free_milli.shape, int)
+    cpu, mem, pods = np.zeros(n, int), np.zeros(n, int), np.zeros(n, int)
+    gpu, gmem = np.zeros(state.gpu_free_milli.shape, int), np.zeros(state.gpu_free_milli.shape, int)
     mig_used: set = set()
     for a in state.assignments.values():
         i = state.index[a.node]
-        cpu[i] += a.cpu_milli; mem[i] += a.memory_mib; pods[i] += 1
+        cpu[i] += a.cpu_milli
+        mem[i] += a.memory_mib
+        pods[i] += 1
         for g, m in zip(a.gpu_indices, a.gpu_memory_mib or (0,) * len(a.gpu_indices)):
             gpu[i, g] += a.gpu_milli
             gmem[i, g] += m

@@ -36,7 +36,7 @@ def crds(admin):
             if exc.status != 409:
                 raise
     for n in ("queues.gpufleet.io", "podgroups.gpufleet.io"):
-        assert wait_until(lambda: any(c.type == "Established" and c.status == "True"
+        assert wait_until(lambda n=n: any(c.type == "Established" and c.status == "True"
                                       for c in (ext.read_custom_resource_definition(n).status.conditions or [])), 10), n
     time.sleep(1.0)  # discovery catches up
     return client.CustomObjectsApi(admin)
@@ -100,7 +100,7 @@ def test_quota_admission_and_reclaim_of_borrowed_gpus(control_plane, admin, core
     try:
         for i in range(4):  # team a borrows b's idle quota
             core.create_namespaced_pod(na, pod_body(f"a{i}", scheduler=f"gpufleet-{tag}"))
-            assert wait_until(lambda: f"a{i}" in bound(core, na), 15)
+            assert wait_until(lambda i=i: f"a{i}" in bound(core, na), 15)
             time.sleep(0.05)  # distinct ages
         assert all(p.metadata.annotations["gpufleet.io/queue"] == qa for p in bound(core, na).values())
         core.create_namespaced_pod(nb, pod_body("b0", scheduler=f"gpufleet-{tag}"))

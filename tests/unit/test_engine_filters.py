@@ -51,7 +51,7 @@ LABELS = {
 
 
 def _aff_state():
-    return state_of(*(make_node(n, labels=l) for n, l in LABELS.items()))
+    return state_of(*(make_node(n, labels=lab) for n, lab in LABELS.items()))
 
 
 AFFINITY_CASES = [

@@ -34,7 +34,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
@@ -87,8 +87,8 @@ class KubeletPodResources:
 
     def __init__(self, socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock", timeout_s: float = 2.0) -> None:
         self.socket, self.timeout_s = socket, timeout_s
-        self._channel = None
-        self._stub = None
+        self._channel: Any = None
+        self._stub: Any = None
         self._lock = threading.Lock()
 
     def _connect(self):

@@ -121,7 +121,7 @@ class Backend(Protocol):
 # --- fake --------------------------------------------------------------------------------
 
 def _a100(i: int, mig: bool) -> GpuInfo:
-    migs = ()
+    migs: tuple[MigInfo, ...] = ()
     if mig:  # mixed strategy: GPU 0 = 7x 1g.10gb, GPU 1 = 1x 3g.40gb + 2x 2g.20gb
         if i == 0:
             migs = tuple(MigInfo("1g.10gb", 9_728, k, f"MIG-a100-{i}-{k}") for k in range(7))

@@ -33,7 +33,7 @@ import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
 import grpc
 
@@ -270,7 +270,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
         yield first
         while not self._stop.is_set() and context.is_active():
             with self._cond:
-                self._cond.wait_for(lambda: self._version != seen or self._stop.is_set(), timeout=1.0)
+                self._cond.wait_for(lambda: self._version != seen or self._stop.is_set(), timeout=1.0)  # noqa: B023 - called within this iteration
                 if self._version == seen:
                     continue
                 seen = self._version
@@ -323,7 +323,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
             fits = [(-len(ids), k) for k, ids in by_numa.items() if len(ids) >= need]
             return self._spread(by_numa[min(fits)[1]] if fits else avail, need)
         # the smallest group that holds the request: keeps bigger groups whole for bigger requests
-        for groups in (by_island_numa, by_island, by_numa):
+        grouped: tuple[dict[Any, list[str]], ...] = (by_island_numa, by_island, by_numa)
+        for groups in grouped:
             fits = [(len(ids), k) for k, ids in groups.items() if len(ids) >= need]
             if fits:
                 _, key = min(fits)

@@ -36,7 +36,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
         except ImportError:
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod.add_arguments(p)  # type: ignore[attr-defined]
+        mod.add_arguments(p)
         modules[name] = mod
     return parser, modules
 

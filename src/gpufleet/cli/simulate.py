@@ -16,13 +16,18 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..engine.errors import GpufleetError
 from ..policies import policy_names
 from ..simulator import trace as tracemod
+
+if TYPE_CHECKING:
+    from ..simulator.packing import PackingRun
+    from ..simulator.queues import QueueReplayRun
+    from ..simulator.replay import ReplayRun
 
 PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
 PUBLISHED_NAMES = {
@@ -93,6 +98,7 @@ def _load(nodes_path: str, pods_path: str, skip: bool):
 
 def _run_one(task: dict) -> dict:
     nodes, tr = _load(task["nodes"], task["pods"], task["skip"])
+    r: PackingRun | QueueReplayRun | ReplayRun
     if task["experiment"] == "packing":
         from ..simulator.packing import run_packing
 
@@ -256,8 +262,8 @@ def run(args: argparse.Namespace) -> int:
             doc["published"] = published
         if bounds:
             doc["bound"] = {"unallocated_gpu_pct_mean": bound, "runs": bounds}
-        with open(args.json_path, "w") as f:
-            json.dump(doc, f, indent=1)
+        with open(args.json_path, "w") as out:
+            json.dump(doc, out, indent=1)
         print(f"wrote {args.json_path}", file=sys.stderr)
     if args.report:
         from ..simulator.report_pages import write_simulation_report

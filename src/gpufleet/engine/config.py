@@ -93,7 +93,10 @@ class Registry:
                 extra = set(entry) - {"name", "weight"}
                 if extra:
                     raise ConfigError(f"profile {pname!r}: score entry {entry!r}: unknown key(s) {sorted(extra)}")
-                name, weight = entry.get("name"), entry.get("weight", 1)
+                raw_name, weight = entry.get("name"), entry.get("weight", 1)
+                if not isinstance(raw_name, str):
+                    raise ConfigError(f"profile {pname!r}: score entry {entry!r}: 'name' must be a plugin name")
+                name = raw_name
             else:
                 raise ConfigError(f"profile {pname!r}: score entry must be a name or {{name, weight}}, got {entry!r}")
             if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:

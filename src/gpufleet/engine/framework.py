@@ -319,18 +319,19 @@ class Scheduler:
         choice = GpuChoice()
         if r.gpu_count > 0:
             sel = self.profile.gpu_selector
-            choice = sel.select_gpus(cycle, self.state, node) if sel else None
-            if choice is None:
+            picked = sel.select_gpus(cycle, self.state, node) if sel else None
+            if picked is None:
                 cycle.status = Status.error(
                     f"GPU selection found no devices on node {self.state.nodes[node].name} that passed the filters",
                     plugin=sel.name if sel else "",
                 )
                 return Decision(r.key, cycle.status, feasible_nodes=int(cand.size))
+            choice = picked
         cycle.node = node
         cycle.assignment = self._assignment(cycle, node, choice)
         score = float(scores[np.searchsorted(cand, node)])
-        d = self.diagnosis(cycle, by_node=True) if explain else None
-        return Decision(r.key, Status.success(), cycle.assignment, score, int(cand.size), d)
+        diag = self.diagnosis(cycle, by_node=True) if explain else None
+        return Decision(r.key, Status.success(), cycle.assignment, score, int(cand.size), diag)
 
     def reserve(self, cycle: Cycle) -> Status:
         a = cycle.assignment

@@ -256,7 +256,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         op = t.get("operator") or "Equal"
         if op not in ("Equal", "Exists"):
             raise InvalidPodSpec(key, f"spec.tolerations[{i}].operator", f"unknown operator {op!r}")
-        tols.append(Toleration(t.get("key") or "", op, str(t.get("value") or ""), t.get("effect") or ""))
+        tols.append(Toleration(t.get("key") or "", "Exists" if op == "Exists" else "Equal", str(t.get("value") or ""),
+                               t.get("effect") or ""))
 
     prio = spec.get("priority", 0) or 0
     if not isinstance(prio, int):

@@ -178,7 +178,7 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
             notes.append(f"{no_lower} node(s) run no pod of lower priority than {r.priority} that may be evicted")
         if too_small:
             notes.append(f"{too_small} node(s) would not fit {r.key} even after evicting every lower-priority pod")
-        for k, n in sorted(protected.items()):
+        for k in sorted(protected):
             notes.append(f"{k} is protected (PodDisruptionBudget or gang with higher priority), not a victim")
     if best is not None:
         best.explanation.insert(0, f"{r.key} (priority {r.priority}) fits on {best.node} after evicting "

@@ -328,8 +328,7 @@ class QueueTree:
 
     def pool(self, resource: str) -> int | None:
         """What all root queues together guarantee: the quota there is to lend."""
-        vals = [self.nominal(r, resource) for r in self.roots]
-        vals = [v for v in vals if v is not None]
+        vals = [v for v in (self.nominal(r, resource) for r in self.roots) if v is not None]
         return sum(vals) if vals else None
 
     # --- usage ----------------------------------------------------------------------------

@@ -170,7 +170,7 @@ class ClusterState:
                 setattr(c, k, v.copy())
         c.assignments = dict(self.assignments)
         c.pods_on_node = {k: set(v) for k, v in self.pods_on_node.items()}
-        c.mig_free = [{p: list(l) for p, l in m.items()} for m in self.mig_free]
+        c.mig_free = [{p: list(ids) for p, ids in m.items()} for m in self.mig_free]
         c.mig_count = {p: v.copy() for p, v in self.mig_count.items()}
         c.model_names = list(self.model_names)
         c._model_ids = dict(self._model_ids)
@@ -231,7 +231,7 @@ class ClusterState:
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib):
             self.gpu_free_milli[i, j] -= a.gpu_milli
             self.gpu_mem_free[i, j] -= mem
-        if a.mig:
+        if a.mig and a.mig_profile is not None:
             free = self.mig_free[i][a.mig_profile]
             for inst in a.mig:
                 free.remove(inst)

@@ -344,7 +344,7 @@ class KubernetesApi:
                                                       timeout=urllib3.Timeout(connect=10, read=timeout_s + 30))
         try:
             if r.status != 200:
-                raise _status_error(r.status, r.read(), r.reason)
+                raise _status_error(r.status, r.read(), r.reason or "")
             buf = b""
             for chunk in r.stream(65536):
                 lines = (buf + chunk).split(b"\n")
@@ -403,7 +403,7 @@ class KubernetesApi:
             headers=headers, timeout=urllib3.Timeout(total=self.timeout), retries=False)
         if 200 <= r.status < 300:
             return json.loads(r.data) if r.data else {}
-        raise _status_error(r.status, r.data, r.reason)
+        raise _status_error(r.status, r.data, r.reason or "")
 
     def get_pod(self, namespace: str, name: str) -> dict | None:
         try:

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,8 @@ class KubernetesLeaseStore:
     def __init__(self, api_client, name: str, namespace: str) -> None:
         from kubernetes import client
 
-        self.api = client.CoordinationV1Api(api_client)
+        # Any: raw dict bodies and _preload_content=False replies, which the client's annotations do not describe
+        self.api: Any = client.CoordinationV1Api(api_client)
         self.name, self.namespace = name, namespace
 
     def get(self) -> LeaseRecord | None:

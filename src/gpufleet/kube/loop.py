@@ -38,7 +38,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Any, Callable
 
 from ..engine import annotations as ann
 from ..engine.errors import ConfigError, GpufleetError
@@ -637,8 +637,8 @@ class SchedulerLoop:
                     continue
                 self._start_bind(d.pod_key, pod, d.assignment, self._first_seen.get(d.pod_key, now))
             if not res.ok:
-                g = self.gangs.gangs.get(res.group)
-                for k in list(g.members) if g else []:
+                gang = self.gangs.gangs.get(res.group)
+                for k in list(gang.members) if gang else []:
                     if k in self.pending and k not in self.gangs.held:
                         self._failed_event(k, self.pending[k], reason_text(res.status))
                         self._defer(k)
@@ -692,8 +692,11 @@ class SchedulerLoop:
             self._bind_done(key, *bind_job(self.api, ns, name, a.node, annotations), annotations)
         else:
             fut = self._pool.submit(bind_job, self.api, ns, name, a.node, annotations)
-            fut.add_done_callback(lambda f, key=key, annotations=annotations: self._results.put(
-                (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations)))
+
+            def done(f: Any, key: str = key, annotations: dict = annotations) -> None:
+                self._results.put((key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations))
+
+            fut.add_done_callback(done)
 
     # --- reclaim and preemption -----------------------------------------------------------
     def _planning_allowed(self) -> bool:
@@ -724,7 +727,7 @@ class SchedulerLoop:
 
     def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float) -> None:
         victims: list[Assignment] = []
-        reason = lines = None
+        reason, lines, plan = "", None, None
         if self.tree is not None:
             rp = self.tree.plan_reclaim(self.sched, req)
             if rp is not None:
@@ -739,7 +742,7 @@ class SchedulerLoop:
         if victims and self._evict(victims, reason, kind, key):
             self._nominated[key] = ({v.pod_key for v in victims}, now + self.nominated_timeout_s)
             self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(lines or [reason]))
-            if kind == "preempted":  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
+            if kind == "preempted" and plan is not None:  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
                 ns, name = key.split("/", 1)
                 try:
                     self.api.nominate(ns, name, plan.node)

@@ -299,7 +299,7 @@ class RandomGpu:
     name: str = "RandomGpu"
 
     def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
-        return select_with(cycle, state, node, lambda idx, n: [idx[int(i)] for i in cycle.rng.choice(len(idx), size=n, replace=False)])
+        return select_with(cycle, state, node, lambda idx, n: [idx[int(i)] for i in np.atleast_1d(cycle.rng.choice(len(idx), size=n, replace=False))])
 
 
 @dataclass

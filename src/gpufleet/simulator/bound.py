@@ -59,29 +59,38 @@ def offline_bound(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 4
         if demand > capacity:
             break
         arrived.append(p)
-    shapes = Counter()
+    shapes: Counter[tuple[int, int, int, int, frozenset[str] | None]] = Counter()
     for p in arrived:
-        r = p.request()
-        shapes[(r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models_allow)] += 1
-    groups = Counter()
+        q = p.request()
+        shapes[(q.cpu_milli, q.memory_mib, q.gpu_count, q.gpu_milli, q.gpu_models_allow)] += 1
+    groups: Counter[tuple[str, int, int, int]] = Counter()
     for n in nodes:
         model = n.gpus[0].model if n.gpus else ""
         groups[(model, len(n.gpus), n.cpu_milli, n.memory_mib)] += 1
     S, K = list(shapes), list(groups)
     ns, nk = len(S), len(K)
     allowed = np.zeros((ns, nk), dtype=bool)
-    for i, (cpu, mem, cnt, milli, models) in enumerate(S):
+    for i, (cpu, mem, cnt, _milli, models) in enumerate(S):
         for k, (model, ngpu, ncpu, nmem) in enumerate(K):
             allowed[i, k] = cnt <= ngpu and cpu <= ncpu and mem <= nmem and (not models or model in models) and (cnt == 0 or ngpu > 0)
     var = np.argwhere(allowed)  # (shape, group) pairs
     nv = len(var)
     gpu_of = np.array([s[2] * (s[3] if s[2] == 1 else GPU_MILLI) if s[2] else 0 for s in S], dtype=float)
     c = -gpu_of[var[:, 0]]
-    rows, cols, vals, b = [], [], [], []
-    r = 0
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    b: list[float] = []
+
+    def add_row(idx: np.ndarray, coeffs: list[float], bound: float) -> None:
+        rows.extend([len(b)] * len(idx))
+        cols.extend(idx.tolist())
+        vals.extend(coeffs)
+        b.append(bound)
+
     for i in range(ns):  # shape counts
         idx = np.flatnonzero(var[:, 0] == i)
-        rows += [r] * len(idx); cols += list(idx); vals += [1.0] * len(idx); b.append(shapes[S[i]]); r += 1
+        add_row(idx, [1.0] * len(idx), shapes[S[i]])
     for k in range(nk):
         idx = np.flatnonzero(var[:, 1] == k)
         model, ngpu, ncpu, nmem = K[k]
@@ -89,7 +98,7 @@ def offline_bound(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 4
         for per_pod, cap in ((np.array([S[i][0] for i in var[idx, 0]], float), ncpu * cnt),
                              (np.array([S[i][1] for i in var[idx, 0]], float), nmem * cnt),
                              (gpu_of[var[idx, 0]], ngpu * GPU_MILLI * cnt)):
-            rows += [r] * len(idx); cols += list(idx); vals += list(per_pod); b.append(cap); r += 1
+            add_row(idx, per_pod.tolist(), cap)
         # per-GPU integrality cuts: a GPU holds at most j shared pods larger than 1000/(j+1),
         # and a GPU given whole to a pod holds nothing else
         for j in (1, 2, 3, 4):
@@ -99,10 +108,10 @@ def offline_bound(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 4
                 for i in var[idx, 0]
             ])
             if w.any():
-                rows += [r] * len(idx); cols += list(idx); vals += list(w); b.append(j * ngpu * cnt); r += 1
+                add_row(idx, w.tolist(), j * ngpu * cnt)
     from scipy.sparse import csr_matrix
 
-    A = csr_matrix((vals, (rows, cols)), shape=(r, nv))
+    A = csr_matrix((vals, (rows, cols)), shape=(len(b), nv))
     res = linprog(c, A_ub=A, b_ub=np.array(b, float), bounds=(0, None), method="highs")
     if not res.success:  # pragma: no cover - the LP is always feasible (x = 0)
         raise RuntimeError(f"offline bound LP failed: {res.message}")

@@ -110,7 +110,7 @@ def prime_policy(sched: Scheduler, requests: list[PodRequest]) -> None:
         if hasattr(p, "prime") and not getattr(p, "learn_online", False):
             p.prime(requests)
     sel = sched.profile.gpu_selector
-    if hasattr(sel, "prime") and not getattr(sel, "learn_online", False) and all(sel is not p for p, _ in sched.profile.scores):
+    if sel is not None and hasattr(sel, "prime") and not getattr(sel, "learn_online", False) and all(sel is not p for p, _ in sched.profile.scores):
         sel.prime(requests)
 
 
@@ -180,7 +180,8 @@ def run_packing(
         else:
             failed += 1
             msg = dec.status.message if hasattr(dec.status, "message") else str(dec.status)
-            r = msg.split(":", 1)[-1].strip() if dec.diagnosis is None else (max(dec.diagnosis.counts, key=dec.diagnosis.counts.get) if dec.diagnosis.counts else msg)
+            diag = dec.diagnosis
+            r = msg.split(":", 1)[-1].strip() if diag is None else (max(diag.counts, key=diag.counts.__getitem__) if diag.counts else msg)
             reasons[r] = reasons.get(r, 0) + 1
         arrived[k] = arrived_milli
         used[k] = used_milli

@@ -14,6 +14,7 @@ import csv
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Iterator
 
 from ..engine.errors import GpufleetError
 from ..engine.gpu_models import lookup
@@ -92,7 +93,7 @@ def _int(path: str, line: int, col: str, raw: str, minimum: int = 0, optional: b
     return v
 
 
-def _open_rows(path: Path, expected: tuple[tuple[str, ...], ...]) -> tuple[list[str], csv.reader]:
+def _open_rows(path: Path, expected: tuple[tuple[str, ...], ...]) -> tuple[list[str], Iterator[list[str]]]:
     f = open(path, newline="")
     reader = csv.reader(f)
     try:

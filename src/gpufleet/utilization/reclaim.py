@@ -328,8 +328,8 @@ def decide(now_s: float, pods: Iterable[PodInfo], util: Mapping[str, Sequence[tu
         pol = config.for_namespace(p.namespace)
         warned_raw = p.annotations.get(ann.IDLE_WARNING)
 
-        def act(kind: str, reason: str, idle_s: float = 0.0) -> None:
-            out.append(Action(key, kind, reason, p.gpus, idle_s))
+        def act(kind: str, reason: str, idle_s: float = 0.0, key: str = key, gpus: float = p.gpus) -> None:
+            out.append(Action(key, kind, reason, gpus, idle_s))
 
         if _truthy(p.annotations.get(ann.RECLAIM_OPT_OUT, "")):
             act("protect", f"opted out ({ann.RECLAIM_OPT_OUT})")

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"gpufleet reclaim: no Kubernetes API access: {exc}")
         return 1
+    source: PrometheusSource | AgentScrapeSource
     try:
         if args.prometheus:
             source = PrometheusSource(args.prometheus)

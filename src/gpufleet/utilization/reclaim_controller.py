@@ -75,7 +75,7 @@ class Reclaimer:
         now = self.clock()
         m = self.metrics
         if hasattr(self.source, "scrape"):
-            self.source.scrape(now)  # type: ignore[attr-defined]
+            self.source.scrape(now)
         try:
             util = self.source.series(now - self.config.lookback_s(), now)
         except SourceError:

@@ -82,8 +82,8 @@ def recommend(w: WorkloadUsage, headroom: float = 1.2, step_milli: int = 50, min
     m = np.asarray([x for x in w.mem_used_mib if not math.isnan(x)], dtype=float)
     p50, p95, umax = _pct(u, 50), _pct(u, 95), float(u.max()) if u.size else 0.0
     m50, m95, mmax = _pct(m, 50), _pct(m, 95), float(m.max()) if m.size else 0.0
-    stats = dict(util_p50=round(p50, 1), util_p95=round(p95, 1), util_max=round(umax, 1), mem_p50_mib=round(m50),
-                 mem_p95_mib=round(m95), mem_max_mib=round(mmax), samples=int(u.size))
+    stats: dict[str, Any] = dict(util_p50=round(p50, 1), util_p95=round(p95, 1), util_max=round(umax, 1),
+                                 mem_p50_mib=round(m50), mem_p95_mib=round(m95), mem_max_mib=round(mmax), samples=int(u.size))
     if u.size < min_samples:
         return Recommendation(w.workload, w.pods, w.requested_gpus, **stats, recommended_gpus=w.requested_gpus,
                               recommended_milli=None, recommended_memory_mib=None, gpu_hours_freed=0.0,

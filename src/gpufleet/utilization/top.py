@@ -136,8 +136,9 @@ def render(view: TopView, max_rows: int | None = None) -> str:
                  + (f", {bad} unhealthy" if bad else ""))
     lines.append("")
     lines.append(f"{'NAMESPACE':<28} {'ALLOC':>6} {'USED':>6} {'UTIL':>5} {'PODS':>4} {'PENDING':>7}")
-    for r in view.namespaces[:max_rows]:
-        lines.append(f"{r.namespace[:28]:<28} {r.allocated:6.2f} {_used(r.used)} {_pct(r.used, r.allocated)} {r.pods:>4} {r.pending or '':>7}")
+    for ns in view.namespaces[:max_rows]:
+        lines.append(f"{ns.namespace[:28]:<28} {ns.allocated:6.2f} {_used(ns.used)} {_pct(ns.used, ns.allocated)} {ns.pods:>4} "
+                     f"{ns.pending or '':>7}")
     if max_rows is not None and len(view.namespaces) > max_rows:
         lines.append(f"... {len(view.namespaces) - max_rows} more namespace(s)")
     for s in view.skipped[:5]:
