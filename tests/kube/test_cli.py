@@ -43,7 +43,7 @@ def test_bad_config_exits_2(tmp_path, capsys):
     f = tmp_path / "bad.yaml"
     f.write_text("profiles:\n  - name: x\n    plugins:\n      score: [NoSuchPlugin]\n")
     assert cli.run(parse(cli, ["--config", str(f)])) == 2
-    assert "NoSuchPlugin" in capsys.readouterr().out
+    assert "NoSuchPlugin" in capsys.readouterr().err
 
 
 def test_explain_text_for_pending_bound_and_missing():

@@ -108,12 +108,12 @@ def test_cli_bad_rows_stop_or_skip(tiny, capsys):
     assert rc == 2 and "bad.csv:32" in err and "cpu_milli" in err
     rc = main(["simulate", "--nodes", str(tiny / "nodes.csv"), "--pods", str(bad), "--policy", "bestfit", "--report", "",
                "--no-progress", "--skip-bad-rows", "--jobs", "1"])
-    assert rc == 0 and "skipped 1 bad row" in capsys.readouterr().err
+    assert rc == 0 and "skipped 1 bad pod row" in capsys.readouterr().err
 
 
 def test_cli_unknown_policy(capsys):
     assert main(["simulate", "--policy", "nope", "--report", ""]) == 2
-    assert "unknown policy nope" in capsys.readouterr().err
+    assert "unknown policy 'nope'" in capsys.readouterr().err
 
 
 def test_replay_speedup_raises_load(tiny):

@@ -90,9 +90,9 @@ def test_cli_bad_policy_and_dead_prometheus(monkeypatch, tmp_path, capsys):
     pol = tmp_path / "p.yaml"
     pol.write_text("namespaces:\n  prod: {action: nuke}\n")
     assert main(["reclaim", "--prometheus", "http://127.0.0.1:9", "--policy-file", str(pol)]) == 2
-    assert "namespaces.prod.action" in capsys.readouterr().out
+    assert "namespaces.prod.action" in capsys.readouterr().err
     assert main(["reclaim", "--prometheus", "http://127.0.0.1:9"]) == 1
-    assert "utilisation source" in capsys.readouterr().out
+    assert "utilisation source" in capsys.readouterr().err
 
 
 def test_agent_scrape_source_builds_history():

@@ -15,9 +15,12 @@ import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Callable
+
+from ..argtypes import float_range, int_range
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -34,15 +37,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default="/var/lib/gpufleet/agent",
                    help="allocation checkpoints (kept out of the device-plugin dir, which kubelet cleans)")
     p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default=None, help="default: mixed")
-    p.add_argument("--replicas", type=int, default=None, help="time-slicing: advertise each GPU this many times (default 1)")
+    p.add_argument("--replicas", type=int_range(1, 64), default=None, help="time-slicing: advertise each GPU this many times (default 1)")
     p.add_argument("--rename-shared", action="store_true", default=None, help="with --replicas > 1, advertise nvidia.com/gpu.shared")
-    p.add_argument("--recover-after", type=float, default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
+    p.add_argument("--recover-after", type=float_range(0, 86400 * 7), default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
     p.add_argument("--mps-pipe-dir", default=None, help="for GPU shares: MPS pipe directory to mount into the container")
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between health/registration checks")
+    p.add_argument("--interval", type=float_range(0.05, 3600), default=2.0, help="seconds between health/registration checks (default 2)")
     p.add_argument("--metrics-addr", default="0.0.0.0:9400", help="Prometheus /metrics (dcgm-exporter names); '' to disable")
-    p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
+    p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="kubelet's PodResources socket, to attribute GPU metrics to pods")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
 
 
@@ -189,12 +193,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = effective_config(args, file_cfg)
         fake = backend_spec(args.nvml, os.environ)
     except (ConfigError, ValueError) as exc:
-        print(f"gpufleet agent: {exc}", flush=True)
+        print(f"gpufleet agent: {exc}", file=sys.stderr, flush=True)
         return 2
     try:
         backend = open_backend(fake)
     except NoGpuError as exc:
-        print(f"gpufleet agent: {exc}", flush=True)
+        print(f"gpufleet agent: {exc}", file=sys.stderr, flush=True)
         return 1
     if fake:
         print(f"gpufleet agent: using the FAKE NVML backend (profile {fake}); no real GPU is read", flush=True)

@@ -3,6 +3,11 @@
 The CLI only parses arguments and wires adapters together; each sub-command's
 work lives in its own package.  Sub-commands whose package is not installed or
 not built yet say so clearly instead of failing with a traceback.
+
+One error discipline for every sub-command: bad usage or input exits 2, a
+runtime failure (cluster or Prometheus unreachable, an API error) exits 1,
+each with one line on stderr naming the flag, the file:line and field, or the
+object; a traceback only with ``--debug``.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import NoReturn
 
 # sub-command -> module with add_arguments(parser) and run(args) -> int
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,10 +31,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (exit 2) instead of the usage block; sub-parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    parser = argparse.ArgumentParser(prog="gpufleet", description="GPU scheduling and resource management for Kubernetes")
+    from ..version import version_string
+
+    parser = Parser(prog="gpufleet", description="GPU scheduling and resource management for Kubernetes")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (default: one line)")
+    parser.add_argument("--version", action="version", version=version_string(), help="print the version (and git commit) and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     modules: dict[str, object] = {}
     for name, (modname, help_text) in COMMANDS.items():
         try:
@@ -55,6 +72,49 @@ def main(argv: list[str] | None = None) -> int:
         return int(modules[args.command].run(args) or 0)  # type: ignore[attr-defined]
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # the one place an error becomes an exit status and one line
+        if args.debug:
+            raise
+        code, text = describe_error(exc)
+        print(f"gpufleet {args.command}: {text}", file=sys.stderr)
+        return code
+
+
+def describe_error(exc: BaseException) -> tuple[int, str]:
+    """(exit status, one line) for an error that reached the top of a command."""
+    from ..engine.errors import GpufleetError
+
+    if isinstance(exc, GpufleetError):
+        return exc.exit_code, _one_line(str(exc))
+    name = type(exc).__name__
+    try:  # a lost or refused connection to the API server, or an API error reply
+        import urllib3.exceptions
+        from kubernetes.client.exceptions import ApiException
+
+        if isinstance(exc, ApiException):
+            return 1, _one_line(f"Kubernetes API error {exc.status} {exc.reason}")
+        if isinstance(exc, urllib3.exceptions.MaxRetryError):
+            return 1, _one_line(f"cannot reach the Kubernetes API server ({exc.pool.host}:{exc.pool.port}): {_reason(exc.reason)}")
+        if isinstance(exc, urllib3.exceptions.HTTPError):
+            conn = getattr(exc, "conn", None)
+            where = f" ({conn.host}:{conn.port})" if conn is not None and hasattr(conn, "host") else ""
+            return 1, _one_line(f"cannot reach the Kubernetes API server{where}: {_reason(exc)}")
+    except ImportError:  # pragma: no cover - kubernetes is a dependency
+        pass
+    if isinstance(exc, OSError):
+        where = f" {exc.filename}" if exc.filename else ""
+        return 1, _one_line(f"{exc.strerror or name}{':' + where if where else ''}")
+    return 1, _one_line(f"internal error: {name}: {exc} (run with --debug for the traceback)")
+
+
+def _reason(exc: object) -> str:
+    text = str(exc)
+    return text.rsplit(": ", 1)[-1].rstrip("')\"") if "Errno" in text or "Failed" in text else text
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..engine.errors import GpufleetError
-from ..policies import policy_names
+from ..argtypes import float_range, int_range, output_file
+from ..engine.errors import UsageError
+from ..policies import policy_aliases, policy_names
 from ..simulator import trace as tracemod
 
 if TYPE_CHECKING:
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ..simulator.replay import ReplayRun
 
 PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
+MAX_SEEDS = 1000
+MAX_RUNS = 10_000  # policies x seeds: about a day of CPU at the default trace's ~10 s per run
 PUBLISHED_NAMES = {
     "01-Random": "random", "02-DotProd": "dotprod", "03-GpuClustering": "clustering",
     "04-GpuPacking": "packing", "05-BestFit": "bestfit", "06-FGD": "fgd",
@@ -37,6 +40,7 @@ PUBLISHED_NAMES = {
 
 
 def parse_seeds(text: str) -> list[int]:
+    """Seeds ``42``, ``42-51`` or ``1,2,3``: each in [0, 2**32), none twice, at most ``MAX_SEEDS``."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -48,14 +52,49 @@ def parse_seeds(text: str) -> list[int]:
                 lo, hi = int(a), int(b)
                 if hi < lo:
                     raise ValueError
-                out.extend(range(lo, hi + 1))
             else:
-                out.append(int(part))
+                lo = hi = int(part)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--seeds: bad seed or range {part!r} (use 42, 42-51 or 1,2,3)") from None
+            raise argparse.ArgumentTypeError(f"bad seed or range {part!r} (use 42, 42-51 or 1,2,3)") from None
+        if lo < 0 or hi >= 2**32:
+            raise argparse.ArgumentTypeError(f"seeds must be in [0, 2**32), got {part!r}")
+        if len(out) + hi - lo + 1 > MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"at most {MAX_SEEDS} seeds, got {part!r} in {text!r}")
+        out.extend(range(lo, hi + 1))
     if not out:
-        raise argparse.ArgumentTypeError("--seeds: no seeds given")
+        raise argparse.ArgumentTypeError("no seeds given")
+    dup = next((x for i, x in enumerate(out) if x in out[:i]), None)
+    if dup is not None:
+        raise argparse.ArgumentTypeError(f"seed {dup} given twice")
     return out
+
+
+def parse_policies(text: str | None) -> list[str]:
+    """Policy names, comma-separated; aliases resolve to one policy, which runs once."""
+    if text is None:
+        return default_policies()
+    names = [p.strip() for p in text.split(",")]
+    if not any(names):
+        raise UsageError("--policy: no policy named (known: " + ", ".join(_known_with_aliases()) + ")")
+    known, aliases = policy_names(), policy_aliases()
+    out: list[str] = []
+    for n in names:
+        if not n:
+            continue
+        if n not in known:
+            raise UsageError(f"--policy: unknown policy {n!r}; known: {', '.join(_known_with_aliases())}")
+        canon = aliases.get(n, n)
+        if canon not in out:
+            out.append(canon)
+    return out
+
+
+def _known_with_aliases() -> list[str]:
+    aliases = policy_aliases()
+    also: dict[str, list[str]] = {}
+    for a, c in aliases.items():
+        also.setdefault(c, []).append(a)
+    return [n + (f" (alias {', '.join(also[n])})" if n in also else "") for n in policy_names() if n not in aliases]
 
 
 def default_policies() -> list[str]:
@@ -63,20 +102,27 @@ def default_policies() -> list[str]:
     return [p for p in PAPER_POLICIES if p in known] + (["default"] if "default" in known else [])
 
 
+def _policy_help() -> str:
+    return ("policy name(s), comma-separated (default: the six paper policies + default); known: "
+            + ", ".join(_known_with_aliases()))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", help="node list CSV (sn,cpu_milli,memory_mib,gpu,model); default: the bundled Alibaba GPU node list")
     p.add_argument("--pods", help="pod list CSV (openb format, 11 or 5 columns); default: the bundled openb_pod_list_default")
-    p.add_argument("--policy", default=None, help="policy name(s), comma-separated (default: the six paper policies + default); known: " + ", ".join(policy_names()))
-    p.add_argument("--seeds", type=parse_seeds, default=[42], help="seeds: 42, 42-51 or 1,2,3 (default 42)")
-    p.add_argument("--tune", type=float, default=1.3, help="packing: inflate the workload to TUNE x cluster GPU capacity (default 1.3)")
+    p.add_argument("--policy", default=None, help=_policy_help())
+    p.add_argument("--seeds", type=parse_seeds, default=[42],
+                   help=f"seeds: 42, 42-51 or 1,2,3 (default 42; at most {MAX_SEEDS}, each once; 42-51 gives the README's table)")
+    p.add_argument("--tune", type=float_range(0, 10, lo_open=True), default=1.3,
+                   help="packing: inflate the workload to TUNE x cluster GPU capacity, in (0, 10] (default 1.3)")
     p.add_argument("--experiment", choices=["packing", "replay", "queues"], default="packing",
                    help="packing (the FGD paper's), replay (trace clock), queues (replay with team queues, quotas, reclaim)")
-    p.add_argument("--teams", type=int, default=3, help="queues: number of synthetic teams (default 3)")
-    p.add_argument("--jobs", type=int, default=0, help="worker processes (default: number of CPUs)")
+    p.add_argument("--teams", type=int_range(1, 64), default=3, help="queues: number of synthetic teams, 1-64 (default 3)")
+    p.add_argument("--jobs", type=int_range(1, 256), default=None, help="worker processes, 1-256 (default: number of CPUs)")
     p.add_argument("--json", dest="json_path", help="write all runs and the summary as JSON to this path")
     p.add_argument("--report", default="report.html", help="HTML report path (default report.html); '' to skip")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows (counted and reported) instead of stopping")
-    p.add_argument("--speedup", type=float, default=1.0, help="replay: divide the gaps between arrivals by this factor (pod run times unchanged) to raise the load (default 1)")
+    p.add_argument("--speedup", type=float_range(0, 1e6, lo_open=True), default=1.0, help="replay: divide the gaps between arrivals by this factor (pod run times unchanged) to raise the load (default 1)")
     p.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
                    help="packing: also compute the offline LP bound (least unallocated GPU %% any policy could reach; default on)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -88,11 +134,20 @@ _CACHE: dict[tuple, Any] = {}
 
 
 def _load(nodes_path: str, pods_path: str, skip: bool):
+    """(nodes, trace of the placeable pods); ``_load_all`` also gives what was skipped or left out."""
+    loaded = _load_all(nodes_path, pods_path, skip)
+    return loaded[0].nodes, loaded[2]
+
+
+def _load_all(nodes_path: str, pods_path: str, skip: bool) -> tuple[tracemod.NodeList, tracemod.Trace, tracemod.Trace, dict[str, str]]:
+    """(node list, pod trace as read, trace of the pods some node could hold, unplaceable pod -> reason)."""
     key = (nodes_path, pods_path, skip)
     if key not in _CACHE:
-        nodes = tracemod.load_nodes(nodes_path, skip_bad_rows=skip)
+        nl = tracemod.read_nodes(nodes_path, skip_bad_rows=skip)
         tr = tracemod.load_pods(pods_path, skip_bad_rows=skip)
-        _CACHE[key] = (nodes, tr)
+        bad = tracemod.unplaceable(tr.pods, nl.nodes)
+        placeable = tracemod.Trace(tr.name, [p for p in tr.pods if p.name not in bad], tr.skipped_rows) if bad else tr
+        _CACHE[key] = (nl, tr, placeable, bad)
     return _CACHE[key]
 
 
@@ -183,28 +238,27 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
 def run(args: argparse.Namespace) -> int:
     nodes_path = args.nodes or str(tracemod.bundled(tracemod.DEFAULT_NODES))
     pods_path = args.pods or str(tracemod.bundled(tracemod.DEFAULT_PODS))
-    policies = [p.strip() for p in args.policy.split(",") if p.strip()] if args.policy else default_policies()
-    known = policy_names()
-    bad = [p for p in policies if p not in known]
-    if bad:
-        print(f"gpufleet simulate: unknown policy {', '.join(bad)}; known: {', '.join(known)}", file=sys.stderr)
-        return 2
-    if args.speedup <= 0:
-        print("gpufleet simulate: --speedup must be > 0", file=sys.stderr)
-        return 2
-    if args.tune <= 0 and args.experiment == "packing":
-        print("gpufleet simulate: --tune must be > 0", file=sys.stderr)
-        return 2
+    policies = parse_policies(args.policy)
+    if len(policies) * len(args.seeds) > MAX_RUNS:
+        raise UsageError(f"--policy x --seeds: {len(policies)} x {len(args.seeds)} runs is more than {MAX_RUNS}; use fewer seeds")
+    for flag, path in (("--json", args.json_path), ("--report", args.report)):
+        if path:
+            output_file(flag, path)  # before the work, not after it
     try:
-        nodes, tr = _load(nodes_path, pods_path, args.skip_bad_rows)
-    except (GpufleetError, OSError) as exc:
-        print(f"gpufleet simulate: {exc}", file=sys.stderr)
-        return 2
-    if tr.skipped_rows:
-        print(f"warning: skipped {len(tr.skipped_rows)} bad row(s) in {pods_path}; first: {tr.skipped_rows[0]}", file=sys.stderr)
+        nl, read, tr, unplaceable = _load_all(nodes_path, pods_path, args.skip_bad_rows)
+    except OSError as exc:
+        raise UsageError(f"{exc.filename}: {exc.strerror or exc}") from None
+    nodes = nl.nodes
+    skipped = {"nodes": len(nl.skipped_rows), "pods": len(read.skipped_rows)}
+    for what, path, rows in (("node", nodes_path, nl.skipped_rows), ("pod", pods_path, read.skipped_rows)):
+        if rows:
+            print(f"warning: skipped {len(rows)} bad {what} row(s) in {Path(path).name}; first: {rows[0]}", file=sys.stderr)
+    if unplaceable:
+        first = next(iter(unplaceable.items()))
+        print(f"warning: {len(unplaceable)} pod(s) fit no node of this cluster even when it is empty; left out of the runs "
+              f"(first: {first[0]}: {first[1]})", file=sys.stderr)
     if not tr.pods:
-        print(f"gpufleet simulate: no pods in {pods_path}", file=sys.stderr)
-        return 2
+        raise UsageError(f"{pods_path}: no pods to place" + (" (every pod was skipped or fits no node)" if read.pods or read.skipped_rows else ""))
     trace_name = Path(pods_path).stem
     tasks = [
         {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "experiment": args.experiment,
@@ -250,14 +304,21 @@ def run(args: argparse.Namespace) -> int:
     if bounds:
         bound = round(float(np.mean([b["unallocated_gpu_pct"] for b in bounds])), 4)
     _print_table(args.experiment, summary, published, bound)
+    if skipped["nodes"] or skipped["pods"] or unplaceable:
+        print(f"skipped bad rows: {skipped['nodes']} node(s), {skipped['pods']} pod(s); "
+              f"pods that fit no node (left out): {len(unplaceable)}")
     wall = time.perf_counter() - t0
     print(f"done in {wall:.1f} s", file=sys.stderr)
     params = {
         "experiment": args.experiment, "nodes": nodes_path, "pods": pods_path, "policies": policies, "seeds": args.seeds,
-        "tune": args.tune, "speedup": args.speedup, "jobs": jobs, "skipped_rows": len(tr.skipped_rows), "wall_s": round(wall, 2),
+        "tune": args.tune, "speedup": args.speedup, "jobs": jobs, "skipped_rows": skipped["nodes"] + skipped["pods"],
+        "skipped_node_rows": skipped["nodes"], "skipped_pod_rows": skipped["pods"], "unplaceable_pods": len(unplaceable),
+        "wall_s": round(wall, 2),
     }
+    problems = {"skipped_node_rows": nl.skipped_rows, "skipped_pod_rows": read.skipped_rows,
+                "unplaceable_pods": [f"{k}: {v}" for k, v in unplaceable.items()]}
     if args.json_path:
-        doc: dict[str, Any] = {"runs": runs, "summary": summary, "params": params}
+        doc: dict[str, Any] = {"runs": runs, "summary": summary, "params": params, "input_problems": problems}
         if published:
             doc["published"] = published
         if bounds:

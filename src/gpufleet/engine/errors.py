@@ -8,7 +8,9 @@ from __future__ import annotations
 
 
 class GpufleetError(Exception):
-    """Base class of every error gpufleet raises on purpose."""
+    """Base class of every error gpufleet raises on purpose: bad input, so the CLI exits ``exit_code`` 2."""
+
+    exit_code = 2
 
 
 class InvalidPodSpec(GpufleetError):
@@ -44,3 +46,14 @@ class InvalidNodeSpec(GpufleetError):
 
 class StateError(GpufleetError):
     """An operation would break the cluster state's invariants (double-booking)."""
+
+
+class UsageError(GpufleetError):
+    """Bad usage or input found by a command (a flag's value, a file it names): the CLI exits 2."""
+
+
+class RuntimeFailure(GpufleetError):
+    """Something outside gpufleet failed at run time (cluster or Prometheus unreachable, an API error):
+    the CLI exits 1, where every other GpufleetError (bad input) exits 2."""
+
+    exit_code = 1

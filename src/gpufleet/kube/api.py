@@ -277,21 +277,55 @@ def _status_error(status: int, body: bytes, reason: str) -> Exception:
     return kinds[status](msg) if status in kinds else ApiError(status, msg)
 
 
+def load_credentials(kubeconfig: str | None = None, context: str | None = None, client_configuration: object = None) -> None:
+    """The official client's configuration: ``kubeconfig``, else in-cluster, else $KUBECONFIG or ~/.kube/config.
+
+    Every command that talks to a cluster comes here, so the same problem is
+    the same error everywhere: a file or context named on the command line that
+    cannot be used is bad usage (exit 2); no cluster configured at all is a
+    runtime failure (exit 1), like a cluster that does not answer.
+    """
+    import os
+
+    from kubernetes import config
+
+    from ..engine.errors import RuntimeFailure, UsageError
+
+    kw = {"client_configuration": client_configuration} if client_configuration is not None else {}
+    if kubeconfig:
+        if not os.path.isfile(kubeconfig):
+            raise UsageError(f"--kubeconfig {kubeconfig}: " + ("is a directory" if os.path.isdir(kubeconfig) else "no such file"))
+        source = f"--kubeconfig {kubeconfig}"
+    else:
+        try:
+            config.load_incluster_config(**kw)
+            return
+        except config.ConfigException:
+            pass
+        env = os.environ.get("KUBECONFIG", "")
+        paths = [os.path.expanduser(x) for x in env.split(os.pathsep) if x] or [os.path.expanduser("~/.kube/config")]
+        if not any(os.path.isfile(x) for x in paths):
+            raise RuntimeFailure("no Kubernetes cluster configured: not running in a pod and no kubeconfig at "
+                                 f"{os.pathsep.join(paths)} (give --kubeconfig)")
+        source = f"kubeconfig {os.pathsep.join(paths)}"
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, **kw)
+    except Exception as exc:  # ConfigException, YAML errors, missing keys: all "this kubeconfig cannot be used"
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if context and "context" in text.lower():
+            raise UsageError(f"--context {context}: not in {source}: {text}") from None
+        raise UsageError(f"{source}: cannot be used: {text}") from None
+
+
 class KubernetesApi:
     """The real thing, through the official ``kubernetes`` client."""
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None, component: str = "gpufleet-scheduler",
                  pool_size: int = 32, request_timeout_s: float = 30.0) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
         cfg = client.Configuration()
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=cfg)
-            except config.ConfigException:
-                config.load_kube_config(context=context, client_configuration=cfg)
+        load_credentials(kubeconfig, context, cfg)
         cfg.connection_pool_maxsize = pool_size  # binds and events go out from a thread pool
         self._client = client
         self.api = client.ApiClient(cfg)

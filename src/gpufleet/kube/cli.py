@@ -7,8 +7,11 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from ..argtypes import host_port, int_range
 
 log = logging.getLogger("gpufleet.scheduler")
 
@@ -23,20 +26,29 @@ def add_common(p: argparse.ArgumentParser) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common(p)
     p.add_argument("--scheduler-name", default="gpufleet", help="schedule pods whose spec.schedulerName is this (default gpufleet)")
-    p.add_argument("--metrics-addr", default="0.0.0.0:10251", help="address for /metrics, /healthz, /readyz")
-    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--lease-name", default="gpufleet-scheduler")
-    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
-    p.add_argument("--lease-duration", type=int, default=15, metavar="S")
-    p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()))
-    p.add_argument("--bind-workers", type=int, default=16, help="parallel Binding calls (default 16)")
+    p.add_argument("--metrics-addr", type=host_port, default="0.0.0.0:10251", help="HOST:PORT for /metrics, /healthz, /readyz")
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                   help="run only while holding a Lease, so replicas fail over (default on)")
+    p.add_argument("--lease-name", default="gpufleet-scheduler", help="the Lease's name (default gpufleet-scheduler)")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"),
+                   help="the Lease's namespace (default: $POD_NAMESPACE, else kube-system)")
+    p.add_argument("--lease-duration", type=int_range(3, 3600), default=15, metavar="S",
+                   help="seconds a leader holds the Lease without renewing it, 3-3600 (default 15)")
+    p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()),
+                   help="this replica's name in the Lease (default: $POD_NAME, else the host name)")
+    p.add_argument("--bind-workers", type=int_range(1, 256), default=16, help="parallel Binding calls, 1-256 (default 16)")
     p.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=True,
                    help="delete lower-priority or borrowed pods to make room (default on)")
-    p.add_argument("--eviction-grace-period", type=int, default=None, metavar="S",
+    p.add_argument("--eviction-grace-period", type=int_range(0, 86400), default=None, metavar="S",
                    help="grace period for pods deleted by preemption/reclaim (default: each pod's own)")
     p.add_argument("--queues", action=argparse.BooleanOptionalAction, default=True,
                    help="watch Namespaces, Queues, PodGroups and PodDisruptionBudgets (default on)")
-    p.add_argument("--log-level", default="INFO")
+    add_log_level(p)
+
+
+def add_log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="log level (default INFO)")
 
 
 def load_profile(policy: str, config: str | None):
@@ -65,14 +77,11 @@ def start(args: argparse.Namespace, command: str, component: str, pool_size: int
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         profile = load_profile(args.policy, args.config)
-    except (ConfigError, KeyError) as exc:
-        print(f"gpufleet {command}: bad configuration: {exc}")
+    except (ConfigError, KeyError, OSError) as exc:
+        print(f"gpufleet {command}: bad configuration: {str(exc).strip(chr(34))}", file=sys.stderr)
         return 2
-    try:
-        return profile, KubernetesApi(args.kubeconfig, args.context, component=component, pool_size=pool_size)
-    except Exception as exc:
-        print(f"gpufleet {command}: cannot load Kubernetes credentials: {exc}")
-        return 2
+    # bad --kubeconfig/--context: UsageError (2); no cluster configured: RuntimeFailure (1); cli.main prints it
+    return profile, KubernetesApi(args.kubeconfig, args.context, component=component, pool_size=pool_size)
 
 
 class Metrics:

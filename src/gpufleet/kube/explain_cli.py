@@ -12,7 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("pod", help="NAMESPACE/NAME (or NAME in the default namespace)")
     add_common(p)
-    p.add_argument("--scheduler-name", default="gpufleet")
+    p.add_argument("--scheduler-name", default="gpufleet", help="the scheduler whose view to explain (default gpufleet)")
     p.add_argument("--json", action="store_true", help="print {pod, summary, nodes} as JSON")
 
 
@@ -48,15 +48,16 @@ def run(args: argparse.Namespace) -> int:
     from .cli import load_profile
 
     key = args.pod if "/" in args.pod else f"default/{args.pod}"
+    if key.count("/") != 1 or not all(key.split("/")):
+        print(f"gpufleet explain: pod {args.pod!r}: expected NAMESPACE/NAME or NAME", file=sys.stderr)
+        return 2
     try:
         profile = load_profile(args.policy, args.config)
-        api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-explain")
-    except (ConfigError, KeyError) as exc:
-        print(f"gpufleet explain: bad configuration: {exc}", file=sys.stderr)
+    except (ConfigError, KeyError, OSError) as exc:
+        print(f"gpufleet explain: bad configuration: {str(exc).strip(chr(34))}", file=sys.stderr)
         return 2
-    except Exception as exc:
-        print(f"gpufleet explain: cannot reach the cluster: {exc}", file=sys.stderr)
-        return 2
+    # credentials and an unreachable API server raise typed/urllib3 errors: cli.main makes them one line, exit 1 or 2
+    api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-explain")
     code, text = explain(api, profile, key, args.scheduler_name)
     if args.json:
         print(json.dumps({"pod": key, "exit": code, "text": text}))

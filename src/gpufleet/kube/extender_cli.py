@@ -11,11 +11,12 @@ log = logging.getLogger("gpufleet.extender")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli import add_common
+    from ..argtypes import host_port
+    from .cli import add_common, add_log_level
 
     add_common(p)
-    p.add_argument("--addr", default="0.0.0.0:8888", help="listen address (default 0.0.0.0:8888)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--addr", type=host_port, default="0.0.0.0:8888", help="listen HOST:PORT (default 0.0.0.0:8888)")
+    add_log_level(p)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -57,6 +57,23 @@ def policy_names() -> list[str]:
     return sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
 
 
+def policy_aliases() -> dict[str, str]:
+    """alias -> policy: profile files that differ only in the profile's name are one policy under two names
+    (``strandfrag`` is ``default``); the canonical name is ``default`` when it is one of them, else the first."""
+    import yaml
+
+    by_body: dict[str, list[str]] = {}
+    for name in policy_names():
+        doc = yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text()) or {}
+        profiles = [dict(p, name="") for p in doc.get("profiles") or [] if isinstance(p, dict)]
+        by_body.setdefault(repr(dict(doc, profiles=profiles)), []).append(name)
+    out: dict[str, str] = {}
+    for names in by_body.values():
+        canon = "default" if "default" in names else names[0]
+        out.update({n: canon for n in names if n != canon})
+    return out
+
+
 def build_profile(name_or_config: str | Mapping[str, Any], **plugin_args: Any) -> Profile:
     """A profile by policy name (``fgd``, ``bestfit``, ``default``, ...) or from a config mapping."""
     cfg = profile_config(name_or_config) if isinstance(name_or_config, str) else name_or_config

@@ -5,12 +5,17 @@ gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time``)
 and a 5-column form (the first five).  Node lists are ``sn,cpu_milli,
 memory_mib,gpu,model``.  A broken row is an error naming the file, the line
 and the field, unless the caller asks to skip bad rows, in which case they are
-counted and reported: nothing silently changes the experiment.
+counted and reported: nothing silently changes the experiment.  Files are
+UTF-8 (a byte-order mark, as spreadsheets write, is accepted); numbers must be
+finite integers within a per-column range, so a ``nan``, ``inf`` or ``1e40``
+is a bad row, not a silently different cluster.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,6 +32,17 @@ POD_COLUMNS_FULL = (
 POD_COLUMNS_SHORT = POD_COLUMNS_FULL[:5]
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 MAX_GPUS_PER_NODE = 16
+# Largest value a column may hold: far above any real machine, far below where int64 arithmetic breaks.
+COLUMN_MAX = {
+    "cpu_milli": 10**9,  # a million cores
+    "memory_mib": 2**40,  # an exbibyte
+    "num_gpu": 1024,
+    "gpu_milli": GPU_MILLI,
+    "gpu": MAX_GPUS_PER_NODE,
+    "creation_time": 2**53,
+    "deletion_time": 2**53,
+    "scheduled_time": 2**53,
+}
 
 
 class TraceError(GpufleetError):
@@ -74,36 +90,85 @@ class Trace:
     skipped_rows: list[str] = field(default_factory=list)
 
 
+@dataclass
+class NodeList:
+    nodes: list[Node]
+    skipped_rows: list[str] = field(default_factory=list)
+
+
 def _int(path: str, line: int, col: str, raw: str, minimum: int = 0, optional: bool = False) -> int | None:
     raw = (raw or "").strip()
     if raw == "" and optional:
         return None
+    shown = raw if len(raw) <= 24 else raw[:21] + "..."
     try:
         v = int(raw)
     except ValueError:
         try:
             f = float(raw)
         except ValueError:
-            raise TraceError(path, line, col, f"expected an integer, got {raw!r}") from None
-        if f != int(f):
-            raise TraceError(path, line, col, f"expected an integer, got {raw!r}") from None
+            raise TraceError(path, line, col, f"expected an integer, got {shown!r}") from None
+        if not math.isfinite(f) or f != int(f):
+            raise TraceError(path, line, col, f"expected a finite integer, got {shown!r}") from None
         v = int(f)
-    if v < minimum:
-        raise TraceError(path, line, col, f"must be >= {minimum}, got {v}")
+    hi = COLUMN_MAX.get(col)
+    if v < minimum or (hi is not None and v > hi):
+        raise TraceError(path, line, col, f"must be in [{minimum}, {hi if hi is not None else 'inf'}], got {shown}")
     return v
 
 
-def _open_rows(path: Path, expected: tuple[tuple[str, ...], ...]) -> tuple[list[str], Iterator[list[str]]]:
-    f = open(path, newline="")
-    reader = csv.reader(f)
+def _decode(path: Path) -> str:
+    """The file's text; a byte that is not UTF-8 is an error naming its line and column (a leading BOM is dropped)."""
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
     try:
-        header = next(reader)
-    except StopIteration:
-        raise TraceError(str(path), 1, "header", "file is empty") from None
-    header = [h.strip() for h in header]
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        start = data.rfind(b"\n", 0, exc.start) + 1
+        header = data[: data.find(b"\n")].decode("utf-8", "replace").split(",") if line > 1 else []
+        col = data.count(b",", start, exc.start)
+        field = header[col].strip() if col < len(header) else f"column {col + 1}"
+        raise TraceError(str(path), line, field or "encoding",
+                         f"byte 0x{data[exc.start]:02x} is not UTF-8 (save the file as UTF-8)") from None
+
+
+def _rows(path: Path, reader: Iterator[list[str]]) -> Iterator[tuple[int, list[str]]]:
+    """(line number, row) pairs; a row the csv module cannot read (a NUL byte ...) is an error naming its line."""
+    r = reader
+    while True:
+        try:
+            row = next(r)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise TraceError(str(path), getattr(reader, "line_num", 0), "row", str(exc)) from None
+        yield getattr(reader, "line_num", 0), row
+
+
+def _header_problem(header: list[str], expected: tuple[tuple[str, ...], ...]) -> str:
+    """A short message pointing at the first wrong column of the closest expected header."""
+    best = min(expected, key=lambda e: (abs(len(e) - len(header)), -sum(a == b for a, b in zip(header, e))))
+    form = ",".join(best)
+    for i, (got, want) in enumerate(zip(header, best), start=1):
+        if got != want:
+            return f"column {i} is {got[:40]!r}, expected {want!r} (header: {form})"
+    if len(header) < len(best):
+        return f"missing column {len(header) + 1} {best[len(header)]!r} (header: {form})"
+    return f"unexpected column {len(best) + 1} {header[len(best)][:40]!r} (header: {form})"
+
+
+def _open_rows(path: Path, expected: tuple[tuple[str, ...], ...]) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
+    reader = csv.reader(io.StringIO(_decode(path), newline=""))
+    rows = _rows(path, reader)
+    first = next(rows, None)
+    if first is None:
+        raise TraceError(str(path), 1, "header", "file is empty")
+    header = [h.strip() for h in first[1]]
     if tuple(header) not in expected:
-        raise TraceError(str(path), 1, "header", f"unexpected columns {header}; expected one of {[list(e) for e in expected]}")
-    return header, reader
+        raise TraceError(str(path), 1, "header", _header_problem(header, expected))
+    return header, rows
 
 
 def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
@@ -113,7 +178,7 @@ def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
     skipped: list[str] = []
     seen: set[str] = set()
     p = str(path)
-    for lineno, row in enumerate(reader, start=2):
+    for lineno, row in reader:
         if not row or all(not c.strip() for c in row):
             continue
         try:
@@ -128,10 +193,9 @@ def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
             num_gpu = _int(p, lineno, "num_gpu", d["num_gpu"])
             gpu_milli = _int(p, lineno, "gpu_milli", d["gpu_milli"])
             assert num_gpu is not None and gpu_milli is not None
-            if num_gpu > MAX_GPUS_PER_NODE:
-                raise TraceError(p, lineno, "num_gpu", f"{num_gpu} GPUs is more than any node has")
-            if gpu_milli > GPU_MILLI:
-                raise TraceError(p, lineno, "gpu_milli", f"must be <= 1000, got {gpu_milli}")
+            if num_gpu > 1 and gpu_milli != GPU_MILLI:
+                raise TraceError(p, lineno, "gpu_milli", f"a pod with num_gpu {num_gpu} takes whole GPUs: gpu_milli must be "
+                                                         f"{GPU_MILLI}, got {gpu_milli}")
             if num_gpu > 0 and gpu_milli == 0:
                 raise TraceError(p, lineno, "gpu_milli", "a GPU pod needs gpu_milli > 0")
             if num_gpu == 0 and gpu_milli > 0:
@@ -165,13 +229,14 @@ def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
     return Trace(name=path.stem, pods=pods, skipped_rows=skipped)
 
 
-def load_nodes(path: str | Path, skip_bad_rows: bool = False) -> list[Node]:
+def read_nodes(path: str | Path, skip_bad_rows: bool = False) -> NodeList:
     path = Path(path)
     header, reader = _open_rows(path, (NODE_COLUMNS,))
     nodes: list[Node] = []
+    skipped: list[str] = []
     seen: set[str] = set()
     p = str(path)
-    for lineno, row in enumerate(reader, start=2):
+    for lineno, row in reader:
         if not row or all(not c.strip() for c in row):
             continue
         try:
@@ -202,12 +267,53 @@ def load_nodes(path: str | Path, skip_bad_rows: bool = False) -> list[Node]:
                 )
             )
             seen.add(name)
-        except TraceError:
+        except TraceError as exc:
             if not skip_bad_rows:
                 raise
+            skipped.append(str(exc))
     if not nodes:
-        raise TraceError(p, 1, "rows", "no nodes in the node list")
-    return nodes
+        raise TraceError(p, 1, "rows", "no nodes in the node list" + (f" ({len(skipped)} bad row(s) skipped)" if skipped else ""))
+    if not any(n.gpus for n in nodes):
+        raise TraceError(p, 1, "gpu", f"none of the {len(nodes)} nodes has a GPU: nothing to schedule GPU pods on")
+    return NodeList(nodes, skipped)
+
+
+def load_nodes(path: str | Path, skip_bad_rows: bool = False) -> list[Node]:
+    """The nodes of a node list (``read_nodes`` also gives the skipped rows)."""
+    return read_nodes(path, skip_bad_rows).nodes
+
+
+def unplaceable(pods: list[TracePod], nodes: list[Node]) -> dict[str, str]:
+    """Pods that no node of this cluster could hold even when empty, with the reason: pod name -> reason.
+
+    They can never be placed by any policy, so the simulator leaves them out of
+    the runs and says so, instead of counting them as every policy's failure.
+    """
+    groups = {(n.gpus[0].model if n.gpus else "", len(n.gpus), n.cpu_milli, n.memory_mib) for n in nodes}
+    max_gpus = max(g[1] for g in groups)
+    out: dict[str, str] = {}
+    cache: dict[tuple[int, int, int, tuple[str, ...]], str] = {}
+    for p in pods:
+        key = (p.num_gpu, p.cpu_milli, p.memory_mib, p.gpu_spec)
+        if key not in cache:
+            fit = [g for g in groups if g[1] >= p.num_gpu]
+            reason = ""
+            if not fit:
+                reason = f"needs {p.num_gpu} GPUs; the largest node has {max_gpus}"
+            elif p.num_gpu and p.gpu_spec:
+                fit = [g for g in fit if g[0] in p.gpu_spec]
+                if not fit:
+                    reason = f"needs GPU model {'|'.join(p.gpu_spec)}; no node with {p.num_gpu} GPU(s) has it"
+            if not reason:
+                fit = [g for g in fit if g[2] >= p.cpu_milli]
+                if not fit:
+                    reason = f"needs cpu_milli {p.cpu_milli}; no node that could hold its GPUs has that much"
+            if not reason and not [g for g in fit if g[3] >= p.memory_mib]:
+                reason = f"needs memory_mib {p.memory_mib}; no node that could hold its GPUs and CPU has that much"
+            cache[key] = reason
+        if cache[key]:
+            out[p.name] = cache[key]
+    return out
 
 
 def bundled(name: str) -> Path:

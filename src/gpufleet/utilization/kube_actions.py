@@ -20,17 +20,11 @@ from ..engine import annotations as ann
 log = logging.getLogger(__name__)
 
 
-def load_client_config(kubeconfig: str | None) -> None:
+def load_client_config(kubeconfig: str | None, context: str | None = None) -> None:
     """The official client's default configuration: ``kubeconfig``, else in-cluster, else ~/.kube/config."""
-    from kubernetes import config
+    from ..kube.api import load_credentials
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-        return
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+    load_credentials(kubeconfig, context)
 
 
 class ReclaimKube(Protocol):

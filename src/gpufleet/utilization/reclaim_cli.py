@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
+
+from ..argtypes import float_range, host_port, int_range
 
 log = logging.getLogger("gpufleet.reclaim")
 
@@ -15,12 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL, e.g. http://prometheus:9090 (query_range of DCGM_FI_DEV_GPU_UTIL)")
     src.add_argument("--agents", metavar="URL,...", help="scrape these agents' /metrics directly (history kept in memory: needs --interval)")
     src.add_argument("--agents-from-nodes", action="store_true", help="scrape http://<node InternalIP>:PORT/metrics of every GPU node")
-    p.add_argument("--agent-port", type=int, default=9400)
+    p.add_argument("--agent-port", type=int_range(1, 65535), default=9400, help="the agents' metrics port (default 9400)")
     p.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
     p.add_argument("--policy-file", help="YAML/JSON: default: {action, idleUtilPercent, window, grace, ...}, namespaces: {NS: {...}}")
     p.add_argument("--apply", action="store_true", help="really warn/evict (default: dry run, log and count only)")
-    p.add_argument("--interval", type=float, default=0.0, help="run as a controller, one round every N seconds (default: one round)")
-    p.add_argument("--metrics-addr", default="", help="with --interval: serve the reclaim counters on HOST:PORT")
+    p.add_argument("--interval", type=float_range(0, 86400), default=0.0, help="run as a controller, one round every N seconds (default: one round)")
+    p.add_argument("--metrics-addr", type=host_port, default="", help="with --interval: serve the reclaim counters on HOST:PORT")
     p.add_argument("--json", action="store_true", help="print the round's actions as JSON")
 
 
@@ -40,13 +43,9 @@ def run(args: argparse.Namespace) -> int:
                 doc = yaml.safe_load(f)
         config = load_config(doc)
     except (OSError, yaml.YAMLError, ConfigError) as exc:
-        print(f"gpufleet reclaim: policy file {args.policy_file}: {exc}")
+        print(f"gpufleet reclaim: --policy-file {args.policy_file}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    try:
-        kube = KubeReclaimClient(args.kubeconfig)
-    except Exception as exc:
-        print(f"gpufleet reclaim: no Kubernetes API access: {exc}")
-        return 1
+    kube = KubeReclaimClient(args.kubeconfig)  # typed errors: cli.main makes them one line, exit 1 or 2
     source: PrometheusSource | AgentScrapeSource
     try:
         if args.prometheus:
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             if not args.interval:
                 print("gpufleet reclaim: --agents/--agents-from-nodes keep history in memory; add --interval "
-                      "(a pod is only judged after a whole window of scrapes)")
+                      "(a pod is only judged after a whole window of scrapes)", file=sys.stderr)
             if args.agents:
                 urls = [u.strip() for u in args.agents.split(",") if u.strip()]
                 source = AgentScrapeSource(urls, config.lookback_s())
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                 source = AgentScrapeSource(lambda: agent_urls_from_nodes([ser(n) for n in kube.core.list_node().items], args.agent_port),
                                            config.lookback_s())
     except SourceError as exc:
-        print(f"gpufleet reclaim: {exc}")
+        print(f"gpufleet reclaim: {exc}", file=sys.stderr)
         return 2
     metrics = ReclaimMetrics()
     if args.interval and args.metrics_addr:
@@ -84,13 +83,12 @@ def run(args: argparse.Namespace) -> int:
                                                "idle_s": a.idle_s, "gpu_hours": a.gpu_hours,
                                                "outcome": res.outcomes.get(a.pod)} for a in res.actions]}, indent=1))
         except SourceError as exc:
-            print(f"gpufleet reclaim: utilisation source: {exc}")
+            print(f"gpufleet reclaim: utilisation source: {exc}", file=sys.stderr)
             if not args.interval:
                 return 1
         except Exception as exc:  # API server away: retry next round in controller mode
             if not args.interval:
-                print(f"gpufleet reclaim: {exc}")
-                return 1
+                raise  # cli.main: one line, exit 1
             log.warning("reclaim round failed: %s", exc)
         if not args.interval:
             return 0

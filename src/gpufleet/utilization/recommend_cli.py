@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..argtypes import float_range
+
     p.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL (DCGM_FI_DEV_GPU_UTIL / FB_USED by pod)")
     p.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
     p.add_argument("--window", default="24h", help="look-back window, e.g. 24h, 7d (default 24h)")
     p.add_argument("--step", default="5m", help="sample step (default 5m)")
-    p.add_argument("--headroom", type=float, default=1.2, help="multiply p95 use by this (default 1.2)")
+    p.add_argument("--headroom", type=float_range(1, 10), default=1.2, help="multiply p95 use by this, 1-10 (default 1.2)")
     p.add_argument("--namespace", help="only this namespace")
     p.add_argument("--json", action="store_true", help="JSON output")
 
@@ -81,17 +84,13 @@ def run(args: argparse.Namespace) -> int:
         window_s, step_s = parse_duration("--window", args.window), parse_duration("--step", args.step)
         prom = PrometheusSource(args.prometheus, step_s=step_s)
     except (ConfigError, SourceError) as exc:
-        print(f"gpufleet recommend: {exc}")
+        print(f"gpufleet recommend: {exc}", file=sys.stderr)
         return 2
-    try:
-        kube = KubeReader(args.kubeconfig)
-    except Exception as exc:
-        print(f"gpufleet recommend: no Kubernetes API access: {exc}")
-        return 1
+    kube = KubeReader(args.kubeconfig)  # typed errors: cli.main makes them one line, exit 1 or 2
     try:
         usage, skipped = gather(kube, prom, window_s, step_s, time.time(), args.namespace)
     except SourceError as exc:
-        print(f"gpufleet recommend: {exc}")
+        print(f"gpufleet recommend: {exc}", file=sys.stderr)
         return 1
     recs = sorted((recommend(w, headroom=args.headroom) for w in usage), key=lambda r: (-r.gpu_hours_freed, r.workload))
     if args.json:

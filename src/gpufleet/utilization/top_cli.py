@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import shutil
+import sys
 import time
 import urllib.parse
 
@@ -17,9 +18,12 @@ USED_BY_NAMESPACE = 'sum by (namespace) (DCGM_FI_DEV_GPU_UTIL{namespace!=""}) / 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..argtypes import float_range
+
     p.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
     p.add_argument("--prometheus", metavar="URL", help="Prometheus base URL for the USED columns (optional)")
-    p.add_argument("--interval", type=float, default=5.0, help="refresh every N seconds (default 5)")
+    p.add_argument("--interval", type=float_range(0.5, 86400), default=5.0, help="refresh every N seconds, 0.5-86400 (default 5)")
     p.add_argument("--once", action="store_true", help="print once and exit")
 
 
@@ -67,20 +71,18 @@ def run(args: argparse.Namespace) -> int:
     from ..kube.api import KubernetesApi
     from .top import render
 
-    try:
-        api = KubernetesApi(args.kubeconfig, component="gpufleet-top")
-    except Exception as exc:
-        print(f"gpufleet top: no Kubernetes API access: {exc}")
-        return 1
+    if args.prometheus and not args.prometheus.startswith(("http://", "https://")):
+        print(f"gpufleet top: --prometheus {args.prometheus}: must start with http:// or https://", file=sys.stderr)
+        return 2
+    api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-top")  # typed errors: cli.main, exit 1 or 2
     while True:
         try:
             rows = max(5, (shutil.get_terminal_size((120, 40)).lines - 12) // 2)
             out = render(snapshot(api, args.prometheus), max_rows=None if args.once else rows)
         except Exception as exc:  # API away for a moment: say so and keep refreshing
             if args.once:
-                print(f"gpufleet top: {exc}")
-                return 1
-            out = f"(refresh failed: {exc})"
+                raise  # cli.main: one line, exit 1
+            out = f"(refresh failed: {' '.join(str(exc).split())[:300]})"
         if args.once:
             print(out)
             return 0
