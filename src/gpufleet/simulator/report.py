@@ -56,7 +56,8 @@ def curves_plot(by_policy: Mapping[str, list[Mapping[str, Any]]], key: str, ylab
 def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, float], bound: float | None) -> str:
     pols = list(summary)
     ours = [summary[p]["unallocated_gpu_pct_mean"] for p in pols]
-    errs = [summary[p].get("unallocated_gpu_pct_std", 0.0) for p in pols]
+    several = any(summary[p].get("runs", 1) > 1 for p in pols)  # error bars only mean something over several seeds
+    errs = [summary[p].get("unallocated_gpu_pct_std", 0.0) for p in pols] if several else None
     pub = [published.get(p, np.nan) for p in pols]
     x = np.arange(len(pols))
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
@@ -64,10 +65,15 @@ def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, 
     ax.bar(x - (w / 2 if w < 0.5 else 0), ours, w, yerr=errs, label="gpufleet", color=PALETTE[0])
     if w < 0.5:
         ax.bar(x + w / 2, pub, w, label="FGD paper (published)", color=PALETTE[1])
-    if bound is not None:
-        ax.axhline(bound, color="k", ls="--", lw=1, label=f"offline bound ({bound:.2f}%)")
+    top = max([v for v in ours + pub if not np.isnan(v)] + [bound or 0.0, 1.0])
+    if bound is not None:  # often ~0: lift the axis floor so the line is not hidden by the x axis
+        ax.set_ylim(-0.06 * top, top * 1.15)
+        ax.axhline(bound, color="#d62728", ls="--", lw=2, label=f"offline bound ({bound:.2f}%)", zorder=5)
+        ax.text(len(pols) - 0.5, bound + 0.02 * top, f"offline bound {bound:.2f}%", color="#d62728", ha="right", va="bottom", fontsize=8)
+    best = int(np.nanargmin(ours)) if ours else -1
     for xi, v in zip(x, ours):
-        ax.text(xi - (w / 2 if w < 0.5 else 0), v + 0.1, f"{v:.2f}", ha="center", fontsize=7)
+        ax.text(xi - (w / 2 if w < 0.5 else 0), v + 0.01 * top, f"{v:.2f}" + (" best" if xi == best else ""), ha="center",
+                va="bottom", fontsize=7, fontweight="bold" if xi == best else "normal")
     ax.set_xticks(x, pols, rotation=20)
     ax.set_ylabel("unallocated GPU % at 100% arrived")
     ax.set_title("GPUs left unallocated when the workload equals cluster capacity (lower is better)")
@@ -88,10 +94,24 @@ def time_plot(series: Mapping[str, Mapping[str, Sequence[float]]], key: str, yla
     return _svg(fig)
 
 
-def table_html(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], marked: Sequence[int] = ()) -> str:
+    """A table; rows whose index is in ``marked`` are highlighted (the best policy)."""
     th = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    body = "".join(("<tr class='best'>" if i in marked else "<tr>") + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+                   for i, r in enumerate(rows))
+    return f"<div class='wide'><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
+
+
+def definitions_html(defs: Sequence[tuple[str, str]]) -> str:
+    """One line per metric: what the number means."""
+    return "<dl class='defs'>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in defs) + "</dl>"
+
+
+def provenance_html(prov: Mapping[str, Any]) -> str:
+    rows = [[k, v] for k, v in prov.items() if k != "inputs"]
+    for f in prov.get("inputs", []):
+        rows.append([f"input: {f['role']}", f"{f['file']}  sha256 {f['sha256']}"])
+    return table_html(["", ""], rows)
 
 
 CSS = """
@@ -100,13 +120,21 @@ h1{font-size:1.5em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid 
 table{border-collapse:collapse;font-size:.9em} td,th{border:1px solid #ccc;padding:.3em .6em;text-align:right}
 th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 .grid{display:grid;grid-template-columns:1fr 1fr;gap:1em} .grid svg{width:100%;height:auto}
-.note{color:#555;font-size:.9em} pre{background:#f7f7f7;padding:.6em;overflow:auto}
+.note{color:#555;font-size:.9em} pre{background:#f7f7f7;padding:.6em;overflow:auto;white-space:pre-wrap}
+.wide{overflow-x:auto;max-width:100%} tr.best td{font-weight:bold;background:#eef7ee}
+.defs{font-size:.9em;display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em} .defs dt{font-weight:bold} .defs dd{margin:0}
+svg{max-width:100%;height:auto} body{padding:0 1em}
+@media (max-width:900px){.grid{grid-template-columns:1fr} .defs{grid-template-columns:1fr} .defs dd{margin-left:1em}}
 """
 
 
-def write_report(path: str, title: str, sections: Sequence[tuple[str, str]], params: Mapping[str, Any]) -> None:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{CSS}</style></head><body>"]
+def write_report(path: str, title: str, sections: Sequence[tuple[str, str]], params: Mapping[str, Any],
+                 provenance: Mapping[str, Any] | None = None) -> None:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width, initial-scale=1'>"
+             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"]
     parts.append(f"<h1>{html.escape(title)}</h1>")
+    if provenance:
+        parts.append("<h2>Provenance</h2>" + provenance_html(provenance))
     for heading, body in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>{body}")
     parts.append("<h2>Run parameters</h2><pre>" + html.escape(json.dumps(params, indent=2, default=str)) + "</pre>")

@@ -4,7 +4,24 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .report import bars_plot, curves_plot, table_html, time_plot, write_report
+import html
+
+from .report import bars_plot, curves_plot, definitions_html, table_html, time_plot, write_report
+
+PACKING_METRICS = [
+    ("unallocated GPU %", "100 minus the share of the cluster's GPUs (in milli-GPU) allocated at the moment the arrived GPU "
+                          "demand equals the cluster's GPU capacity; the FGD paper's headline metric, lower is better."),
+    ("± std", "standard deviation of that figure over the seeds (shown only with several seeds)."),
+    ("published", "the FGD paper's figure for the same trace (mean over the same seeds where published)."),
+    ("failed pods", "pods (of all arrivals, up to the --tune x capacity demand) for which no node had room when they arrived."),
+    ("wall s / run", "seconds one run took on this machine."),
+    ("GPU allocation ratio", "allocated GPU milli as a share of the cluster's GPU capacity, against the arrived demand."),
+    ("fragmentation amount", "free GPU capacity that the typical task sizes (the target workload) could not use, "
+                             "as a share of the cluster's GPU capacity (the FGD paper's fragmentation measure)."),
+    ("fragmentation rate", "that fragmented capacity as a share of all free (idle) GPU capacity."),
+    ("offline bound", "a linear-programming relaxation (pods may be split across a node group's nodes): no policy, even one "
+                      "knowing the future, can leave fewer GPUs unallocated."),
+]
 
 
 def _by_policy(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
@@ -23,31 +40,45 @@ def write_simulation_report(
     bound: float | None,
     params: Mapping[str, Any],
     extra_sections: Sequence[tuple[str, str]] = (),
+    provenance: Mapping[str, Any] | None = None,
+    problems: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     by = _by_policy(runs)
     sections: list[tuple[str, str]] = []
+    if problems and any(problems.values()):
+        sections.append(("Input problems", _problems_html(problems)))
     if experiment == "packing":
+        several = any(s["runs"] > 1 for s in summary.values())
+        means = {p: s["unallocated_gpu_pct_mean"] for p, s in summary.items() if s["unallocated_gpu_pct_mean"] is not None}
+        best = min(means, key=means.__getitem__) if means else None
         rows = []
         for pol, s in summary.items():
             pub = published.get(pol)
             rows.append([
-                pol, s["runs"], f"{s['unallocated_gpu_pct_mean']:.2f}" if s["unallocated_gpu_pct_mean"] is not None else "-",
-                f"{s['unallocated_gpu_pct_std']:.2f}" if s["unallocated_gpu_pct_std"] is not None else "-",
+                pol + (" (best)" if pol == best else ""), s["runs"],
+                f"{s['unallocated_gpu_pct_mean']:.2f}" if s["unallocated_gpu_pct_mean"] is not None else "-",
+                *([f"{s['unallocated_gpu_pct_std']:.2f}" if s["unallocated_gpu_pct_std"] is not None else "-"] if several else []),
                 f"{pub:.2f}" if pub is not None else "-", f"{s['pods_failed_mean']:.0f}", f"{s['wall_s_mean']:.1f}",
             ])
+        bound_status = "offline bound: not computed (--no-bound)"
         if bound is not None:
-            rows.append(["offline bound", "", f"{bound:.2f}", "", "", "", ""])
-        note = ("<p class='note'>Unallocated GPU % = 100 &minus; GPU allocation ratio when the arrived GPU demand equals "
-                "the cluster's GPU capacity (the FGD paper's headline metric; lower is better). "
-                "'published' is the FGD paper's figure for the same trace and seeds, where the trace matches.</p>")
-        sections.append(("Summary", note + table_html(
-            ["policy", "runs", "unallocated GPU %", "± std", "published", "failed pods", "wall s / run"], rows)))
+            rows.append(["offline bound", "", f"{bound:.2f}", *([""] if several else []), "", "", ""])
+            bound_status = f"offline bound: {bound:.2f}% (LP relaxation; no policy can leave fewer GPUs unallocated)"
+        seeds = sorted({r["seed"] for r in runs})
+        note = (f"<p class='note'>{'Mean over ' + str(len(seeds)) + ' seeds' if several else 'One seed (' + str(seeds[0]) + ')'}; "
+                f"{html.escape(bound_status)}. Lower is better; the best policy is marked."
+                + ("" if several else " One seed's figures differ from a mean over seeds by a few tenths: "
+                   "<code>gpufleet simulate --seeds 42-51</code> gives the README's table.") + "</p>")
+        headers = ["policy", "runs", "unallocated GPU %", *(["± std"] if several else []), "published", "failed pods", "wall s / run"]
+        marked = [i for i, p in enumerate(summary) if p == best]
+        defs = [d for d in PACKING_METRICS if several or d[0] != "± std"]
+        sections.append(("Summary", note + table_html(headers, rows, marked) + definitions_html(defs)))
         sections.append(("Unallocated GPUs", bars_plot(
             {p: s for p, s in summary.items() if s["unallocated_gpu_pct_mean"] is not None}, published, bound)))
         grid = "<div class='grid'>" + curves_plot(by, "allocation_pct", "GPU allocation ratio (%)", "Allocated GPUs vs arrived demand") \
             + curves_plot(by, "frag_amount_pct", "fragmented GPUs (% of capacity)", "Fragmentation amount") \
             + curves_plot(by, "frag_rate_pct", "fragmented / idle GPUs (%)", "Fragmentation rate") + "</div>"
-        sections.append(("Curves (mean over seeds, band = ±1 std)", grid))
+        sections.append((f"Curves (mean over {len(seeds)} seeds, band = ±1 std)" if several else f"Curves (seed {seeds[0]})", grid))
     else:
         rows = [[p, s["runs"], f"{s['mean_gpu_alloc_pct']:.2f}", f"{s['queue_delay_s_mean']:.1f}", f"{s['queue_delay_s_p99']:.1f}",
                  f"{s['pods_never_placed_mean']:.1f}"] for p, s in summary.items()]
@@ -58,4 +89,18 @@ def write_simulation_report(
                          + time_plot(first, "gpu_alloc_pct", "allocated GPUs (%)", "GPU allocation over time")
                          + time_plot(first, "pending_pods", "pods waiting", "Pending pods over time") + "</div>"))
     sections.extend(extra_sections)
-    write_report(path, f"gpufleet simulate: {experiment} experiment", sections, params)
+    write_report(path, f"gpufleet simulate: {experiment} experiment", sections, params, provenance)
+
+
+def _problems_html(problems: Mapping[str, Sequence[str]], shown: int = 10) -> str:
+    """Skipped rows and pods no node can hold: counts and the first few, so nothing changes the experiment silently."""
+    titles = {"skipped_node_rows": "node rows skipped (--skip-bad-rows)", "skipped_pod_rows": "pod rows skipped (--skip-bad-rows)",
+              "unplaceable_pods": "pods no node of this cluster can hold even when empty (left out of every run)"}
+    out = []
+    for key, items in problems.items():
+        if not items:
+            continue
+        lis = "".join(f"<li>{html.escape(x)}</li>" for x in items[:shown])
+        more = f"<li>... and {len(items) - shown} more</li>" if len(items) > shown else ""
+        out.append(f"<p><b>{len(items)} {html.escape(titles.get(key, key))}</b></p><ul class='note'>{lis}{more}</ul>")
+    return "".join(out)
