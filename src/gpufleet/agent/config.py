@@ -47,7 +47,7 @@ def validate(cfg: AgentConfig, where: str) -> AgentConfig:
     if not isinstance(cfg.rename_shared, bool):
         raise ConfigError(f"{where}: renameShared must be true or false, got {cfg.rename_shared!r}")
     for name, v in (("recoverAfterSeconds", cfg.recover_after_s), ("labelIntervalSeconds", cfg.label_interval_s)):
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):  # nan, inf too
             raise ConfigError(f"{where}: {name} must be a number >= 0, got {v!r}")
     if not isinstance(cfg.mps_pipe_dir, str) or (cfg.mps_pipe_dir and not cfg.mps_pipe_dir.startswith("/")):
         raise ConfigError(f"{where}: mpsPipeDirectory must be an absolute path, got {cfg.mps_pipe_dir!r}")
@@ -59,7 +59,7 @@ def load_agent_config(path: str | Path) -> AgentConfig:
     where = f"agent config {p}"
     try:
         data: Any = yaml.safe_load(p.read_text()) or {}
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {exc}") from None

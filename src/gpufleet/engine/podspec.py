@@ -178,7 +178,9 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, Mapping):
         raise InvalidPodSpec(key, "metadata.annotations", "must be an object")
-    for a in annotations:
+    for a, v in annotations.items():
+        if not isinstance(v, str):
+            raise InvalidPodSpec(key, f"metadata.annotations[{a}]", f"must be a string, got {v!r}")
         if a.startswith(ann.PREFIX) and a not in ann.POD_INPUT_ANNOTATIONS and a not in ann.POD_OUTPUT_ANNOTATIONS:
             raise InvalidPodSpec(key, f"metadata.annotations[{a}]", f"unknown gpufleet annotation; known: {', '.join(sorted(ann.POD_INPUT_ANNOTATIONS))}")
 
@@ -259,8 +261,16 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         tols.append(Toleration(t.get("key") or "", "Exists" if op == "Exists" else "Equal", str(t.get("value") or ""),
                                t.get("effect") or ""))
 
+    for f in ("name", "namespace", "uid"):
+        if not isinstance(meta.get(f) or "", str):
+            raise InvalidPodSpec(key, f"metadata.{f}", f"must be a string, got {meta.get(f)!r}")
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(v, str) for v in labels.values()):
+        raise InvalidPodSpec(key, "metadata.labels", "must be an object of string values")
+    if not isinstance(spec.get("schedulerName") or "", str):
+        raise InvalidPodSpec(key, "spec.schedulerName", f"must be a string, got {spec.get('schedulerName')!r}")
     prio = spec.get("priority", 0) or 0
-    if not isinstance(prio, int):
+    if not isinstance(prio, int) or isinstance(prio, bool):
         raise InvalidPodSpec(key, "spec.priority", f"must be an integer, got {prio!r}")
     group_min = 0
     if ann.POD_GROUP_MIN in annotations:
@@ -292,5 +302,5 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         queue=annotations.get(ann.QUEUE),
         pod_group=annotations.get(ann.POD_GROUP),
         pod_group_min=group_min,
-        labels=tuple(sorted((meta.get("labels") or {}).items())),
+        labels=tuple(sorted(labels.items())),
     )

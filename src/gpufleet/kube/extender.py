@@ -44,11 +44,23 @@ def _ci(d: Any) -> dict[str, Any]:
     return {str(k).lower(): v for k, v in d.items()} if isinstance(d, dict) else {}
 
 
+class BadRequest(GpufleetError):
+    """An extender call whose JSON is not shaped like kube-scheduler's ExtenderArgs / ExtenderBindingArgs."""
+
+
 def _names(args: dict[str, Any]) -> tuple[list[str], list[dict] | None]:
     if args.get("nodenames") is not None:
-        return [str(n) for n in args["nodenames"]], None
-    items = list(((args.get("nodes") or {}).get("items")) or [])
-    return [(n.get("metadata") or {}).get("name", "") for n in items], items
+        if not isinstance(args["nodenames"], list) or not all(isinstance(n, str) for n in args["nodenames"]):
+            raise BadRequest("NodeNames: must be a list of node names")
+        return list(args["nodenames"]), None
+    nodes = args.get("nodes") or {}
+    items = nodes.get("items") or [] if isinstance(nodes, dict) else None
+    if not isinstance(items, list) or not all(isinstance(n, dict) and isinstance(n.get("metadata") or {}, dict) for n in items):
+        raise BadRequest("Nodes: must be a NodeList object ({items: [Node, ...]})")
+    names = [(n.get("metadata") or {}).get("name", "") for n in items]
+    if not all(isinstance(n, str) for n in names):
+        raise BadRequest("Nodes.items[*].metadata.name: must be a string")
+    return names, list(items)
 
 
 class Extender:
@@ -136,6 +148,9 @@ class Extender:
         args = _ci(raw)
         ns, name, node = args.get("podnamespace") or "default", args.get("podname") or "", args.get("node") or ""
         uid = args.get("poduid") or ""
+        for field, v in (("PodNamespace", ns), ("PodName", name), ("Node", node), ("PodUID", uid)):
+            if not isinstance(v, str):
+                raise BadRequest(f"{field}: must be a string, got {type(v).__name__}")
         key = f"{ns}/{name}"
         loop = self.loop
         if self.ready is not None and not self.ready.is_set():
@@ -202,9 +217,11 @@ def serve(ext: Extender, addr: str, ready: threading.Event | None = None) -> Thr
             self.wfile.write(body)
 
         def do_POST(self):  # noqa: N802
-            n = int(self.headers.get("Content-Length") or 0)
             path = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
             try:
+                n = int(self.headers.get("Content-Length") or 0)
+                if not 0 <= n <= 64 << 20:
+                    raise ValueError(f"Content-Length {n} out of range")
                 args = json.loads(self.rfile.read(n) or b"{}")
                 if not isinstance(args, dict):
                     raise ValueError("body must be a JSON object")
@@ -221,6 +238,9 @@ def serve(ext: Extender, addr: str, ready: threading.Event | None = None) -> Thr
                 else:
                     self._reply(404, {"Error": f"unknown verb {path!r}"})
                     return
+            except BadRequest as exc:
+                self._reply(400, {"Error": f"bad request: {exc}"})
+                return
             except Exception as exc:  # answered, never crashes the server
                 log.exception("extender %s failed", path)
                 out = [] if path == "prioritize" else {"Error": f"internal error: {exc}"}

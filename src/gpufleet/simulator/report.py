@@ -69,7 +69,8 @@ def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, 
     if bound is not None:  # often ~0: lift the axis floor so the line is not hidden by the x axis
         ax.set_ylim(-0.06 * top, top * 1.15)
         ax.axhline(bound, color="#d62728", ls="--", lw=2, label=f"offline bound ({bound:.2f}%)", zorder=5)
-        ax.text(len(pols) - 0.5, bound + 0.02 * top, f"offline bound {bound:.2f}%", color="#d62728", ha="right", va="bottom", fontsize=8)
+        ax.text(-0.45, bound + 0.02 * top, f"offline bound {bound:.2f}%", color="#d62728", ha="left", va="bottom", fontsize=8,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
     best = int(np.nanargmin(ours)) if ours else -1
     for xi, v in zip(x, ours):
         ax.text(xi - (w / 2 if w < 0.5 else 0), v + 0.01 * top, f"{v:.2f}" + (" best" if xi == best else ""), ha="center",
@@ -108,10 +109,11 @@ def definitions_html(defs: Sequence[tuple[str, str]]) -> str:
 
 
 def provenance_html(prov: Mapping[str, Any]) -> str:
-    rows = [[k, v] for k, v in prov.items() if k != "inputs"]
+    rows = [(k, str(v)) for k, v in prov.items() if k != "inputs"]
     for f in prov.get("inputs", []):
-        rows.append([f"input: {f['role']}", f"{f['file']}  sha256 {f['sha256']}"])
-    return table_html(["", ""], rows)
+        rows.append((f"input: {f['role']}", f"{f['file']}, sha256 {f['sha256']}"))
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td><code>{html.escape(v)}</code></td></tr>" for k, v in rows)
+    return f"<div class='wide'><table class='prov'><tbody>{body}</tbody></table></div>"
 
 
 CSS = """
@@ -124,6 +126,7 @@ th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 .wide{overflow-x:auto;max-width:100%} tr.best td{font-weight:bold;background:#eef7ee}
 .defs{font-size:.9em;display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em} .defs dt{font-weight:bold} .defs dd{margin:0}
 svg{max-width:100%;height:auto} body{padding:0 1em}
+table.prov td,table.prov th{text-align:left;word-break:break-all}
 @media (max-width:900px){.grid{grid-template-columns:1fr} .defs{grid-template-columns:1fr} .defs dd{margin-left:1em}}
 """
 
