@@ -242,3 +242,34 @@ def test_version_and_python_m(tmp_path):
     p = subprocess.run([sys.executable, "-m", "gpufleet", "simulate", "--tune", "nan"], capture_output=True, text=True,
                        timeout=60, env=env, check=False)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--tune" in p.stderr and not p.stdout, p
+
+
+def test_replay_on_a_five_column_trace_is_a_usage_error(d, capsys):
+    (d / "short.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,100,1,500\n")
+    assert run([*SIM, "--pods", "short.csv", "--experiment", "replay", "--jobs", "2"]) == 2
+    assert "--experiment replay: short.csv has no creation_time column" in one_line(capsys.readouterr().err)
+
+
+def test_typed_errors_survive_a_worker_process():
+    import pickle
+
+    from gpufleet.engine.errors import InvalidPodSpec, RuntimeFailure
+    from gpufleet.simulator.trace import TraceError
+
+    for exc in (TraceError("f.csv", 3, "cpu_milli", "bad"), InvalidPodSpec("ns/p", "spec", "bad"), RuntimeFailure("away")):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc) and back.__dict__ == exc.__dict__
+        assert back.exit_code == exc.exit_code
+
+
+@pytest.mark.parametrize("argv, content, needle", [
+    (["scheduler", "--config", "c.yaml"], b"profiles: [\n", "c.yaml: not valid YAML"),
+    (["scheduler", "--config", "c.yaml"], b"\xff\xfe", "cannot read scheduler config c.yaml"),
+    (["explain", "p", "--config", "c.yaml"], b"profiles:\n  - name: x\n    plugins: {score: [Nope]}\n", "unknown plugin 'Nope'"),
+    (["reclaim", "--prometheus", "http://p", "--policy-file", "c.yaml"], b"\xff\xfe", "--policy-file c.yaml"),
+    (["agent", "--once", "--config", "c.yaml"], b"recoverAfterSeconds: .nan\n", "recoverAfterSeconds must be a number"),
+])
+def test_bad_config_files_are_one_line_exit_2(d, capsys, argv, content, needle):
+    (d / "c.yaml").write_bytes(content)
+    assert run(argv) == 2
+    assert needle in one_line(capsys.readouterr().err)

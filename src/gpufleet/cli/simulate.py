@@ -260,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
     if not tr.pods:
         raise UsageError(f"{pods_path}: no pods to place" + (" (every pod was skipped or fits no node)" if read.pods or read.skipped_rows else ""))
     trace_name = Path(pods_path).stem
+    if args.experiment in ("replay", "queues") and any(p.creation_time is None for p in tr.pods):
+        raise UsageError(f"--experiment {args.experiment}: {Path(pods_path).name} has no creation_time column; "
+                         "it needs the 11-column pod list")
     tasks = [
         {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "experiment": args.experiment,
          "policy": pol, "seed": s, "tune": args.tune, "trace": trace_name, "speedup": args.speedup, "teams": args.teams}

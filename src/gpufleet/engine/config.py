@@ -128,8 +128,8 @@ def load_config(source: str | Path | Mapping[str, Any], registry: Registry) -> d
     else:
         p = Path(source)
         try:
-            text = p.read_text()
-        except OSError as exc:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read scheduler config {p}: {exc}") from None
         try:
             data = yaml.safe_load(text)

@@ -12,6 +12,16 @@ class GpufleetError(Exception):
 
     exit_code = 2
 
+    def __reduce__(self):  # subclasses take their own __init__ arguments: pickle text + attributes instead,
+        return _rebuild, (type(self), str(self), dict(self.__dict__))  # so an error in a worker process comes back
+
+
+def _rebuild(cls: type[GpufleetError], text: str, state: dict) -> GpufleetError:
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, text)
+    exc.__dict__.update(state)
+    return exc
+
 
 class InvalidPodSpec(GpufleetError):
     """A pod's spec or annotations cannot be turned into a request."""

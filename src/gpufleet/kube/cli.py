@@ -78,7 +78,7 @@ def start(args: argparse.Namespace, command: str, component: str, pool_size: int
     try:
         profile = load_profile(args.policy, args.config)
     except (ConfigError, KeyError, OSError) as exc:
-        print(f"gpufleet {command}: bad configuration: {str(exc).strip(chr(34))}", file=sys.stderr)
+        print(f"gpufleet {command}: bad configuration: {' '.join(str(exc).strip(chr(34)).split())}", file=sys.stderr)
         return 2
     # bad --kubeconfig/--context: UsageError (2); no cluster configured: RuntimeFailure (1); cli.main prints it
     return profile, KubernetesApi(args.kubeconfig, args.context, component=component, pool_size=pool_size)

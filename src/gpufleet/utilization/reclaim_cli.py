@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
             with open(args.policy_file) as f:
                 doc = yaml.safe_load(f)
         config = load_config(doc)
-    except (OSError, yaml.YAMLError, ConfigError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError) as exc:
         print(f"gpufleet reclaim: --policy-file {args.policy_file}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     kube = KubeReclaimClient(args.kubeconfig)  # typed errors: cli.main makes them one line, exit 1 or 2
