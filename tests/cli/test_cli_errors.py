@@ -273,3 +273,13 @@ def test_bad_config_files_are_one_line_exit_2(d, capsys, argv, content, needle):
     (d / "c.yaml").write_bytes(content)
     assert run(argv) == 2
     assert needle in one_line(capsys.readouterr().err)
+
+
+def test_a_trace_without_gpu_pods_is_an_error_not_a_hang(d, capsys):
+    from gpufleet.simulator import packing, trace
+
+    (d / "cpu.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,100,0,0\np2,1000,100,0,0\n")
+    assert run([*SIM, "--pods", "cpu.csv"]) == 2
+    assert "cpu.csv: no pod requests a GPU" in one_line(capsys.readouterr().err)
+    pods = trace.load_pods(d / "cpu.csv").pods
+    assert len(packing.workload_order(pods, 8000, 1.3, 42)) == 2  # returns instead of resampling forever

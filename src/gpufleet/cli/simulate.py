@@ -122,7 +122,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path", help="write all runs and the summary as JSON to this path")
     p.add_argument("--report", default="report.html", help="HTML report path (default report.html); '' to skip")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows (counted and reported) instead of stopping")
-    p.add_argument("--speedup", type=float_range(0, 1e6, lo_open=True), default=1.0, help="replay: divide the gaps between arrivals by this factor (pod run times unchanged) to raise the load (default 1)")
+    p.add_argument("--speedup", type=float_range(0.001, 1e6), default=1.0, help="replay: divide the gaps between arrivals by this factor (pod run times unchanged) to raise the load, 0.001-1e6 (default 1)")
     p.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
                    help="packing: also compute the offline LP bound (least unallocated GPU %% any policy could reach; default on)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -260,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
     if not tr.pods:
         raise UsageError(f"{pods_path}: no pods to place" + (" (every pod was skipped or fits no node)" if read.pods or read.skipped_rows else ""))
     trace_name = Path(pods_path).stem
+    if args.experiment == "packing" and not any(p.num_gpu for p in tr.pods):
+        raise UsageError(f"{Path(pods_path).name}: no pod requests a GPU; the packing experiment has nothing to pack")
     if args.experiment in ("replay", "queues") and any(p.creation_time is None for p in tr.pods):
         raise UsageError(f"--experiment {args.experiment}: {Path(pods_path).name} has no creation_time column; "
                          "it needs the 11-column pod list")

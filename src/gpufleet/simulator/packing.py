@@ -41,7 +41,7 @@ def workload_order(pods: Sequence[TracePod], capacity_milli: int, tune: float, s
     rng = np.random.default_rng(seed)
     base = sorted(pods, key=lambda p: p.name)
     order = [(base[i], base[i].name) for i in rng.permutation(len(base))]
-    if tune <= 0:
+    if tune <= 0 or not any(p.num_gpu for p in base):  # no GPU pod: resampling could never reach the target
         return order
     target = tune * capacity_milli
     demand = sum(p.request().total_gpu_milli for p in base)

@@ -22,6 +22,11 @@ PACKING_METRICS = [
     ("offline bound", "a linear-programming relaxation (pods may be split across a node group's nodes): no policy, even one "
                       "knowing the future, can leave fewer GPUs unallocated."),
 ]
+REPLAY_METRICS = [
+    ("mean GPU allocation %", "allocated GPU milli as a share of the cluster's GPU capacity, averaged over the simulated time."),
+    ("queueing delay", "seconds from a pod's arrival (creation_time, divided by --speedup) to its placement; mean and 99th percentile."),
+    ("pods never placed", "pods still waiting when the replay ends."),
+]
 
 
 def _by_policy(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
@@ -83,7 +88,8 @@ def write_simulation_report(
         rows = [[p, s["runs"], f"{s['mean_gpu_alloc_pct']:.2f}", f"{s['queue_delay_s_mean']:.1f}", f"{s['queue_delay_s_p99']:.1f}",
                  f"{s['pods_never_placed_mean']:.1f}"] for p, s in summary.items()]
         sections.append(("Summary", table_html(
-            ["policy", "runs", "mean GPU allocation %", "queueing delay mean (s)", "p99 (s)", "pods never placed"], rows)))
+            ["policy", "runs", "mean GPU allocation %", "queueing delay mean (s)", "p99 (s)", "pods never placed"], rows)
+            + definitions_html(REPLAY_METRICS)))
         first = {p: rs[0] for p, rs in by.items()}
         sections.append(("Over time (first seed)", "<div class='grid'>"
                          + time_plot(first, "gpu_alloc_pct", "allocated GPUs (%)", "GPU allocation over time")
