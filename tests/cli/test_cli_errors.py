@@ -283,3 +283,16 @@ def test_a_trace_without_gpu_pods_is_an_error_not_a_hang(d, capsys):
     assert "cpu.csv: no pod requests a GPU" in one_line(capsys.readouterr().err)
     pods = trace.load_pods(d / "cpu.csv").pods
     assert len(packing.workload_order(pods, 8000, 1.3, 42)) == 2  # returns instead of resampling forever
+
+
+@pytest.mark.parametrize("extra, needle", [(["--step", "0s"], "--step 0s: must be > 0"), (["--window", "1m", "--step", "5m"], "at most --window"),
+                                           (["--window", "-3"], "--window: not a duration")])
+def test_recommend_durations(d, capsys, extra, needle):
+    assert run(["recommend", "--prometheus", "http://p", *extra]) == 2
+    assert needle in one_line(capsys.readouterr().err)
+
+
+def test_reclaim_policy_durations_must_be_finite(d, capsys):
+    (d / "p.yaml").write_text("default: {window: .nan}\n")
+    assert run(["reclaim", "--prometheus", "http://p", "--policy-file", "p.yaml"]) == 2
+    assert "must be a finite number" in one_line(capsys.readouterr().err)

@@ -75,8 +75,8 @@ _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 def parse_duration(where: str, raw: Any) -> float:
     """``90``, ``"90s"``, ``"30m"``, ``"1h"``, ``"1.5h"``, ``"2d"`` -> seconds."""
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        if raw < 0:
-            raise ConfigError(f"{where}: must not be negative, got {raw!r}")
+        if not 0 <= raw < float("inf"):  # negative, nan or inf
+            raise ConfigError(f"{where}: must be a finite number >= 0, got {raw!r}")
         return float(raw)
     m = _DUR.match(str(raw)) if isinstance(raw, str) else None
     if not m:

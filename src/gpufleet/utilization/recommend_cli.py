@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         window_s, step_s = parse_duration("--window", args.window), parse_duration("--step", args.step)
+        if not 0 < step_s <= window_s:
+            raise ConfigError(f"--step {args.step}: must be > 0 and at most --window {args.window}")
         prom = PrometheusSource(args.prometheus, step_s=step_s)
     except (ConfigError, SourceError) as exc:
         print(f"gpufleet recommend: {exc}", file=sys.stderr)
