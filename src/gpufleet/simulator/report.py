@@ -126,7 +126,7 @@ th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 .wide{overflow-x:auto;max-width:100%} tr.best td{font-weight:bold;background:#eef7ee}
 .defs{font-size:.9em;display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em} .defs dt{font-weight:bold} .defs dd{margin:0}
 svg{max-width:100%;height:auto} body{padding:0 1em}
-table.prov td,table.prov th{text-align:left;word-break:break-all}
+table.prov td,table.prov th{text-align:left} table.prov th{white-space:nowrap} table.prov td{word-break:break-all}
 @media (max-width:900px){.grid{grid-template-columns:1fr} .defs{grid-template-columns:1fr} .defs dd{margin-left:1em}}
 """
 
