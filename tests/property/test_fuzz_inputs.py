@@ -16,7 +16,7 @@ import string
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.engine.errors import GpufleetError
@@ -199,6 +199,7 @@ def agent_yaml(draw) -> bytes:
 
 @FUZZ
 @given(raw=agent_yaml() | st.binary(max_size=100))
+@example(raw=b"sharing: mixed\n0: mixed")  # a number as a key once broke the unknown-key message
 def test_agent_config(tmp_path, raw):
     import math
 

@@ -65,7 +65,7 @@ def load_agent_config(path: str | Path) -> AgentConfig:
         raise ConfigError(f"{where}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping")
-    unknown = sorted(set(data) - set(KEYS))
+    unknown = sorted(str(k) for k in set(data) - set(KEYS))  # YAML keys may be numbers
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; known: {sorted(KEYS)}")
     kw: dict[str, Any] = {}
