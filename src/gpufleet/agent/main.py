@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from ..argtypes import float_range, int_range
+from ..argtypes import float_range
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -37,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", default="/var/lib/gpufleet/agent",
                    help="allocation checkpoints (kept out of the device-plugin dir, which kubelet cleans)")
     p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default=None, help="default: mixed")
-    p.add_argument("--replicas", type=int_range(1, 64), default=None, help="time-slicing: advertise each GPU this many times (default 1)")
+    p.add_argument("--replicas", type=int, default=None, help="time-slicing: advertise each GPU this many times (default 1)")
     p.add_argument("--rename-shared", action="store_true", default=None, help="with --replicas > 1, advertise nvidia.com/gpu.shared")
-    p.add_argument("--recover-after", type=float_range(0, 86400 * 7), default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
+    p.add_argument("--recover-after", type=float, default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
     p.add_argument("--mps-pipe-dir", default=None, help="for GPU shares: MPS pipe directory to mount into the container")
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
