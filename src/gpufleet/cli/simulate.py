@@ -22,7 +22,7 @@ import numpy as np
 
 from ..argtypes import float_range, int_range, output_file
 from ..engine.errors import UsageError
-from ..policies import policy_aliases, policy_names
+from ..policies import policy_aliases, policy_names, policy_names_with_aliases
 from ..simulator import trace as tracemod
 
 if TYPE_CHECKING:
@@ -90,11 +90,7 @@ def parse_policies(text: str | None) -> list[str]:
 
 
 def _known_with_aliases() -> list[str]:
-    aliases = policy_aliases()
-    also: dict[str, list[str]] = {}
-    for a, c in aliases.items():
-        also.setdefault(c, []).append(a)
-    return [n + (f" (alias {', '.join(also[n])})" if n in also else "") for n in policy_names() if n not in aliases]
+    return policy_names_with_aliases()
 
 
 def default_policies() -> list[str]:

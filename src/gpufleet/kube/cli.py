@@ -19,7 +19,10 @@ log = logging.getLogger("gpufleet.scheduler")
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context")
-    p.add_argument("--policy", default="default", help="policy profile name (default: default)")
+    from ..policies import policy_names_with_aliases
+
+    p.add_argument("--policy", default="default",
+                   help="policy profile name (default: default); one of " + ", ".join(policy_names_with_aliases()))
     p.add_argument("--config", help="scheduler config YAML with a 'profiles' list (overrides --policy)")
 
 

@@ -57,6 +57,15 @@ def policy_names() -> list[str]:
     return sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
 
 
+def policy_names_with_aliases() -> list[str]:
+    """Policy names for help texts, each alias shown with its policy: ``default (alias strandfrag)``."""
+    aliases = policy_aliases()
+    also: dict[str, list[str]] = {}
+    for a, c in aliases.items():
+        also.setdefault(c, []).append(a)
+    return [n + (f" (alias {', '.join(also[n])})" if n in also else "") for n in policy_names() if n not in aliases]
+
+
 def policy_aliases() -> dict[str, str]:
     """alias -> policy: profile files that differ only in the profile's name are one policy under two names
     (``strandfrag`` is ``default``); the canonical name is ``default`` when it is one of them, else the first."""
