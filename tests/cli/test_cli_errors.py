@@ -197,6 +197,7 @@ def test_bad_context_and_bad_kubeconfig_are_usage_errors(d, capsys):
     (["agent", "--once", "--replicas", "0"], "flags: replicas must be an integer >= 1"),
     (["agent", "--once", "--recover-after", "nan"], "flags: recoverAfterSeconds must be a number"),
     (["agent", "--interval", "inf"], "argument --interval"),
+    (["agent", "--metrics-addr", "9400"], "argument --metrics-addr: expected HOST:PORT"),
     (["explain", "a/b/c"], "pod 'a/b/c': expected NAMESPACE/NAME"),
     (["nosuchcommand"], "argument COMMAND: invalid choice"),
 ])

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from ..argtypes import float_range
+from ..argtypes import float_range, host_port
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
     p.add_argument("--interval", type=float_range(0.05, 3600), default=2.0, help="seconds between health/registration checks (default 2)")
-    p.add_argument("--metrics-addr", default="0.0.0.0:9400", help="Prometheus /metrics (dcgm-exporter names); '' to disable")
+    p.add_argument("--metrics-addr", type=host_port, default="0.0.0.0:9400", help="HOST:PORT for Prometheus /metrics (dcgm-exporter names); '' to disable")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="kubelet's PodResources socket, to attribute GPU metrics to pods")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
