@@ -268,3 +268,26 @@ def test_extender_http_always_answers_json(extender, body, verb):
     doc = json.loads(text)
     if code != 200:
         assert doc["Error"]
+
+
+# --- command-line values ----------------------------------------------------------------------------------------
+
+@FUZZ
+@given(text=st.text(st.sampled_from("0123456789-,. +eEnaif"), max_size=20) | st.text(max_size=10))
+def test_flag_values(text):
+    import argparse
+    import math
+
+    from gpufleet.argtypes import float_range, host_port, int_range
+    from gpufleet.cli.simulate import parse_seeds
+
+    for parse in (parse_seeds, int_range(1, 256), float_range(0, 10, lo_open=True), host_port):
+        with no_hang():
+            try:
+                v = parse(text)
+            except argparse.ArgumentTypeError:
+                continue
+        if parse is parse_seeds:
+            assert 1 <= len(v) <= 1000 and len(set(v)) == len(v) and all(0 <= s < 2**32 for s in v)
+        elif isinstance(v, float):
+            assert math.isfinite(v) and 0 < v <= 10

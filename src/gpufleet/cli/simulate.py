@@ -326,7 +326,8 @@ def run(args: argparse.Namespace) -> int:
 
     problems = {"skipped_node_rows": [local(x) for x in nl.skipped_rows], "skipped_pod_rows": [local(x) for x in read.skipped_rows],
                 "unplaceable_pods": [f"{k}: {v}" for k, v in unplaceable.items()]}
-    bound_status = ("not computed (--no-bound)" if not args.bound or args.experiment != "packing" else
+    bound_status = (f"not applicable to the {args.experiment} experiment" if args.experiment != "packing" else
+                    "not computed (--no-bound)" if not args.bound else
                     f"{bound:.2f}% unallocated GPU, mean over {len(bounds)} seed(s) (LP relaxation)" if bound is not None else "not computed")
     prov = provenance(nodes_path, pods_path, args.seeds, bound_status)
     params["provenance"] = prov
