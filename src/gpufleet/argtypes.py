@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -69,11 +71,13 @@ def output_file(flag: str, path: str) -> None:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"{flag} {path}: directory {parent} does not exist")
-    existed = p.exists()
-    try:
-        with open(p, "a"):
-            pass
+    try:  # probe for real: root ignores mode bits, read-only mounts do not
+        if p.exists():
+            with open(p, "a"):
+                pass
+        else:
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".gpufleet-write-")
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot write: {exc.strerror or exc}") from None
-    if not existed:
-        p.unlink(missing_ok=True)
+        raise UsageError(f"{flag} {path}: cannot write there: {exc.strerror or exc}") from None
