@@ -81,6 +81,7 @@ def pods_file(d: Path, *rows: str, header: str = HEADER, raw: bytes | None = Non
     (["--json", "missing-dir/x.json"], "--json missing-dir/x.json: directory missing-dir does not exist"),
     (["--report", "missing-dir/r.html"], "--report missing-dir/r.html: directory missing-dir does not exist"),
     (["--report", "."], "--report .: is a directory"),
+    (["--report", "/proc/gpufleet-r.html"], "--report /proc/gpufleet-r.html: cannot write there"),  # even as root
     (["--nodes", "nope.csv"], "nope.csv: No such file or directory"),
 ])
 def test_simulate_bad_flags_exit_2_with_one_line(d, capsys, extra, needle):
