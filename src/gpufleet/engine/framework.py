@@ -293,6 +293,8 @@ class Scheduler:
             priority=r.priority,
             queue=r.queue,
             pod_group=r.pod_group,
+            scalars=r.scalars,
+            terms=r.terms,
         )
 
     # --- public API ---------------------------------------------------------------

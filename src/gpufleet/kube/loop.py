@@ -79,14 +79,24 @@ def slim_pod(pod: dict) -> dict:
         out = {"name": c.get("name"), "resources": c.get("resources") or {}}
         if "restartPolicy" in c:
             out["restartPolicy"] = c["restartPolicy"]
+        ports = [p for p in c.get("ports") or [] if isinstance(p, dict) and p.get("hostPort")]
+        if ports:
+            out["ports"] = ports
         return out
 
     ann_ = {k: v for k, v in (m.get("annotations") or {}).items() if k.startswith(ann.PREFIX)}
     s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead") if k in spec}
+    # what other pods' constraints see: inter-pod (anti-)affinity terms (symmetry) and claimed volumes
+    aff = {k: v for k, v in (spec.get("affinity") or {}).items() if k in ("podAffinity", "podAntiAffinity")}
+    if aff:
+        s["affinity"] = aff
+    vols = [v for v in spec.get("volumes") or [] if isinstance(v, dict) and ("persistentVolumeClaim" in v or "ephemeral" in v)]
+    if vols:
+        s["volumes"] = [{"name": v.get("name"), **({"persistentVolumeClaim": v["persistentVolumeClaim"]} if "persistentVolumeClaim" in v else {"ephemeral": {}})} for v in vols]
     s["containers"] = [ctr(c) for c in spec.get("containers") or [] if isinstance(c, dict)]
     if spec.get("initContainers"):
         s["initContainers"] = [ctr(c) for c in spec["initContainers"] if isinstance(c, dict)]
-    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in m}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences") if k in m}
     meta["annotations"] = ann_
     return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
 

@@ -164,7 +164,7 @@ class TaintToleration:
 
 @dataclass
 class NodeResourcesFit:
-    """CPU, memory and pod count."""
+    """CPU, memory, pod count and every other scalar resource the pod requests (GPUs: GpuFit)."""
 
     name: str = "NodeResourcesFit"
 
@@ -175,7 +175,16 @@ class NodeResourcesFit:
         pods = state.pods_free >= 1
         ok = cpu & mem & pods
         codes = np.where(~pods, 0, np.where(~cpu, 1, 2))
-        return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), codes)
+        if not r.scalars:
+            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), codes)
+        reasons = ["Too many pods", "Insufficient cpu", "Insufficient memory"]
+        for name, amount in r.scalars:
+            free = state.scalar_free.get(name)
+            fits = free >= amount if free is not None else np.zeros(len(state), dtype=bool)
+            codes = np.where(ok & ~fits, len(reasons), codes)
+            reasons.append(f"Insufficient {name}")
+            ok &= fits
+        return FilterResult(ok, tuple(reasons), codes)
 
 
 def model_mask(state: ClusterState, r: PodRequest) -> np.ndarray | None:
@@ -262,4 +271,5 @@ class GpuFit:
         return FilterResult(ok, self.REASONS, codes)
 
 
-DEFAULT_FILTERS = ("NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeResourcesFit", "GpuFit")
+DEFAULT_FILTERS = ("NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeResourcesFit", "NodePorts",
+                   "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread", "GpuFit")

@@ -1,0 +1,92 @@
+"""VolumeBinding and NodeVolumeLimits over the state's ``VolumeCatalog``.
+
+VolumeBinding: every claim the pod mounts must exist and be bound (gpufleet
+does not bind or provision; the reason names the claim), and the node must
+satisfy the bound PersistentVolume's required node affinity.
+NodeVolumeLimits: where a node's CSINode reports ``allocatable.count`` for a
+driver, the distinct claims of that driver on the node plus the pod's new ones
+must stay within it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..framework import Cycle, FilterResult
+from ..state import ClusterState
+from ._common import all_pass
+from .filters import term_matches
+
+VOLUME_AFFINITY = "node(s) had volume node affinity conflict"
+MAX_VOLUMES = "node(s) exceed max volume count"
+
+
+@dataclass
+class VolumeBinding:
+    name: str = "VolumeBinding"
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        t = cycle.request.terms
+        n = len(state)
+        if t is None or not t.claims:
+            return FilterResult(all_pass(n))
+        cat = state.volumes
+        none = np.zeros(n, dtype=bool)
+        if cat is None:
+            return FilterResult(none, ("volumes are not known to this scheduler (PersistentVolumeClaims not watched)",))
+        ok = np.ones(n, dtype=bool)
+        for c in t.claims:
+            claim = cat.claims.get(f"{t.namespace}/{c}")
+            if claim is None:
+                return FilterResult(none, (f'persistentvolumeclaim "{c}" not found',))
+            if not claim.volume_name:
+                mode = cat.binding_modes.get(claim.storage_class, "Immediate")
+                why = ("gpufleet does not provision or bind volumes (StorageClass "
+                       f"{claim.storage_class} is WaitForFirstConsumer); pre-bind the claim or use volumeBindingMode Immediate"
+                       if mode == "WaitForFirstConsumer" else "waiting for it to be bound")
+                return FilterResult(none, (f'persistentvolumeclaim "{c}" is not bound: {why}',))
+            pv = cat.volumes.get(claim.volume_name)
+            if pv is None:
+                return FilterResult(none, (f'persistentvolume "{claim.volume_name}" (bound to claim "{c}") not found',))
+            if pv.node_affinity:
+                ok &= self._mask(state, pv.node_affinity)
+        return FilterResult(ok, (VOLUME_AFFINITY,))
+
+    @staticmethod
+    def _mask(state: ClusterState, terms: tuple) -> np.ndarray:
+        return np.array([any(term_matches(x, n.labels, n.name) for x in terms) for n in state.nodes], dtype=bool)
+
+
+@dataclass
+class NodeVolumeLimits:
+    name: str = "NodeVolumeLimits"
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        t = cycle.request.terms
+        n = len(state)
+        cat = state.volumes
+        if t is None or not t.claims or cat is None or not cat.attach_limits:
+            return FilterResult(all_pass(n))
+        new_by_driver: dict[str, set[str]] = {}
+        for c in t.claims:
+            key = f"{t.namespace}/{c}"
+            d = cat.driver_of(key)
+            if d:
+                new_by_driver.setdefault(d, set()).add(key)
+        ok = np.ones(n, dtype=bool)
+        if not new_by_driver:
+            return FilterResult(ok, (MAX_VOLUMES,))
+        used = state.pod_index.claims
+        for name, limits in cat.attach_limits.items():
+            i = state.index.get(name)
+            if i is None:
+                continue
+            for d, new in new_by_driver.items():
+                if d not in limits:
+                    continue
+                on_node = {k for k, nodes in used.items() if i in nodes and cat.driver_of(k) == d}
+                if len(on_node | new) > limits[d]:
+                    ok[i] = False
+        return FilterResult(ok, (MAX_VOLUMES,))

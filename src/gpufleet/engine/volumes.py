@@ -1,0 +1,70 @@
+"""What the scheduler knows about volumes: PVCs, PVs, StorageClasses, per-node attach limits.
+
+Filled by the Kubernetes adapter from watches (``from_json`` helpers below
+parse the API objects at the edge); the engine reads it through
+``ClusterState.volumes``.  gpufleet does not *bind* volumes: a pod whose claim
+is unbound stays pending with a reason naming the claim (see
+docs/kubernetes.md for why), and a pod whose claim is bound lands only where
+the PersistentVolume's node affinity allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .constraints import ClaimInfo, PersistentVolume
+from .errors import InvalidPodSpec
+from .model import SelectorTerm
+
+
+@dataclass
+class VolumeCatalog:
+    claims: dict[str, ClaimInfo] = field(default_factory=dict)  # namespace/name
+    volumes: dict[str, PersistentVolume] = field(default_factory=dict)  # PV name
+    binding_modes: dict[str, str] = field(default_factory=dict)  # StorageClass -> volumeBindingMode
+    attach_limits: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> CSI driver -> max volumes
+
+    def driver_of(self, claim_key: str) -> str:
+        c = self.claims.get(claim_key)
+        pv = self.volumes.get(c.volume_name) if c is not None and c.volume_name else None
+        return pv.driver if pv is not None else ""
+
+
+def claim_from_json(obj: Mapping[str, Any]) -> ClaimInfo:
+    m = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return ClaimInfo(namespace=m.get("namespace") or "default", name=m.get("name") or "",
+                     volume_name=spec.get("volumeName") or "", phase=(obj.get("status") or {}).get("phase") or "Pending",
+                     storage_class=spec.get("storageClassName") or "")
+
+
+def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
+    """A PV's required node affinity; a term that cannot be parsed makes the PV usable nowhere (never silently anywhere)."""
+    from .podspec import _term  # the node-selector term parser, shared with node affinity
+
+    m = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name = m.get("name") or ""
+    req = ((spec.get("nodeAffinity") or {}).get("required") or {}).get("nodeSelectorTerms") or []
+    terms: list[SelectorTerm] = []
+    for i, t in enumerate(req):
+        try:
+            terms.append(_term(f"persistentvolume {name}", f"spec.nodeAffinity.required.nodeSelectorTerms[{i}]", t))
+        except InvalidPodSpec:
+            terms.append(SelectorTerm(()))  # an empty term matches no node
+    if req and not terms:
+        terms = [SelectorTerm(())]
+    driver = (spec.get("csi") or {}).get("driver") or ""
+    return PersistentVolume(name, tuple(terms), driver)
+
+
+def csinode_limits(obj: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
+    """A CSINode's per-driver ``allocatable.count`` (the node's attach limit)."""
+    name = (obj.get("metadata") or {}).get("name") or ""
+    out: dict[str, int] = {}
+    for d in (obj.get("spec") or {}).get("drivers") or []:
+        cnt = (d.get("allocatable") or {}).get("count") if isinstance(d, Mapping) else None
+        if isinstance(cnt, int) and not isinstance(cnt, bool) and cnt >= 0 and d.get("name"):
+            out[d["name"]] = cnt
+    return name, out
