@@ -69,7 +69,14 @@ POLICY_KINDS = {
     "queue": "/apis/gpufleet.io/v1alpha1/queues",
     "podgroup": "/apis/gpufleet.io/v1alpha1/podgroups",
     "pdb": "/apis/policy/v1/poddisruptionbudgets",
+    # volumes: where a pod's PersistentVolume can be used, per-node attach limits (VolumeBinding, NodeVolumeLimits)
+    "pvc": "/api/v1/persistentvolumeclaims",
+    "pv": "/api/v1/persistentvolumes",
+    "storageclass": "/apis/storage.k8s.io/v1/storageclasses",
+    "csinode": "/apis/storage.k8s.io/v1/csinodes",
 }
+# watched even without queues (--no-queues): pod constraints need them (namespaceSelector, volumes)
+CONSTRAINT_KINDS = ("namespace", "pvc", "pv", "storageclass", "csinode")
 
 
 def object_key(obj: dict) -> str:

@@ -50,7 +50,8 @@ from ..engine.podspec import parse_pod, pod_key
 from ..engine.preemption import explain_preemption, find_gang_victims, find_victims
 from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
-from .api import POLICY_KINDS, ApiError, Conflict, NotFound, SchedulerApi
+from ..engine.volumes import VolumeCatalog, claim_from_json, csinode_limits, pv_from_json
+from .api import CONSTRAINT_KINDS, POLICY_KINDS, ApiError, Conflict, NotFound, SchedulerApi
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
 from .policy_objects import PolicyObjects
 
@@ -181,14 +182,25 @@ def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotation
         return ("bound", "", p) if bound_to == node and mine else ("taken", bound_to, p)
 
 
+# pod-to-pod and volume plugins: in extender mode kube-scheduler runs its own, so gpufleet leaves them out
+KUBE_SCHEDULER_HANDLES = ("NodePorts", "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread")
+
+
+def without_plugins(profile: Profile, names: tuple[str, ...]) -> Profile:
+    return replace(profile, filters=[p for p in profile.filters if p.name not in names],
+                   scores=[(p, w) for p, w in profile.scores if p.name not in names])
+
+
 class SchedulerLoop:
     PLAN_SHARE = 0.25  # of the loop's time that preemption planning may use on average
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
-                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0):
+                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True):
         self.api = api
+        if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
+            profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
         # queue quotas need the QueueQuota plugin; add it when the profile does not name it
         self.quota = next((p for p in profile.pre_filters if isinstance(p, QueueQuota)), None)
         if self.quota is None and policy_kinds:
@@ -196,7 +208,7 @@ class SchedulerLoop:
             profile = replace(profile, pre_filters=[self.quota, *profile.pre_filters], reserves=[self.quota, *profile.reserves])
         self.profile = profile
         self.objects = PolicyObjects()
-        self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else []
+        self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
         self.preemption = preemption
         self.eviction_grace_s = eviction_grace_s
         self.nominated_timeout_s = nominated_timeout_s
@@ -291,6 +303,7 @@ class SchedulerLoop:
             if n is not None:
                 good.append(n)
         self.state = ClusterState(good)
+        self._sync_constraint_objects()
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
         self.gangs = GangScheduler(self.sched)
         self._rebuild_tree()
@@ -500,7 +513,34 @@ class SchedulerLoop:
             return
         (self._node_event if kind == "node" else self._pod_event)(type_, obj)
 
+    def _sync_constraint_objects(self, kind: str | None = None) -> None:
+        """Namespace labels and the volume catalog into the snapshot (namespaceSelector, VolumeBinding)."""
+        raw = self.objects.raw
+        if kind in (None, "namespace"):
+            self.state.set_namespace_labels({(o.get("metadata") or {}).get("name", ""): dict((o.get("metadata") or {}).get("labels") or {})
+                                             for o in raw["namespace"].values()})
+        if kind in (None, "pvc", "pv", "storageclass", "csinode"):
+            if "pvc" in self.objects.unserved or "pvc" not in self.policy_kinds:
+                self.state.volumes = None
+                return
+            cat = VolumeCatalog()
+            for o in raw["pvc"].values():
+                c = claim_from_json(o)
+                cat.claims[f"{c.namespace}/{c.name}"] = c
+            for o in raw["pv"].values():
+                pv = pv_from_json(o)
+                cat.volumes[pv.name] = pv
+            for o in raw["storageclass"].values():
+                cat.binding_modes[(o.get("metadata") or {}).get("name", "")] = o.get("volumeBindingMode") or "Immediate"
+            for o in raw["csinode"].values():
+                name, limits = csinode_limits(o)
+                if limits:
+                    cat.attach_limits[name] = limits
+            self.state.volumes = cat
+
     def _policy_changed(self, kind: str) -> None:
+        if kind in CONSTRAINT_KINDS:
+            self._sync_constraint_objects(kind)
         if kind == "queue":
             self._rebuild_tree()
         if kind != "pdb":
