@@ -60,33 +60,30 @@ class InterPodAffinity:
         if not idx.anti and (t is None or not (t.affinity or t.anti_affinity)):
             return FilterResult(all_pass(n))
         t = _terms(cycle)
-        ok = np.ones(n, dtype=bool)
-        codes = np.zeros(n, dtype=np.int64)
         nsl = idx.namespace_labels
+        existing = np.ones(n, dtype=bool)
         for term, owners in idx.anti.items():  # symmetry: existing pods' required anti-affinity
             if term.matches(t.namespace, t.labels, nsl):
-                ok &= _in_domain(state, term.topology_key, owners) == 0
+                existing &= _in_domain(state, term.topology_key, owners) == 0
+        aff = np.ones(n, dtype=bool)
         if t.affinity:
             counts = idx.all_terms_counts(t.affinity)
             if counts.any():
-                aff = np.ones(n, dtype=bool)
                 for term in t.affinity:
                     aff &= _in_domain(state, term.topology_key, counts) > 0
             elif all(term.matches(t.namespace, t.labels, nsl) for term in t.affinity):
-                aff = np.ones(n, dtype=bool)  # the first pod of a group: anywhere the topology keys exist
-                for term in t.affinity:
+                for term in t.affinity:  # the first pod of a group: anywhere the topology keys exist
                     aff &= state.topology(term.topology_key)[0] >= 0
             else:
-                aff = np.zeros(n, dtype=bool)
-            codes[ok & ~aff] = 1
-            ok &= aff
+                aff[:] = False
+        anti = np.ones(n, dtype=bool)
         for term in t.anti_affinity:
             counts = idx.term_counts(term)
-            if not counts.any():
-                continue
-            anti = _in_domain(state, term.topology_key, counts) == 0
-            codes[ok & ~anti] = 2
-            ok &= anti
+            if counts.any():
+                anti &= _in_domain(state, term.topology_key, counts) == 0
+        ok = existing & aff & anti
+        # the reason kube-scheduler reports first: own affinity, own anti-affinity, then existing pods'
+        codes = np.where(~aff, 1, np.where(~anti, 2, 0))
         return FilterResult(ok, self.REASONS, codes)
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
