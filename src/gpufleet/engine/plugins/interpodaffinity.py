@@ -58,7 +58,7 @@ class InterPodAffinity:
         idx = state.pod_index
         t = cycle.request.terms
         if not idx.anti and (t is None or not (t.affinity or t.anti_affinity)):
-            return FilterResult(all_pass(n))
+            return FilterResult(all_pass(n), passes_all=True)
         t = _terms(cycle)
         nsl = idx.namespace_labels
         existing = np.ones(n, dtype=bool)
@@ -85,6 +85,10 @@ class InterPodAffinity:
         # the reason kube-scheduler reports first: own affinity, own anti-affinity, then existing pods'
         codes = np.where(~aff, 1, np.where(~anti, 2, 0))
         return FilterResult(ok, self.REASONS, codes)
+
+    def applies(self, cycle: Cycle, state: ClusterState) -> bool:
+        t = cycle.request.terms
+        return bool(state.pod_index.sym) or (t is not None and bool(t.preferred_affinity or t.preferred_anti_affinity))
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         idx = state.pod_index

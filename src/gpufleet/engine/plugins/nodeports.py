@@ -21,7 +21,7 @@ class NodePorts:
         t = cycle.request.terms
         n = len(state)
         if t is None or not t.host_ports or not state.pod_index.ports:
-            return FilterResult(all_pass(n))
+            return FilterResult(all_pass(n), passes_all=True)
         ok = np.ones(n, dtype=bool)
         for hp in t.host_ports:
             for i in state.pod_index.port_conflicts(hp):

@@ -77,7 +77,7 @@ class PodTopologySpread:
         n = len(state)
         hard = [c for c in r.terms.spread if c.hard] if r.terms is not None else []
         if not hard:
-            return FilterResult(all_pass(n))
+            return FilterResult(all_pass(n), passes_all=True)
         has_keys = np.ones(n, dtype=bool)
         for c in hard:
             has_keys &= state.topology(c.topology_key)[0] >= 0
@@ -105,6 +105,9 @@ class PodTopologySpread:
             return [SpreadConstraint(3, HOSTNAME, "ScheduleAnyway", None, owner_uid=t.owner_uid),
                     SpreadConstraint(5, ZONE, "ScheduleAnyway", None, owner_uid=t.owner_uid)], False
         return [], False
+
+    def applies(self, cycle: Cycle, state: ClusterState) -> bool:
+        return bool(self._soft(cycle.request)[0])
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request

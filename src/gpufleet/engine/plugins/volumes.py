@@ -31,7 +31,7 @@ class VolumeBinding:
         t = cycle.request.terms
         n = len(state)
         if t is None or not t.claims:
-            return FilterResult(all_pass(n))
+            return FilterResult(all_pass(n), passes_all=True)
         cat = state.volumes
         none = np.zeros(n, dtype=bool)
         if cat is None:
@@ -68,7 +68,7 @@ class NodeVolumeLimits:
         n = len(state)
         cat = state.volumes
         if t is None or not t.claims or cat is None or not cat.attach_limits:
-            return FilterResult(all_pass(n))
+            return FilterResult(all_pass(n), passes_all=True)
         new_by_driver: dict[str, set[str]] = {}
         for c in t.claims:
             key = f"{t.namespace}/{c}"
