@@ -20,7 +20,12 @@ import argparse
 import statistics
 import time
 
-from gpufleet.engine.constraints import LabelSelector, PodAffinityTerm, PodTerms, SpreadConstraint
+from gpufleet.engine.constraints import (
+    LabelSelector,
+    PodAffinityTerm,
+    PodTerms,
+    SpreadConstraint,
+)
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import Gpu, Node, PodRequest
 from gpufleet.engine.state import ClusterState

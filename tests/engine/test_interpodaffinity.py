@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpufleet.engine.plugins.interpodaffinity import (
+    AFFINITY,
+    ANTI_AFFINITY,
+    EXISTING_ANTI,
+    InterPodAffinity,
+)
 from gpufleet.engine.podspec import parse_pod
-from gpufleet.engine.plugins.interpodaffinity import AFFINITY, ANTI_AFFINITY, EXISTING_ANTI, InterPodAffinity
 from gpufleet.engine.state import ClusterState
 from tests.builders import cycle_for, verdicts
 

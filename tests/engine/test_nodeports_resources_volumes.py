@@ -11,7 +11,12 @@ from gpufleet.engine.errors import InvalidPodSpec
 from gpufleet.engine.model import Requirement, SelectorTerm
 from gpufleet.engine.plugins.filters import NodeResourcesFit
 from gpufleet.engine.plugins.nodeports import NO_FREE_PORTS, NodePorts
-from gpufleet.engine.plugins.volumes import MAX_VOLUMES, VOLUME_AFFINITY, NodeVolumeLimits, VolumeBinding
+from gpufleet.engine.plugins.volumes import (
+    MAX_VOLUMES,
+    VOLUME_AFFINITY,
+    NodeVolumeLimits,
+    VolumeBinding,
+)
 from gpufleet.engine.podspec import parse_pod
 from gpufleet.engine.podterms import UnsupportedPodField
 from gpufleet.engine.state import ClusterState

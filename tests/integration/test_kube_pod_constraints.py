@@ -12,10 +12,19 @@ import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from .test_kube_scheduler import Sched, bound, events, ns  # noqa: F401  (ns: the per-test namespace fixture)
+from .test_kube_scheduler import Sched, bound, events
 
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
+
+
+@pytest.fixture
+def ns(core):
+    import uuid
+
+    name = f"pc-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
 
 
 @pytest.fixture
@@ -38,10 +47,12 @@ def zoned_nodes(core):
 
     yield make
     for n in made:
+        from kubernetes.client.exceptions import ApiException
+
         try:
             core.delete_node(n)
-        except Exception:
-            pass
+        except ApiException as exc:  # already gone
+            print(f"node {n}: {exc.status}")
 
 
 def cpu_pod(name: str, labels: dict, **spec) -> dict:

@@ -54,7 +54,7 @@ def test_spread_over_three_zones_max_skew_one():
     zone_of = {n.name: n.labels[ZONE] for n in s.state.nodes}
     got = Counter()
     for i in range(9):
-        d = s.schedule(web(i, spread=(spread_c(1, **{"app": "web"}),)))
+        d = s.schedule(web(i, spread=(spread_c(1, app="web"),)))
         assert d.ok, d.status
         got[zone_of[d.assignment.node]] += 1
         assert max(got.values()) - min(got.get(z, 0) for z in "abc") <= 1

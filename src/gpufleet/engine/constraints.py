@@ -14,8 +14,9 @@ matches every pod, a missing one matches none; an affinity term with neither
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping
+from typing import Literal
 
 from .model import Requirement, SelectorTerm
 
@@ -72,9 +73,9 @@ class PodAffinityTerm:
     def matches(self, namespace: str, labels: Mapping[str, str], ns_labels: Callable[[str], Mapping[str, str]]) -> bool:
         if self.selector is None:
             return False
-        if namespace not in self.namespaces:
-            if self.namespace_selector is None or not self.namespace_selector.matches(ns_labels(namespace)):
-                return False
+        if namespace not in self.namespaces and (
+                self.namespace_selector is None or not self.namespace_selector.matches(ns_labels(namespace))):
+            return False
         return self.selector.matches(labels)
 
 
@@ -106,7 +107,7 @@ class HostPort:
     protocol: str = "TCP"
     host_ip: str = "0.0.0.0"
 
-    def conflicts(self, other: "HostPort") -> bool:
+    def conflicts(self, other: HostPort) -> bool:
         if self.port != other.port or self.protocol != other.protocol:
             return False
         wild = ("0.0.0.0", "::", "")
@@ -168,6 +169,13 @@ class ClaimInfo:
 
 
 __all__ = [
-    "ClaimInfo", "EVERYTHING", "HostPort", "LabelSelector", "NO_TERMS", "PersistentVolume", "PodAffinityTerm",
-    "PodTerms", "SpreadConstraint",
+    "EVERYTHING",
+    "NO_TERMS",
+    "ClaimInfo",
+    "HostPort",
+    "LabelSelector",
+    "PersistentVolume",
+    "PodAffinityTerm",
+    "PodTerms",
+    "SpreadConstraint",
 ]

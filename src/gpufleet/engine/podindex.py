@@ -18,7 +18,7 @@ keep it exact.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class PodIndex:
         return self.ns_labels.get(ns, _EMPTY)
 
     def set_namespace_labels(self, labels: Mapping[str, Mapping[str, str]]) -> None:
-        new = {k: dict(v) for k, v in labels.items()}
+        new: dict[str, Mapping[str, str]] = {k: dict(v) for k, v in labels.items()}
         if new != self.ns_labels:
             self.ns_labels = new
             self._counts.clear()  # namespaceSelector answers may have changed
@@ -150,7 +150,7 @@ class PodIndex:
             return []
         return [i for i, ips in by_node.items() if any(hp.conflicts(HostPort(hp.port, hp.protocol, ip)) for ip in ips)]
 
-    def copy(self) -> "PodIndex":
+    def copy(self) -> PodIndex:
         c = PodIndex(self.n)
         c.ns_labels = self.ns_labels
         c.pods = dict(self.pods)

@@ -10,9 +10,16 @@ the field, instead of being bound as if the field were absent.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from .constraints import HostPort, LabelSelector, PodAffinityTerm, PodTerms, SpreadConstraint
+from .constraints import (
+    HostPort,
+    LabelSelector,
+    PodAffinityTerm,
+    PodTerms,
+    SpreadConstraint,
+)
 from .errors import InvalidPodSpec
 from .model import Requirement
 
@@ -142,7 +149,7 @@ def _spread(pod: str, path: str, c: Any, labels: Mapping[str, str]) -> SpreadCon
             raise InvalidPodSpec(pod, f"{path}.minDomains", f"must be an integer >= 1, got {md!r}")
         if wu != "DoNotSchedule":
             raise InvalidPodSpec(pod, f"{path}.minDomains", "may only be set with whenUnsatisfiable DoNotSchedule")
-    pol = {}
+    pol: dict[str, Any] = {}
     for f, default in (("nodeAffinityPolicy", "Honor"), ("nodeTaintsPolicy", "Ignore")):
         v = c.get(f) or default
         if v not in ("Honor", "Ignore"):
@@ -240,6 +247,7 @@ def lenient_terms(pod: Mapping[str, Any]) -> PodTerms:
     try:
         return parse_terms(key, meta, {k: v for k, v in spec.items() if k != "resourceClaims"})
     except InvalidPodSpec:
-        labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+        raw = meta.get("labels")
+        labels: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         return PodTerms(namespace=meta.get("namespace") or "default", labels={str(k): str(v) for k, v in labels.items()},
                         owner_uid=owner_uid(meta))

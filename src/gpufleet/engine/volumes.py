@@ -10,8 +10,9 @@ the PersistentVolume's node affinity allows.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .constraints import ClaimInfo, PersistentVolume
 from .errors import InvalidPodSpec
@@ -41,7 +42,9 @@ def claim_from_json(obj: Mapping[str, Any]) -> ClaimInfo:
 
 def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
     """A PV's required node affinity; a term that cannot be parsed makes the PV usable nowhere (never silently anywhere)."""
-    from .podspec import _term  # the node-selector term parser, shared with node affinity
+    from .podspec import (
+        _term,  # the node-selector term parser, shared with node affinity
+    )
 
     m = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
