@@ -138,6 +138,7 @@ class PodRequest:
     scalars: tuple[tuple[str, int], ...] = ()
     # labels and pod-to-pod / port / volume terms (None: no labels, no terms, as in a trace)
     terms: PodTerms | None = field(default=None, compare=False, hash=False)
+    preempt_never: bool = False  # spec.preemptionPolicy: Never (waits, never evicts lower-priority pods)
 
     @property
     def key(self) -> str:

@@ -280,6 +280,9 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     prio = spec.get("priority", 0) or 0
     if not isinstance(prio, int):
         raise InvalidPodSpec(key, "spec.priority", f"must be an integer, got {prio!r}")
+    pp = spec.get("preemptionPolicy") or "PreemptLowerPriority"
+    if pp not in ("PreemptLowerPriority", "Never"):
+        raise InvalidPodSpec(key, "spec.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {pp!r}")
     group_min = 0
     if ann.POD_GROUP_MIN in annotations:
         try:
@@ -313,4 +316,5 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         labels=tuple(sorted((meta.get("labels") or {}).items())),
         scalars=scalar_requests(req),
         terms=terms,
+        preempt_never=pp == "Never",
     )

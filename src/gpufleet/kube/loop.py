@@ -780,7 +780,7 @@ class SchedulerLoop:
             if rp is not None:
                 victims, lines = rp.victims, rp.explanation
                 reason, kind = f"reclaimed: queue {req.queue} needs its quota back for {key}", "reclaimed"
-        if not victims and any(a.priority < req.priority for a in self.state.assignments.values()):
+        if not victims and not req.preempt_never and any(a.priority < req.priority for a in self.state.assignments.values()):
             plan = find_victims(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
                                 age_rank=self._age_rank(), **self._candidate_bound())
             if plan is not None:
@@ -806,6 +806,8 @@ class SchedulerLoop:
             return  # not all there yet: nothing to make room for
         held = set(self.gangs.held) if self.gangs.holder == group else set()
         members = [r for r in g.members.values() if r.key not in held]  # held ones already have their room
+        if any(r.preempt_never for r in members):
+            return  # preemptionPolicy: Never on a member: the gang waits
         need -= len(held)
         if need <= 0 or not members:
             return
@@ -978,7 +980,9 @@ class SchedulerLoop:
             rp = self.tree.plan_reclaim(self.sched, req)
             if rp is not None:
                 msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
-        if any(a.priority < req.priority for a in self.state.assignments.values()):
+        if req.preempt_never:
+            msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
+        elif any(a.priority < req.priority for a in self.state.assignments.values()):
             lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
                                        age_rank=self._age_rank())
             msg += "\n  " + "\n  ".join(lines)
