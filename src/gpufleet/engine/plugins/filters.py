@@ -82,7 +82,7 @@ class NodeAffinity:
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         if not r.node_selector and not r.required_terms:
-            return FilterResult(np.ones(len(state), dtype=bool))
+            return FilterResult(np.ones(len(state), dtype=bool), passes_all=True)
 
         def build() -> np.ndarray:
             out = np.empty(len(state), dtype=bool)
@@ -174,9 +174,11 @@ class NodeResourcesFit:
         mem = state.mem_free >= r.memory_mib
         pods = state.pods_free >= 1
         ok = cpu & mem & pods
-        codes = np.where(~pods, 0, np.where(~cpu, 1, 2))
         if not r.scalars:
-            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), codes)
+            if ok.all():
+                return FilterResult(ok, passes_all=True)
+            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), np.where(~pods, 0, np.where(~cpu, 1, 2)))
+        codes = np.where(~pods, 0, np.where(~cpu, 1, 2))
         reasons = ["Too many pods", "Insufficient cpu", "Insufficient memory"]
         for name, amount in r.scalars:
             free = state.scalar_free.get(name)
@@ -234,7 +236,7 @@ class GpuFit:
         r = cycle.request
         n = len(state)
         if r.gpu_count == 0:
-            return FilterResult(np.ones(n, dtype=bool))
+            return FilterResult(np.ones(n, dtype=bool), passes_all=True)
         k = r.gpu_count
         mm = model_mask(state, r)
         if r.mig_profile:
