@@ -125,3 +125,12 @@ def test_bad_terms_name_the_field(mutate, field):
     with pytest.raises(InvalidPodSpec) as exc:
         parse_pod(p)
     assert exc.value.field == field
+
+
+def test_sidecar_ports_count_ordinary_init_container_ports_do_not():
+    p = kpod("x")
+    p["spec"]["initContainers"] = [
+        {"name": "init", "ports": [{"containerPort": 1, "hostPort": 9000}]},
+        {"name": "side", "restartPolicy": "Always", "ports": [{"containerPort": 2, "hostPort": 9001}]},
+    ]
+    assert [hp.port for hp in parse_pod(p).terms.host_ports] == [9001]

@@ -166,6 +166,8 @@ def _ports(pod: str, spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
         for i, c in enumerate(_lst(pod, f"spec.{kind}", spec.get(kind))):
             if not isinstance(c, Mapping):
                 continue
+            if kind == "initContainers" and c.get("restartPolicy") != "Always":
+                continue  # an ordinary init container has exited before the pod runs: its ports are not held
             for j, p in enumerate(_lst(pod, f"spec.{kind}[{i}].ports", c.get("ports"))):
                 path = f"spec.{kind}[{i}].ports[{j}]"
                 p = _obj(pod, path, p)
