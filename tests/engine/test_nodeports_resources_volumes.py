@@ -134,3 +134,25 @@ def test_sidecar_ports_count_ordinary_init_container_ports_do_not():
         {"name": "side", "restartPolicy": "Always", "ports": [{"containerPort": 2, "hostPort": 9001}]},
     ]
     assert [hp.port for hp in parse_pod(p).terms.host_ports] == [9001]
+
+
+def test_read_write_once_pod_and_zone_labelled_volumes():
+    from gpufleet.engine.plugins.volumes import RWOP_IN_USE
+    from gpufleet.engine.volumes import claim_from_json, pv_from_json
+
+    st = ClusterState([gpu_node("n1", labels={"topology.kubernetes.io/zone": "a"}),
+                       gpu_node("n2", labels={"topology.kubernetes.io/zone": "b"}),
+                       gpu_node("n3", labels={"topology.kubernetes.io/zone": "c"})])
+    solo = claim_from_json({"metadata": {"name": "solo", "namespace": "default"},
+                            "spec": {"volumeName": "pvz", "accessModes": ["ReadWriteOncePod"]}})
+    pvz = pv_from_json({"metadata": {"name": "pvz", "labels": {"topology.kubernetes.io/zone": "a__b"}}, "spec": {}})
+    st.volumes = VolumeCatalog(claims={"default/solo": solo}, volumes={"pvz": pvz})
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("solo",))), st) == {"n1": None, "n2": None, "n3": VOLUME_AFFINITY}
+    place(st, kpod("holder", claims=("solo",)), "n1")
+    assert set(verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("solo",))), st).values()) == {RWOP_IN_USE}
+
+
+def test_host_network_pods_hold_their_container_ports():
+    p = kpod("x", hostNetwork=True)
+    p["spec"]["containers"][0]["ports"] = [{"containerPort": 9100}]
+    assert [(hp.port, hp.protocol) for hp in parse_pod(p).terms.host_ports] == [(9100, "TCP")]

@@ -166,6 +166,7 @@ class ClaimInfo:
     volume_name: str = ""  # bound PV
     phase: str = "Pending"
     storage_class: str = ""
+    access_modes: tuple[str, ...] = ()
 
 
 __all__ = [

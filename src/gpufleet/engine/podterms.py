@@ -172,6 +172,8 @@ def _ports(pod: str, spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
                 path = f"spec.{kind}[{i}].ports[{j}]"
                 p = _obj(pod, path, p)
                 hp = p.get("hostPort")
+                if not hp and spec.get("hostNetwork"):
+                    hp = p.get("containerPort")  # kube-apiserver's defaulting: host network holds the container port
                 if hp is None or hp == 0:
                     continue
                 if not isinstance(hp, int) or isinstance(hp, bool) or not 1 <= hp <= 65535:

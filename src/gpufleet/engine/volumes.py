@@ -16,7 +16,10 @@ from typing import Any
 
 from .constraints import ClaimInfo, PersistentVolume
 from .errors import InvalidPodSpec
-from .model import SelectorTerm
+from .model import Requirement, SelectorTerm
+
+ZONE_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/region",
+               "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region")
 
 
 @dataclass
@@ -37,7 +40,8 @@ def claim_from_json(obj: Mapping[str, Any]) -> ClaimInfo:
     spec = obj.get("spec") or {}
     return ClaimInfo(namespace=m.get("namespace") or "default", name=m.get("name") or "",
                      volume_name=spec.get("volumeName") or "", phase=(obj.get("status") or {}).get("phase") or "Pending",
-                     storage_class=spec.get("storageClassName") or "")
+                     storage_class=spec.get("storageClassName") or "",
+                     access_modes=tuple(str(m) for m in spec.get("accessModes") or ()))
 
 
 def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
@@ -58,6 +62,12 @@ def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
             terms.append(SelectorTerm(()))  # an empty term matches no node
     if req and not terms:
         terms = [SelectorTerm(())]
+    # VolumeZone: a PV labelled with zones/regions (in-tree and older provisioners) is usable only there;
+    # each label ANDs into every term ("a__b" lists several zones)
+    zone_reqs = tuple(Requirement(k, "In", tuple(str(m.get("labels", {})[k]).split("__")))
+                      for k in ZONE_LABELS if k in (m.get("labels") or {}))
+    if zone_reqs:
+        terms = [SelectorTerm(t.requirements + zone_reqs) for t in terms] or [SelectorTerm(zone_reqs)]
     driver = (spec.get("csi") or {}).get("driver") or ""
     return PersistentVolume(name, tuple(terms), driver)
 

@@ -2,7 +2,9 @@
 
 VolumeBinding: every claim the pod mounts must exist and be bound (gpufleet
 does not bind or provision; the reason names the claim), and the node must
-satisfy the bound PersistentVolume's required node affinity.
+satisfy the bound PersistentVolume's required node affinity and its zone
+labels (VolumeZone); a ReadWriteOncePod claim already in use by a pod keeps
+others off every node (VolumeRestrictions).
 NodeVolumeLimits: where a node's CSINode reports ``allocatable.count`` for a
 driver, the distinct claims of that driver on the node plus the pod's new ones
 must stay within it.
@@ -20,6 +22,7 @@ from ._common import all_pass
 from .filters import term_matches
 
 VOLUME_AFFINITY = "node(s) had volume node affinity conflict"
+RWOP_IN_USE = "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode"
 MAX_VOLUMES = "node(s) exceed max volume count"
 
 
@@ -47,6 +50,8 @@ class VolumeBinding:
                        f"{claim.storage_class} is WaitForFirstConsumer); pre-bind the claim or use volumeBindingMode Immediate"
                        if mode == "WaitForFirstConsumer" else "waiting for it to be bound")
                 return FilterResult(none, (f'persistentvolumeclaim "{c}" is not bound: {why}',))
+            if "ReadWriteOncePod" in claim.access_modes and state.pod_index.claims.get(f"{t.namespace}/{c}"):
+                return FilterResult(none, (RWOP_IN_USE,))  # one pod in the whole cluster may use it
             pv = cat.volumes.get(claim.volume_name)
             if pv is None:
                 return FilterResult(none, (f'persistentvolume "{claim.volume_name}" (bound to claim "{c}") not found',))
