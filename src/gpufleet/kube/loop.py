@@ -86,7 +86,7 @@ def slim_pod(pod: dict) -> dict:
         return out
 
     ann_ = {k: v for k, v in (m.get("annotations") or {}).items() if k.startswith(ann.PREFIX)}
-    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead") if k in spec}
+    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead", "hostNetwork") if k in spec}
     # what other pods' constraints see: inter-pod (anti-)affinity terms (symmetry) and claimed volumes
     aff = {k: v for k, v in (spec.get("affinity") or {}).items() if k in ("podAffinity", "podAntiAffinity")}
     if aff:
