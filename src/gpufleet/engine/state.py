@@ -16,13 +16,16 @@ from __future__ import annotations
 import itertools
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
 from .errors import StateError
 from .model import GPU_MILLI, Assignment, Node
 from .podindex import PodIndex
+
+if TYPE_CHECKING:
+    from .volumes import VolumeCatalog
 
 # Epochs are unique across all states: plugins cache node-metadata masks per epoch, and
 # a per-state counter let a new state (same id() after GC, same epoch) hit a dead one's cache.
@@ -39,7 +42,7 @@ class ClusterState:
         self._model_ids: dict[str, int] = {}
         self.epoch = 0  # renewed (globally unique) when the node set or node metadata changes
         self.pod_index = PodIndex(0)
-        self.volumes = None  # a VolumeCatalog (PVCs, PVs, CSINode limits) when the adapter provides one
+        self.volumes: VolumeCatalog | None = None  # a VolumeCatalog (PVCs, PVs, CSINode limits) when the adapter provides one
         self._rebuild(list(nodes), usage=None)
 
     # --- construction -------------------------------------------------------------
@@ -221,8 +224,8 @@ class ClusterState:
         if self.pods_free[i] < 1:
             return f"node {a.node}: no pod slots left"
         for name, amount in a.scalars:
-            free = self.scalar_free.get(name)
-            have = int(free[i]) if free is not None else 0
+            sfree = self.scalar_free.get(name)
+            have = int(sfree[i]) if sfree is not None else 0
             if have < amount:
                 return f"node {a.node}: {name} {amount} requested, {have} free"
         if len(set(a.gpu_indices)) != len(a.gpu_indices):
