@@ -17,7 +17,13 @@ from ..engine.errors import InvalidNodeSpec, InvalidPodSpec, InvalidQuantity
 from ..engine.gpu_models import lookup
 from ..engine.inventory import assignment_from_json, gpus_from_json
 from ..engine.model import Assignment, Gpu, Node, Taint
-from ..engine.podspec import _NOT_SCALAR_PREFIXES, effective_requests, parse_pod, pod_key, scalar_requests
+from ..engine.podspec import (
+    _NOT_SCALAR_PREFIXES,
+    effective_requests,
+    parse_pod,
+    pod_key,
+    scalar_requests,
+)
 from ..engine.podterms import lenient_terms
 from ..engine.quantity import to_int, to_mib, to_milli
 from ..engine.state import ClusterState

@@ -50,8 +50,20 @@ from ..engine.podspec import parse_pod, pod_key
 from ..engine.preemption import explain_preemption, find_gang_victims, find_victims
 from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
-from ..engine.volumes import VolumeCatalog, claim_from_json, csinode_limits, pv_from_json
-from .api import CONSTRAINT_KINDS, POLICY_KINDS, ApiError, Conflict, NotFound, SchedulerApi
+from ..engine.volumes import (
+    VolumeCatalog,
+    claim_from_json,
+    csinode_limits,
+    pv_from_json,
+)
+from .api import (
+    CONSTRAINT_KINDS,
+    POLICY_KINDS,
+    ApiError,
+    Conflict,
+    NotFound,
+    SchedulerApi,
+)
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
 from .policy_objects import PolicyObjects
 
