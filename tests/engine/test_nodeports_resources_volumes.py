@@ -84,6 +84,9 @@ def test_volume_binding():
     assert v["n1"] == v["n2"] == 'persistentvolumeclaim "missing" not found'
     v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("fresh",))), st)
     assert v["n1"].startswith('persistentvolumeclaim "fresh" is not bound') and "WaitForFirstConsumer" in v["n1"]
+    st.volumes.claims["default/later"] = ClaimInfo("default", "later", "", "Pending", "standard")
+    v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("later",))), st)
+    assert v["n1"] == 'pod has unbound immediate PersistentVolumeClaims (persistentvolumeclaim "later")'
     assert verdicts(VolumeBinding(), parse_pod(kpod("x")), st) == {"n1": None, "n2": None}
 
 

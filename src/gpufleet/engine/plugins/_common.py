@@ -55,10 +55,11 @@ def taints_mask(state: ClusterState, r: PodRequest) -> np.ndarray:
 
 
 def minmax(raw: np.ndarray) -> np.ndarray:
-    """Map raw scores onto 0..100 (all equal: 0, as kube-scheduler's InterPodAffinity does)."""
+    """Map raw scores onto 0..100 over [min(raw, 0), max(raw, 0)], as kube-scheduler's InterPodAffinity does
+    (its running min and max start at 0); all equal: 0."""
     if raw.size == 0:
         return raw
-    lo, hi = raw.min(), raw.max()
+    lo, hi = min(raw.min(), 0.0), max(raw.max(), 0.0)
     if hi == lo:
         return np.zeros(raw.size)
     return 100.0 * (raw - lo) / (hi - lo)

@@ -46,10 +46,13 @@ class VolumeBinding:
                 return FilterResult(none, (f'persistentvolumeclaim "{c}" not found',))
             if not claim.volume_name:
                 mode = cat.binding_modes.get(claim.storage_class, "Immediate")
-                why = ("gpufleet does not provision or bind volumes (StorageClass "
-                       f"{claim.storage_class} is WaitForFirstConsumer); pre-bind the claim or use volumeBindingMode Immediate"
-                       if mode == "WaitForFirstConsumer" else "waiting for it to be bound")
-                return FilterResult(none, (f'persistentvolumeclaim "{c}" is not bound: {why}',))
+                if mode == "WaitForFirstConsumer":
+                    why = (f'persistentvolumeclaim "{c}" is not bound: gpufleet does not provision or bind volumes '
+                           f"(StorageClass {claim.storage_class} is WaitForFirstConsumer); pre-bind the claim or use "
+                           "volumeBindingMode Immediate")
+                else:  # kube-scheduler's words; the PV controller binds it, then the pod is retried
+                    why = f'pod has unbound immediate PersistentVolumeClaims (persistentvolumeclaim "{c}")'
+                return FilterResult(none, (why,))
             if "ReadWriteOncePod" in claim.access_modes and state.pod_index.claims.get(f"{t.namespace}/{c}"):
                 return FilterResult(none, (RWOP_IN_USE,))  # one pod in the whole cluster may use it
             pv = cat.volumes.get(claim.volume_name)
