@@ -159,3 +159,18 @@ def test_host_network_pods_hold_their_container_ports():
     p = kpod("x", hostNetwork=True)
     p["spec"]["containers"][0]["ports"] = [{"containerPort": 9100}]
     assert [(hp.port, hp.protocol) for hp in parse_pod(p).terms.host_ports] == [(9100, "TCP")]
+
+
+def test_attach_limits_from_node_allocatable():
+    from gpufleet.engine.volumes import pv_from_json
+
+    n1 = dataclasses.replace(gpu_node("n1"), scalars=(("attachable-volumes-aws-ebs", 1),))
+    n2 = dataclasses.replace(gpu_node("n2"), scalars=(("attachable-volumes-csi-ebs.csi.aws.com", 2),))
+    st = ClusterState([n1, n2])
+    ebs = [pv_from_json({"metadata": {"name": f"pv{i}"}, "spec": {"awsElasticBlockStore": {"volumeID": f"v{i}"}}}) for i in (1, 2)]
+    assert ebs[0].driver == "ebs.csi.aws.com"
+    st.volumes = VolumeCatalog(claims={f"default/c{i}": ClaimInfo("default", f"c{i}", f"pv{i}", "Bound") for i in (1, 2)},
+                               volumes={p.name: p for p in ebs})
+    place(st, kpod("a", claims=("c1",)), "n1")
+    place(st, kpod("b", claims=("c1",)), "n2")
+    assert verdicts(NodeVolumeLimits(), parse_pod(kpod("x", claims=("c2",))), st) == {"n1": MAX_VOLUMES, "n2": None}

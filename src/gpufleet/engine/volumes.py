@@ -16,8 +16,12 @@ from typing import Any
 
 from .constraints import ClaimInfo, PersistentVolume
 from .errors import InvalidPodSpec
-from .model import Requirement, SelectorTerm
+from .model import Node, Requirement, SelectorTerm
 
+# in-tree volume plugins and the CSI drivers they migrated to (node allocatable attachable-volumes-<plugin>)
+IN_TREE_DRIVERS = {"aws-ebs": "ebs.csi.aws.com", "gce-pd": "pd.csi.storage.gke.io", "azure-disk": "disk.csi.azure.com",
+                   "cinder": "cinder.csi.openstack.org"}
+_IN_TREE_SOURCES = {"awsElasticBlockStore": "aws-ebs", "gcePersistentDisk": "gce-pd", "azureDisk": "azure-disk", "cinder": "cinder"}
 ZONE_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/region",
                "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region")
 
@@ -28,6 +32,17 @@ class VolumeCatalog:
     volumes: dict[str, PersistentVolume] = field(default_factory=dict)  # PV name
     binding_modes: dict[str, str] = field(default_factory=dict)  # StorageClass -> volumeBindingMode
     attach_limits: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> CSI driver -> max volumes
+
+    def limits_of(self, node: Node) -> dict[str, int]:
+        """Attach limits per CSI driver: the node's CSINode, else its ``attachable-volumes-*`` allocatable."""
+        out: dict[str, int] = {}
+        for name, v in node.scalars:
+            if name.startswith("attachable-volumes-csi-"):
+                out[name[len("attachable-volumes-csi-"):]] = v
+            elif name.startswith("attachable-volumes-") and name[len("attachable-volumes-"):] in IN_TREE_DRIVERS:
+                out[IN_TREE_DRIVERS[name[len("attachable-volumes-"):]]] = v
+        out.update(self.attach_limits.get(node.name, {}))
+        return out
 
     def driver_of(self, claim_key: str) -> str:
         c = self.claims.get(claim_key)
@@ -69,6 +84,9 @@ def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
     if zone_reqs:
         terms = [SelectorTerm(t.requirements + zone_reqs) for t in terms] or [SelectorTerm(zone_reqs)]
     driver = (spec.get("csi") or {}).get("driver") or ""
+    for src, plugin in _IN_TREE_SOURCES.items():
+        if not driver and spec.get(src) is not None:
+            driver = IN_TREE_DRIVERS[plugin]
     return PersistentVolume(name, tuple(terms), driver)
 
 

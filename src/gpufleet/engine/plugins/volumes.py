@@ -5,9 +5,12 @@ does not bind or provision; the reason names the claim), and the node must
 satisfy the bound PersistentVolume's required node affinity and its zone
 labels (VolumeZone); a ReadWriteOncePod claim already in use by a pod keeps
 others off every node (VolumeRestrictions).
-NodeVolumeLimits: where a node's CSINode reports ``allocatable.count`` for a
-driver, the distinct claims of that driver on the node plus the pod's new ones
-must stay within it.
+NodeVolumeLimits: where a node reports an attach limit for a driver (its
+CSINode's ``allocatable.count``, else ``attachable-volumes-csi-<driver>`` or
+an in-tree ``attachable-volumes-aws-ebs`` / ``-gce-pd`` / ``-azure-disk`` /
+``-cinder`` in its allocatable, mapped to the CSI driver it migrated to), the
+distinct claims of that driver on the node plus the pod's new ones must stay
+within it.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class NodeVolumeLimits:
         t = cycle.request.terms
         n = len(state)
         cat = state.volumes
-        if t is None or not t.claims or cat is None or not cat.attach_limits:
+        if t is None or not t.claims or cat is None:
             return FilterResult(all_pass(n), passes_all=True)
         new_by_driver: dict[str, set[str]] = {}
         for c in t.claims:
@@ -87,10 +90,8 @@ class NodeVolumeLimits:
         if not new_by_driver:
             return FilterResult(ok, (MAX_VOLUMES,))
         used = state.pod_index.claims
-        for name, limits in cat.attach_limits.items():
-            i = state.index.get(name)
-            if i is None:
-                continue
+        for i, node in enumerate(state.nodes):
+            limits = cat.limits_of(node) if cat.attach_limits or node.scalars else {}
             for d, new in new_by_driver.items():
                 if d not in limits:
                     continue
