@@ -83,7 +83,7 @@ def test_volume_binding():
     v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("missing",))), st)
     assert v["n1"] == v["n2"] == 'persistentvolumeclaim "missing" not found'
     v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("fresh",))), st)
-    assert v["n1"].startswith('persistentvolumeclaim "fresh" is not bound') and "WaitForFirstConsumer" in v["n1"]
+    assert v["n1"] == v["n2"] == "node(s) didn't find available persistent volumes to bind"  # WFFC, no PV, no provisioner
     st.volumes.claims["default/later"] = ClaimInfo("default", "later", "", "Pending", "standard")
     v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("later",))), st)
     assert v["n1"] == 'pod has unbound immediate PersistentVolumeClaims (persistentvolumeclaim "later")'
@@ -174,3 +174,42 @@ def test_attach_limits_from_node_allocatable():
     place(st, kpod("a", claims=("c1",)), "n1")
     place(st, kpod("b", claims=("c1",)), "n2")
     assert verdicts(NodeVolumeLimits(), parse_pod(kpod("x", claims=("c2",))), st) == {"n1": MAX_VOLUMES, "n2": None}
+
+
+def test_wait_for_first_consumer_static_and_dynamic():
+    from gpufleet.engine.constraints import StorageClassInfo
+    from gpufleet.engine.plugins.volumes import NO_PV_TO_BIND
+    from gpufleet.engine.volumes import claim_from_json, plan_bindings, pv_from_json
+
+    host = "kubernetes.io/hostname"
+    nodes = [gpu_node(f"n{i}", labels={"topology.kubernetes.io/zone": "ab"[i % 2]}) for i in range(3)]
+    st = ClusterState(nodes)
+
+    def local_pv(name, node, size="100Gi", ref=None):
+        spec = {"storageClassName": "local", "capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": host, "operator": "In", "values": [node]}]}]}}}
+        if ref:
+            spec["claimRef"] = {"namespace": "default", "name": ref}
+        return pv_from_json({"metadata": {"name": name}, "spec": spec})
+
+    def claim(name, sc, size="50Gi"):
+        return claim_from_json({"metadata": {"name": name, "namespace": "default"},
+                                "spec": {"storageClassName": sc, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}})
+
+    pvs = [local_pv("small", "n0", "10Gi"), local_pv("big", "n1", "200Gi"), local_pv("mid", "n1", "60Gi"), local_pv("other", "n2", ref="someone")]
+    cat = VolumeCatalog(claims={"default/scratch": claim("scratch", "local"), "default/cloud": claim("cloud", "zonal")},
+                        volumes={p.name: p for p in pvs},
+                        classes={"local": StorageClassInfo("local", "WaitForFirstConsumer", "kubernetes.io/no-provisioner"),
+                                 "zonal": StorageClassInfo("zonal", "WaitForFirstConsumer", "ebs.csi.aws.com",
+                                                           (SelectorTerm((Requirement("topology.kubernetes.io/zone", "In", ("a",)),)),))})
+    st.volumes = cat
+    # static: only n1 has a PV big enough and free (n0's is too small, n2's is claimed by someone else)
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("scratch",))), st) == {"n0": NO_PV_TO_BIND, "n1": None, "n2": NO_PV_TO_BIND}
+    plan = plan_bindings(cat, "default", ("scratch",), nodes[1])
+    assert [(c.name, pv) for c, pv in plan] == [("scratch", "mid")]  # the smallest that fits
+    cat.assumed["mid"] = "default/elsewhere"  # promised to another claim: the next smallest
+    assert [pv for _, pv in plan_bindings(cat, "default", ("scratch",), nodes[1])] == ["big"]
+    # dynamic: the provisioner may create it in zone a only
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("cloud",))), st) == {"n0": None, "n1": NO_PV_TO_BIND, "n2": None}
+    assert [(c.name, pv) for c, pv in plan_bindings(cat, "default", ("cloud",), nodes[0])] == [("cloud", "")]
+    assert plan_bindings(cat, "default", ("cloud",), nodes[1]) is None

@@ -35,7 +35,8 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
     assert grants(cluster) == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"),
                                ("", "pods", "watch"), ("", "pods", "delete"),  # preemption and reclaim
                                ("", "pods/binding", "create"), ("", "pods/status", "patch"),  # nominatedNodeName
-                               ("events.k8s.io", "events", "create")} | {
+                               ("events.k8s.io", "events", "create"),
+                               ("", "persistentvolumeclaims", "patch"), ("", "persistentvolumes", "patch")} | {
         (g, r, v) for g, r in watched for v in ("list", "watch")}
     from gpufleet.kube.api import POLICY_KINDS  # every kind the loop lists is granted
 

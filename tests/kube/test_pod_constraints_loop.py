@@ -108,3 +108,76 @@ def test_extender_mode_leaves_pod_to_pod_plugins_to_kube_scheduler():
     names = {p.name for p in loop.profile.filters} | {p.name for p, _ in loop.profile.scores}
     assert not names & {"InterPodAffinity", "PodTopologySpread", "NodePorts", "VolumeBinding"} and "GpuFit" in names
     assert loop.watch_kinds == ["node", "pod"]
+
+
+def _wffc_cluster():
+    api = cluster(3)
+    api.put_object("storageclass", {"metadata": {"name": "local"}, "provisioner": "kubernetes.io/no-provisioner",
+                                    "volumeBindingMode": "WaitForFirstConsumer"})
+    api.put_object("storageclass", {"metadata": {"name": "csi"}, "provisioner": "disk.csi.example.com",
+                                    "volumeBindingMode": "WaitForFirstConsumer"})
+    for name, where in (("local-n1", "n1"), ("local-n2", "n2")):
+        api.put_object("pv", {"metadata": {"name": name}, "spec": {
+            "storageClassName": "local", "capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteOnce"],
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": HOST, "operator": "In", "values": [where]}]}]}}},
+            "status": {"phase": "Available"}})
+    return api
+
+
+def _claim(name, sc):
+    return {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+            "spec": {"storageClassName": sc, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}},
+            "status": {"phase": "Pending"}}
+
+
+def _user(name, claim):
+    return with_spec(pod(name, ns="ml", gpus=0), volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": claim}}])
+
+
+def test_wait_for_first_consumer_static_volume_is_bound_then_the_pod():
+    api = _wffc_cluster()
+    api.put_object("pvc", _claim("scratch", "local"))
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(_user("u", "scratch"))
+    run(api, loop, clock, rounds=2)
+    # the scheduler chose a node with a free local PV and promised the PV to the claim; the pod waits
+    refs = {n: pv["spec"].get("claimRef", {}).get("name") for n, pv in api.objects["pv"].items()}
+    chosen = next(n for n, r in refs.items() if r == "scratch")
+    assert "ml/u" not in bound(api) and sum(r == "scratch" for r in refs.values()) == 1
+    # a second pod with its own claim must not be promised the same PV
+    api.put_object("pvc", _claim("scratch2", "local"))
+    api.add_pod(_user("u2", "scratch2"))
+    run(api, loop, clock, rounds=2)
+    refs = {n: pv["spec"].get("claimRef", {}).get("name") for n, pv in api.objects["pv"].items()}
+    assert sorted(r for r in refs.values() if r) == ["scratch", "scratch2"]
+    # the PV controller binds the claims: then the pods are bound, each on its volume's node
+    for n, r in refs.items():
+        api.patch_object("pvc", "ml", r, {"spec": {"volumeName": n}, "status": {"phase": "Bound"}})
+    run(api, loop, clock, rounds=2)
+    assert api.pods["ml/u"]["spec"]["nodeName"] == {"local-n1": "n1", "local-n2": "n2"}[chosen]
+    assert {api.pods["ml/u"]["spec"]["nodeName"], api.pods["ml/u2"]["spec"]["nodeName"]} == {"n1", "n2"}
+
+
+def test_wait_for_first_consumer_provisioning_selects_the_node_and_times_out_cleanly():
+    api = _wffc_cluster()
+    api.put_object("pvc", _claim("data", "csi"))
+    clock = Clock()
+    loop = make(api, clock, volume_bind_timeout_s=300)
+    api.add_pod(_user("u", "data"))
+    run(api, loop, clock, rounds=1)
+    node = api.objects["pvc"]["ml/data"]["metadata"]["annotations"]["volume.kubernetes.io/selected-node"]
+    assert "ml/u" not in bound(api)
+    # the provisioner creates a PV for that node and the claim is bound: the pod follows
+    api.put_object("pv", {"metadata": {"name": "pvc-data"}, "spec": {"storageClassName": "csi", "capacity": {"storage": "10Gi"},
+                          "csi": {"driver": "disk.csi.example.com", "volumeHandle": "h"},
+                          "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": HOST, "operator": "In", "values": [node]}]}]}}}})
+    api.patch_object("pvc", "ml", "data", {"spec": {"volumeName": "pvc-data"}, "status": {"phase": "Bound"}})
+    run(api, loop, clock, rounds=2)
+    assert api.pods["ml/u"]["spec"]["nodeName"] == node
+    # a claim nobody provisions: after the timeout the pod goes back to the queue with a reason, nothing leaks
+    api.put_object("pvc", _claim("never", "csi"))
+    api.add_pod(_user("w", "never"))
+    run(api, loop, clock, rounds=8)  # each round advances the clock 61 s
+    assert "ml/w" not in bound(api)
+    assert any("timed out after 300 s waiting for PersistentVolumeClaims ml/never" in m for m in messages(api, "ml/w", "FailedScheduling"))

@@ -155,6 +155,11 @@ class PersistentVolume:
     name: str
     node_affinity: tuple[SelectorTerm, ...] = ()  # ORed; empty = usable anywhere
     driver: str = ""  # CSI driver name, for per-node attach limits
+    storage_class: str = ""
+    capacity_bytes: int = 0
+    access_modes: tuple[str, ...] = ()
+    claim_ref: str = ""  # namespace/name of the claim it is (being) bound to
+    phase: str = "Available"
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,20 @@ class ClaimInfo:
     phase: str = "Pending"
     storage_class: str = ""
     access_modes: tuple[str, ...] = ()
+    request_bytes: int = 0
+    uid: str = ""
+
+
+@dataclass(frozen=True)
+class StorageClassInfo:
+    name: str
+    binding_mode: str = "Immediate"
+    provisioner: str = ""
+    allowed_topologies: tuple[SelectorTerm, ...] = ()  # ORed; empty = anywhere
+
+    @property
+    def provisions(self) -> bool:
+        return bool(self.provisioner) and self.provisioner != "kubernetes.io/no-provisioner"
 
 
 __all__ = [

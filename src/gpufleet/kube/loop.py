@@ -51,10 +51,14 @@ from ..engine.preemption import explain_preemption, find_gang_victims, find_vict
 from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
 from ..engine.volumes import (
+    SELECTED_NODE,
     VolumeCatalog,
     claim_from_json,
     csinode_limits,
+    matches_node,
+    plan_bindings,
     pv_from_json,
+    storageclass_from_json,
 )
 from .api import (
     CONSTRAINT_KINDS,
@@ -209,7 +213,8 @@ class SchedulerLoop:
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
-                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True):
+                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True,
+                 volume_bind_timeout_s: float = 600.0):
         self.api = api
         if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
             profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
@@ -255,6 +260,9 @@ class SchedulerLoop:
         self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
         self._results: queue.Queue = queue.Queue()
         self.gangs = GangScheduler(self.sched)
+        self.volume_bind_timeout_s = volume_bind_timeout_s
+        self._volume_wait: dict[str, tuple[list[str], float, dict[str, str]]] = {}  # pod -> claims, deadline, annotations
+        self._assumed_pvs: dict[str, str] = {}  # PV -> claim we set its claimRef for, until the claim is bound
 
     @property
     def bound(self) -> set[str]:
@@ -435,6 +443,9 @@ class SchedulerLoop:
 
     def _drop_pod(self, key: str) -> None:
         self.pending.pop(key, None)
+        w = self._volume_wait.pop(key, None)
+        if w is not None:
+            self._release_assumed(w[0])
         self._forget_timers(key)
         self._req_cache.pop(key, None)
         self._nominated.pop(key, None)
@@ -543,7 +554,9 @@ class SchedulerLoop:
                 pv = pv_from_json(o)
                 cat.volumes[pv.name] = pv
             for o in raw["storageclass"].values():
-                cat.binding_modes[(o.get("metadata") or {}).get("name", "")] = o.get("volumeBindingMode") or "Immediate"
+                sc = storageclass_from_json(o)
+                cat.classes[sc.name] = sc
+            cat.assumed = dict(self._assumed_pvs)
             for o in raw["csinode"].values():
                 name, limits = csinode_limits(o)
                 if limits:
@@ -553,6 +566,8 @@ class SchedulerLoop:
     def _policy_changed(self, kind: str) -> None:
         if kind in CONSTRAINT_KINDS:
             self._sync_constraint_objects(kind)
+            if kind in ("pvc", "pv"):
+                self._check_volume_waits()
         if kind == "queue":
             self._rebuild_tree()
         if kind != "pdb":
@@ -626,7 +641,7 @@ class SchedulerLoop:
         return any(nb.get(k, 0.0) <= now for k in self.pending)
 
     def next_wakeup(self) -> float | None:
-        times = [self._not_before.get(k, 0.0) for k in self.pending]
+        times = [self._not_before.get(k, 0.0) for k in self.pending] + [w[1] for w in self._volume_wait.values()]
         return min(times) if times else None
 
     def _defer(self, key: str) -> None:
@@ -640,6 +655,7 @@ class SchedulerLoop:
         Gang members go in one gang round, after the single pods -- or before them
         when a gang had victims deleted for it, so the room it made is its own.
         """
+        self._check_volume_waits()
         n = 0
         gang_keys = self.due_gang_members()
         gangs_first = any(k in self._nominated for k in gang_keys)
@@ -748,6 +764,11 @@ class SchedulerLoop:
             annotations[ann.QUEUE] = a.queue  # the queue it was admitted to: a restart counts it there again
         self.pending.pop(key, None)
         self.binding[key] = (pod, a, t0)
+        if self._bind_volumes(key, pod, a, annotations):
+            return  # the Binding goes out once its claims are bound (_check_volume_waits)
+        self._send_bind(key, pod, a, annotations)
+
+    def _send_bind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> None:
         m = pod["metadata"]
         ns, name = m.get("namespace") or "default", m["name"]
         if self._pool is None:
@@ -756,6 +777,83 @@ class SchedulerLoop:
             fut = self._pool.submit(bind_job, self.api, ns, name, a.node, annotations)
             fut.add_done_callback(lambda f, key=key, annotations=annotations: self._results.put(
                 (key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations)))
+
+    # --- volume binding (WaitForFirstConsumer) -----------------------------------------------
+    def _bind_volumes(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
+        """Start binding the pod's unbound WaitForFirstConsumer claims for its node, as kube-scheduler's
+        VolumeBinding PreBind does: a chosen PV gets the claim as ``claimRef`` (the PV controller completes
+        the bind), a claim to provision gets ``volume.kubernetes.io/selected-node``.  True when the pod
+        must wait (or has failed) instead of being bound now."""
+        t = a.terms
+        cat = self.state.volumes
+        if t is None or not t.claims or cat is None:
+            return False
+        node = self.state.nodes[self.state.index[a.node]]
+        plan = plan_bindings(cat, t.namespace, t.claims, node)
+        if plan is not None and not plan:
+            return False
+        if plan is None:
+            self._bind_done(key, "failed", f"no volume can be bound for its claims on {a.node} any more", None, annotations)
+            return True
+        try:
+            for claim, pv in plan:
+                ck = f"{claim.namespace}/{claim.name}"
+                if pv:
+                    ref = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": claim.namespace, "name": claim.name}
+                    if claim.uid:
+                        ref["uid"] = claim.uid
+                    self.api.patch_object("pv", "", pv, {"metadata": {"annotations": {"pv.kubernetes.io/bound-by-controller": "yes"}},
+                                                          "spec": {"claimRef": ref}})
+                    self._assumed_pvs[pv] = ck
+                    cat.assumed[pv] = ck
+                else:
+                    self.api.patch_object("pvc", claim.namespace, claim.name,
+                                          {"metadata": {"annotations": {SELECTED_NODE: a.node}}})
+        except Exception as exc:  # noqa: BLE001 - any API failure sends the pod back to the queue
+            self._bind_done(key, "failed", f"binding its volumes failed: {exc}", None, annotations)
+            return True
+        claims = [f"{c.namespace}/{c.name}" for c, _ in plan]
+        self._volume_wait[key] = (claims, self.clock() + self.volume_bind_timeout_s, annotations)
+        log.info("pod %s waits for volume binding on %s: %s", key, a.node,
+                 ", ".join(f"{c.name} -> {pv or 'provisioned'}" for c, pv in plan))
+        return True
+
+    def _release_assumed(self, claims: list[str]) -> None:
+        for pv, ck in list(self._assumed_pvs.items()):
+            if ck in claims:
+                del self._assumed_pvs[pv]
+        if self.state.volumes is not None:
+            self.state.volumes.assumed = dict(self._assumed_pvs)
+
+    def _check_volume_waits(self) -> None:
+        """Bind pods whose claims are now bound (to volumes usable on their node); fail those past the timeout."""
+        if not self._volume_wait:
+            return
+        cat = self.state.volumes
+        now = self.clock()
+        for key, (claims, deadline, bind_ann) in list(self._volume_wait.items()):
+            entry = self.binding.get(key)
+            if entry is None or cat is None:
+                self._volume_wait.pop(key, None)
+                self._release_assumed(claims)
+                continue
+            pod, a, _ = entry
+            infos = [cat.claims.get(c) for c in claims]
+            pvs = [cat.volumes.get(i.volume_name) if i is not None and i.volume_name else None for i in infos]
+            if all(pv is not None for pv in pvs):
+                node = self.state.nodes[self.state.index[a.node]]
+                bad = next((pv for pv in pvs if pv is not None and not matches_node(pv.node_affinity, node)), None)
+                self._volume_wait.pop(key, None)
+                self._release_assumed(claims)
+                if bad is not None:
+                    self._bind_done(key, "failed", f"volume {bad.name} was bound but cannot be used on {a.node}", None, bind_ann)
+                else:
+                    self._send_bind(key, pod, a, bind_ann)
+            elif now >= deadline:
+                self._volume_wait.pop(key, None)
+                self._release_assumed(claims)
+                self._bind_done(key, "failed", f"timed out after {self.volume_bind_timeout_s:.0f} s waiting for "
+                                f"PersistentVolumeClaims {', '.join(claims)} to be bound", None, bind_ann)
 
     # --- reclaim and preemption -----------------------------------------------------------
     def _planning_allowed(self) -> bool:

@@ -1,10 +1,12 @@
 """VolumeBinding and NodeVolumeLimits over the state's ``VolumeCatalog``.
 
-VolumeBinding: every claim the pod mounts must exist and be bound (gpufleet
-does not bind or provision; the reason names the claim), and the node must
-satisfy the bound PersistentVolume's required node affinity and its zone
-labels (VolumeZone); a ReadWriteOncePod claim already in use by a pod keeps
-others off every node (VolumeRestrictions).
+VolumeBinding: every claim the pod mounts must exist; a bound one's
+PersistentVolume must be usable on the node (required node affinity, zone
+labels: VolumeZone); an unbound WaitForFirstConsumer one needs an available
+matching PV usable on the node or a provisioner allowed there (the adapter
+binds it, see ``engine/volumes.py``); an unbound Immediate one waits for the
+PV controller.  A ReadWriteOncePod claim already in use by a pod keeps others
+off every node (VolumeRestrictions).
 NodeVolumeLimits: where a node reports an attach limit for a driver (its
 CSINode's ``allocatable.count``, else ``attachable-volumes-csi-<driver>`` or
 an in-tree ``attachable-volumes-aws-ebs`` / ``-gce-pd`` / ``-azure-disk`` /
@@ -19,12 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..constraints import ClaimInfo
 from ..framework import Cycle, FilterResult
 from ..state import ClusterState
+from ..volumes import VolumeCatalog, matches_node, provisionable_on
 from ._common import all_pass
 from .filters import term_matches
 
 VOLUME_AFFINITY = "node(s) had volume node affinity conflict"
+NO_PV_TO_BIND = "node(s) didn't find available persistent volumes to bind"
 RWOP_IN_USE = "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode"
 MAX_VOLUMES = "node(s) exceed max volume count"
 
@@ -43,19 +48,17 @@ class VolumeBinding:
         if cat is None:
             return FilterResult(none, ("volumes are not known to this scheduler (PersistentVolumeClaims not watched)",))
         ok = np.ones(n, dtype=bool)
+        bind_ok = np.ones(n, dtype=bool)
         for c in t.claims:
             claim = cat.claims.get(f"{t.namespace}/{c}")
             if claim is None:
                 return FilterResult(none, (f'persistentvolumeclaim "{c}" not found',))
             if not claim.volume_name:
-                mode = cat.binding_modes.get(claim.storage_class, "Immediate")
-                if mode == "WaitForFirstConsumer":
-                    why = (f'persistentvolumeclaim "{c}" is not bound: gpufleet does not provision or bind volumes '
-                           f"(StorageClass {claim.storage_class} is WaitForFirstConsumer); pre-bind the claim or use "
-                           "volumeBindingMode Immediate")
-                else:  # kube-scheduler's words; the PV controller binds it, then the pod is retried
-                    why = f'pod has unbound immediate PersistentVolumeClaims (persistentvolumeclaim "{c}")'
-                return FilterResult(none, (why,))
+                mode = cat.binding_mode(claim.storage_class)
+                if mode != "WaitForFirstConsumer":  # kube-scheduler's words; the PV controller binds it, then the pod is retried
+                    return FilterResult(none, (f'pod has unbound immediate PersistentVolumeClaims (persistentvolumeclaim "{c}")',))
+                bind_ok &= self._bindable(state, cat, claim)
+                continue
             if "ReadWriteOncePod" in claim.access_modes and state.pod_index.claims.get(f"{t.namespace}/{c}"):
                 return FilterResult(none, (RWOP_IN_USE,))  # one pod in the whole cluster may use it
             pv = cat.volumes.get(claim.volume_name)
@@ -63,7 +66,14 @@ class VolumeBinding:
                 return FilterResult(none, (f'persistentvolume "{claim.volume_name}" (bound to claim "{c}") not found',))
             if pv.node_affinity:
                 ok &= self._mask(state, pv.node_affinity)
-        return FilterResult(ok, (VOLUME_AFFINITY,))
+        return FilterResult(ok & bind_ok, (VOLUME_AFFINITY, NO_PV_TO_BIND), np.where(ok, 1, 0))
+
+    @staticmethod
+    def _bindable(state: ClusterState, cat: VolumeCatalog, claim: ClaimInfo) -> np.ndarray:
+        """Nodes where an unbound WaitForFirstConsumer claim could get a volume: a matching PV usable there, or provisioning."""
+        pvs = cat.candidates(claim)
+        return np.array([any(matches_node(v.node_affinity, n) for v in pvs) or provisionable_on(cat, claim, n)
+                         for n in state.nodes], dtype=bool)
 
     @staticmethod
     def _mask(state: ClusterState, terms: tuple) -> np.ndarray:
