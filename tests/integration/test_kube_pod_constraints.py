@@ -144,3 +144,58 @@ def test_persistent_volume_node_affinity_and_missing_claim(control_plane, core, 
     finally:
         s.stop()
         core.delete_persistent_volume(pv)
+
+
+def test_wait_for_first_consumer_local_volume_and_provisioning(control_plane, admin, core, ns, zoned_nodes):
+    """A local PV of a WaitForFirstConsumer class is chosen for the pod's node and promised to the claim; the
+    test then plays the PV controller (and, for the provisioned claim, the external provisioner)."""
+    from kubernetes import client
+
+    storage = client.StorageV1Api(admin)
+    zoned_nodes(ns, {"x": "a", "y": "b"})
+    local, csi = f"{ns}-local", f"{ns}-csi"
+    storage.create_storage_class({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": local},
+                                  "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "WaitForFirstConsumer"})
+    storage.create_storage_class({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": csi},
+                                  "provisioner": "disk.csi.example.com", "volumeBindingMode": "WaitForFirstConsumer",
+                                  "allowedTopologies": [{"matchLabelExpressions": [{"key": ZONE, "values": ["a"]}]}]})
+    pv = f"{ns}-local-y"
+    core.create_persistent_volume({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+        "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": local,
+                 "local": {"path": "/mnt/nvme"}, "nodeAffinity": {"required": {"nodeSelectorTerms": [
+                     {"matchExpressions": [{"key": HOST, "operator": "In", "values": [f"{ns}-y"]}]}]}}}})
+    for name, sc in (("scratch", local), ("data", csi)):
+        core.create_namespaced_persistent_volume_claim(ns, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name}, "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": sc,
+                                                  "resources": {"requests": {"storage": "10Gi"}}}})
+    s = Sched(str(control_plane.kubeconfig))
+    made = []
+    try:
+        for name, claim in (("local-user", "scratch"), ("cloud-user", "data")):
+            core.create_namespaced_pod(ns, cpu_pod(name, {"app": name}, volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": claim}}]))
+        # the scheduler promises the local PV to the claim, and asks for the other claim to be provisioned in zone a
+        assert wait_until(lambda: (core.read_persistent_volume(pv).spec.claim_ref or client.V1ObjectReference()).name == "scratch", 20)
+        sel = "volume.kubernetes.io/selected-node"
+        assert wait_until(lambda: sel in (core.read_namespaced_persistent_volume_claim("data", ns).metadata.annotations or {}), 20)
+        assert core.read_namespaced_persistent_volume_claim("data", ns).metadata.annotations[sel] == f"{ns}-x"
+        assert not bound(core, ns)  # both wait for their volumes
+        # the PV controller binds the local claim; the provisioner creates a PV on the selected node and binds it
+        core.patch_namespaced_persistent_volume_claim("scratch", ns, {"spec": {"volumeName": pv}})
+        prov = f"{ns}-pvc-data"
+        made.append(prov)
+        core.create_persistent_volume({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": prov},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": csi,
+                     "csi": {"driver": "disk.csi.example.com", "volumeHandle": "vol-1"},
+                     "claimRef": {"namespace": ns, "name": "data"},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [
+                         {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["a"]}]}]}}}})
+        core.patch_namespaced_persistent_volume_claim("data", ns, {"spec": {"volumeName": prov}})
+        assert wait_until(lambda: len(bound(core, ns)) == 2, 20)
+        b = bound(core, ns)
+        assert b["local-user"].spec.node_name == f"{ns}-y" and b["cloud-user"].spec.node_name == f"{ns}-x"
+    finally:
+        s.stop()
+        for name in [pv, *made]:
+            core.delete_persistent_volume(name)
+        storage.delete_storage_class(local)
+        storage.delete_storage_class(csi)
