@@ -181,3 +181,6 @@ def test_wait_for_first_consumer_provisioning_selects_the_node_and_times_out_cle
     run(api, loop, clock, rounds=8)  # each round advances the clock 61 s
     assert "ml/w" not in bound(api)
     assert any("timed out after 300 s waiting for PersistentVolumeClaims ml/never" in m for m in messages(api, "ml/w", "FailedScheduling"))
+    # on the way out the selected node was taken back (it is set again on the next try)
+    log = [(k, t, o) for _, k, t, o in api._log if k == "pvc" and o["metadata"]["name"] == "never"]
+    assert any("volume.kubernetes.io/selected-node" not in (o["metadata"].get("annotations") or {}) for _, t, o in log if t == "MODIFIED")

@@ -263,6 +263,7 @@ class SchedulerLoop:
         self.volume_bind_timeout_s = volume_bind_timeout_s
         self._volume_wait: dict[str, tuple[list[str], float, dict[str, str]]] = {}  # pod -> claims, deadline, annotations
         self._assumed_pvs: dict[str, str] = {}  # PV -> claim we set its claimRef for, until the claim is bound
+        self._volume_plans: dict[str, list[tuple[str, str]]] = {}  # pod -> (claim, PV or "" = provision) it asked for
 
     @property
     def bound(self) -> set[str]:
@@ -444,8 +445,9 @@ class SchedulerLoop:
     def _drop_pod(self, key: str) -> None:
         self.pending.pop(key, None)
         w = self._volume_wait.pop(key, None)
-        if w is not None:
+        if w is not None:  # deleted while its volumes were being bound
             self._release_assumed(w[0])
+            self._revert_volume_plan(key)
         self._forget_timers(key)
         self._req_cache.pop(key, None)
         self._nominated.pop(key, None)
@@ -813,6 +815,7 @@ class SchedulerLoop:
             self._bind_done(key, "failed", f"binding its volumes failed: {exc}", None, annotations)
             return True
         claims = [f"{c.namespace}/{c.name}" for c, _ in plan]
+        self._volume_plans[key] = [(f"{c.namespace}/{c.name}", pv) for c, pv in plan]
         self._volume_wait[key] = (claims, self.clock() + self.volume_bind_timeout_s, annotations)
         log.info("pod %s waits for volume binding on %s: %s", key, a.node,
                  ", ".join(f"{c.name} -> {pv or 'provisioned'}" for c, pv in plan))
@@ -825,6 +828,22 @@ class SchedulerLoop:
         if self.state.volumes is not None:
             self.state.volumes.assumed = dict(self._assumed_pvs)
 
+    def _revert_volume_plan(self, key: str) -> None:
+        """A volume bind that failed or timed out: take back the claimRef / selected-node of claims still unbound."""
+        cat = self.state.volumes
+        for ck, pv in self._volume_plans.pop(key, []):
+            claim = cat.claims.get(ck) if cat is not None else None
+            if claim is None or claim.volume_name:
+                continue
+            try:
+                if pv:
+                    self.api.patch_object("pv", "", pv, {"metadata": {"annotations": {"pv.kubernetes.io/bound-by-controller": None}},
+                                                          "spec": {"claimRef": None}})
+                else:
+                    self.api.patch_object("pvc", claim.namespace, claim.name, {"metadata": {"annotations": {SELECTED_NODE: None}}})
+            except Exception as exc:  # noqa: BLE001 - best effort, as kube-scheduler's revert
+                log.info("could not revert volume binding of %s for %s: %s", ck, key, exc)
+
     def _check_volume_waits(self) -> None:
         """Bind pods whose claims are now bound (to volumes usable on their node); fail those past the timeout."""
         if not self._volume_wait:
@@ -836,6 +855,7 @@ class SchedulerLoop:
             if entry is None or cat is None:
                 self._volume_wait.pop(key, None)
                 self._release_assumed(claims)
+                self._volume_plans.pop(key, None)
                 continue
             pod, a, _ = entry
             infos = [cat.claims.get(c) for c in claims]
@@ -845,6 +865,7 @@ class SchedulerLoop:
                 bad = next((pv for pv in pvs if pv is not None and not matches_node(pv.node_affinity, node)), None)
                 self._volume_wait.pop(key, None)
                 self._release_assumed(claims)
+                self._volume_plans.pop(key, None)
                 if bad is not None:
                     self._bind_done(key, "failed", f"volume {bad.name} was bound but cannot be used on {a.node}", None, bind_ann)
                 else:
@@ -852,6 +873,7 @@ class SchedulerLoop:
             elif now >= deadline:
                 self._volume_wait.pop(key, None)
                 self._release_assumed(claims)
+                self._revert_volume_plan(key)
                 self._bind_done(key, "failed", f"timed out after {self.volume_bind_timeout_s:.0f} s waiting for "
                                 f"PersistentVolumeClaims {', '.join(claims)} to be bound", None, bind_ann)
 
