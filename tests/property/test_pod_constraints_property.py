@@ -132,6 +132,8 @@ def test_every_decision_matches_a_naive_recomputation(data):
     assert fresh.pod_index.pods.keys() == s.state.pod_index.pods.keys()
     for t, arr in s.state.pod_index.anti.items():
         assert (fresh.pod_index.anti[t] == arr).all()
+    for key, (pred, arr) in s.state.pod_index._counts.items():  # every kept-current count equals a fresh scan
+        assert (fresh.pod_index.counts(key, pred) == arr).all(), key
 
 
 @settings(max_examples=40, deadline=None)
