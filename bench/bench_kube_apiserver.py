@@ -13,6 +13,12 @@ Everything -- apiserver, etcd, the pod creator and the scheduler -- shares
 this machine's cores.
 
     KUBEBUILDER_ASSETS=/path/to/bin python bench/bench_kube_apiserver.py --nodes 1000 --pods 3000 [--rounds 2]
+
+``--scenario`` picks the pods (nodes always carry hostname and one of three zone labels):
+``gpu`` (default, above); ``preferred-anti``: CPU pods, replicas of 10 apps with
+preferred hostname anti-affinity among each app's replicas (weight 100);
+``spread``: CPU pods, replicas of 10 apps spread over the 3 zones with maxSkew 1
+(DoNotSchedule).
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from tests.integration.conftest import ControlPlane, _free_port  # noqa: E402
 
 def node_body(i: int) -> dict:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"node-{i:05d}", "labels": {
-        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "8"}}}
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "8",
+        "kubernetes.io/hostname": f"node-{i:05d}", "topology.kubernetes.io/zone": f"zone-{i % 3}"}}}
 
 
 NODE_STATUS = {"status": {"capacity": {"cpu": "128", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"},
@@ -42,11 +49,43 @@ NODE_STATUS = {"status": {"capacity": {"cpu": "128", "memory": "1024Gi", "pods":
                           "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}]}}
 
 
-def pod_body(i: int) -> dict:
+def constrained_pod_body(i: int, scenario: str) -> dict:
+    app = f"app-{i % 10}"
+    sel = {"matchLabels": {"app": app}}
+    spec: dict = {"schedulerName": "gpufleet", "containers": [{"name": "c", "image": "busybox", "resources": {
+        "requests": {"cpu": "1", "memory": "1Gi"}}}]}
+    if scenario == "preferred-anti":
+        spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": {"labelSelector": sel, "topologyKey": "kubernetes.io/hostname"}}]}}
+    else:
+        spec["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                              "whenUnsatisfiable": "DoNotSchedule", "labelSelector": sel}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i:06d}", "labels": {"app": app}}, "spec": spec}
+
+
+def pod_body(i: int, scenario: str = "gpu") -> dict:
+    if scenario != "gpu":
+        return constrained_pod_body(i, scenario)
     ann = {"gpufleet.io/gpu-milli": str([250, 500, 300][i % 3])} if i % 2 else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i:06d}", "annotations": ann},
             "spec": {"schedulerName": "gpufleet", "containers": [{"name": "c", "image": "busybox", "resources": {
                 "requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+def placement_quality(core, scenario: str) -> str:
+    """What the constraint asked for, checked on the bound pods: zone skew per app, or replicas sharing a node."""
+    per: dict[tuple[str, str], int] = {}
+    for p in core.list_namespaced_pod("bench").items:
+        if not p.spec.node_name:
+            continue
+        app = (p.metadata.labels or {}).get("app", "")
+        where = f"zone-{int(p.spec.node_name.rsplit('-', 1)[1]) % 3}" if scenario == "spread" else p.spec.node_name
+        per[(app, where)] = per.get((app, where), 0) + 1
+    if scenario == "spread":
+        apps = {a for a, _ in per}
+        skew = max(max(per.get((a, f"zone-{z}"), 0) for z in range(3)) - min(per.get((a, f"zone-{z}"), 0) for z in range(3)) for a in apps)
+        return f"max zone skew over apps {skew} (maxSkew 1)"
+    return f"{sum(v - 1 for v in per.values() if v > 1)} replica(s) sharing a node with one of their app"
 
 
 def cpu_s(pid: int) -> float:
@@ -137,7 +176,7 @@ def run_one(which: str, args, assets: str) -> dict | None:
                 core.patch_node_status(f"node-{i:05d}", NODE_STATUS, _preload_content=False)
             list(ex.map(mk, range(args.nodes)))
             t1 = time.perf_counter()
-            list(ex.map(lambda i: core.create_namespaced_pod("bench", pod_body(i), _preload_content=False), range(args.pods)))
+            list(ex.map(lambda i: core.create_namespaced_pod("bench", pod_body(i, args.scenario), _preload_content=False), range(args.pods)))
         t2 = time.perf_counter()
         print(f"[{which}] setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s")
         counter = BindCounter(core, "bench")
@@ -161,6 +200,9 @@ def run_one(which: str, args, assets: str) -> dict | None:
             ft = counter.first_t
             res["steady"] = n / max(1e-9, end - ft)
             print(f"[{which}] first bind after {ft - start:.2f} s (start-up, list of nodes and pods); {res['steady']:.0f} pods/s from then")
+        if args.scenario != "gpu":
+            res["quality"] = placement_quality(core, args.scenario)
+            print(f"[{which}] placement: {res['quality']}")
         print(f"[{which}] CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + f" (wall {total:.1f} s, {os.cpu_count()} cores)")
         return res if n >= args.pods else None
     finally:
@@ -181,6 +223,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--pods", type=int, default=3000)
     ap.add_argument("--policy", default="default")
+    ap.add_argument("--scenario", choices=("gpu", "preferred-anti", "spread"), default="gpu")
     ap.add_argument("--bind-workers", type=int, default=16)
     ap.add_argument("--timeout-s", type=float, default=300)
     ap.add_argument("--profile", default="", help="write a cProfile of the gpufleet scheduler process here")
@@ -203,7 +246,7 @@ def main() -> int:
             ok &= r is not None
             if r:
                 results[w].append(r)
-    print(f"summary ({args.nodes} nodes, {args.pods} pods, median of {args.rounds} round(s)):")
+    print(f"summary ({args.scenario}: {args.nodes} nodes, {args.pods} pods, median of {args.rounds} round(s)):")
     for w, rs in results.items():
         if rs:
             print(f"  {w:<15} {statistics.median(r['pods_per_s'] for r in rs):6.0f} pods/s from process start, "

@@ -46,3 +46,73 @@ def pod(name: str = "p", cpu: str | None = "500m", memory: str | None = "1Gi", g
         "metadata": {"name": name, "namespace": "default", "annotations": dict(annotations or {})},
         "spec": {"containers": [{"name": "main", "image": "x", "resources": res}], **spec},
     }
+
+
+# --- pod-to-pod constraints ----------------------------------------------------------
+
+HOST = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def zoned(zones: dict[str, str], **kw: Any) -> list[Node]:
+    """Nodes by name -> zone (``topology.kubernetes.io/zone``)."""
+    return [gpu_node(n, labels={ZONE: z} if z else {}, **kw) for n, z in zones.items()]
+
+
+def term(topology_key: str = HOST, namespaces: list | None = None, ns_selector: dict | None = None,
+         match_label_keys: list | None = None, **match_labels: str) -> dict:
+    t: dict[str, Any] = {"labelSelector": {"matchLabels": dict(match_labels)}, "topologyKey": topology_key}
+    if namespaces is not None:
+        t["namespaces"] = namespaces
+    if ns_selector is not None:
+        t["namespaceSelector"] = ns_selector
+    if match_label_keys is not None:
+        t["matchLabelKeys"] = match_label_keys
+    return t
+
+
+def spread_c(max_skew: int = 1, key: str = ZONE, hard: bool = True, **kw: Any) -> dict:
+    c: dict[str, Any] = {"maxSkew": max_skew, "topologyKey": key,
+                         "whenUnsatisfiable": "DoNotSchedule" if hard else "ScheduleAnyway"}
+    labels = {k: v for k, v in kw.items() if k not in ("minDomains", "nodeAffinityPolicy", "nodeTaintsPolicy", "matchLabelKeys")}
+    c["labelSelector"] = {"matchLabels": labels}
+    c.update({k: v for k, v in kw.items() if k not in labels})
+    return c
+
+
+def kpod(name: str, labels: dict | None = None, namespace: str = "default", anti: tuple = (), aff: tuple = (),
+         pref_anti: tuple = (), pref_aff: tuple = (), spread: tuple = (), host_ports: tuple = (), claims: tuple = (),
+         owner: str | None = None, cpu: str = "100m", **spec: Any) -> dict:
+    """Pod JSON with labels and inter-pod terms: ``anti``/``aff`` are required terms, ``pref_*`` (weight, term)."""
+    p = pod(name, cpu=cpu, memory="64Mi", **spec)
+    p["metadata"]["namespace"] = namespace
+    p["metadata"]["labels"] = dict(labels or {})
+    if owner:
+        p["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": owner, "uid": owner, "controller": True}]
+    a: dict[str, Any] = {}
+    if aff or pref_aff:
+        a["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": list(aff),
+                            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": w, "podAffinityTerm": t} for w, t in pref_aff]}
+    if anti or pref_anti:
+        a["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": list(anti),
+                                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": w, "podAffinityTerm": t} for w, t in pref_anti]}
+    if a:
+        p["spec"]["affinity"] = {**p["spec"].get("affinity", {}), **a}
+    if spread:
+        p["spec"]["topologySpreadConstraints"] = list(spread)
+    if host_ports:
+        p["spec"]["containers"][0]["ports"] = [
+            {"containerPort": hp[0], "hostPort": hp[0], **({"protocol": hp[1]} if len(hp) > 1 else {}),
+             **({"hostIP": hp[2]} if len(hp) > 2 else {})} for hp in host_ports]
+    if claims:
+        p["spec"]["volumes"] = [{"name": f"v{i}", "persistentVolumeClaim": {"claimName": c}} for i, c in enumerate(claims)]
+    return p
+
+
+def place(state: Any, pod_json: dict, node: str) -> None:
+    """Reserve a pod on a node as if it were running there (with its labels and terms)."""
+    from gpufleet.engine.model import Assignment
+    from gpufleet.engine.podspec import parse_pod
+
+    r = parse_pod(pod_json)
+    state.reserve(Assignment(r.key, node, r.cpu_milli, r.memory_mib, scalars=r.scalars, terms=r.terms))

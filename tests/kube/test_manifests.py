@@ -29,11 +29,14 @@ def test_kustomizations_list_existing_files():
 def test_scheduler_rbac_is_exactly_what_it_calls():
     d = docs("scheduler/scheduler.yaml")
     cluster = next(x for x in d if x["kind"] == "ClusterRole")
-    watched = {("", "namespaces"), ("gpufleet.io", "queues"), ("gpufleet.io", "podgroups"), ("policy", "poddisruptionbudgets")}
+    watched = {("", "namespaces"), ("gpufleet.io", "queues"), ("gpufleet.io", "podgroups"), ("policy", "poddisruptionbudgets"),
+               ("", "persistentvolumeclaims"), ("", "persistentvolumes"),  # VolumeBinding
+               ("storage.k8s.io", "storageclasses"), ("storage.k8s.io", "csinodes")}
     assert grants(cluster) == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"),
                                ("", "pods", "watch"), ("", "pods", "delete"),  # preemption and reclaim
                                ("", "pods/binding", "create"), ("", "pods/status", "patch"),  # nominatedNodeName
-                               ("events.k8s.io", "events", "create")} | {
+                               ("events.k8s.io", "events", "create"),
+                               ("", "persistentvolumeclaims", "patch"), ("", "persistentvolumes", "patch")} | {
         (g, r, v) for g, r in watched for v in ("list", "watch")}
     from gpufleet.kube.api import POLICY_KINDS  # every kind the loop lists is granted
 

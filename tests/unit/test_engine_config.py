@@ -66,7 +66,7 @@ def _profile(**plugins):
 
 CONFIG_ERRORS = [
     ("unknown score plugin", _profile(score=["Fastest"]), "unknown plugin 'Fastest'; known plugins: "),
-    ("unknown filter plugin", _profile(filter=["GpuFit", "NodePorts"]), "unknown plugin 'NodePorts'"),
+    ("unknown filter plugin", _profile(filter=["GpuFit", "NodePortz"]), "unknown plugin 'NodePortz'"),
     ("unknown gpuSelect plugin", _profile(gpuSelect="Nearest"), "unknown plugin 'Nearest'"),
     ("filter as score", _profile(score=["GpuFit"]), "profile 'p': plugin 'GpuFit' does not implement the score extension point"),
     ("score as filter", _profile(filter=["LeastAllocated"]), "plugin 'LeastAllocated' does not implement the filter extension point"),

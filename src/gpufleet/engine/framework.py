@@ -39,6 +39,7 @@ class FilterResult:
     ok: np.ndarray
     reasons: tuple[str, ...] = ("rejected",)
     codes: np.ndarray | None = None
+    passes_all: bool = False  # the plugin had nothing to check for this pod (``ok`` is all true)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,8 @@ class Scheduler:
             reasons.append("node(s) were not offered by kube-scheduler")
         for p in self.profile.filters:
             res = p.filter(cycle, self.state)
+            if res.passes_all:
+                continue
             newly = feasible & ~res.ok
             if newly.any():
                 base = len(reasons)
@@ -216,6 +219,9 @@ class Scheduler:
         total = np.zeros(cand.size, dtype=np.float64)
         st = self.state
         for p, w in self.profile.scores:
+            applies = getattr(p, "applies", None)  # optional: a plugin with no opinion on this pod is skipped
+            if applies is not None and not applies(cycle, st):
+                continue
             key = p.cache_key(cycle)
             if key is None:
                 raw = np.asarray(p.score(cycle, st, cand), dtype=np.float64)
@@ -293,6 +299,8 @@ class Scheduler:
             priority=r.priority,
             queue=r.queue,
             pod_group=r.pod_group,
+            scalars=r.scalars,
+            terms=r.terms,
         )
 
     # --- public API ---------------------------------------------------------------

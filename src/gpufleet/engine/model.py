@@ -9,7 +9,10 @@ translate it into these.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from .constraints import PodTerms
 
 GPU_MILLI = 1000  # a whole GPU
 
@@ -56,6 +59,8 @@ class Node:
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     max_pods: int = 110
+    # allocatable of every other scalar resource (ephemeral-storage, hugepages-*, rdma/*, vendor devices)
+    scalars: tuple[tuple[str, int], ...] = ()
 
 
 # --- pod requests ---------------------------------------------------------------
@@ -129,6 +134,11 @@ class PodRequest:
     pod_group: str | None = None
     pod_group_min: int = 0
     labels: tuple[tuple[str, str], ...] = ()
+    # every other scalar resource requested (name, amount in the resource's base unit)
+    scalars: tuple[tuple[str, int], ...] = ()
+    # labels and pod-to-pod / port / volume terms (None: no labels, no terms, as in a trace)
+    terms: PodTerms | None = field(default=None, compare=False, hash=False)
+    preempt_never: bool = False  # spec.preemptionPolicy: Never (waits, never evicts lower-priority pods)
 
     @property
     def key(self) -> str:
@@ -181,3 +191,5 @@ class Assignment:
     priority: int = 0
     queue: str | None = None
     pod_group: str | None = None
+    scalars: tuple[tuple[str, int], ...] = ()
+    terms: PodTerms | None = field(default=None, compare=False, hash=False, repr=False)

@@ -22,10 +22,20 @@ from .model import (
     SelectorTerm,
     Toleration,
 )
+from .podterms import parse_terms
 from .quantity import parse_quantity, to_int, to_mib, to_milli
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
+# resources other plugins account for (GpuFit, NodeResourcesFit's cpu/memory/pods columns); the
+# gpufleet.io/ names are the agent's own bookkeeping, never admitted by count on a node
+_NOT_SCALAR_PREFIXES = (MIG_PREFIX, "gpufleet.io/")
+
+
+def scalar_requests(req: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """The requests NodeResourcesFit checks beyond cpu, memory and pods (sorted, positive)."""
+    return tuple(sorted((k, v) for k, v in req.items()
+                        if v > 0 and k not in ("cpu", "memory", "pods", GPU_RESOURCE) and not k.startswith(_NOT_SCALAR_PREFIXES)))
 _OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
 
 
@@ -51,8 +61,20 @@ def _list(pod: str, path: str, v: Any) -> list[Any]:
 
 
 def _amount(name: str, raw: Any) -> int:
-    """Engine units of one resource; the sign is checked on the exact value (``-1`` bytes is negative, not 0 MiB)."""
-    v = to_milli(raw) if name == "cpu" else to_mib(raw) if name == "memory" else to_int(raw)
+    """Engine units of one resource; the sign is checked on the exact value (``-1`` bytes is negative, not 0 MiB).
+
+    CPU in milli, memory in MiB, GPUs and MIG instances whole; every other
+    scalar resource in its base unit (bytes, devices), rounded up.
+    """
+    if name == "cpu":
+        v = to_milli(raw)
+    elif name == "memory":
+        v = to_mib(raw)
+    elif name == GPU_RESOURCE or name.startswith(MIG_PREFIX):
+        v = to_int(raw)
+    else:
+        v = to_milli(raw)
+        v = -(-v // 1000)
     return -1 if parse_quantity(raw) < 0 else v
 
 
@@ -66,8 +88,6 @@ def _container_requests(pod: str, path: str, c: Mapping[str, Any]) -> dict[str, 
     for name, raw in merged.items():
         src = "requests" if name in requests else "limits"
         field = f"{path}.resources.{src}.{name}"
-        if name not in ("cpu", "memory", GPU_RESOURCE) and not name.startswith(MIG_PREFIX):
-            continue
         try:
             v = _amount(name, raw)
         except InvalidQuantity as exc:
@@ -111,8 +131,6 @@ def effective_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     for k, v in init_max.items():
         total[k] = max(total.get(k, 0), v)
     for name, raw in _mapping(key, "spec.overhead", spec.get("overhead")).items():
-        if name not in ("cpu", "memory"):
-            continue
         try:
             v = _amount(name, raw)
         except InvalidQuantity as exc:
@@ -185,6 +203,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
             raise InvalidPodSpec(key, f"metadata.annotations[{a}]", f"unknown gpufleet annotation; known: {', '.join(sorted(ann.POD_INPUT_ANNOTATIONS))}")
 
     req = effective_requests(pod)
+    terms = parse_terms(key, meta, spec)
     gpus = req.get(GPU_RESOURCE, 0)
     migs = {k[len(MIG_PREFIX):]: v for k, v in req.items() if k.startswith(MIG_PREFIX) and v > 0}
     gpu_count, gpu_milli, gpu_mem, mig = gpus, GPU_MILLI if gpus else 0, 0, None
@@ -272,6 +291,9 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     prio = spec.get("priority", 0) or 0
     if not isinstance(prio, int) or isinstance(prio, bool):
         raise InvalidPodSpec(key, "spec.priority", f"must be an integer, got {prio!r}")
+    pp = spec.get("preemptionPolicy") or "PreemptLowerPriority"
+    if pp not in ("PreemptLowerPriority", "Never"):
+        raise InvalidPodSpec(key, "spec.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {pp!r}")
     group_min = 0
     if ann.POD_GROUP_MIN in annotations:
         try:
@@ -303,4 +325,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         pod_group=annotations.get(ann.POD_GROUP),
         pod_group_min=group_min,
         labels=tuple(sorted(labels.items())),
+        scalars=scalar_requests(req),
+        terms=terms,
+        preempt_never=pp == "Never",
     )

@@ -16,12 +16,16 @@ from __future__ import annotations
 import itertools
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
 from .errors import StateError
 from .model import GPU_MILLI, Assignment, Node
+from .podindex import PodIndex
+
+if TYPE_CHECKING:
+    from .volumes import VolumeCatalog
 
 # Epochs are unique across all states: plugins cache node-metadata masks per epoch, and
 # a per-state counter let a new state (same id() after GC, same epoch) hit a dead one's cache.
@@ -37,6 +41,8 @@ class ClusterState:
         self.model_names: list[str] = []
         self._model_ids: dict[str, int] = {}
         self.epoch = 0  # renewed (globally unique) when the node set or node metadata changes
+        self.pod_index = PodIndex(0)
+        self.volumes: VolumeCatalog | None = None  # a VolumeCatalog (PVCs, PVs, CSINode limits) when the adapter provides one
         self._rebuild(list(nodes), usage=None)
 
     # --- construction -------------------------------------------------------------
@@ -98,6 +104,14 @@ class ClusterState:
             [self.gpu_model[i, 0] if len(x.gpus) else -1 for i, x in enumerate(nodes)], dtype=np.int32
         )
         self.gpu_milli_cap = self.gpu_usable.sum(axis=1).astype(np.int64) * GPU_MILLI
+        # every other scalar resource any node reports (ephemeral-storage, hugepages-*, rdma/*, ...)
+        self.scalar_cap: dict[str, np.ndarray] = {}
+        for i, node in enumerate(nodes):
+            for name, amount in node.scalars:
+                self.scalar_cap.setdefault(name, np.zeros(n, dtype=np.int64))[i] = amount
+        self.scalar_free = {k: v.copy() for k, v in self.scalar_cap.items()}
+        self._topology: dict[str, tuple[np.ndarray, list[str]]] = {}
+        self.pod_index = PodIndex(n, self.pod_index.ns_labels)
         self.version = np.zeros(n, dtype=np.int64)
         self.epoch = next(_EPOCHS)
         self.pods_on_node = {x.name: set() for x in nodes}
@@ -161,6 +175,23 @@ class ClusterState:
         c = self.mig_count.get(profile)
         return c if c is not None else np.zeros(len(self.nodes), dtype=np.int64)
 
+    def topology(self, key: str) -> tuple[np.ndarray, list[str]]:
+        """Per-node domain id for a topology key (-1: the node lacks the label), and the domain values."""
+        t = self._topology.get(key)
+        if t is None:
+            ids: dict[str, int] = {}
+            dom = np.full(len(self.nodes), -1, dtype=np.int64)
+            for i, node in enumerate(self.nodes):
+                v = node.labels.get(key)
+                if v is not None:
+                    dom[i] = ids.setdefault(v, len(ids))
+            t = self._topology[key] = (dom, list(ids))
+        return t
+
+    def set_namespace_labels(self, labels: dict[str, dict[str, str]]) -> None:
+        """Namespace labels, for affinity terms with a namespaceSelector."""
+        self.pod_index.set_namespace_labels(labels)
+
     def copy(self) -> "ClusterState":
         """An independent snapshot for what-if runs (preemption, explain)."""
         c = object.__new__(ClusterState)
@@ -172,6 +203,8 @@ class ClusterState:
         c.pods_on_node = {k: set(v) for k, v in self.pods_on_node.items()}
         c.mig_free = [{p: list(ids) for p, ids in m.items()} for m in self.mig_free]
         c.mig_count = {p: v.copy() for p, v in self.mig_count.items()}
+        c.scalar_free = {k: v.copy() for k, v in self.scalar_free.items()}
+        c.pod_index = self.pod_index.copy()
         c.model_names = list(self.model_names)
         c._model_ids = dict(self._model_ids)
         return c
@@ -190,6 +223,11 @@ class ClusterState:
             return f"node {a.node}: memory {a.memory_mib}Mi requested, {self.mem_free[i]}Mi free"
         if self.pods_free[i] < 1:
             return f"node {a.node}: no pod slots left"
+        for name, amount in a.scalars:
+            sfree = self.scalar_free.get(name)
+            have = int(sfree[i]) if sfree is not None else 0
+            if have < amount:
+                return f"node {a.node}: {name} {amount} requested, {have} free"
         if len(set(a.gpu_indices)) != len(a.gpu_indices):
             return "GPU listed twice"
         if a.gpu_memory_mib and len(a.gpu_memory_mib) != len(a.gpu_indices):
@@ -236,6 +274,10 @@ class ClusterState:
             for inst in a.mig:
                 free.remove(inst)
             self.mig_count[a.mig_profile][i] -= len(a.mig)
+        for name, amount in a.scalars:
+            self.scalar_free[name][i] -= amount
+        if a.terms is not None:
+            self.pod_index.add(a.pod_key, a.terms, i)
         self.version[i] += 1
         self.assignments[a.pod_key] = a
         self.pods_on_node[a.node].add(a.pod_key)
@@ -257,6 +299,10 @@ class ClusterState:
             free.extend(a.mig)
             free.sort()
             self.mig_count[a.mig_profile or ""][i] += len(a.mig)
+        for name, amount in a.scalars:
+            self.scalar_free[name][i] += amount
+        if a.terms is not None:
+            self.pod_index.remove(pod_key)
         self.version[i] += 1
         self.pods_on_node[a.node].discard(pod_key)
         return a

@@ -56,6 +56,9 @@ class SchedulerApi(Protocol):
         """Set ``status.nominatedNodeName`` (where a preemptor will go once its victims are gone)."""
         ...
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None: ...
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict) -> None:
+        """JSON merge patch of one of ``POLICY_KINDS`` (volume binding: a PV's claimRef, a claim's selected node)."""
+        ...
 
 
 # Finished pods hold nothing; like kube-scheduler, never list or watch them.  A pod that
@@ -69,7 +72,25 @@ POLICY_KINDS = {
     "queue": "/apis/gpufleet.io/v1alpha1/queues",
     "podgroup": "/apis/gpufleet.io/v1alpha1/podgroups",
     "pdb": "/apis/policy/v1/poddisruptionbudgets",
+    # volumes: where a pod's PersistentVolume can be used, per-node attach limits (VolumeBinding, NodeVolumeLimits)
+    "pvc": "/api/v1/persistentvolumeclaims",
+    "pv": "/api/v1/persistentvolumes",
+    "storageclass": "/apis/storage.k8s.io/v1/storageclasses",
+    "csinode": "/apis/storage.k8s.io/v1/csinodes",
 }
+# watched even without queues (--no-queues): pod constraints need them (namespaceSelector, volumes)
+CONSTRAINT_KINDS = ("namespace", "pvc", "pv", "storageclass", "csinode")
+
+
+def _merge(dst: dict, patch: dict) -> None:
+    """RFC 7386 JSON merge patch, in place."""
+    for k, v in patch.items():
+        if v is None:
+            dst.pop(k, None)
+        elif isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v)
+        else:
+            dst[k] = v
 
 
 def object_key(obj: dict) -> str:
@@ -158,6 +179,16 @@ class FakeApi:
     def delete_object(self, kind: str, key: str) -> None:
         with self._cv:
             self._touch(kind, "DELETED", self.objects[kind].pop(key))
+
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict) -> None:
+        with self._cv:
+            self._count(f"patch_{kind}")
+            key = f"{namespace}/{name}" if namespace else name
+            obj = self.objects[kind].get(key)
+            if obj is None:
+                raise NotFound(f"{kind} {key} not found")
+            _merge(obj, copy.deepcopy(patch))
+            self._touch(kind, "MODIFIED", obj)
 
     def compact(self) -> None:
         """Forget the event log: watches from an older resourceVersion get 410 Gone."""
@@ -403,6 +434,11 @@ class KubernetesApi:
         if grace_period_s is not None:
             body["gracePeriodSeconds"] = grace_period_s
         self._request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict) -> None:
+        base, resource = POLICY_KINDS[kind].rsplit("/", 1)
+        path = f"{base}/namespaces/{namespace}/{resource}/{name}" if namespace else f"{base}/{resource}/{name}"
+        self._request("PATCH", path, patch, content_type="application/merge-patch+json")
 
     def nominate(self, namespace: str, name: str, node: str) -> None:
         self._request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",

@@ -9,6 +9,7 @@ plugin.  Bad values raise ``InvalidNodeSpec`` naming the node and the field.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ..engine import annotations as ann
@@ -16,7 +17,14 @@ from ..engine.errors import InvalidNodeSpec, InvalidPodSpec, InvalidQuantity
 from ..engine.gpu_models import lookup
 from ..engine.inventory import assignment_from_json, gpus_from_json
 from ..engine.model import Assignment, Gpu, Node, Taint
-from ..engine.podspec import effective_requests, parse_pod, pod_key
+from ..engine.podspec import (
+    _NOT_SCALAR_PREFIXES,
+    effective_requests,
+    parse_pod,
+    pod_key,
+    scalar_requests,
+)
+from ..engine.podterms import lenient_terms
 from ..engine.quantity import to_int, to_mib, to_milli
 from ..engine.state import ClusterState
 
@@ -77,8 +85,15 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
         if not isinstance(t, Mapping) or not t.get("key") or t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
             raise InvalidNodeSpec(name, f"spec.taints[{i}]", f"needs a key and a known effect, got {t!r}")
         taints.append(Taint(t["key"], t.get("value", ""), t["effect"]))
+    scalars = []
+    for key in alloc:
+        if key in ("cpu", "memory", "pods", GPU_RESOURCE) or key.startswith(_NOT_SCALAR_PREFIXES):
+            continue
+        v = q(key, lambda x: -(-to_milli(x) // 1000), 0)
+        if v > 0:
+            scalars.append((str(key), v))
     return Node(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, labels=labels, taints=tuple(taints),
-                unschedulable=bool(spec.get("unschedulable")), max_pods=pods)
+                unschedulable=bool(spec.get("unschedulable")), max_pods=pods, scalars=tuple(sorted(scalars)))
 
 
 def node_ready(obj: Mapping[str, Any]) -> bool:
@@ -90,6 +105,14 @@ def node_ready(obj: Mapping[str, Any]) -> bool:
 
 def is_terminal(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _bound_scalars(req: Mapping[str, int], state: ClusterState, node: str) -> tuple[tuple[str, int], ...]:
+    """A running pod's scalar requests, limited to resources its node reports (kubelet admitted it)."""
+    i = state.index.get(node)
+    if i is None:
+        return ()
+    return tuple((k, v) for k, v in scalar_requests(req) if k in state.scalar_cap and state.scalar_cap[k][i] > 0)
 
 
 def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
@@ -112,7 +135,7 @@ def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
         a = assignment_from_json(key, annotations[ann.ASSIGNMENT], cpu, mem, prio)
         if a.node != node_name:
             raise InvalidPodSpec(key, f"metadata.annotations[{ann.ASSIGNMENT}].node", f"says {a.node!r} but the pod is bound to {node_name!r}")
-        return a
+        return replace(a, scalars=_bound_scalars(req, state, node_name), terms=lenient_terms(pod))
     want = req.get(GPU_RESOURCE, 0)
     gpus: tuple[int, ...] = ()
     if want and node_name in state.index:
@@ -123,7 +146,7 @@ def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
     return Assignment(pod_key=key, node=node_name, cpu_milli=cpu, memory_mib=mem, gpu_indices=gpus,
                       gpu_milli=1000 if gpus else 0,
                       gpu_memory_mib=tuple(int(state.gpu_mem_cap[state.index[node_name], g]) for g in gpus),
-                      priority=prio)
+                      priority=prio, scalars=_bound_scalars(req, state, node_name), terms=lenient_terms(pod))
 
 
 __all__ = ["bound_assignment", "is_terminal", "node_from_json", "node_ready", "parse_pod", "pod_key"]

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     profile, api = started
     # the extender never schedules on its own: kube-scheduler drives it, so no pod is "ours" to queue
     # kube-scheduler does queueing and preemption in this mode; gpufleet picks nodes and GPUs
-    loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none", policy_kinds=False, preemption=False)
+    loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none", policy_kinds=False, preemption=False,
+                         constraint_kinds=False)
     lock = threading.Lock()
     runner = Runner(api, loop, lock=lock)
     ext = Extender(loop, lock, runner.ready)

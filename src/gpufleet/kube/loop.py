@@ -50,7 +50,24 @@ from ..engine.podspec import parse_pod, pod_key
 from ..engine.preemption import explain_preemption, find_gang_victims, find_victims
 from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
-from .api import POLICY_KINDS, ApiError, Conflict, NotFound, SchedulerApi
+from ..engine.volumes import (
+    SELECTED_NODE,
+    VolumeCatalog,
+    claim_from_json,
+    csinode_limits,
+    matches_node,
+    plan_bindings,
+    pv_from_json,
+    storageclass_from_json,
+)
+from .api import (
+    CONSTRAINT_KINDS,
+    POLICY_KINDS,
+    ApiError,
+    Conflict,
+    NotFound,
+    SchedulerApi,
+)
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
 from .policy_objects import PolicyObjects
 
@@ -79,14 +96,24 @@ def slim_pod(pod: dict) -> dict:
         out = {"name": c.get("name"), "resources": c.get("resources") or {}}
         if "restartPolicy" in c:
             out["restartPolicy"] = c["restartPolicy"]
+        ports = [p for p in c.get("ports") or [] if isinstance(p, dict) and p.get("hostPort")]
+        if ports:
+            out["ports"] = ports
         return out
 
     ann_ = {k: v for k, v in (m.get("annotations") or {}).items() if k.startswith(ann.PREFIX)}
-    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead") if k in spec}
+    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead", "hostNetwork") if k in spec}
+    # what other pods' constraints see: inter-pod (anti-)affinity terms (symmetry) and claimed volumes
+    aff = {k: v for k, v in (spec.get("affinity") or {}).items() if k in ("podAffinity", "podAntiAffinity")}
+    if aff:
+        s["affinity"] = aff
+    vols = [v for v in spec.get("volumes") or [] if isinstance(v, dict) and ("persistentVolumeClaim" in v or "ephemeral" in v)]
+    if vols:
+        s["volumes"] = [{"name": v.get("name"), **({"persistentVolumeClaim": v["persistentVolumeClaim"]} if "persistentVolumeClaim" in v else {"ephemeral": {}})} for v in vols]
     s["containers"] = [ctr(c) for c in spec.get("containers") or [] if isinstance(c, dict)]
     if spec.get("initContainers"):
         s["initContainers"] = [ctr(c) for c in spec["initContainers"] if isinstance(c, dict)]
-    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in m}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences") if k in m}
     meta["annotations"] = ann_
     return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
 
@@ -171,14 +198,26 @@ def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotation
         return ("bound", "", p) if bound_to == node and mine else ("taken", bound_to, p)
 
 
+# pod-to-pod and volume plugins: in extender mode kube-scheduler runs its own, so gpufleet leaves them out
+KUBE_SCHEDULER_HANDLES = ("NodePorts", "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread")
+
+
+def without_plugins(profile: Profile, names: tuple[str, ...]) -> Profile:
+    return replace(profile, filters=[p for p in profile.filters if p.name not in names],
+                   scores=[(p, w) for p, w in profile.scores if p.name not in names])
+
+
 class SchedulerLoop:
     PLAN_SHARE = 0.25  # of the loop's time that preemption planning may use on average
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
-                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0):
+                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True,
+                 volume_bind_timeout_s: float = 600.0):
         self.api = api
+        if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
+            profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
         # queue quotas need the QueueQuota plugin; add it when the profile does not name it
         self.quota = next((p for p in profile.pre_filters if isinstance(p, QueueQuota)), None)
         if self.quota is None and policy_kinds:
@@ -186,7 +225,7 @@ class SchedulerLoop:
             profile = replace(profile, pre_filters=[self.quota, *profile.pre_filters], reserves=[self.quota, *profile.reserves])
         self.profile = profile
         self.objects = PolicyObjects()
-        self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else []
+        self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
         self.preemption = preemption
         self.eviction_grace_s = eviction_grace_s
         self.nominated_timeout_s = nominated_timeout_s
@@ -221,6 +260,10 @@ class SchedulerLoop:
         self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
         self._results: queue.Queue = queue.Queue()
         self.gangs = GangScheduler(self.sched)
+        self.volume_bind_timeout_s = volume_bind_timeout_s
+        self._volume_wait: dict[str, tuple[list[str], float, dict[str, str]]] = {}  # pod -> claims, deadline, annotations
+        self._assumed_pvs: dict[str, str] = {}  # PV -> claim we set its claimRef for, until the claim is bound
+        self._volume_plans: dict[str, list[tuple[str, str]]] = {}  # pod -> (claim, PV or "" = provision) it asked for
 
     @property
     def bound(self) -> set[str]:
@@ -281,6 +324,7 @@ class SchedulerLoop:
             if n is not None:
                 good.append(n)
         self.state = ClusterState(good)
+        self._sync_constraint_objects()
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
         self.gangs = GangScheduler(self.sched)
         self._rebuild_tree()
@@ -400,6 +444,10 @@ class SchedulerLoop:
 
     def _drop_pod(self, key: str) -> None:
         self.pending.pop(key, None)
+        w = self._volume_wait.pop(key, None)
+        if w is not None:  # deleted while its volumes were being bound
+            self._release_assumed(w[0])
+            self._revert_volume_plan(key)
         self._forget_timers(key)
         self._req_cache.pop(key, None)
         self._nominated.pop(key, None)
@@ -490,7 +538,38 @@ class SchedulerLoop:
             return
         (self._node_event if kind == "node" else self._pod_event)(type_, obj)
 
+    def _sync_constraint_objects(self, kind: str | None = None) -> None:
+        """Namespace labels and the volume catalog into the snapshot (namespaceSelector, VolumeBinding)."""
+        raw = self.objects.raw
+        if kind in (None, "namespace"):
+            self.state.set_namespace_labels({(o.get("metadata") or {}).get("name", ""): dict((o.get("metadata") or {}).get("labels") or {})
+                                             for o in raw["namespace"].values()})
+        if kind in (None, "pvc", "pv", "storageclass", "csinode"):
+            if "pvc" in self.objects.unserved or "pvc" not in self.policy_kinds:
+                self.state.volumes = None
+                return
+            cat = VolumeCatalog()
+            for o in raw["pvc"].values():
+                c = claim_from_json(o)
+                cat.claims[f"{c.namespace}/{c.name}"] = c
+            for o in raw["pv"].values():
+                pv = pv_from_json(o)
+                cat.volumes[pv.name] = pv
+            for o in raw["storageclass"].values():
+                sc = storageclass_from_json(o)
+                cat.classes[sc.name] = sc
+            cat.assumed = dict(self._assumed_pvs)
+            for o in raw["csinode"].values():
+                name, limits = csinode_limits(o)
+                if limits:
+                    cat.attach_limits[name] = limits
+            self.state.volumes = cat
+
     def _policy_changed(self, kind: str) -> None:
+        if kind in CONSTRAINT_KINDS:
+            self._sync_constraint_objects(kind)
+            if kind in ("pvc", "pv"):
+                self._check_volume_waits()
         if kind == "queue":
             self._rebuild_tree()
         if kind != "pdb":
@@ -564,7 +643,7 @@ class SchedulerLoop:
         return any(nb.get(k, 0.0) <= now for k in self.pending)
 
     def next_wakeup(self) -> float | None:
-        times = [self._not_before.get(k, 0.0) for k in self.pending]
+        times = [self._not_before.get(k, 0.0) for k in self.pending] + [w[1] for w in self._volume_wait.values()]
         return min(times) if times else None
 
     def _defer(self, key: str) -> None:
@@ -578,6 +657,7 @@ class SchedulerLoop:
         Gang members go in one gang round, after the single pods -- or before them
         when a gang had victims deleted for it, so the room it made is its own.
         """
+        self._check_volume_waits()
         n = 0
         gang_keys = self.due_gang_members()
         gangs_first = any(k in self._nominated for k in gang_keys)
@@ -686,6 +766,11 @@ class SchedulerLoop:
             annotations[ann.QUEUE] = a.queue  # the queue it was admitted to: a restart counts it there again
         self.pending.pop(key, None)
         self.binding[key] = (pod, a, t0)
+        if self._bind_volumes(key, pod, a, annotations):
+            return  # the Binding goes out once its claims are bound (_check_volume_waits)
+        self._send_bind(key, pod, a, annotations)
+
+    def _send_bind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> None:
         m = pod["metadata"]
         ns, name = m.get("namespace") or "default", m["name"]
         if self._pool is None:
@@ -697,6 +782,103 @@ class SchedulerLoop:
                 self._results.put((key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations))
 
             fut.add_done_callback(done)
+
+    # --- volume binding (WaitForFirstConsumer) -----------------------------------------------
+    def _bind_volumes(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
+        """Start binding the pod's unbound WaitForFirstConsumer claims for its node, as kube-scheduler's
+        VolumeBinding PreBind does: a chosen PV gets the claim as ``claimRef`` (the PV controller completes
+        the bind), a claim to provision gets ``volume.kubernetes.io/selected-node``.  True when the pod
+        must wait (or has failed) instead of being bound now."""
+        t = a.terms
+        cat = self.state.volumes
+        if t is None or not t.claims or cat is None:
+            return False
+        node = self.state.nodes[self.state.index[a.node]]
+        plan = plan_bindings(cat, t.namespace, t.claims, node)
+        if plan is not None and not plan:
+            return False
+        if plan is None:
+            self._bind_done(key, "failed", f"no volume can be bound for its claims on {a.node} any more", None, annotations)
+            return True
+        try:
+            for claim, pv in plan:
+                ck = f"{claim.namespace}/{claim.name}"
+                if pv:
+                    ref = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": claim.namespace, "name": claim.name}
+                    if claim.uid:
+                        ref["uid"] = claim.uid
+                    self.api.patch_object("pv", "", pv, {"metadata": {"annotations": {"pv.kubernetes.io/bound-by-controller": "yes"}},
+                                                          "spec": {"claimRef": ref}})
+                    self._assumed_pvs[pv] = ck
+                    cat.assumed[pv] = ck
+                else:
+                    self.api.patch_object("pvc", claim.namespace, claim.name,
+                                          {"metadata": {"annotations": {SELECTED_NODE: a.node}}})
+        except Exception as exc:  # noqa: BLE001 - any API failure sends the pod back to the queue
+            self._bind_done(key, "failed", f"binding its volumes failed: {exc}", None, annotations)
+            return True
+        claims = [f"{c.namespace}/{c.name}" for c, _ in plan]
+        self._volume_plans[key] = [(f"{c.namespace}/{c.name}", pv) for c, pv in plan]
+        self._volume_wait[key] = (claims, self.clock() + self.volume_bind_timeout_s, annotations)
+        log.info("pod %s waits for volume binding on %s: %s", key, a.node,
+                 ", ".join(f"{c.name} -> {pv or 'provisioned'}" for c, pv in plan))
+        return True
+
+    def _release_assumed(self, claims: list[str]) -> None:
+        for pv, ck in list(self._assumed_pvs.items()):
+            if ck in claims:
+                del self._assumed_pvs[pv]
+        if self.state.volumes is not None:
+            self.state.volumes.assumed = dict(self._assumed_pvs)
+
+    def _revert_volume_plan(self, key: str) -> None:
+        """A volume bind that failed or timed out: take back the claimRef / selected-node of claims still unbound."""
+        cat = self.state.volumes
+        for ck, pv in self._volume_plans.pop(key, []):
+            claim = cat.claims.get(ck) if cat is not None else None
+            if claim is None or claim.volume_name:
+                continue
+            try:
+                if pv:
+                    self.api.patch_object("pv", "", pv, {"metadata": {"annotations": {"pv.kubernetes.io/bound-by-controller": None}},
+                                                          "spec": {"claimRef": None}})
+                else:
+                    self.api.patch_object("pvc", claim.namespace, claim.name, {"metadata": {"annotations": {SELECTED_NODE: None}}})
+            except Exception as exc:  # noqa: BLE001 - best effort, as kube-scheduler's revert
+                log.info("could not revert volume binding of %s for %s: %s", ck, key, exc)
+
+    def _check_volume_waits(self) -> None:
+        """Bind pods whose claims are now bound (to volumes usable on their node); fail those past the timeout."""
+        if not self._volume_wait:
+            return
+        cat = self.state.volumes
+        now = self.clock()
+        for key, (claims, deadline, bind_ann) in list(self._volume_wait.items()):
+            entry = self.binding.get(key)
+            if entry is None or cat is None:
+                self._volume_wait.pop(key, None)
+                self._release_assumed(claims)
+                self._volume_plans.pop(key, None)
+                continue
+            pod, a, _ = entry
+            infos = [cat.claims.get(c) for c in claims]
+            pvs = [cat.volumes.get(i.volume_name) if i is not None and i.volume_name else None for i in infos]
+            if all(pv is not None for pv in pvs):
+                node = self.state.nodes[self.state.index[a.node]]
+                bad = next((pv for pv in pvs if pv is not None and not matches_node(pv.node_affinity, node)), None)
+                self._volume_wait.pop(key, None)
+                self._release_assumed(claims)
+                self._volume_plans.pop(key, None)
+                if bad is not None:
+                    self._bind_done(key, "failed", f"volume {bad.name} was bound but cannot be used on {a.node}", None, bind_ann)
+                else:
+                    self._send_bind(key, pod, a, bind_ann)
+            elif now >= deadline:
+                self._volume_wait.pop(key, None)
+                self._release_assumed(claims)
+                self._revert_volume_plan(key)
+                self._bind_done(key, "failed", f"timed out after {self.volume_bind_timeout_s:.0f} s waiting for "
+                                f"PersistentVolumeClaims {', '.join(claims)} to be bound", None, bind_ann)
 
     # --- reclaim and preemption -----------------------------------------------------------
     def _planning_allowed(self) -> bool:
@@ -733,7 +915,7 @@ class SchedulerLoop:
             if rp is not None:
                 victims, lines = rp.victims, rp.explanation
                 reason, kind = f"reclaimed: queue {req.queue} needs its quota back for {key}", "reclaimed"
-        if not victims and any(a.priority < req.priority for a in self.state.assignments.values()):
+        if not victims and not req.preempt_never and any(a.priority < req.priority for a in self.state.assignments.values()):
             plan = find_victims(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
                                 age_rank=self._age_rank(), **self._candidate_bound())
             if plan is not None:
@@ -759,6 +941,8 @@ class SchedulerLoop:
             return  # not all there yet: nothing to make room for
         held = set(self.gangs.held) if self.gangs.holder == group else set()
         members = [r for r in g.members.values() if r.key not in held]  # held ones already have their room
+        if any(r.preempt_never for r in members):
+            return  # preemptionPolicy: Never on a member: the gang waits
         need -= len(held)
         if need <= 0 or not members:
             return
@@ -931,7 +1115,9 @@ class SchedulerLoop:
             rp = self.tree.plan_reclaim(self.sched, req)
             if rp is not None:
                 msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
-        if any(a.priority < req.priority for a in self.state.assignments.values()):
+        if req.preempt_never:
+            msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
+        elif any(a.priority < req.priority for a in self.state.assignments.values()):
             lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
                                        age_rank=self._age_rank())
             msg += "\n  " + "\n  ".join(lines)

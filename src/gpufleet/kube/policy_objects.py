@@ -17,14 +17,14 @@ from ..engine.errors import ConfigError
 from ..engine.gang import PodGroup
 from ..engine.preemption import PodDisruptionBudget
 from ..engine.queues import NamespaceQueues, Queue, load_queues
-from .api import object_key
+from .api import POLICY_KINDS, object_key
 
 log = logging.getLogger(__name__)
 
 
 class PolicyObjects:
     def __init__(self) -> None:
-        self.raw: dict[str, dict[str, dict]] = {"namespace": {}, "queue": {}, "podgroup": {}, "pdb": {}}
+        self.raw: dict[str, dict[str, dict]] = {k: {} for k in POLICY_KINDS}
         self.unserved: set[str] = set()
         self.errors: dict[str, str] = {}  # object -> why it is left out
         self._queues: list[Queue] | None = None

@@ -13,6 +13,10 @@ from typing import Any, Mapping
 from ..engine.config import Registry, load_config
 from ..engine.framework import Profile
 from ..engine.plugins import filters, gpuselect, scores
+from ..engine.plugins.interpodaffinity import InterPodAffinity
+from ..engine.plugins.nodeports import NodePorts
+from ..engine.plugins.podtopologyspread import PodTopologySpread
+from ..engine.plugins.volumes import NodeVolumeLimits, VolumeBinding
 
 
 def registry() -> Registry:
@@ -22,6 +26,11 @@ def registry() -> Registry:
     r.register("TaintToleration", filters.TaintToleration)
     r.register("NodeResourcesFit", filters.NodeResourcesFit)
     r.register("GpuFit", filters.GpuFit)
+    r.register("NodePorts", NodePorts)
+    r.register("VolumeBinding", VolumeBinding)
+    r.register("NodeVolumeLimits", NodeVolumeLimits)
+    r.register("InterPodAffinity", InterPodAffinity)
+    r.register("PodTopologySpread", PodTopologySpread)
     r.register("LeastAllocated", scores.LeastAllocated)
     r.register("MostAllocated", scores.MostAllocated)
     r.register("Spread", scores.Spread)

@@ -82,7 +82,7 @@ class NodeAffinity:
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         if not r.node_selector and not r.required_terms:
-            return FilterResult(np.ones(len(state), dtype=bool))
+            return FilterResult(np.ones(len(state), dtype=bool), passes_all=True)
 
         def build() -> np.ndarray:
             out = np.empty(len(state), dtype=bool)
@@ -164,7 +164,7 @@ class TaintToleration:
 
 @dataclass
 class NodeResourcesFit:
-    """CPU, memory and pod count."""
+    """CPU, memory, pod count and every other scalar resource the pod requests (GPUs: GpuFit)."""
 
     name: str = "NodeResourcesFit"
 
@@ -174,8 +174,19 @@ class NodeResourcesFit:
         mem = state.mem_free >= r.memory_mib
         pods = state.pods_free >= 1
         ok = cpu & mem & pods
+        if not r.scalars:
+            if ok.all():
+                return FilterResult(ok, passes_all=True)
+            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), np.where(~pods, 0, np.where(~cpu, 1, 2)))
         codes = np.where(~pods, 0, np.where(~cpu, 1, 2))
-        return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), codes)
+        reasons = ["Too many pods", "Insufficient cpu", "Insufficient memory"]
+        for name, amount in r.scalars:
+            free = state.scalar_free.get(name)
+            fits = free >= amount if free is not None else np.zeros(len(state), dtype=bool)
+            codes = np.where(ok & ~fits, len(reasons), codes)
+            reasons.append(f"Insufficient {name}")
+            ok &= fits
+        return FilterResult(ok, tuple(reasons), codes)
 
 
 def model_mask(state: ClusterState, r: PodRequest) -> np.ndarray | None:
@@ -225,7 +236,7 @@ class GpuFit:
         r = cycle.request
         n = len(state)
         if r.gpu_count == 0:
-            return FilterResult(np.ones(n, dtype=bool))
+            return FilterResult(np.ones(n, dtype=bool), passes_all=True)
         k = r.gpu_count
         mm = model_mask(state, r)
         if r.mig_profile:
@@ -262,4 +273,5 @@ class GpuFit:
         return FilterResult(ok, self.REASONS, codes)
 
 
-DEFAULT_FILTERS = ("NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeResourcesFit", "GpuFit")
+DEFAULT_FILTERS = ("NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeResourcesFit", "NodePorts",
+                   "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread", "GpuFit")

@@ -1,0 +1,29 @@
+"""NodePorts: a pod's hostPorts must be free on the node (port, protocol, hostIP; 0.0.0.0 clashes with any IP)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..framework import Cycle, FilterResult
+from ..state import ClusterState
+from ._common import all_pass
+
+NO_FREE_PORTS = "node(s) didn't have free ports for the requested pod ports"
+
+
+@dataclass
+class NodePorts:
+    name: str = "NodePorts"
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        t = cycle.request.terms
+        n = len(state)
+        if t is None or not t.host_ports or not state.pod_index.ports:
+            return FilterResult(all_pass(n), passes_all=True)
+        ok = np.ones(n, dtype=bool)
+        for hp in t.host_ports:
+            for i in state.pod_index.port_conflicts(hp):
+                ok[i] = False
+        return FilterResult(ok, (NO_FREE_PORTS,))

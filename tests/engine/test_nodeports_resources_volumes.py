@@ -1,0 +1,215 @@
+"""NodePorts, every scalar resource in NodeResourcesFit, VolumeBinding / NodeVolumeLimits, unsupported fields."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpufleet.engine.constraints import ClaimInfo, PersistentVolume
+from gpufleet.engine.errors import InvalidPodSpec
+from gpufleet.engine.model import Requirement, SelectorTerm
+from gpufleet.engine.plugins.filters import NodeResourcesFit
+from gpufleet.engine.plugins.nodeports import NO_FREE_PORTS, NodePorts
+from gpufleet.engine.plugins.volumes import (
+    MAX_VOLUMES,
+    VOLUME_AFFINITY,
+    NodeVolumeLimits,
+    VolumeBinding,
+)
+from gpufleet.engine.podspec import parse_pod
+from gpufleet.engine.podterms import UnsupportedPodField
+from gpufleet.engine.state import ClusterState
+from gpufleet.engine.volumes import VolumeCatalog
+from tests.builders import verdicts
+
+from .builders import gpu_node, kpod, place, pod
+
+PORT_CASES = [
+    ("same port, both wildcard", (8080,), (8080,), NO_FREE_PORTS),
+    ("different port", (8080,), (8081,), None),
+    ("same port, other protocol", (53, "UDP"), (53, "TCP"), None),
+    ("same port, same protocol UDP", (53, "UDP"), (53, "UDP"), NO_FREE_PORTS),
+    ("two specific IPs", (80, "TCP", "10.0.0.1"), (80, "TCP", "10.0.0.2"), None),
+    ("same specific IP", (80, "TCP", "10.0.0.1"), (80, "TCP", "10.0.0.1"), NO_FREE_PORTS),
+    ("wildcard vs specific IP", (80, "TCP", "0.0.0.0"), (80, "TCP", "10.0.0.2"), NO_FREE_PORTS),
+    ("specific IP vs wildcard", (80, "TCP", "10.0.0.1"), (80,), NO_FREE_PORTS),
+]
+
+
+@pytest.mark.parametrize("held,wanted,expected", [c[1:] for c in PORT_CASES], ids=[c[0] for c in PORT_CASES])
+def test_node_ports(held, wanted, expected):
+    st = ClusterState([gpu_node("n1"), gpu_node("n2")])
+    place(st, kpod("old", host_ports=(held,)), "n1")
+    v = verdicts(NodePorts(), parse_pod(kpod("x", host_ports=(wanted,))), st)
+    assert v == {"n1": expected, "n2": None}
+    st.unreserve("default/old")
+    assert verdicts(NodePorts(), parse_pod(kpod("x", host_ports=(wanted,))), st) == {"n1": None, "n2": None}
+
+
+def test_every_scalar_resource_fits():
+    n1 = dataclasses.replace(gpu_node("n1"), scalars=(("ephemeral-storage", 10 << 30), ("hugepages-2Mi", 1 << 30), ("rdma/hca", 2)))
+    n2 = gpu_node("n2")  # reports none of them
+    st = ClusterState([n1, n2])
+    p = parse_pod(pod("x", extra_resources={"rdma/hca": "2", "hugepages-2Mi": "512Mi", "ephemeral-storage": "1Gi"}))
+    assert dict(p.scalars) == {"rdma/hca": 2, "hugepages-2Mi": 512 << 20, "ephemeral-storage": 1 << 30}
+    v = verdicts(NodeResourcesFit(), p, st)
+    assert v["n1"] is None and v["n2"] == "Insufficient ephemeral-storage"
+    place(st, pod("y", extra_resources={"rdma/hca": "1"}), "n1")
+    assert verdicts(NodeResourcesFit(), p, st)["n1"] == "Insufficient rdma/hca"
+    st.unreserve("default/y")
+    assert verdicts(NodeResourcesFit(), p, st)["n1"] is None
+
+
+def _catalog():
+    zone_a = (SelectorTerm((Requirement("topology.kubernetes.io/zone", "In", ("a",)),)),)
+    return VolumeCatalog(
+        claims={"default/data": ClaimInfo("default", "data", "pv1", "Bound"),
+                "default/fresh": ClaimInfo("default", "fresh", "", "Pending", "wffc"),
+                "default/d1": ClaimInfo("default", "d1", "pv2", "Bound"),
+                "default/d2": ClaimInfo("default", "d2", "pv3", "Bound")},
+        volumes={"pv1": PersistentVolume("pv1", zone_a), "pv2": PersistentVolume("pv2", (), "ebs.csi"),
+                 "pv3": PersistentVolume("pv3", (), "ebs.csi")},
+        binding_modes={"wffc": "WaitForFirstConsumer"},
+        attach_limits={"n1": {"ebs.csi": 1}},
+    )
+
+
+def test_volume_binding():
+    st = ClusterState([gpu_node("n1", labels={"topology.kubernetes.io/zone": "a"}),
+                       gpu_node("n2", labels={"topology.kubernetes.io/zone": "b"})])
+    st.volumes = _catalog()
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("data",))), st) == {"n1": None, "n2": VOLUME_AFFINITY}
+    v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("missing",))), st)
+    assert v["n1"] == v["n2"] == 'persistentvolumeclaim "missing" not found'
+    v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("fresh",))), st)
+    assert v["n1"] == v["n2"] == "node(s) didn't find available persistent volumes to bind"  # WFFC, no PV, no provisioner
+    st.volumes.claims["default/later"] = ClaimInfo("default", "later", "", "Pending", "standard")
+    v = verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("later",))), st)
+    assert v["n1"] == 'pod has unbound immediate PersistentVolumeClaims (persistentvolumeclaim "later")'
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x")), st) == {"n1": None, "n2": None}
+
+
+def test_node_volume_limits():
+    st = ClusterState([gpu_node("n1"), gpu_node("n2")])
+    st.volumes = _catalog()
+    assert verdicts(NodeVolumeLimits(), parse_pod(kpod("x", claims=("d1",))), st) == {"n1": None, "n2": None}
+    place(st, kpod("holder", claims=("d1",)), "n1")
+    assert verdicts(NodeVolumeLimits(), parse_pod(kpod("x", claims=("d1",))), st)["n1"] is None  # same volume again
+    assert verdicts(NodeVolumeLimits(), parse_pod(kpod("x", claims=("d2",))), st) == {"n1": MAX_VOLUMES, "n2": None}
+
+
+@pytest.mark.parametrize("spec,field", [
+    ({"resourceClaims": [{"name": "gpu"}]}, "spec.resourceClaims"),
+    ({"volumes": [{"name": "d", "gcePersistentDisk": {"pdName": "x"}}]}, "spec.volumes[0].gcePersistentDisk"),
+])
+def test_unsupported_fields_are_named(spec, field):
+    with pytest.raises(UnsupportedPodField) as exc:
+        parse_pod(pod("x", **spec))
+    assert exc.value.field == field
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda p: p["spec"].update(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}),
+     "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey"),
+    (lambda p: p["spec"].update(topologySpreadConstraints=[{"maxSkew": 0, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}]),
+     "spec.topologySpreadConstraints[0].maxSkew"),
+    (lambda p: p["spec"].update(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "Maybe"}]),
+     "spec.topologySpreadConstraints[0].whenUnsatisfiable"),
+    (lambda p: p["spec"]["containers"][0].update(ports=[{"containerPort": 1, "hostPort": 70000}]),
+     "spec.containers[0].ports[0].hostPort"),
+    (lambda p: p["spec"].update(affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}, "topologyKey": "z"}]}}),
+     "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator"),
+])
+def test_bad_terms_name_the_field(mutate, field):
+    p = pod("x")
+    mutate(p)
+    with pytest.raises(InvalidPodSpec) as exc:
+        parse_pod(p)
+    assert exc.value.field == field
+
+
+def test_sidecar_ports_count_ordinary_init_container_ports_do_not():
+    p = kpod("x")
+    p["spec"]["initContainers"] = [
+        {"name": "init", "ports": [{"containerPort": 1, "hostPort": 9000}]},
+        {"name": "side", "restartPolicy": "Always", "ports": [{"containerPort": 2, "hostPort": 9001}]},
+    ]
+    assert [hp.port for hp in parse_pod(p).terms.host_ports] == [9001]
+
+
+def test_read_write_once_pod_and_zone_labelled_volumes():
+    from gpufleet.engine.plugins.volumes import RWOP_IN_USE
+    from gpufleet.engine.volumes import claim_from_json, pv_from_json
+
+    st = ClusterState([gpu_node("n1", labels={"topology.kubernetes.io/zone": "a"}),
+                       gpu_node("n2", labels={"topology.kubernetes.io/zone": "b"}),
+                       gpu_node("n3", labels={"topology.kubernetes.io/zone": "c"})])
+    solo = claim_from_json({"metadata": {"name": "solo", "namespace": "default"},
+                            "spec": {"volumeName": "pvz", "accessModes": ["ReadWriteOncePod"]}})
+    pvz = pv_from_json({"metadata": {"name": "pvz", "labels": {"topology.kubernetes.io/zone": "a__b"}}, "spec": {}})
+    st.volumes = VolumeCatalog(claims={"default/solo": solo}, volumes={"pvz": pvz})
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("solo",))), st) == {"n1": None, "n2": None, "n3": VOLUME_AFFINITY}
+    place(st, kpod("holder", claims=("solo",)), "n1")
+    assert set(verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("solo",))), st).values()) == {RWOP_IN_USE}
+
+
+def test_host_network_pods_hold_their_container_ports():
+    p = kpod("x", hostNetwork=True)
+    p["spec"]["containers"][0]["ports"] = [{"containerPort": 9100}]
+    assert [(hp.port, hp.protocol) for hp in parse_pod(p).terms.host_ports] == [(9100, "TCP")]
+
+
+def test_attach_limits_from_node_allocatable():
+    from gpufleet.engine.volumes import pv_from_json
+
+    n1 = dataclasses.replace(gpu_node("n1"), scalars=(("attachable-volumes-aws-ebs", 1),))
+    n2 = dataclasses.replace(gpu_node("n2"), scalars=(("attachable-volumes-csi-ebs.csi.aws.com", 2),))
+    st = ClusterState([n1, n2])
+    ebs = [pv_from_json({"metadata": {"name": f"pv{i}"}, "spec": {"awsElasticBlockStore": {"volumeID": f"v{i}"}}}) for i in (1, 2)]
+    assert ebs[0].driver == "ebs.csi.aws.com"
+    st.volumes = VolumeCatalog(claims={f"default/c{i}": ClaimInfo("default", f"c{i}", f"pv{i}", "Bound") for i in (1, 2)},
+                               volumes={p.name: p for p in ebs})
+    place(st, kpod("a", claims=("c1",)), "n1")
+    place(st, kpod("b", claims=("c1",)), "n2")
+    assert verdicts(NodeVolumeLimits(), parse_pod(kpod("x", claims=("c2",))), st) == {"n1": MAX_VOLUMES, "n2": None}
+
+
+def test_wait_for_first_consumer_static_and_dynamic():
+    from gpufleet.engine.constraints import StorageClassInfo
+    from gpufleet.engine.plugins.volumes import NO_PV_TO_BIND
+    from gpufleet.engine.volumes import claim_from_json, plan_bindings, pv_from_json
+
+    host = "kubernetes.io/hostname"
+    nodes = [gpu_node(f"n{i}", labels={"topology.kubernetes.io/zone": "ab"[i % 2]}) for i in range(3)]
+    st = ClusterState(nodes)
+
+    def local_pv(name, node, size="100Gi", ref=None):
+        spec = {"storageClassName": "local", "capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [{"key": host, "operator": "In", "values": [node]}]}]}}}
+        if ref:
+            spec["claimRef"] = {"namespace": "default", "name": ref}
+        return pv_from_json({"metadata": {"name": name}, "spec": spec})
+
+    def claim(name, sc, size="50Gi"):
+        return claim_from_json({"metadata": {"name": name, "namespace": "default"},
+                                "spec": {"storageClassName": sc, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}})
+
+    pvs = [local_pv("small", "n0", "10Gi"), local_pv("big", "n1", "200Gi"), local_pv("mid", "n1", "60Gi"), local_pv("other", "n2", ref="someone")]
+    cat = VolumeCatalog(claims={"default/scratch": claim("scratch", "local"), "default/cloud": claim("cloud", "zonal")},
+                        volumes={p.name: p for p in pvs},
+                        classes={"local": StorageClassInfo("local", "WaitForFirstConsumer", "kubernetes.io/no-provisioner"),
+                                 "zonal": StorageClassInfo("zonal", "WaitForFirstConsumer", "ebs.csi.aws.com",
+                                                           (SelectorTerm((Requirement("topology.kubernetes.io/zone", "In", ("a",)),)),))})
+    st.volumes = cat
+    # static: only n1 has a PV big enough and free (n0's is too small, n2's is claimed by someone else)
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("scratch",))), st) == {"n0": NO_PV_TO_BIND, "n1": None, "n2": NO_PV_TO_BIND}
+    plan = plan_bindings(cat, "default", ("scratch",), nodes[1])
+    assert [(c.name, pv) for c, pv in plan] == [("scratch", "mid")]  # the smallest that fits
+    cat.assumed["mid"] = "default/elsewhere"  # promised to another claim: the next smallest
+    assert [pv for _, pv in plan_bindings(cat, "default", ("scratch",), nodes[1])] == ["big"]
+    # dynamic: the provisioner may create it in zone a only
+    assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("cloud",))), st) == {"n0": None, "n1": NO_PV_TO_BIND, "n2": None}
+    assert [(c.name, pv) for c, pv in plan_bindings(cat, "default", ("cloud",), nodes[0])] == [("cloud", "")]
+    assert plan_bindings(cat, "default", ("cloud",), nodes[1]) is None
