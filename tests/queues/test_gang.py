@@ -183,8 +183,8 @@ def test_a_complete_gang_that_does_not_fit_releases_its_hold_at_once_and_blocked
     assert not s.decide(s.new_cycle(solo)).ok  # only the hold keeps it out
     why = gs.blocked_by_hold(solo, 100)
     free_node = state.assignments["default/m0"].node
-    assert why == (f"pod group default/g holds 4 GPU(s) on {free_node} for its members still arriving (2 of 3 arrived); "
-                   "the hold ends when the gang is complete, or in 500 s at the latest")
+    assert why == (f"pod group default/g holds 4 GPU(s) on {free_node} for its members still arriving (2 of 3 arrived), "
+                   "until the gang is complete or in 500 s at the latest")
     assert gs.blocked_by_hold(gpu_pod("huge", n=8), 100) == ""  # would not fit without the hold either
     assert gs.hold_deadline() == 600
     out = _arrive(gs, m[2:], 101)  # complete: 6 GPUs needed, 4 free -> nothing held, nothing placed

@@ -34,7 +34,7 @@ each pod on one NVLink island.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -309,6 +309,8 @@ class GangScheduler:
         self._hold_since = 0.0
         self.timeouts = 0  # holds released by timeout
         self.releases: dict[str, int] = {}  # holds ended, by why: complete, timeout, quota, members gone, preempted
+        # how a hold's deadline reads (deadline, now); a live scheduler gives wall-clock time
+        self.when: Callable[[float, float], str] = lambda deadline, now: f"in {max(0.0, deadline - now):.0f} s"
 
     # --- membership ---------------------------------------------------------------------
     def add_group(self, g: PodGroup, now: float = 0.0) -> None:
@@ -468,8 +470,8 @@ class GangScheduler:
             if dec.ok:
                 self._held[r.key] = cycle
         return GangResult(k, [], Status.wait(
-            f"pod group {k}: holding {len(self._held)} of {g.need} members, {len(g.members)} arrived "
-            f"(the hold ends when the gang is complete, or in {self.hold_left_s(now):.0f} s)", plugin=PLUGIN))
+            f"pod group {k}: holding {len(self._held)} of {g.need} members, {len(g.members)} arrived, "
+            f"until the gang is complete or {self._when(now)} at the latest", plugin=PLUGIN))
 
     def release_hold(self, why: str) -> None:
         """Give back every tentative reservation of the holder (rolled back, Reserve plugins undone)."""
@@ -497,9 +499,9 @@ class GangScheduler:
             return None
         return self._hold_since + self.gangs[self.holder].group.timeout_s
 
-    def hold_left_s(self, now: float) -> float:
+    def _when(self, now: float) -> str:
         d = self.hold_deadline()
-        return max(0.0, d - now) if d is not None else 0.0
+        return self.when(d, now) if d is not None else "now"
 
     def hold_text(self, now: float) -> str:
         """The current hold in words: which gang, what it holds where, until when."""
@@ -513,8 +515,7 @@ class GangScheduler:
         gpus = f"{milli // GPU_MILLI}" if milli % GPU_MILLI == 0 else f"{milli / GPU_MILLI:.3g}"
         nodes = ", ".join(sorted({a.node for a in held}))
         return (f"pod group {k} holds {gpus} GPU(s) on {nodes} for its members still arriving "
-                f"({len(g.members)} of {g.need} arrived); the hold ends when the gang is complete, "
-                f"or in {self.hold_left_s(now):.0f} s at the latest")
+                f"({len(g.members)} of {g.need} arrived), until the gang is complete or {self._when(now)} at the latest")
 
     def blocked_by_hold(self, r: PodRequest, now: float) -> str:
         """Why ``r`` waits if only the current hold keeps it out (it would fit without it); else ''."""

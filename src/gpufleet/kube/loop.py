@@ -42,7 +42,7 @@ from typing import Callable
 
 from ..engine import annotations as ann
 from ..engine.errors import ConfigError, GpufleetError
-from ..engine.framework import Profile, Scheduler
+from ..engine.framework import Decision, Profile, Scheduler
 from ..engine.gang import GangScheduler, group_key
 from ..engine.inventory import assignment_to_json
 from ..engine.model import Assignment, Node, PodRequest, Taint
@@ -68,6 +68,7 @@ class Stats:
     events_dropped: int = 0
     preempted: int = 0  # pods deleted to make room for higher priority
     reclaimed: int = 0  # borrowed pods deleted to give a queue its quota back
+    already_gone: int = 0  # victims whose DELETE found them gone (404): not evictions of ours
 
 
 def slim_pod(pod: dict) -> dict:
@@ -86,7 +87,7 @@ def slim_pod(pod: dict) -> dict:
     s["containers"] = [ctr(c) for c in spec.get("containers") or [] if isinstance(c, dict)]
     if spec.get("initContainers"):
         s["initContainers"] = [ctr(c) for c in spec["initContainers"] if isinstance(c, dict)]
-    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in m}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp") if k in m}
     meta["annotations"] = ann_
     return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
 
@@ -94,6 +95,25 @@ def slim_pod(pod: dict) -> dict:
 def reason_text(status) -> str:
     """The engine's reasons in kube-scheduler's words ("0/12 nodes are available: ..."), no status-code prefix."""
     return "; ".join(status.reasons) or status.message
+
+
+def _names_any(line: str, pod_keys: set[str]) -> bool:
+    """Does an explanation line name one of these pods (as a whole word)?"""
+    words = set(line.replace(",", " ").split())
+    return any(k in words for k in pod_keys)
+
+
+def _created_s(obj: dict) -> float | None:
+    """metadata.creationTimestamp as seconds since the epoch, or None."""
+    import datetime
+
+    ts = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(ts, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(ts).timestamp()  # "...Z": Python 3.11 reads it
+    except ValueError:
+        return None
 
 
 def _rv(obj: dict) -> int | None:
@@ -177,7 +197,8 @@ class SchedulerLoop:
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
-                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0):
+                 eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0,
+                 eviction_timeout_s: float | None = None):
         self.api = api
         # queue quotas need the QueueQuota plugin; add it when the profile does not name it
         self.quota = next((p for p in profile.pre_filters if isinstance(p, QueueQuota)), None)
@@ -192,6 +213,10 @@ class SchedulerLoop:
         self.nominated_timeout_s = nominated_timeout_s
         self.tree: QueueTree | None = None
         self._nominated: dict[str, tuple[set[str], float]] = {}  # pod -> victims being deleted for it, until
+        # victims whose DELETE went out, until the watch shows them gone (or this long: a lost delete)
+        self._evicting: dict[str, float] = {}
+        self.eviction_timeout_s = eviction_timeout_s if eviction_timeout_s is not None else \
+            60.0 + (30.0 if eviction_grace_s is None else float(eviction_grace_s))
         self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
         self._plan_debt_s = 0.0  # preemption planning time not yet paid back (see _planning_allowed)
         self._plan_last = time.monotonic()
@@ -220,7 +245,16 @@ class SchedulerLoop:
         self.max_in_flight = max_in_flight
         self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
         self._results: queue.Queue = queue.Queue()
-        self.gangs = GangScheduler(self.sched)
+        self.gangs = self._new_gangs()
+
+    def _new_gangs(self) -> GangScheduler:
+        gs = GangScheduler(self.sched)
+        gs.when = self._wall_clock
+        return gs
+
+    def _wall_clock(self, t: float, now: float) -> str:
+        """A time on the loop's clock as people read it (UTC, to the second)."""
+        return time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + (t - now)))
 
     @property
     def bound(self) -> set[str]:
@@ -282,7 +316,7 @@ class SchedulerLoop:
                 good.append(n)
         self.state = ClusterState(good)
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
-        self.gangs = GangScheduler(self.sched)
+        self.gangs = self._new_gangs()
         self._rebuild_tree()
         # pods with an exact assignment first: modelled ones take whatever GPUs are left
         keys = sorted(self.bound_pods, key=lambda k: ann.ASSIGNMENT not in ((self.bound_pods[k].get("metadata") or {}).get("annotations") or {}))
@@ -403,9 +437,10 @@ class SchedulerLoop:
         self._forget_timers(key)
         self._req_cache.pop(key, None)
         self._nominated.pop(key, None)
-        if self.gangs.gangs:
-            self.gangs.remove(key)
+        self._evicting.pop(key, None)
         freed = False
+        if self.gangs.gangs:
+            freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
         if self.bound_pods.pop(key, None) is not None:
             freed = self.sched.forget(key) is not None
         if self.binding.pop(key, None) is not None:
@@ -567,10 +602,12 @@ class SchedulerLoop:
         times = [self._not_before.get(k, 0.0) for k in self.pending]
         return min(times) if times else None
 
-    def _defer(self, key: str) -> None:
+    def _defer(self, key: str, until: float | None = None) -> None:
+        """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
         b = min(self.backoff_max_s, self._backoff.get(key, self.backoff_initial_s / 2) * 2)
         self._backoff[key] = b
-        self._not_before[key] = self.clock() + b
+        t = self.clock() + b
+        self._not_before[key] = t if until is None else min(t, max(until, self.clock()))
 
     def schedule_due(self, budget_s: float | None = None, should_continue: Callable[[], bool] | None = None) -> int:
         """Run one cycle for each pod that is due; returns how many were tried.
@@ -629,7 +666,11 @@ class SchedulerLoop:
             if g is not None:
                 self.gangs.add_group(g, now)
             self.gangs.add(r, now)
-        for res in self.gangs.step(now):
+        had_hold = bool(self.gangs.held)
+        results = self.gangs.step(now)
+        if had_hold and not self.gangs.held:
+            self.wake_all()  # a hold ended: what it kept out may fit now
+        for res in results:
             for d in res.placed:
                 pod = self.pending.get(d.pod_key)
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
@@ -638,10 +679,12 @@ class SchedulerLoop:
                 self._start_bind(d.pod_key, pod, d.assignment, self._first_seen.get(d.pod_key, now))
             if not res.ok:
                 g = self.gangs.gangs.get(res.group)
+                # held members wait too (not retried in a spin), and are looked at again when the hold times out
+                until = self.gangs.hold_deadline() if self.gangs.holder == res.group else None
                 for k in list(g.members) if g else []:
-                    if k in self.pending and k not in self.gangs.held:
+                    if k in self.pending:
                         self._failed_event(k, self.pending[k], reason_text(res.status))
-                        self._defer(k)
+                        self._defer(k, until)
                 if self.preemption:
                     self._make_room_for_gang(res.group)
         return len(keys)
@@ -664,10 +707,14 @@ class SchedulerLoop:
             self.events.send(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
             self._defer(key)
             return "error"
+        if not dec.ok and self.gangs.held:
+            dec, why = self._past_a_hold(req, dec)
+        else:
+            why = ""
         if not dec.ok:
             self._count("unschedulable", t0)
-            self._failed_event(key, pod, reason_text(dec.status))
-            self._defer(key)
+            self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
+            self._defer(key, self.gangs.hold_deadline() if why else None)
             if self.preemption:
                 try:
                     self._make_room(key, pod, req)
@@ -678,6 +725,21 @@ class SchedulerLoop:
         self._nominated.pop(key, None)
         self._start_bind(key, pod, dec.assignment, t0)
         return "binding"
+
+    def _past_a_hold(self, req: PodRequest, dec: Decision) -> tuple[Decision, str]:
+        """A pod that only a gang's hold keeps out: a pod of higher priority than the gang ends the hold
+        and is placed; any other is told which gang holds what, and until when."""
+        now = self.clock()
+        why = self.gangs.blocked_by_hold(req, now)
+        holder = self.gangs.gangs.get(self.gangs.holder or "")
+        if not why or holder is None:
+            return dec, why
+        if req.priority > holder.group.priority:
+            log.info("%s (priority %d) ends the hold of pod group %s (priority %d)", req.key, req.priority,
+                     holder.group.key, holder.group.priority)
+            self.gangs.release_hold("preempted")
+            return self.sched.schedule(req), ""
+        return dec, why
 
     def _start_bind(self, key: str, pod: dict, a: Assignment, t0: float) -> None:
         gpus = self.state.nodes[self.state.index[a.node]].gpus
@@ -722,29 +784,54 @@ class SchedulerLoop:
         finally:
             self._planned(t0)
 
+    def _leaving(self) -> set[str]:
+        """Pods on their way out: our evictions in flight (until the watch shows them gone or they
+        time out) and pods terminating anyway.  Never chosen as victims again."""
+        now = self.clock()
+        for k in [k for k, until in self._evicting.items() if until <= now]:
+            log.warning("pod %s still there %.0f s after its eviction; it may be chosen again", k, self.eviction_timeout_s)
+            del self._evicting[k]
+        out = set(self._evicting)
+        out.update(k for k, p in self.bound_pods.items() if (p.get("metadata") or {}).get("deletionTimestamp"))
+        return out
+
     def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float) -> None:
         victims: list[Assignment] = []
         reason = lines = None
+        node = ""
+        leaving = self._leaving()
         if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req)
+            rp = self.tree.plan_reclaim(self.sched, req, exclude=leaving)
             if rp is not None:
                 victims, lines = rp.victims, rp.explanation
                 reason, kind = f"reclaimed: queue {req.queue} needs its quota back for {key}", "reclaimed"
         if not victims and any(a.priority < req.priority for a in self.state.assignments.values()):
             plan = find_victims(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                age_rank=self._age_rank(), **self._candidate_bound())
+                                age_rank=self._age_rank(), exclude=leaving, **self._candidate_bound())
             if plan is not None:
-                victims, lines = plan.victims, plan.explanation
+                victims, lines, node = plan.victims, plan.explanation, plan.node
                 reason, kind = f"preempted by {key} (priority {req.priority}) on {plan.node}", "preempted"
-        if victims and self._evict(victims, reason, kind, key):
-            self._nominated[key] = ({v.pod_key for v in victims}, now + self.nominated_timeout_s)
-            self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(lines or [reason]))
-            if kind == "preempted":  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
-                ns, name = key.split("/", 1)
-                try:
-                    self.api.nominate(ns, name, plan.node)
-                except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
-                    log.info("could not set nominatedNodeName on %s: %s", key, exc)
+        if not victims:
+            return
+        done = self._evict(victims, reason or "", kind, key)
+        if done is None:
+            return
+        evicted, gone = done
+        if not evicted and not gone:
+            return  # nothing happened (every DELETE failed): plan again at the next retry
+        self._nominated[key] = (evicted | gone, now + self.nominated_timeout_s)
+        if not evicted:
+            return  # the victims were gone already: their room frees without us
+        what = [ln for ln in (lines or []) if not _names_any(ln, gone)]
+        if gone:
+            what.append(f"already gone: {', '.join(sorted(gone))}")
+        self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(what or [reason or ""]))
+        if kind == "preempted":  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
+            ns, name = key.split("/", 1)
+            try:
+                self.api.nominate(ns, name, node)
+            except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
+                log.info("could not set nominatedNodeName on %s: %s", key, exc)
 
     def _make_room_for_gang(self, group: str) -> None:
         """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
@@ -768,35 +855,55 @@ class SchedulerLoop:
             return
         t0 = time.monotonic()
         try:
-            plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets,
-                                     pod_labels=self._pod_labels(), age_rank=self._age_rank(), **self._candidate_bound())
+            plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
+                                     age_rank=self._age_rank(), exclude=self._leaving(), **self._candidate_bound())
         finally:
             self._planned(t0)
         if plan is None:
             return
-        if self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group):
-            for r in members:
-                self._nominated[r.key] = ({v.pod_key for v in plan.victims}, now + self.nominated_timeout_s)
-                if r.key in self.pending:
-                    self.events.send(self.pending[r.key], "Normal", "Preempting", "; ".join(plan.explanation))
+        done = self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group)
+        if done is None or not (done[0] or done[1]):
+            return
+        evicted, gone = done
+        for r in members:
+            self._nominated[r.key] = (evicted | gone, now + self.nominated_timeout_s)
+            if evicted and r.key in self.pending:
+                self.events.send(self.pending[r.key], "Normal", "Preempting",
+                                 "; ".join([ln for ln in plan.explanation if not _names_any(ln, gone)]
+                                           + ([f"already gone: {', '.join(sorted(gone))}"] if gone else [])))
 
-    def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> bool:
-        """Delete the victims through the API (each gets a ``Preempted`` event); False if any is not bound yet."""
+    def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> tuple[set[str], set[str]] | None:
+        """Delete the victims through the API; None (nothing done) if any is not bound yet.
+
+        Returns (evicted, already gone).  Only a DELETE that succeeded is an eviction: it
+        gets one ``Preempted`` event naming ``for_`` (in ``reason``), is counted under
+        ``kind``, and is tracked until the watch shows the pod gone, so no other plan
+        chooses it again.  A 404 is counted as already gone, with no event.
+        """
         if any(v.pod_key not in self.bound_pods for v in victims):
-            return False  # a victim is still being bound (or held by a gang): decide again next time
+            return None  # a victim is still being bound (or held by a gang): decide again next time
+        evicted: set[str] = set()
+        gone: set[str] = set()
         for v in victims:
+            if v.pod_key in self._evicting:
+                continue  # planned around in-flight evictions; never DELETE twice
             p = self.bound_pods[v.pod_key]
             ns, name = v.pod_key.split("/", 1)
             try:
                 self.api.evict_pod(ns, name, uid=(p.get("metadata") or {}).get("uid"), grace_period_s=self.eviction_grace_s)
             except NotFound:
-                pass
+                gone.add(v.pod_key)
+                self.stats.already_gone += 1
+                self._evicting[v.pod_key] = self.clock() + self.eviction_timeout_s  # gone: the watch will say so
+                continue
             except Exception as exc:
                 log.warning("could not delete %s to make room for %s: %s", v.pod_key, for_, exc)
                 continue
+            evicted.add(v.pod_key)
+            self._evicting[v.pod_key] = self.clock() + self.eviction_timeout_s
             self.events.send(p, "Normal", "Preempted", reason)
             setattr(self.stats, kind, getattr(self.stats, kind) + 1)
-        return True
+        return evicted, gone
 
     def _gang_line(self, req: PodRequest) -> str:
         """Where a gang member's pod group stands: members waiting and running against its minimum."""
@@ -912,6 +1019,30 @@ class SchedulerLoop:
         if self.on_attempt:
             self.on_attempt(result, self.clock() - t0)
 
+    def replay_gangs(self) -> None:
+        """For a fresh snapshot (``gpufleet explain``): hold and place the pending gang members as the
+        scheduler's gang round does, binding nothing, so that a pod only a hold keeps out is told so.
+        A hold is taken to have started when its gang's first member was created."""
+        now, wall = self.clock(), time.time()
+        first: list[float] = []
+        for k, p in list(self.pending.items()):
+            if not self._in_gang(p):
+                continue
+            try:
+                r = self._request(k, p)
+            except GpufleetError:
+                continue
+            created = _created_s(p)
+            t = now - max(0.0, wall - created) if created is not None else now
+            first.append(t)
+            g = self.objects.groups.get(group_key(r) or "")
+            if g is not None:
+                self.gangs.add_group(g, t)
+            self.gangs.add(r, t)
+        if first:
+            self.gangs.step(min(first))
+            self.gangs.step(now)
+
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
         req = self._request(pod_key(pod), pod)
@@ -920,17 +1051,20 @@ class SchedulerLoop:
         for name, why in self.bad_nodes.items():
             by_node[name] = f"left out: {why}"
         gang = self._gang_line(req)
+        why = self.gangs.blocked_by_hold(req, self.clock()) if not dec.ok and self.gangs.held else ""
+        if why:
+            gang = why + (f"\n  {gang}" if gang else "")
         if dec.ok:
             fits = f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)"  # type: ignore[union-attr]
             return fits + (f"\n  {gang}" if gang else ""), by_node
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
         if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req)
+            rp = self.tree.plan_reclaim(self.sched, req, exclude=self._leaving())
             if rp is not None:
                 msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
         if any(a.priority < req.priority for a in self.state.assignments.values()):
             lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                       age_rank=self._age_rank())
+                                       age_rank=self._age_rank(), exclude=self._leaving())
             msg += "\n  " + "\n  ".join(lines)
         return msg, by_node
 
