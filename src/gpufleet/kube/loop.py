@@ -28,6 +28,14 @@ queues), then to *preempt* lower-priority pods (whole gangs, within
 PodDisruptionBudgets); victims are deleted through the API and the pod is
 tried first once they are gone.  The queue a pod was admitted to is written
 next to its assignment, so a restart counts usage exactly as before.
+
+A victim stays in the snapshot until the watch shows it gone (its room is not
+free before), so every plan made meanwhile must not choose it again: evictions
+in flight (and pods terminating anyway) are excluded from all candidate sets
+until then, or until ``eviction_timeout_s``.  Only a DELETE that succeeded is
+an eviction (event, counter, nomination); a 404 counts as ``already_gone``.
+A gang's hold (see ``engine.gang``) is named in the reason of every pod it
+alone keeps out.
 """
 
 from __future__ import annotations
