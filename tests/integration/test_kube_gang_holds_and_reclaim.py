@@ -119,6 +119,10 @@ def test_a_gang_created_one_by_one_holds_nothing_once_complete(control_plane, ad
         named = wait_until(lambda: any(f"pod group {ns}/train holds" in m for m in solo_reasons()), 10)
         held_reasons = solo_reasons()
         print(f"\nsolo while the gang holds (2 of 3 arrived): {held_reasons}")
+        from gpufleet.kube.explain_cli import explain
+
+        code, text = explain(KubernetesApi(str(control_plane.kubeconfig)), load_profile("default", None), f"{ns}/solo", name)
+        print(f"gpufleet explain {ns}/solo:\n{text}")
         assert bound(core, ns) == {}
         core.create_namespaced_pod(ns, pod_body("w2", gpus=2, annotations=grp, scheduler=name))
         t0 = time.monotonic()
@@ -129,6 +133,7 @@ def test_a_gang_created_one_by_one_holds_nothing_once_complete(control_plane, ad
               f"queue {q} GPU milli used: {s.loop.tree.used(q, 'gpu_milli') if s.loop.tree else None}; "
               f"last gang reasons: {gang_reasons[-2:]}")
         assert named and any("until" in m and "UTC" in m for m in held_reasons)  # which gang, until when
+        assert code == 0 and f"pod group {ns}/train holds 4 GPU(s) on {tag}-" in text and "UTC at the latest" in text
         assert ok and s.loop.gangs.held == [] and s.loop.gangs.holder is None
         assert not any(n.startswith("w") for n in bound(core, ns))  # all or nothing
         assert s.loop.tree is not None and s.loop.tree.used(q, "gpu_milli") == 1000  # only solo counts

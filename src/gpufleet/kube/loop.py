@@ -807,7 +807,7 @@ class SchedulerLoop:
         victims: list[Assignment] = []
         reason = lines = None
         node = ""
-        leaving = self._leaving()
+        leaving = self._leaving() | set(self.gangs.held)  # held pods are not running: nothing to evict
         if self.tree is not None:
             rp = self.tree.plan_reclaim(self.sched, req, exclude=leaving)
             if rp is not None:
@@ -864,7 +864,8 @@ class SchedulerLoop:
         t0 = time.monotonic()
         try:
             plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                     age_rank=self._age_rank(), exclude=self._leaving(), **self._candidate_bound())
+                                     age_rank=self._age_rank(), exclude=self._leaving() | set(self.gangs.held),
+                                     **self._candidate_bound())
         finally:
             self._planned(t0)
         if plan is None:
