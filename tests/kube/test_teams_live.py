@@ -369,7 +369,7 @@ def test_several_pending_pods_of_a_reclaiming_queue_evict_each_victim_once():
     reclaiming = [e for e in api.events if e["reason"] == "Reclaiming"]
     assert sorted(e["pod"] for e in reclaiming) == ["team-b/b0", "team-b/b1"]
     assert loop.stats.reclaimed == 2 and loop.stats.already_gone == 0
-    assert api.calls.get("evict_pod", 0) == 2 and not loop._evicting  # forgotten once the watch showed them gone
+    assert api.calls.get("evict_pod", 0) == 2 and not loop.evictions.in_flight  # forgotten once the watch showed them gone
 
 
 def test_a_victim_already_gone_is_counted_as_such_not_as_an_eviction():

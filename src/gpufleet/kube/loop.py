@@ -32,7 +32,7 @@ next to its assignment, so a restart counts usage exactly as before.
 A victim stays in the snapshot until the watch shows it gone (its room is not
 free before), so every plan made meanwhile must not choose it again: evictions
 in flight (and pods terminating anyway) are excluded from all candidate sets
-until then, or until ``eviction_timeout_s``.  Only a DELETE that succeeded is
+until then, or until ``eviction_timeout_s`` (``evictor.Evictions``).  Only a DELETE that succeeded is
 an eviction (event, counter, nomination); a 404 counts as ``already_gone``.
 A gang's hold (see ``engine.gang``) is named in the reason of every pod it
 alone keeps out.
@@ -60,6 +60,7 @@ from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
 from .api import POLICY_KINDS, ApiError, Conflict, NotFound, SchedulerApi
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
+from .evictor import Evictions
 from .policy_objects import PolicyObjects
 
 log = logging.getLogger(__name__)
@@ -221,10 +222,6 @@ class SchedulerLoop:
         self.nominated_timeout_s = nominated_timeout_s
         self.tree: QueueTree | None = None
         self._nominated: dict[str, tuple[set[str], float]] = {}  # pod -> victims being deleted for it, until
-        # victims whose DELETE went out, until the watch shows them gone (or this long: a lost delete)
-        self._evicting: dict[str, float] = {}
-        self.eviction_timeout_s = eviction_timeout_s if eviction_timeout_s is not None else \
-            60.0 + (30.0 if eviction_grace_s is None else float(eviction_grace_s))
         self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
         self._plan_debt_s = 0.0  # preemption planning time not yet paid back (see _planning_allowed)
         self._plan_last = time.monotonic()
@@ -236,6 +233,7 @@ class SchedulerLoop:
         self.on_attempt = on_attempt
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
+        self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
         self.state = ClusterState()
         self.sched = Scheduler(profile, self.state, seed=seed)
         self.node_objs: dict[str, dict] = {}
@@ -445,7 +443,7 @@ class SchedulerLoop:
         self._forget_timers(key)
         self._req_cache.pop(key, None)
         self._nominated.pop(key, None)
-        self._evicting.pop(key, None)
+        self.evictions.forget(key)
         freed = False
         if self.gangs.gangs:
             freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
@@ -793,15 +791,8 @@ class SchedulerLoop:
             self._planned(t0)
 
     def _leaving(self) -> set[str]:
-        """Pods on their way out: our evictions in flight (until the watch shows them gone or they
-        time out) and pods terminating anyway.  Never chosen as victims again."""
-        now = self.clock()
-        for k in [k for k, until in self._evicting.items() if until <= now]:
-            log.warning("pod %s still there %.0f s after its eviction; it may be chosen again", k, self.eviction_timeout_s)
-            del self._evicting[k]
-        out = set(self._evicting)
-        out.update(k for k, p in self.bound_pods.items() if (p.get("metadata") or {}).get("deletionTimestamp"))
-        return out
+        """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
+        return self.evictions.leaving(self.bound_pods)
 
     def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float) -> None:
         victims: list[Assignment] = []
@@ -882,37 +873,8 @@ class SchedulerLoop:
                                            + ([f"already gone: {', '.join(sorted(gone))}"] if gone else [])))
 
     def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> tuple[set[str], set[str]] | None:
-        """Delete the victims through the API; None (nothing done) if any is not bound yet.
-
-        Returns (evicted, already gone).  Only a DELETE that succeeded is an eviction: it
-        gets one ``Preempted`` event naming ``for_`` (in ``reason``), is counted under
-        ``kind``, and is tracked until the watch shows the pod gone, so no other plan
-        chooses it again.  A 404 is counted as already gone, with no event.
-        """
-        if any(v.pod_key not in self.bound_pods for v in victims):
-            return None  # a victim is still being bound (or held by a gang): decide again next time
-        evicted: set[str] = set()
-        gone: set[str] = set()
-        for v in victims:
-            if v.pod_key in self._evicting:
-                continue  # planned around in-flight evictions; never DELETE twice
-            p = self.bound_pods[v.pod_key]
-            ns, name = v.pod_key.split("/", 1)
-            try:
-                self.api.evict_pod(ns, name, uid=(p.get("metadata") or {}).get("uid"), grace_period_s=self.eviction_grace_s)
-            except NotFound:
-                gone.add(v.pod_key)
-                self.stats.already_gone += 1
-                self._evicting[v.pod_key] = self.clock() + self.eviction_timeout_s  # gone: the watch will say so
-                continue
-            except Exception as exc:
-                log.warning("could not delete %s to make room for %s: %s", v.pod_key, for_, exc)
-                continue
-            evicted.add(v.pod_key)
-            self._evicting[v.pod_key] = self.clock() + self.eviction_timeout_s
-            self.events.send(p, "Normal", "Preempted", reason)
-            setattr(self.stats, kind, getattr(self.stats, kind) + 1)
-        return evicted, gone
+        """(evicted, already gone), or None if a victim is not bound yet (see ``Evictions.evict``)."""
+        return self.evictions.evict(victims, self.bound_pods, reason, kind, for_)
 
     def _gang_line(self, req: PodRequest) -> str:
         """Where a gang member's pod group stands: members waiting and running against its minimum."""
