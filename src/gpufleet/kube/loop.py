@@ -448,7 +448,7 @@ class SchedulerLoop:
         if self.gangs.gangs:
             freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
         if self.bound_pods.pop(key, None) is not None:
-            freed = self.sched.forget(key) is not None
+            freed = self.sched.forget(key) is not None or freed
         if self.binding.pop(key, None) is not None:
             freed = self.sched.forget(key) is not None or freed
         if freed:
