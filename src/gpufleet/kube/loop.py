@@ -780,7 +780,7 @@ class SchedulerLoop:
         """Reclaim lent quota, else preempt lower-priority pods; delete the victims through the API."""
         now = self.clock()
         nom = self._nominated.get(key)
-        if nom is not None and now < nom[1] and any(v in self.state.assignments for v in nom[0]):
+        if nom is not None and self._still_leaving(nom, now):
             return  # victims already on their way out
         if not self._planning_allowed():
             return
@@ -789,6 +789,12 @@ class SchedulerLoop:
             self._plan_and_evict(key, pod, req, now)
         finally:
             self._planned(t0)
+
+    def _still_leaving(self, nom: tuple[set[str], float], now: float) -> bool:
+        """Is room already on its way for a nominated pod?  While its victims are still there and either
+        the nomination is fresh or they are still leaving (in flight, terminating), it plans nothing more."""
+        there = [v for v in nom[0] if v in self.state.assignments]
+        return bool(there) and (now < nom[1] or bool(set(there) & self._leaving()))
 
     def _leaving(self) -> set[str]:
         """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
@@ -847,7 +853,7 @@ class SchedulerLoop:
             return
         now = self.clock()
         noms = [self._nominated.get(r.key) for r in members]
-        if any(n is not None and now < n[1] and any(v in self.state.assignments for v in n[0]) for n in noms):
+        if any(n is not None and self._still_leaving(n, now) for n in noms):
             return
         prio = min(r.priority for r in members)
         if not any(a.priority < prio for a in self.state.assignments.values()) or not self._planning_allowed():
