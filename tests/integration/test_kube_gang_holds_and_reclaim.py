@@ -23,11 +23,11 @@ from .test_kube_teams import crds, ev_reasons, namespace, no_leftover_pods  # no
 
 
 class Sched:
-    def __init__(self, kubeconfig: str, name: str):
+    def __init__(self, kubeconfig: str, name: str, grace_s: int | None = 0):
         self.api = KubernetesApi(kubeconfig, pool_size=20)
         self.metrics = Metrics()
         self.loop = SchedulerLoop(self.api, load_profile("default", None), scheduler_name=name, bind_workers=4,
-                                  event_thread=True, backoff_initial_s=0.2, backoff_max_s=1.0, eviction_grace_s=0)
+                                  event_thread=True, backoff_initial_s=0.2, backoff_max_s=1.0, eviction_grace_s=grace_s)
         self.runner = Runner(self.api, self.loop, None, self.metrics, watch_timeout_s=20)
         self.stop_ev = threading.Event()
         self.thread = threading.Thread(target=self.runner.run, args=(self.stop_ev,), daemon=True)
@@ -79,6 +79,55 @@ def test_reclaim_for_many_pending_pods_evicts_each_victim_once(control_plane, ad
         assert len(reclaiming) == 8
         assert s.evictions("reclaimed") == 8 and s.loop.stats.reclaimed == 8
         assert s.evictions("already_gone") == 0
+    finally:
+        s.stop()
+        for q in (qa, qb):
+            crds.delete_cluster_custom_object("gpufleet.io", "v1alpha1", "queues", q)
+
+
+def test_terminating_victims_are_not_deleted_again_while_the_reclaiming_pods_retry(control_plane, admin, core, crds,  # noqa: F811
+                                                                                  nodes):
+    """A graceful delete (the pods' own grace period) leaves the victims Terminating -- here until the test
+    finishes them, as a kubelet would after the grace period -- while the reclaiming pods retry every
+    second: still one DELETE, one event and one count per victim."""
+    tag = uuid.uuid4().hex[:6]
+    qa, qb = f"qa-{tag}", f"qb-{tag}"
+    for q in (qa, qb):
+        crds.create_cluster_custom_object("gpufleet.io", "v1alpha1", "queues", {
+            "apiVersion": "gpufleet.io/v1alpha1", "kind": "Queue", "metadata": {"name": q},
+            "spec": {"quota": {"nvidia.com/gpu": "4"}}})
+    na, nb = namespace(core, qa), namespace(core, qb)
+    nodes(f"{tag}-a", 4)
+    nodes(f"{tag}-b", 4)
+    name = f"gpufleet-{tag}"
+    s = Sched(str(control_plane.kubeconfig), name, grace_s=None)
+    try:
+        for i in range(6):
+            core.create_namespaced_pod(na, pod_body(f"a{i}", scheduler=name))
+        assert wait_until(lambda: len(bound(core, na)) == 6, 30)
+        for i in range(4):
+            core.create_namespaced_pod(nb, pod_body(f"b{i}", scheduler=name))
+        assert wait_until(lambda: len(bound(core, nb)) == 2, 20)
+
+        def terminating() -> list[str]:
+            return [p.metadata.name for p in core.list_namespaced_pod(na).items if p.metadata.deletion_timestamp]
+        wait_until(lambda: len(terminating()) >= 2, 20)
+        time.sleep(5.0)  # the reclaiming pods retry (backoff 0.2 .. 1 s) while their victims terminate
+        during = {"terminating": len(terminating()), "Preempted events": sum(r == "Preempted" for _, r, _ in ev_reasons(admin, na)),
+                  "evictions_total{reclaimed}": s.evictions("reclaimed")}
+        for n in terminating():  # the kubelet's part: the grace period is over
+            core.delete_namespaced_pod(n, na, grace_period_seconds=0)
+        all_bound = wait_until(lambda: len(bound(core, nb)) == 4, 20)
+        time.sleep(1.0)
+        after = {"a left": len(core.list_namespaced_pod(na).items),
+                 "Preempted events": sum(r == "Preempted" for _, r, _ in ev_reasons(admin, na)),
+                 "Reclaiming events": sum(r == "Reclaiming" for _, r, _ in ev_reasons(admin, nb)),
+                 "evictions_total{reclaimed}": s.evictions("reclaimed"), "already_gone": s.evictions("already_gone")}
+        print(f"\nwhile terminating (5 s): {during}; after: {after}")
+        assert all_bound, ev_reasons(admin, nb)[-4:]
+        assert during == {"terminating": 2, "Preempted events": 2, "evictions_total{reclaimed}": 2}
+        assert after == {"a left": 4, "Preempted events": 2, "Reclaiming events": 2, "evictions_total{reclaimed}": 2,
+                         "already_gone": 0}
     finally:
         s.stop()
         for q in (qa, qb):
