@@ -334,3 +334,122 @@ def test_a_gang_holding_part_of_its_members_still_preempts_for_the_rest():
     api.add_pod(pod("w1", ns="ml", gpus=2, priority=100, annotations=g))
     run(api, loop, clock)
     assert {"ml/w0", "ml/w1"} <= set(bound(api)) and len(api.evicted) == 4
+
+
+# --- issue 17: one reclaim is one eviction; a hold is named and ends with its reason ---------------
+
+
+def two_teams(a_pods=4):
+    """One 4-GPU node, queues qa and qb of 2 GPUs each; team-a runs ``a_pods`` 1-GPU pods (borrowing)."""
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 2))
+    api.put_object("queue", queue("qb", 2))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    api.put_object("namespace", namespace("team-b", "qb"))
+    clock = Clock()
+    loop = make(api, clock)
+    for i in range(a_pods):
+        api.add_pod(pod(f"a{i}"))
+        run(api, loop, clock, rounds=1)
+    assert len(bound(api, "team-a")) == a_pods
+    return api, loop, clock
+
+
+def test_several_pending_pods_of_a_reclaiming_queue_evict_each_victim_once():
+    api, loop, clock = two_teams()
+    for i in range(2):  # both pending at once: both plan before the watch shows the first victim gone
+        api.add_pod(pod(f"b{i}", ns="team-b"))
+    run(api, loop, clock)
+    assert sorted(k for k, _ in api.evicted) == ["team-a/a2", "team-a/a3"]
+    assert bound(api, "team-b") == ["team-b/b0", "team-b/b1"]
+    preempted = [e for e in api.events if e["reason"] == "Preempted"]
+    assert sorted(e["pod"] for e in preempted) == ["team-a/a2", "team-a/a3"]  # one event per victim
+    assert {m for e in preempted for m in [e["message"]]} == {
+        "reclaimed: queue qb needs its quota back for team-b/b0", "reclaimed: queue qb needs its quota back for team-b/b1"}
+    reclaiming = [e for e in api.events if e["reason"] == "Reclaiming"]
+    assert sorted(e["pod"] for e in reclaiming) == ["team-b/b0", "team-b/b1"]
+    assert loop.stats.reclaimed == 2 and loop.stats.already_gone == 0
+    assert api.calls.get("evict_pod", 0) == 2 and not loop.evictions.in_flight  # forgotten once the watch showed them gone
+
+
+def test_a_victim_already_gone_is_counted_as_such_not_as_an_eviction():
+    api, loop, clock = two_teams()  # qa borrows 2
+    api.add_pod(pod("b0", ns="team-b"))
+    api.add_pod(pod("b1", ns="team-b"))
+    sync(api, loop)
+    api.delete_pod("team-a/a3")  # its owner deletes it; the loop has not seen that yet
+    loop.schedule_due()  # b0 picks a3 (youngest): 404; b1 picks a2
+    assert loop.stats.already_gone == 1 and loop.stats.reclaimed == 1 and [k for k, _ in api.evicted] == ["team-a/a2"]
+    assert [(e["pod"], e["reason"]) for e in api.events if e["reason"] in ("Preempted", "Reclaiming")] == [
+        ("team-a/a2", "Preempted"), ("team-b/b1", "Reclaiming")]
+    run(api, loop, clock)
+    assert len(bound(api, "team-b")) == 2 and loop.stats.reclaimed == 1 and loop.stats.already_gone == 1
+
+
+def test_a_terminating_victim_is_never_chosen_again():
+    """With a grace period the victim stays (terminating) for a while: other pods plan around it."""
+    api, loop, clock = two_teams()
+
+    def graceful(namespace, name, uid=None, grace_period_s=None):
+        with api._cv:
+            key, p = api._pod("evict_pod", namespace, name)
+            api.evicted.append((key, grace_period_s))
+            p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            api._touch("pod", "MODIFIED", p)
+
+    api.evict_pod = graceful
+    for i in range(2):
+        api.add_pod(pod(f"b{i}", ns="team-b"))
+    run(api, loop, clock, rounds=3)  # 183 s of the loop's clock: past nominations and the eviction timeout
+    assert sorted(k for k, _ in api.evicted) == ["team-a/a2", "team-a/a3"]
+    assert loop.stats.reclaimed == 2 and bound(api, "team-b") == []
+    for k in ("team-a/a2", "team-a/a3"):  # the kubelet finishes
+        api.delete_pod(k)
+    run(api, loop, clock)
+    assert bound(api, "team-b") == ["team-b/b0", "team-b/b1"] and len(api.evicted) == 2
+
+
+def test_a_pod_kept_out_by_a_gang_hold_is_told_which_gang_and_until_when_and_the_hold_ends_at_completion():
+    api = cluster(gpus_per_node=4, nodes=2)
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("filler", ns="ml", gpus=4))
+    run(api, loop, clock, rounds=1)
+    g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "3"}
+    for i in range(2):
+        api.add_pod(pod(f"w{i}", ns="ml", gpus=2, annotations=g))
+        run(api, loop, clock, rounds=1)
+    assert sorted(loop.gangs.held) == ["ml/w0", "ml/w1"]
+    api.add_pod(pod("solo", ns="ml"))
+    run(api, loop, clock, rounds=1)
+    msg = messages(api, "ml/solo", "FailedScheduling")[-1]
+    assert msg.startswith("pod group ml/train holds 4 GPU(s) on n") and "(2 of 3 arrived)" in msg
+    assert "until the gang is complete or " in msg and " UTC at the latest" in msg
+    summary, _ = loop.explain(api.pods["ml/solo"])
+    assert "pod group ml/train holds 4 GPU(s)" in summary
+    # gpufleet explain runs on a fresh snapshot: it replays the gang round to see the same hold
+    fresh = make(api, Clock())
+    fresh.replay_gangs()
+    assert "pod group ml/train holds 4 GPU(s)" in fresh.explain(api.pods["ml/solo"])[0]
+    held_msgs = messages(api, "ml/w0", "FailedScheduling")
+    assert held_msgs and "holding 2 of 3 members" in held_msgs[-1]
+    loop.schedule_due()
+    assert loop.gangs.held and not loop.due_gang_members()  # held members wait, not retried in a spin
+    api.add_pod(pod("w2", ns="ml", gpus=2, annotations=g))  # complete, but 6 GPUs do not fit in 4
+    run(api, loop, clock, rounds=2)
+    assert loop.gangs.held == [] and loop.gangs.holder is None
+    assert bound(api, "ml") == ["ml/filler", "ml/solo"]
+    assert "of the 3 required members fit" in messages(api, "ml/w2", "FailedScheduling")[-1]
+
+
+def test_a_pod_of_higher_priority_than_the_holding_gang_ends_the_hold():
+    api = cluster(gpus_per_node=2, nodes=1)
+    clock = Clock()
+    loop = make(api, clock)
+    g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "3"}
+    api.add_pod(pod("w0", ns="ml", gpus=2, annotations=g))
+    run(api, loop, clock, rounds=1)
+    assert loop.gangs.held == ["ml/w0"]
+    api.add_pod(pod("urgent", ns="ml", priority=10))
+    run(api, loop, clock, rounds=1)
+    assert "ml/urgent" in bound(api) and loop.gangs.releases.get("preempted") == 1 and not api.evicted

@@ -73,11 +73,12 @@ def test_two_gangs_arriving_member_by_member_do_not_deadlock():
     gs.add(g1[2], t)
     out = {r.group: r for r in gs.step(t)}
     assert out["default/g1"].ok and len(out["default/g1"].placed) == 3
-    # g1 runs; g2 may now hold what is left (2 GPUs), but it cannot complete yet
-    gs.add(g2[2], t)
+    # g1 runs; g2 may now hold what is left (2 GPUs) while its members arrive
+    assert gs.holder == "default/g2" and len(gs.held) == 1
+    gs.add(g2[2], t)  # complete, but 6 GPUs do not fit in 2: one transaction or nothing -- no hold left
     out = {r.group: r for r in gs.step(t + 1)}
-    assert not out["default/g2"].ok and "holding 1 of 3 members, 3 arrived" in out["default/g2"].status.message
-    assert {state.assignments[k].pod_group for k in gs.held} == {"g2"}
+    assert not out["default/g2"].ok and "only 1 of the 3 required members fit" in out["default/g2"].status.message
+    assert gs.holder is None and gs.held == [] and not any(a.pod_group == "g2" for a in state.assignments.values())
     for p in g1:  # g1 finishes
         gs.remove(p.key)
     out = {r.group: r for r in gs.step(t + 2)}
@@ -101,12 +102,16 @@ def test_hold_times_out_and_releases_its_reservations():
     assert "timed out after 30 s with 3 of 4 members reserved; released" in res[0].status.message
     assert gs.timeouts == 1 and next(r for r in res if r.group == "default/big").ok
     assert sum(a.pod_group == "big" for a in state.assignments.values()) == 3
-    # the stuck gang may hold again, now behind: it gets what is left
-    assert gs.holder == "default/stuck" and len(gs.held) == 1
-    gs.remove("default/s0")
-    gs.remove("default/s1")
-    gs.remove("default/s2")
-    assert gs.held == [] and state.allocated_gpu_milli() == 6000
+    # the stuck gang does not hold again at once (that would outlive its timeout) ...
+    assert gs.holder is None and gs.held == []
+    out = {r.group: r for r in gs.step(40)}
+    assert gs.holder is None and "holds nothing until another member arrives" in out["default/stuck"].status.message
+    gs.add(gpu_pod("s3", n=2, group="stuck", group_min=5), 41)  # ... but when another member arrives
+    gs.step(41)
+    assert gs.holder == "default/stuck" and len(gs.held) == 1  # what is left after big
+    for i in range(4):
+        gs.remove(f"default/s{i}")
+    assert gs.held == [] and gs.holder is None and state.allocated_gpu_milli() == 6000
 
 
 def test_late_members_join_a_running_gang_and_schedule_gangs():
@@ -140,3 +145,90 @@ def test_pod_group_objects_and_annotations():
                                gpu_pod("d", group="h"), gpu_pod("e")])
     assert groups["default/g"].min_member == 3 and groups["default/g"].priority == 7
     assert groups["default/h"].min_member == 2 and "default/e" not in groups
+
+
+# --- the hold's life cycle (issue 17) ----------------------------------------------------------
+
+
+def _arrive(gs, pods, t):
+    for p in pods:
+        gs.add(p, t)
+    return {r.group: r for r in gs.step(t)}
+
+
+def test_a_hold_grows_while_members_arrive_and_completion_is_one_transaction_counted_once():
+    state, s, tree = cluster(n_nodes=2, gpus=4, queues=[Queue("t", {"gpu_milli": 8000})])
+    gs = GangScheduler(s, timeout_s=600)
+    m = [gpu_pod(f"m{i}", n=2, queue="t", group="g", group_min=3) for i in range(3)]
+    out = _arrive(gs, m[:1], 0)
+    assert gs.holder == "default/g" and gs.held == ["default/m0"]
+    assert out["default/g"].status.code.value == "wait" and "holding 1 of 3 members, 1 arrived" in out["default/g"].status.message
+    _arrive(gs, m[1:2], 1)
+    assert sorted(gs.held) == ["default/m0", "default/m1"] and state.allocated_gpu_milli() == 4000
+    assert tree.used("t", "gpu_milli") == 0  # a hold takes capacity, not quota
+    out = _arrive(gs, m[2:], 2)
+    assert out["default/g"].ok and sorted(d.pod_key for d in out["default/g"].placed) == [p.key for p in m]
+    assert gs.holder is None and gs.held == [] and gs.releases == {"complete": 1}
+    assert state.allocated_gpu_milli() == 6000 and tree.used("t", "gpu_milli") == 6000  # placed: counted, once
+
+
+def test_a_complete_gang_that_does_not_fit_releases_its_hold_at_once_and_blocked_pods_are_told_why():
+    state, s, _ = cluster(n_nodes=2, gpus=4)
+    assert s.schedule(gpu_pod("filler", n=4)).ok
+    gs = GangScheduler(s, timeout_s=600)
+    m = [gpu_pod(f"m{i}", n=2, group="g", group_min=3) for i in range(3)]
+    _arrive(gs, m[:2], 0)
+    assert len(gs.held) == 2 and state.allocated_gpu_milli() == 8000
+    solo = gpu_pod("solo")
+    assert not s.decide(s.new_cycle(solo)).ok  # only the hold keeps it out
+    why = gs.blocked_by_hold(solo, 100)
+    free_node = state.assignments["default/m0"].node
+    assert why == (f"pod group default/g holds 4 GPU(s) on {free_node} for its members still arriving (2 of 3 arrived), "
+                   "until the gang is complete or in 500 s at the latest")
+    assert gs.blocked_by_hold(gpu_pod("huge", n=8), 100) == ""  # would not fit without the hold either
+    assert gs.hold_deadline() == 600
+    out = _arrive(gs, m[2:], 101)  # complete: 6 GPUs needed, 4 free -> nothing held, nothing placed
+    assert not out["default/g"].ok and "only 2 of the 3 required members fit" in out["default/g"].status.message
+    assert gs.holder is None and gs.held == [] and state.allocated_gpu_milli() == 4000
+    assert gs.blocked_by_hold(solo, 102) == "" and s.schedule(solo).ok
+    out = {r.group: r for r in gs.step(103)}  # and it stays that way: complete gangs never hold
+    assert not out["default/g"].ok and gs.holder is None and gs.held == []
+
+
+def test_a_hold_goes_with_its_members():
+    state, s, _ = cluster(n_nodes=2, gpus=4)
+    gs = GangScheduler(s, timeout_s=600)
+    m = [gpu_pod(f"m{i}", n=2, group="g", group_min=3) for i in range(2)]
+    _arrive(gs, m, 0)
+    assert len(gs.held) == 2
+    assert gs.remove("default/m0") is True and gs.held == ["default/m1"] and gs.holder == "default/g"
+    assert state.allocated_gpu_milli() == 2000
+    assert gs.remove("default/m1") is True and gs.holder is None and gs.held == []
+    assert state.allocated_gpu_milli() == 0 and gs.releases == {"members gone": 1} and not gs.gangs
+    assert gs.remove("default/unknown") is False
+
+
+def test_a_hold_needs_its_members_to_fit_their_queue_together_and_never_blocks_the_queue():
+    # quota 4: two 2-GPU members may be held; a third would not fit the quota -> the hold goes
+    state, s, tree = cluster(n_nodes=2, gpus=4, queues=[Queue("t", {"gpu_milli": 4000}, {"gpu_milli": 0})])
+    gs = GangScheduler(s, timeout_s=600)
+    m = [gpu_pod(f"m{i}", n=2, queue="t", group="g", group_min=4) for i in range(3)]
+    _arrive(gs, m[:2], 0)
+    assert len(gs.held) == 2 and tree.used("t", "gpu_milli") == 0
+    solo = gpu_pod("solo", queue="t")  # the same queue: the held GPUs do not count against it
+    assert s.schedule(solo).ok and tree.used("t", "gpu_milli") == 1000
+    out = _arrive(gs, m[2:], 1)
+    msg = out["default/g"].status.message
+    assert "do not fit its queue's quota together" in msg and "queue t: GPU quota 4 exhausted" in msg
+    assert gs.holder is None and gs.held == [] and gs.releases == {"quota": 1}
+    assert state.allocated_gpu_milli() == 1000 and tree.used("t", "gpu_milli") == 1000
+
+
+def test_a_complete_gang_is_checked_against_its_queue_as_a_whole():
+    state, s, tree = cluster(n_nodes=2, gpus=4, queues=[Queue("t", {"gpu_milli": 4000}, {"gpu_milli": 0})])
+    gs = GangScheduler(s, timeout_s=600)
+    m = [gpu_pod(f"m{i}", n=2, queue="t", group="g", group_min=3) for i in range(3)]
+    _arrive(gs, m[:2], 0)
+    out = _arrive(gs, m[2:], 1)
+    assert not out["default/g"].ok and "GPU quota 4 exhausted" in out["default/g"].status.message
+    assert gs.held == [] and state.allocated_gpu_milli() == 0 and tree.used("t", "gpu_milli") == 0

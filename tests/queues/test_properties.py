@@ -102,3 +102,52 @@ def test_gangs_never_deadlock_and_all_run(specs, rnd, timeout):
         if ran >= complete and not members:
             break
     assert ran == complete
+
+
+gang_op = st.tuples(st.sampled_from(["member", "member", "member", "solo", "leave", "tick"]), st.sampled_from(["g1", "g2"]),
+                    st.integers(1, 3), st.integers(0, 10_000))
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(gang_op, min_size=1, max_size=40))
+def test_a_hold_never_outlives_its_reason(ops):
+    """Members of two gangs (min 3) arrive one by one among small pods and departures; after every
+    step: at most one gang holds, never a complete one, never past its timeout, held pods count
+    against no quota, and usage matches a recount."""
+    from gpufleet.engine.gang import GangScheduler
+
+    state, s, tree = cluster(n_nodes=2, gpus=4, queues=[Queue("t", {"gpu_milli": 6000})])
+    gs = GangScheduler(s, timeout_s=50)
+    t = 0.0
+    live: list[str] = []
+    for i, (kind, g, n, x) in enumerate(ops):
+        if kind == "member":
+            gs.add(gpu_pod(f"{g}-{i}", n=n, queue="t", group=g, group_min=3), t)
+        elif kind == "solo":
+            if s.schedule(gpu_pod(f"solo{i}", n=n, queue="t")).ok:
+                live.append(f"default/solo{i}")
+        elif kind == "leave":
+            members = sorted(k for gg in gs.gangs.values() for k in [*gg.members, *gg.running])
+            pool = members + live
+            if pool:
+                k = pool[x % len(pool)]
+                if k in live:
+                    live.remove(k)
+                    s.forget(k)
+                else:
+                    gs.remove(k)
+        else:
+            t += 20
+        gs.step(t)
+        assert all(state.assignments[k].queue is None for k in gs.held)  # capacity, not quota
+        check_use = tree.usage()
+        assert {q: {k: v for k, v in u.items() if v} for q, u in check_use.items()} == brute_usage(state, tree)
+        if gs.holder is not None:
+            gang = gs.gangs[gs.holder]
+            assert len(gang.members) < gang.need and not gang.placed  # incomplete: still arriving
+            assert gs.hold_deadline() is not None and t <= gs.hold_deadline()  # not past its timeout
+            assert set(gs.held) <= set(gang.members)
+        else:
+            assert gs.held == []
+        held_or_placed = set(gs.held) | {k for gg in gs.gangs.values() for k in gg.running} | set(live)
+        assert set(state.assignments) == held_or_placed  # nothing reserved that nobody holds

@@ -7,13 +7,23 @@ cluster wait for each other forever.  Here a gang is placed as one
 the transaction leaves it, and the transaction commits only when at least
 ``min_member`` members fit; otherwise every tentative reservation rolls back.
 
-Members that arrive over time (a live cluster) may be *held*: reserved
-tentatively while the rest arrive, so the gang is not starved by small pods.
-Only ONE gang holds tentative reservations at a time (the first in order of
-priority, then creation, then name), and a hold older than the group's
-timeout is released (rolled back) and the gang goes to the back of the line.
-So two gangs can never each hold part of the cluster and wait for each other:
-the holder either completes or times out and lets the next one try.
+Members that arrive over time (a live cluster: controllers create a gang's pods
+one at a time) may be *held*: reserved tentatively while the rest arrive, so
+the gang is not starved by small pods.  Only ONE gang holds tentative
+reservations at a time (the first in order of priority, then creation, then
+name), and a hold older than the group's timeout is released (rolled back) and
+the gang goes to the back of the line.  So two gangs can never each hold part
+of the cluster and wait for each other: the holder either completes or times
+out and lets the next one try.
+
+A hold lasts only as long as what justifies it: the moment the gang is
+complete the hold is dropped and the whole gang is placed as one transaction
+(or waits holding nothing); it also goes when its members do, or when the
+members held so far no longer fit their queue's quota together.  Held
+reservations take capacity but count against no queue's quota: usage counts
+what is bound, and what a transaction reserves for pods placed with it.  A pod
+that only the hold keeps out is told so (``blocked_by_hold``: which gang, what
+it holds where, until when).
 
 Topology: a gang is first tried on one node, then on one NVLink domain (nodes
 sharing the ``nvidia.com/gpu.clique`` label, configurable), then anywhere,
@@ -23,14 +33,15 @@ each pod on one NVLink island.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .errors import ConfigError
 from .framework import Cycle, Decision, Scheduler
 from .model import GPU_MILLI, PodRequest
+from .queues import request_vector
 from .state import ClusterState, Transaction
 from .status import Status
 
@@ -255,6 +266,20 @@ class _Gang:
     running: set[str] = field(default_factory=set)  # placed (committed)
     since_s: float = 0.0  # in line since (reset when a hold times out)
     placed: bool = False  # reached min_member once; later members go one by one
+    hold_after: int = -1  # after a hold timed out: holds again only once more members than this arrived
+
+    @property
+    def need(self) -> int:
+        return max(self.group.min_member - len(self.running), 1)
+
+
+def _quota_tree(sched: Scheduler) -> Any:
+    """The queue tree of the profile's ``QueueQuota`` plugin, if any (duck-typed: no import cycle)."""
+    for p in sched.profile.pre_filters:
+        t = getattr(p, "tree", None)
+        if t is not None and hasattr(t, "check"):
+            return t
+    return None
 
 
 class GangScheduler:
@@ -263,6 +288,13 @@ class GangScheduler:
     ``add`` a member when it appears, ``remove`` it when it leaves, call ``step(now)``
     each scheduling round: it returns what was placed (commit: bind these) and why the
     others wait.  At most one gang holds tentative reservations (``holder``).
+
+    A hold lives only while it is justified: the gang is not complete yet (members
+    still arriving), it has members, the members held so far fit its queue's quota
+    as a whole, and its ``timeout_s`` has not run out.  Held reservations take
+    capacity but count against no queue: the moment the gang is complete the hold
+    is dropped and the whole gang is placed as one transaction, with the quota
+    checked for all of it -- or nothing is held at all.
     """
 
     def __init__(self, sched: Scheduler, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -276,6 +308,9 @@ class GangScheduler:
         self._held: dict[str, Cycle] = {}
         self._hold_since = 0.0
         self.timeouts = 0  # holds released by timeout
+        self.releases: dict[str, int] = {}  # holds ended, by why: complete, timeout, quota, members gone, preempted
+        # how a hold's deadline reads (deadline, now); a live scheduler gives wall-clock time
+        self.when: Callable[[float, float], str] = lambda deadline, now: f"in {max(0.0, deadline - now):.0f} s"
 
     # --- membership ---------------------------------------------------------------------
     def add_group(self, g: PodGroup, now: float = 0.0) -> None:
@@ -298,8 +333,10 @@ class GangScheduler:
         if r.key not in g.running:
             g.members[r.key] = r
 
-    def remove(self, pod_key: str) -> None:
-        """A member left (deleted, finished): forget it, releasing a held or running reservation."""
+    def remove(self, pod_key: str) -> bool:
+        """A member left (deleted, finished): forget it, releasing a held or running reservation.
+        True when that gave capacity back."""
+        freed = False
         for k, g in list(self.gangs.items()):
             if pod_key in g.members:
                 del g.members[pod_key]
@@ -307,14 +344,18 @@ class GangScheduler:
                     c = self._held.pop(pod_key)
                     for p in reversed(self.sched.profile.reserves):
                         p.unreserve(c, self.sched.state)
-                    self.sched.forget(pod_key)
+                    freed = self.sched.forget(pod_key) is not None or freed
                     if self._tx is not None and pod_key in self._tx.reserved:
                         self._tx.reserved.remove(pod_key)
+                if self.holder == k and not g.members:  # nobody left to hold for
+                    self.release_hold("members gone")
+                    freed = True
             if pod_key in g.running:
                 g.running.discard(pod_key)
-                self.sched.forget(pod_key)
+                freed = self.sched.forget(pod_key) is not None or freed
             if not g.members and not g.running and self.holder != k:
                 del self.gangs[k]
+        return freed
 
     # --- the round ----------------------------------------------------------------------
     def _order(self) -> list[str]:
@@ -322,34 +363,42 @@ class GangScheduler:
 
     def step(self, now: float) -> list[GangResult]:
         out: list[GangResult] = []
+        done: set[str] = set()
         if self.holder is not None:
+            done.add(self.holder)
             out.append(self._advance_hold(now))
         for k in self._order():
-            g = self.gangs[k]
-            if k == self.holder or not g.members:
+            g = self.gangs.get(k)
+            if g is None or k in done or not g.members:
                 continue
             if g.placed:  # already running: late members go one by one, near the others
                 out.append(self._late_members(k, g))
                 continue
-            need = max(g.group.min_member - len(g.running), 1)
-            if len(g.members) >= need:
-                res = place_gang(self.sched, k, list(g.members.values()), need, self.topology_key)
-                if res.ok:
-                    self._mark_running(g, res.placed)
-                    out.append(res)
-                    continue
-                waited = now - g.since_s
-                if waited > g.group.timeout_s:
-                    res.status = Status.unschedulable(f"{res.status.reasons[0]}; waiting {waited:.0f} s "
-                                                      f"(past its {g.group.timeout_s:.0f} s timeout)", plugin=PLUGIN)
-                out.append(res)
-            elif self.holder is None:
+            if len(g.members) >= g.need:
+                out.append(self._place_complete(k, g, now))
+            elif self.holder is None and len(g.members) > g.hold_after:
                 out.append(self._start_hold(k, g, now))
+            elif self.holder is None:
+                out.append(GangResult(k, [], Status.wait(
+                    f"pod group {k}: {len(g.members)} of {g.need} members arrived; its hold timed out, so it holds "
+                    f"nothing until another member arrives", plugin=PLUGIN)))
             else:
                 out.append(GangResult(k, [], Status.wait(
-                    f"pod group {k}: {len(g.members)} of {need} members arrived; gang {self.holder} holds the "
+                    f"pod group {k}: {len(g.members)} of {g.need} members arrived; gang {self.holder} holds the "
                     f"tentative reservations, waiting for it", plugin=PLUGIN)))
         return out
+
+    def _place_complete(self, k: str, g: _Gang, now: float) -> GangResult:
+        """Every required member is there: all of them as one transaction, or nothing (no hold)."""
+        res = place_gang(self.sched, k, list(g.members.values()), g.need, self.topology_key)
+        if res.ok:
+            self._mark_running(g, res.placed)
+            return res
+        waited = now - g.since_s
+        if waited > g.group.timeout_s:
+            res.status = Status.unschedulable(f"{res.status.reasons[0]}; waiting {waited:.0f} s "
+                                              f"(past its {g.group.timeout_s:.0f} s timeout)", plugin=PLUGIN)
+        return res
 
     def _mark_running(self, g: _Gang, placed: Sequence[Decision]) -> None:
         for d in placed:
@@ -382,34 +431,56 @@ class GangScheduler:
     def _advance_hold(self, now: float) -> GangResult:
         k = self.holder
         assert k is not None and self._tx is not None
-        g = self.gangs[k]
+        g = self.gangs.get(k)
+        if g is None or not g.members:
+            self.release_hold("members gone")
+            return GangResult(k, [], Status.wait(f"pod group {k}: no member left; its hold is released", plugin=PLUGIN))
+        if len(g.members) >= g.need:  # complete: the hold has done its job; one transaction or nothing
+            self.release_hold("complete")
+            return self._place_complete(k, g, now)
+        if now - self._hold_since > g.group.timeout_s:
+            n = len(self._held)
+            self.release_hold("timeout")
+            self.timeouts += 1
+            g.since_s = now  # to the back of the line: the next gang may hold
+            g.hold_after = len(g.members)
+            return GangResult(k, [], Status.unschedulable(
+                f"pod group {k}: timed out after {g.group.timeout_s:.0f} s with {n} of {g.need} members reserved; "
+                f"released its reservations", plugin=PLUGIN))
         st = self.sched.state
         used = sorted({st.index[st.assignments[p].node] for p in self._held if p in st.assignments})
         everywhere = np.ones(len(st), dtype=bool)
+        tree = _quota_tree(self.sched)
         for r in g.members.values():
             if r.key in self._held:
                 continue
-            dec, cycle = _try_place(self.sched, self._tx, r, everywhere, used)
+            if tree is not None and r.queue:  # the members held so far must fit the queue as a whole
+                want: dict[str, int] = {}
+                for m in [*(g.members[p] for p in self._held if p in g.members), r]:
+                    for res_name, x in request_vector(m).items():
+                        want[res_name] = want.get(res_name, 0) + x
+                q = tree.check(r.queue, want)
+                if not q.ok:
+                    self.release_hold("quota")
+                    return GangResult(k, [], Status.wait(
+                        f"pod group {k}: the members arrived so far do not fit its queue's quota together "
+                        f"({q.reasons[0] if q.reasons else q.message}); it holds nothing", plugin=PLUGIN))
+            # held reservations take capacity only: no queue, so no quota is counted for them
+            dec, cycle = _try_place(self.sched, self._tx, replace(r, queue=None), everywhere, used)
             if dec.ok:
                 self._held[r.key] = cycle
-        need = max(g.group.min_member - len(g.running), 1)
-        if len(self._held) >= need:  # complete: commit the hold
-            placed = [Decision(p, Status.success(), st.assignments[p]) for p in self._held]
-            self._tx.commit()
-            self._end_hold()
-            self._mark_running(g, placed)
-            return GangResult(k, placed)
-        if now - self._hold_since > g.group.timeout_s:
-            n = len(self._held)
-            _release(self.sched, self._tx, list(self._held.values()))
-            self._end_hold()
-            self.timeouts += 1
-            g.since_s = now  # to the back of the line: the next gang may hold
-            return GangResult(k, [], Status.unschedulable(
-                f"pod group {k}: timed out after {g.group.timeout_s:.0f} s with {n} of {need} members reserved; "
-                f"released its reservations", plugin=PLUGIN))
         return GangResult(k, [], Status.wait(
-            f"pod group {k}: holding {len(self._held)} of {need} members, {len(g.members)} arrived", plugin=PLUGIN))
+            f"pod group {k}: holding {len(self._held)} of {g.need} members, {len(g.members)} arrived, "
+            f"until the gang is complete or {self._when(now)} at the latest", plugin=PLUGIN))
+
+    def release_hold(self, why: str) -> None:
+        """Give back every tentative reservation of the holder (rolled back, Reserve plugins undone)."""
+        if self.holder is None:
+            return
+        if self._tx is not None:
+            _release(self.sched, self._tx, list(self._held.values()))
+        self.releases[why] = self.releases.get(why, 0) + 1
+        self._end_hold()
 
     def _end_hold(self) -> None:
         self.holder = None
@@ -420,6 +491,42 @@ class GangScheduler:
     def held(self) -> list[str]:
         """Pods with tentative (uncommitted) reservations right now."""
         return list(self._held)
+
+    # --- what a hold blocks -----------------------------------------------------------------
+    def hold_deadline(self) -> float | None:
+        """When the current hold times out at the latest (the clock ``step`` is given)."""
+        if self.holder is None or self.holder not in self.gangs:
+            return None
+        return self._hold_since + self.gangs[self.holder].group.timeout_s
+
+    def _when(self, now: float) -> str:
+        d = self.hold_deadline()
+        return self.when(d, now) if d is not None else "now"
+
+    def hold_text(self, now: float) -> str:
+        """The current hold in words: which gang, what it holds where, until when."""
+        k = self.holder
+        if k is None or not self._held:
+            return ""
+        g = self.gangs[k]
+        st = self.sched.state
+        held = [st.assignments[p] for p in self._held if p in st.assignments]
+        milli = sum(len(a.gpu_indices) * a.gpu_milli for a in held)
+        gpus = f"{milli // GPU_MILLI}" if milli % GPU_MILLI == 0 else f"{milli / GPU_MILLI:.3g}"
+        nodes = ", ".join(sorted({a.node for a in held}))
+        return (f"pod group {k} holds {gpus} GPU(s) on {nodes} for its members still arriving "
+                f"({len(g.members)} of {g.need} arrived), until the gang is complete or {self._when(now)} at the latest")
+
+    def blocked_by_hold(self, r: PodRequest, now: float) -> str:
+        """Why ``r`` waits if only the current hold keeps it out (it would fit without it); else ''."""
+        if not self._held or r.key in self._held or group_key(r) == self.holder:
+            return ""
+        st = self.sched.state
+        with st.transaction() as tx:  # rolled back on the way out
+            for p in self._held:
+                tx.evict(p)
+            fits = self.sched.decide(self.sched.new_cycle(r)).ok
+        return self.hold_text(now) if fits else ""
 
 
 __all__ = ["GangResult", "GangScheduler", "PodGroup", "group_key", "groups_from_pods", "place_gang", "schedule_gangs",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -112,7 +112,8 @@ def _could_fit(sched: Scheduler, r: PodRequest, node: int, freed: Sequence[Assig
 def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None,
                  age_rank: Mapping[str, int] | None = None, pdbs: Sequence[PodDisruptionBudget] = (),
                  pod_labels: Mapping[str, Mapping[str, str]] | None = None,
-                 notes: list[str] | None = None, max_candidates: int | None = None, start: int = 0) -> Plan | None:
+                 notes: list[str] | None = None, max_candidates: int | None = None, start: int = 0,
+                 exclude: Collection[str] = ()) -> Plan | None:
     """The best node and the fewest lower-priority victims there; a dry run (changes nothing).
 
     ``pdb_allows`` may veto single pods; ``pdbs`` (with ``pod_labels``: pod key -> labels)
@@ -122,6 +123,8 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
     many nodes have a workable plan and take the best of those, looking at nodes
     from ``start`` on (kube-scheduler's bounded candidate search, so a live
     scheduler does not stall on a large cluster); None looks at every node.
+    ``exclude``: pods already on their way out (evictions in flight, terminating):
+    never victims again, and neither is a pod group with one of them.
     """
     st = sched.state
     labels = pod_labels or {}
@@ -134,6 +137,7 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
     best: Plan | None = None
     no_lower = too_small = 0
     protected: dict[str, int] = {}
+    leaving: set[str] = set()
     n_nodes = len(st.nodes)
     candidates = 0
     for i in ((start + j) % n_nodes for j in range(n_nodes)):
@@ -151,6 +155,9 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
             seen.update(b.pod_key for b in unit)
             if any(b.priority >= r.priority for b in unit):
                 continue  # a gang with a member we may not evict
+            if exclude and any(b.pod_key in exclude for b in unit):
+                leaving.update(b.pod_key for b in unit if b.pod_key in exclude)
+                continue  # already going: evicting it again would change nothing
             why = next((b.pod_key for b in unit if not allows(b)), None)
             if why is None and pdbs:
                 why = _budget_check(pdbs, labels, unit) and unit[0].pod_key
@@ -178,7 +185,10 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
             notes.append(f"{no_lower} node(s) run no pod of lower priority than {r.priority} that may be evicted")
         if too_small:
             notes.append(f"{too_small} node(s) would not fit {r.key} even after evicting every lower-priority pod")
-        for k in sorted(protected):
+        if leaving:
+            notes.append(f"{len(leaving)} lower-priority pod(s) already on their way out, not victims again: "
+                         + ", ".join(sorted(leaving)[:5]) + (" ..." if len(leaving) > 5 else ""))
+        for k, _n in sorted(protected.items()):
             notes.append(f"{k} is protected (PodDisruptionBudget or gang with higher priority), not a victim")
     if best is not None:
         best.explanation.insert(0, f"{r.key} (priority {r.priority}) fits on {best.node} after evicting "

@@ -27,7 +27,7 @@ idle quota, and at the top from the pool of all root queues.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -562,20 +562,30 @@ class QueueTree:
         return out
 
     # --- reclaim ------------------------------------------------------------------------
-    def borrowed(self) -> list[Assignment]:
+    def borrowed(self, exclude: Collection[str] = ()) -> list[Assignment]:
         """Running pods beyond their queue's nominal quota (reclaim candidates), lowest priority
-        then youngest first; per queue only as many as it is over its quota."""
+        then youngest first; per queue only as many as it is over its quota.
+
+        ``exclude``: pods already on their way out (an eviction in flight): never candidates,
+        and what they hold no longer counts as borrowed."""
         self._sync()
         overs: dict[str, Vector] = {}
         for name, u in self._use.items():
             over = {k: x - nom for k, x in u.items() if (nom := self.nominal(name, k)) is not None and x > nom}
             if over:
                 overs[name] = over
+        for k in exclude:
+            a = self.state.assignments.get(k)
+            if a is not None and a.queue in self.queues:
+                for n in self._paths[a.queue]:
+                    if n in overs:
+                        _add(overs[n], request_vector(a), -1)
+        overs = {n: o for n, o in overs.items() if any(x > 0 for x in o.values())}
         if not overs:
             return []
         by_queue: dict[str, list[Assignment]] = {}
         for a in self.state.assignments.values():
-            if a.queue in self.queues:
+            if a.queue in self.queues and a.pod_key not in exclude:
                 for n in self._paths[a.queue]:  # a parent over its quota: its children's pods
                     if n in overs:
                         by_queue.setdefault(n, []).append(a)
@@ -594,17 +604,18 @@ class QueueTree:
     def _victim_key(self, a: Assignment) -> tuple[int, int]:
         return (a.priority, -self.order_seq.get(a.pod_key, 1 << 62))
 
-    def plan_reclaim(self, sched: "Scheduler", r: PodRequest) -> ReclaimPlan | None:
+    def plan_reclaim(self, sched: "Scheduler", r: PodRequest, exclude: Collection[str] = ()) -> ReclaimPlan | None:
         """Borrowed pods of *other* queues to preempt so that ``r`` fits, when ``r`` is within its
         own queue's nominal quota; None when reclaim does not apply or would not help.
 
         A dry run: victims are evicted tentatively in one transaction (whole pod groups
         together) until the pod fits, victims that turn out not to be needed are put back,
-        and everything is rolled back.  ``apply_reclaim`` carries a plan out.
+        and everything is rolled back.  ``apply_reclaim`` carries a plan out.  Pods in
+        ``exclude`` (evictions in flight) are never chosen again, nor pod groups with one.
         """
         if not r.queue or r.queue not in self.queues or not self.within_nominal(r.queue, request_vector(r)):
             return None
-        cands = [a for a in self.borrowed() if a.queue != r.queue]
+        cands = [a for a in self.borrowed(exclude) if a.queue != r.queue]
         if not cands:
             return None
         st = self.state
@@ -617,6 +628,8 @@ class QueueTree:
             if a.pod_group:  # whole pod groups go together
                 unit = [b for b in st.assignments.values() if b.pod_group == a.pod_group and b.queue == a.queue]
             seen.update(b.pod_key for b in unit)
+            if exclude and any(b.pod_key in exclude for b in unit):
+                continue
             units.append(unit)
         with st.transaction() as tx:
             taken: list[list[Assignment]] = []

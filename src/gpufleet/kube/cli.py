@@ -100,7 +100,8 @@ class Metrics:
         self.pending = Gauge("gpufleet_pending_pods", "Pods waiting for gpufleet", registry=self.registry)
         self.binds = Counter("gpufleet_binds_total", "Pods bound (rate() gives binds/s)", registry=self.registry)
         self.leader = Gauge("gpufleet_leader", "1 while this replica holds the lease", registry=self.registry)
-        self.evictions = Counter("gpufleet_evictions_total", "Pods deleted to make room, by reason (preempted, reclaimed)",
+        self.evictions = Counter("gpufleet_evictions_total", "Pods deleted to make room, by reason (preempted, reclaimed; "
+                                 "already_gone: the DELETE found the victim gone, not an eviction)",
                                  ["reason"], registry=self.registry)
 
     def on_attempt(self, result: str, seconds: float) -> None:

@@ -31,6 +31,7 @@ def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[i
         return 0, f"{key} is bound to {node}" + (f"; assignment {a}" if a else "")
     loop = SchedulerLoop(api, profile, scheduler_name=scheduler_name)
     loop.resync()
+    loop.replay_gangs()  # what the scheduler's gang round holds now (a hold may be what keeps the pod out)
     try:
         summary, by_node = loop.explain(pod)
     except GpufleetError as exc:

@@ -28,6 +28,14 @@ queues), then to *preempt* lower-priority pods (whole gangs, within
 PodDisruptionBudgets); victims are deleted through the API and the pod is
 tried first once they are gone.  The queue a pod was admitted to is written
 next to its assignment, so a restart counts usage exactly as before.
+
+A victim stays in the snapshot until the watch shows it gone (its room is not
+free before), so every plan made meanwhile must not choose it again: evictions
+in flight (and pods terminating anyway) are excluded from all candidate sets
+until then, or until ``eviction_timeout_s`` (``evictor.Evictions``).  Only a DELETE that succeeded is
+an eviction (event, counter, nomination); a 404 counts as ``already_gone``.
+A gang's hold (see ``engine.gang``) is named in the reason of every pod it
+alone keeps out.
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from typing import Any, Callable
 
 from ..engine import annotations as ann
 from ..engine.errors import ConfigError, GpufleetError
-from ..engine.framework import Profile, Scheduler
+from ..engine.framework import Decision, Profile, Scheduler
 from ..engine.gang import GangScheduler, group_key
 from ..engine.inventory import assignment_to_json
 from ..engine.model import Assignment, Node, PodRequest, Taint
@@ -69,6 +77,7 @@ from .api import (
     SchedulerApi,
 )
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
+from .evictor import Evictions
 from .policy_objects import PolicyObjects
 
 log = logging.getLogger(__name__)
@@ -85,6 +94,7 @@ class Stats:
     events_dropped: int = 0
     preempted: int = 0  # pods deleted to make room for higher priority
     reclaimed: int = 0  # borrowed pods deleted to give a queue its quota back
+    already_gone: int = 0  # victims whose DELETE found them gone (404): not evictions of ours
 
 
 def slim_pod(pod: dict) -> dict:
@@ -113,7 +123,8 @@ def slim_pod(pod: dict) -> dict:
     s["containers"] = [ctr(c) for c in spec.get("containers") or [] if isinstance(c, dict)]
     if spec.get("initContainers"):
         s["initContainers"] = [ctr(c) for c in spec["initContainers"] if isinstance(c, dict)]
-    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences") if k in m}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "deletionTimestamp")
+            if k in m}
     meta["annotations"] = ann_
     return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
 
@@ -121,6 +132,25 @@ def slim_pod(pod: dict) -> dict:
 def reason_text(status) -> str:
     """The engine's reasons in kube-scheduler's words ("0/12 nodes are available: ..."), no status-code prefix."""
     return "; ".join(status.reasons) or status.message
+
+
+def _names_any(line: str, pod_keys: set[str]) -> bool:
+    """Does an explanation line name one of these pods (as a whole word)?"""
+    words = set(line.replace(",", " ").split())
+    return any(k in words for k in pod_keys)
+
+
+def _created_s(obj: dict) -> float | None:
+    """metadata.creationTimestamp as seconds since the epoch, or None."""
+    import datetime
+
+    ts = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not isinstance(ts, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(ts).timestamp()  # "...Z": Python 3.11 reads it
+    except ValueError:
+        return None
 
 
 def _rv(obj: dict) -> int | None:
@@ -214,7 +244,7 @@ class SchedulerLoop:
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
                  eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True,
-                 volume_bind_timeout_s: float = 600.0):
+                 volume_bind_timeout_s: float = 600.0, eviction_timeout_s: float | None = None):
         self.api = api
         if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
             profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
@@ -242,6 +272,7 @@ class SchedulerLoop:
         self.on_attempt = on_attempt
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
+        self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
         self.state = ClusterState()
         self.sched = Scheduler(profile, self.state, seed=seed)
         self.node_objs: dict[str, dict] = {}
@@ -259,11 +290,20 @@ class SchedulerLoop:
         self.max_in_flight = max_in_flight
         self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
         self._results: queue.Queue = queue.Queue()
-        self.gangs = GangScheduler(self.sched)
+        self.gangs = self._new_gangs()
         self.volume_bind_timeout_s = volume_bind_timeout_s
         self._volume_wait: dict[str, tuple[list[str], float, dict[str, str]]] = {}  # pod -> claims, deadline, annotations
         self._assumed_pvs: dict[str, str] = {}  # PV -> claim we set its claimRef for, until the claim is bound
         self._volume_plans: dict[str, list[tuple[str, str]]] = {}  # pod -> (claim, PV or "" = provision) it asked for
+
+    def _new_gangs(self) -> GangScheduler:
+        gs = GangScheduler(self.sched)
+        gs.when = self._wall_clock
+        return gs
+
+    def _wall_clock(self, t: float, now: float) -> str:
+        """A time on the loop's clock as people read it (UTC, to the second)."""
+        return time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + (t - now)))
 
     @property
     def bound(self) -> set[str]:
@@ -326,7 +366,7 @@ class SchedulerLoop:
         self.state = ClusterState(good)
         self._sync_constraint_objects()
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
-        self.gangs = GangScheduler(self.sched)
+        self.gangs = self._new_gangs()
         self._rebuild_tree()
         # pods with an exact assignment first: modelled ones take whatever GPUs are left
         keys = sorted(self.bound_pods, key=lambda k: ann.ASSIGNMENT not in ((self.bound_pods[k].get("metadata") or {}).get("annotations") or {}))
@@ -451,11 +491,12 @@ class SchedulerLoop:
         self._forget_timers(key)
         self._req_cache.pop(key, None)
         self._nominated.pop(key, None)
-        if self.gangs.gangs:
-            self.gangs.remove(key)
+        self.evictions.forget(key)
         freed = False
+        if self.gangs.gangs:
+            freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
         if self.bound_pods.pop(key, None) is not None:
-            freed = self.sched.forget(key) is not None
+            freed = self.sched.forget(key) is not None or freed
         if self.binding.pop(key, None) is not None:
             freed = self.sched.forget(key) is not None or freed
         if freed:
@@ -646,10 +687,12 @@ class SchedulerLoop:
         times = [self._not_before.get(k, 0.0) for k in self.pending] + [w[1] for w in self._volume_wait.values()]
         return min(times) if times else None
 
-    def _defer(self, key: str) -> None:
+    def _defer(self, key: str, until: float | None = None) -> None:
+        """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
         b = min(self.backoff_max_s, self._backoff.get(key, self.backoff_initial_s / 2) * 2)
         self._backoff[key] = b
-        self._not_before[key] = self.clock() + b
+        t = self.clock() + b
+        self._not_before[key] = t if until is None else min(t, max(until, self.clock()))
 
     def schedule_due(self, budget_s: float | None = None, should_continue: Callable[[], bool] | None = None) -> int:
         """Run one cycle for each pod that is due; returns how many were tried.
@@ -709,7 +752,11 @@ class SchedulerLoop:
             if g is not None:
                 self.gangs.add_group(g, now)
             self.gangs.add(r, now)
-        for res in self.gangs.step(now):
+        had_hold = bool(self.gangs.held)
+        results = self.gangs.step(now)
+        if had_hold and not self.gangs.held:
+            self.wake_all()  # a hold ended: what it kept out may fit now
+        for res in results:
             for d in res.placed:
                 pod = self.pending.get(d.pod_key)
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
@@ -718,10 +765,12 @@ class SchedulerLoop:
                 self._start_bind(d.pod_key, pod, d.assignment, self._first_seen.get(d.pod_key, now))
             if not res.ok:
                 gang = self.gangs.gangs.get(res.group)
+                # held members wait too (not retried in a spin), and are looked at again when the hold times out
+                until = self.gangs.hold_deadline() if self.gangs.holder == res.group else None
                 for k in list(gang.members) if gang else []:
-                    if k in self.pending and k not in self.gangs.held:
+                    if k in self.pending:
                         self._failed_event(k, self.pending[k], reason_text(res.status))
-                        self._defer(k)
+                        self._defer(k, until)
                 if self.preemption:
                     self._make_room_for_gang(res.group)
         return len(keys)
@@ -744,10 +793,14 @@ class SchedulerLoop:
             self.events.send(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
             self._defer(key)
             return "error"
+        if not dec.ok and self.gangs.held:
+            dec, why = self._past_a_hold(req, dec)
+        else:
+            why = ""
         if not dec.ok:
             self._count("unschedulable", t0)
-            self._failed_event(key, pod, reason_text(dec.status))
-            self._defer(key)
+            self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
+            self._defer(key, self.gangs.hold_deadline() if why else None)
             if self.preemption:
                 try:
                     self._make_room(key, pod, req)
@@ -758,6 +811,21 @@ class SchedulerLoop:
         self._nominated.pop(key, None)
         self._start_bind(key, pod, dec.assignment, t0)
         return "binding"
+
+    def _past_a_hold(self, req: PodRequest, dec: Decision) -> tuple[Decision, str]:
+        """A pod that only a gang's hold keeps out: a pod of higher priority than the gang ends the hold
+        and is placed; any other is told which gang holds what, and until when."""
+        now = self.clock()
+        why = self.gangs.blocked_by_hold(req, now)
+        holder = self.gangs.gangs.get(self.gangs.holder or "")
+        if not why or holder is None:
+            return dec, why
+        if req.priority > holder.group.priority:
+            log.info("%s (priority %d) ends the hold of pod group %s (priority %d)", req.key, req.priority,
+                     holder.group.key, holder.group.priority)
+            self.gangs.release_hold("preempted")
+            return self.sched.schedule(req), ""
+        return dec, why
 
     def _start_bind(self, key: str, pod: dict, a: Assignment, t0: float) -> None:
         gpus = self.state.nodes[self.state.index[a.node]].gpus
@@ -897,7 +965,7 @@ class SchedulerLoop:
         """Reclaim lent quota, else preempt lower-priority pods; delete the victims through the API."""
         now = self.clock()
         nom = self._nominated.get(key)
-        if nom is not None and now < nom[1] and any(v in self.state.assignments for v in nom[0]):
+        if nom is not None and self._still_leaving(nom, now):
             return  # victims already on their way out
         if not self._planning_allowed():
             return
@@ -907,29 +975,54 @@ class SchedulerLoop:
         finally:
             self._planned(t0)
 
+    def _still_leaving(self, nom: tuple[set[str], float], now: float) -> bool:
+        """Is room already on its way for a nominated pod?  While its victims are still there and either
+        the nomination is fresh or they are still leaving (in flight, terminating), it plans nothing more."""
+        there = [v for v in nom[0] if v in self.state.assignments]
+        return bool(there) and (now < nom[1] or bool(set(there) & self._leaving()))
+
+    def _leaving(self) -> set[str]:
+        """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
+        return self.evictions.leaving(self.bound_pods)
+
     def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float) -> None:
         victims: list[Assignment] = []
-        reason, lines, plan = "", None, None
+        reason: str | None = None
+        lines: list[str] | None = None
+        node = ""
+        leaving = self._leaving() | set(self.gangs.held)  # held pods are not running: nothing to evict
         if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req)
+            rp = self.tree.plan_reclaim(self.sched, req, exclude=leaving)
             if rp is not None:
                 victims, lines = rp.victims, rp.explanation
                 reason, kind = f"reclaimed: queue {req.queue} needs its quota back for {key}", "reclaimed"
         if not victims and not req.preempt_never and any(a.priority < req.priority for a in self.state.assignments.values()):
             plan = find_victims(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                age_rank=self._age_rank(), **self._candidate_bound())
+                                age_rank=self._age_rank(), exclude=leaving, **self._candidate_bound())
             if plan is not None:
-                victims, lines = plan.victims, plan.explanation
+                victims, lines, node = plan.victims, plan.explanation, plan.node
                 reason, kind = f"preempted by {key} (priority {req.priority}) on {plan.node}", "preempted"
-        if victims and self._evict(victims, reason, kind, key):
-            self._nominated[key] = ({v.pod_key for v in victims}, now + self.nominated_timeout_s)
-            self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(lines or [reason]))
-            if kind == "preempted" and plan is not None:  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
-                ns, name = key.split("/", 1)
-                try:
-                    self.api.nominate(ns, name, plan.node)
-                except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
-                    log.info("could not set nominatedNodeName on %s: %s", key, exc)
+        if not victims:
+            return
+        done = self._evict(victims, reason or "", kind, key)
+        if done is None:
+            return
+        evicted, gone = done
+        if not evicted and not gone:
+            return  # nothing happened (every DELETE failed): plan again at the next retry
+        self._nominated[key] = (evicted | gone, now + self.nominated_timeout_s)
+        if not evicted:
+            return  # the victims were gone already: their room frees without us
+        what = [ln for ln in (lines or []) if not _names_any(ln, gone)]
+        if gone:
+            what.append(f"already gone: {', '.join(sorted(gone))}")
+        self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(what or [reason or ""]))
+        if kind == "preempted":  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
+            ns, name = key.split("/", 1)
+            try:
+                self.api.nominate(ns, name, node)
+            except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
+                log.info("could not set nominatedNodeName on %s: %s", key, exc)
 
     def _make_room_for_gang(self, group: str) -> None:
         """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
@@ -948,42 +1041,34 @@ class SchedulerLoop:
             return
         now = self.clock()
         noms = [self._nominated.get(r.key) for r in members]
-        if any(n is not None and now < n[1] and any(v in self.state.assignments for v in n[0]) for n in noms):
+        if any(n is not None and self._still_leaving(n, now) for n in noms):
             return
         prio = min(r.priority for r in members)
         if not any(a.priority < prio for a in self.state.assignments.values()) or not self._planning_allowed():
             return
         t0 = time.monotonic()
         try:
-            plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets,
-                                     pod_labels=self._pod_labels(), age_rank=self._age_rank(), **self._candidate_bound())
+            plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
+                                     age_rank=self._age_rank(), exclude=self._leaving() | set(self.gangs.held),
+                                     **self._candidate_bound())
         finally:
             self._planned(t0)
         if plan is None:
             return
-        if self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group):
-            for r in members:
-                self._nominated[r.key] = ({v.pod_key for v in plan.victims}, now + self.nominated_timeout_s)
-                if r.key in self.pending:
-                    self.events.send(self.pending[r.key], "Normal", "Preempting", "; ".join(plan.explanation))
+        done = self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group)
+        if done is None or not (done[0] or done[1]):
+            return
+        evicted, gone = done
+        for r in members:
+            self._nominated[r.key] = (evicted | gone, now + self.nominated_timeout_s)
+            if evicted and r.key in self.pending:
+                self.events.send(self.pending[r.key], "Normal", "Preempting",
+                                 "; ".join([ln for ln in plan.explanation if not _names_any(ln, gone)]
+                                           + ([f"already gone: {', '.join(sorted(gone))}"] if gone else [])))
 
-    def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> bool:
-        """Delete the victims through the API (each gets a ``Preempted`` event); False if any is not bound yet."""
-        if any(v.pod_key not in self.bound_pods for v in victims):
-            return False  # a victim is still being bound (or held by a gang): decide again next time
-        for v in victims:
-            p = self.bound_pods[v.pod_key]
-            ns, name = v.pod_key.split("/", 1)
-            try:
-                self.api.evict_pod(ns, name, uid=(p.get("metadata") or {}).get("uid"), grace_period_s=self.eviction_grace_s)
-            except NotFound:
-                pass
-            except Exception as exc:
-                log.warning("could not delete %s to make room for %s: %s", v.pod_key, for_, exc)
-                continue
-            self.events.send(p, "Normal", "Preempted", reason)
-            setattr(self.stats, kind, getattr(self.stats, kind) + 1)
-        return True
+    def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> tuple[set[str], set[str]] | None:
+        """(evicted, already gone), or None if a victim is not bound yet (see ``Evictions.evict``)."""
+        return self.evictions.evict(victims, self.bound_pods, reason, kind, for_)
 
     def _gang_line(self, req: PodRequest) -> str:
         """Where a gang member's pod group stands: members waiting and running against its minimum."""
@@ -1099,6 +1184,30 @@ class SchedulerLoop:
         if self.on_attempt:
             self.on_attempt(result, self.clock() - t0)
 
+    def replay_gangs(self) -> None:
+        """For a fresh snapshot (``gpufleet explain``): hold and place the pending gang members as the
+        scheduler's gang round does, binding nothing, so that a pod only a hold keeps out is told so.
+        A hold is taken to have started when its gang's first member was created."""
+        now, wall = self.clock(), time.time()
+        first: list[float] = []
+        for k, p in list(self.pending.items()):
+            if not self._in_gang(p):
+                continue
+            try:
+                r = self._request(k, p)
+            except GpufleetError:
+                continue
+            created = _created_s(p)
+            t = now - max(0.0, wall - created) if created is not None else now
+            first.append(t)
+            g = self.objects.groups.get(group_key(r) or "")
+            if g is not None:
+                self.gangs.add_group(g, t)
+            self.gangs.add(r, t)
+        if first:
+            self.gangs.step(min(first))
+            self.gangs.step(now)
+
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
         req = self._request(pod_key(pod), pod)
@@ -1107,19 +1216,22 @@ class SchedulerLoop:
         for name, why in self.bad_nodes.items():
             by_node[name] = f"left out: {why}"
         gang = self._gang_line(req)
+        why = self.gangs.blocked_by_hold(req, self.clock()) if not dec.ok and self.gangs.held else ""
+        if why:
+            gang = why + (f"\n  {gang}" if gang else "")
         if dec.ok:
             fits = f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)"  # type: ignore[union-attr]
             return fits + (f"\n  {gang}" if gang else ""), by_node
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
         if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req)
+            rp = self.tree.plan_reclaim(self.sched, req, exclude=self._leaving())
             if rp is not None:
                 msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
         if req.preempt_never:
             msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
         elif any(a.priority < req.priority for a in self.state.assignments.values()):
             lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                       age_rank=self._age_rank())
+                                       age_rank=self._age_rank(), exclude=self._leaving())
             msg += "\n  " + "\n  ".join(lines)
         return msg, by_node
 

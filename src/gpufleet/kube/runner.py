@@ -129,7 +129,7 @@ class Runner:
             t.start()
             self._threads.append(t)
         binds_seen = 0
-        evictions_seen = {"preempted": 0, "reclaimed": 0}
+        evictions_seen = {"preempted": 0, "reclaimed": 0, "already_gone": 0}
         while not stop.is_set():
             leading = self.leading()
             busy = leading and loop.has_due()
@@ -154,10 +154,10 @@ class Runner:
                 m = self.metrics
                 m.pending.set(len(loop.pending))
                 m.leader.set(1 if leading else 0)
-                for reason in ("preempted", "reclaimed"):
+                for reason, seen in evictions_seen.items():
                     n_ev = getattr(loop.stats, reason)
-                    if n_ev > evictions_seen[reason]:
-                        m.evictions.labels(reason).inc(n_ev - evictions_seen[reason])
+                    if n_ev > seen:
+                        m.evictions.labels(reason).inc(n_ev - seen)
                         evictions_seen[reason] = n_ev
                 if loop.stats.binds > binds_seen:
                     m.binds.inc(loop.stats.binds - binds_seen)
