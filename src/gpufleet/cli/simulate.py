@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -174,6 +175,25 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+def unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written, or None.  Probes for real (root ignores mode bits; read-only mounts do not)."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        return f"no directory {parent}"
+    try:
+        if p.exists():
+            with open(p, "a"):
+                pass
+        else:
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=".gpufleet-write-")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     nodes_path = args.nodes or str(tracemod.bundled(tracemod.DEFAULT_NODES))
     pods_path = args.pods or str(tracemod.bundled(tracemod.DEFAULT_PODS))
@@ -189,6 +209,13 @@ def run(args: argparse.Namespace) -> int:
     if args.tune <= 0 and args.experiment == "packing":
         print("gpufleet simulate: --tune must be > 0", file=sys.stderr)
         return 2
+    for flag, out_path in (("--report", args.report), ("--json", args.json_path)):
+        why = unwritable(out_path) if out_path else None
+        if why:  # before the run, not after minutes of work (e.g. a container's read-only working directory)
+            skip = " (or --report '' for none)" if flag == "--report" else ""
+            print(f"gpufleet simulate: {flag} {os.path.abspath(out_path)}: cannot write there ({why}); "
+                  f"pass {flag} PATH in a writable directory{skip}", file=sys.stderr)
+            return 2
     try:
         nodes, tr = _load(nodes_path, pods_path, args.skip_bad_rows)
     except (GpufleetError, OSError) as exc:
