@@ -232,3 +232,18 @@ def test_extender_answers_filter_in_cluster(node):
     res = wait_for("the extender's filter to know the node", lambda: r if (r := json.loads(
         urllib.request.urlopen(req, timeout=10).read())).get("NodeNames") == [NODE] else None, 60)
     assert not res.get("Error"), res
+
+
+def test_reclaim_controller_runs_rounds_under_its_rbac(node):
+    pod = wait_for("the reclaim pod Running", lambda: [p for p in node.pods("app.kubernetes.io/name=gpufleet-reclaim")
+                                                       if p["status"].get("phase") == "Running"], 180)[0]
+    assert pod["spec"]["serviceAccountName"] == "gpufleet-reclaim"
+
+    def ok_rounds() -> float:
+        text = urllib.request.urlopen("http://127.0.0.1:9402/metrics", timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith('gpufleet_reclaim_rounds_total{result="ok"}'))
+
+    assert wait_for("a reclaim round that listed pods and PDBs and scraped the agent", ok_rounds, 90) >= 1
+    log = node.k("logs", "-n", NS, pod["metadata"]["name"])
+    assert "round failed" not in log and "orbidden" not in log, log[-2000:]

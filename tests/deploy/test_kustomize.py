@@ -20,7 +20,7 @@ ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
-BASES = ["", "crds", "scheduler", "extender", "agent", "overlays/nvidia-runtimeclass"]
+BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass"]
 
 
 def kustomizations() -> list[Path]:
@@ -52,10 +52,10 @@ def all_docs() -> list[dict]:
 
 def test_workloads_run_this_version_of_the_image_as_the_image_expects():
     cs = containers(all_docs())
-    assert {n for n, _, _ in cs} == {"gpufleet-scheduler", "gpufleet-extender", "gpufleet-agent"}
+    assert {n for n, _, _ in cs} == {"gpufleet-scheduler", "gpufleet-extender", "gpufleet-agent", "gpufleet-reclaim"}
     for name, spec, c in cs:
         assert c["image"] == IMAGE, (name, c["image"])  # bump pyproject's version and the manifests together
-        assert c["args"][0] in ("scheduler", "extender", "agent") and "command" not in c  # the image's entrypoint
+        assert c["args"][0] == name.removeprefix("gpufleet-") and "command" not in c  # the image's entrypoint
         sc = c["securityContext"]
         assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
         if name != "gpufleet-agent":  # the image's numeric user; the agent alone runs as root (device-plugin dir)
@@ -111,3 +111,21 @@ def test_kubectl_kustomize_builds(base):
         kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
         assert {("Deployment", "gpufleet-scheduler"), ("DaemonSet", "gpufleet-agent"),
                 ("CustomResourceDefinition", "queues.gpufleet.io")} <= kinds
+
+
+def test_reclaim_rbac_is_what_it_calls():
+    docs = list(yaml.safe_load_all((DEPLOY / "reclaim/reclaim.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert grants == {("", "pods", "list"), ("", "pods", "patch"), ("", "pods/eviction", "create"),
+                      ("", "events", "create"), ("", "nodes", "list"), ("policy", "poddisruptionbudgets", "list")}
+    c = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--apply" not in c["args"]  # dry run as shipped
+    import argparse
+
+    from gpufleet.utilization.reclaim_cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(c["args"][1:])
+    assert args.interval > 0 and args.policy_file == "/etc/gpufleet/reclaim.yaml"
