@@ -124,7 +124,7 @@ def node():
             assert "kept running" in up.stdout, f"run-e2e.sh --keep did not leave a node up:\n{up.stdout[-3000:]}"
         # the recipe's own gpufleet (from a venv) makes way for the image's: stopped by its recorded PID
         subprocess.run(["bash", "-c", (f'LOGS="{n.logs}"; NPIDS="{n.data}/node-pids"; . "{RECIPE}/lib/proc.sh"; '
-                        "stop_named gpufleet-scheduler; stop_named gpufleet-agent")], check=True, timeout=60,
+                        "stop_named gpufleet-scheduler; stop_named gpufleet-agent; true")], check=True, timeout=60,
                        capture_output=True)
         n.k("delete", "pods", "--all", "-n", "default", "--grace-period=1", "--wait=true", timeout=120)
         # what its agent wrote on the node goes too, so what is there at the end is the DaemonSet's doing
