@@ -171,6 +171,8 @@ def test_agent_daemonset_registers_with_kubelet(node):
     assert len(inv.get("gpus", inv) if isinstance(inv, dict) else inv) == 8
     metrics = urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=10).read().decode()
     assert metrics.count("DCGM_FI_DEV_GPU_UTIL{") == 8
+    print(f"agent pod {pod['metadata']['name']} ({pod['spec']['containers'][0]['image']}): kubelet allocatable "
+          f"nvidia.com/gpu=8, node labelled, 8 GPUs in /metrics")
 
 
 def test_scheduler_runs_under_its_service_account_and_is_ready_within_5s(node):
@@ -215,6 +217,7 @@ def test_gpu_pod_is_placed_admitted_and_sees_its_assigned_gpus(node):
     logs = wait_for("the GPU pod's output", lambda: o if "NVIDIA_VISIBLE_DEVICES=" in (o := node.k(
         "logs", name, "-n", "default", check=False)) else None, 60)
     seen = next(line.split("=", 1)[1] for line in logs.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES="))
+    print(f"{name}: on {pod['spec']['nodeName']}, assignment {uuids}, container sees NVIDIA_VISIBLE_DEVICES={seen}")
     assert sorted(seen.split(",")) == sorted(uuids), (seen, uuids)  # the scheduler's GPUs, handed over by the agent
     devs = {line.strip() for line in logs.splitlines() if line.startswith("nvidia")}
     assert {f"nvidia{g['index']}" for g in assignment["gpus"]} <= devs and "nvidiactl" in devs, devs
