@@ -1,0 +1,131 @@
+"""The install path: every kustomize base builds, runs the image this repository builds, and matches the Containerfile.
+
+Static checks always run; ``kubectl kustomize`` (kustomize as kubectl ships it) runs when a kubectl is found
+(``$KUBECTL`` or on PATH) and the test is skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[2]
+DEPLOY = ROOT / "deploy"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
+BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass"]
+
+
+def kustomizations() -> list[Path]:
+    return sorted(DEPLOY.rglob("kustomization.yaml"))
+
+
+def test_every_kustomization_lists_what_exists():
+    assert {str(p.parent.relative_to(DEPLOY)).replace(".", "") for p in kustomizations()} >= set(BASES)
+    for k in kustomizations():
+        doc = yaml.safe_load(k.read_text())
+        assert doc["kind"] == "Kustomization", k
+        for r in doc.get("resources", []):
+            target = k.parent / r
+            assert target.is_file() or (target / "kustomization.yaml").is_file(), f"{k}: resource {r} does not exist"
+
+
+def containers(docs: list[dict]) -> list[tuple[str, dict, dict]]:
+    out = []
+    for d in docs:
+        if d and d.get("kind") in ("Deployment", "DaemonSet"):
+            spec = d["spec"]["template"]["spec"]
+            out += [(d["metadata"]["name"], spec, c) for c in spec["containers"]]
+    return out
+
+
+def all_docs() -> list[dict]:
+    return [d for p in DEPLOY.rglob("*.yaml") if "kustomization" not in p.name for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def test_workloads_run_this_version_of_the_image_as_the_image_expects():
+    cs = containers(all_docs())
+    assert {n for n, _, _ in cs} == {"gpufleet-scheduler", "gpufleet-extender", "gpufleet-agent", "gpufleet-reclaim"}
+    for name, spec, c in cs:
+        assert c["image"] == IMAGE, (name, c["image"])  # bump pyproject's version and the manifests together
+        assert c["args"][0] == name.removeprefix("gpufleet-") and "command" not in c  # the image's entrypoint
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+        if name != "gpufleet-agent":  # the image's numeric user; the agent alone runs as root (device-plugin dir)
+            assert sc["runAsNonRoot"] and "runAsUser" not in sc and spec["serviceAccountName"] == name
+
+
+def test_agent_pod_has_what_a_gpu_node_needs():
+    ds = next(d for d in yaml.safe_load_all((DEPLOY / "agent/daemonset.yaml").read_text()) if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and "utility" in env["NVIDIA_DRIVER_CAPABILITIES"]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert host["device-plugins"] == mounts["device-plugins"]["mountPath"] == "/var/lib/kubelet/device-plugins"
+    assert host["pod-resources"] == mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"]
+    assert spec["hostPID"] is True  # NVML reports host PIDs (per-pod attribution on shared GPUs)
+    assert c["securityContext"]["runAsUser"] == 0 and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    ov = yaml.safe_load((DEPLOY / "overlays/nvidia-runtimeclass/kustomization.yaml").read_text())
+    assert "runtimeClassName: nvidia" in ov["patches"][0]["patch"]
+
+
+def test_containerfile_is_what_the_manifests_expect():
+    cf = (ROOT / "Containerfile").read_text()
+    assert re.search(r"^ARG BASE=docker\.io/library/python:3\.\d+-slim$", cf, re.MULTILINE)
+    assert len(re.findall(r"^FROM \$\{BASE\}", cf, re.MULTILINE)) == 2  # build stage + runtime stage
+    final = cf.split("\nFROM ${BASE}\n", 1)[1]
+    assert re.search(r"^USER 10001:10001$", final, re.MULTILINE)  # numeric: kubelet checks runAsNonRoot without /etc/passwd
+    assert 'ENTRYPOINT ["/opt/gpufleet/bin/gpufleet"]' in final and 'CMD ["simulate"]' in final
+    assert re.findall(r"^COPY .*", final, re.MULTILINE) == ["COPY --from=build /opt/gpufleet /opt/gpufleet"]  # the venv only
+    assert "PYTHONDONTWRITEBYTECODE=1" in final  # read-only root filesystems
+    assert "ca-certificates.crt" not in final
+
+
+def kubectl() -> str | None:
+    return os.environ.get("KUBECTL") or shutil.which("kubectl")
+
+
+@pytest.mark.skipif(not kubectl(), reason="no kubectl ($KUBECTL or on PATH) to run kustomize")
+@pytest.mark.parametrize("base", [*BASES, "../tests/deploy/e2e-overlay"])
+def test_kubectl_kustomize_builds(base):
+    r = subprocess.run([kubectl(), "kustomize", str(DEPLOY / base)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert docs and all(d.get("apiVersion") and d.get("kind") and d["metadata"].get("name") for d in docs)
+    images = {c["image"] for _, _, c in containers(docs)}
+    if base.endswith("e2e-overlay"):
+        assert images == {"localhost/gpufleet:e2e-test"}
+    elif images:
+        assert images == {IMAGE}
+    if base == "":
+        kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+        assert {("Deployment", "gpufleet-scheduler"), ("DaemonSet", "gpufleet-agent"),
+                ("CustomResourceDefinition", "queues.gpufleet.io")} <= kinds
+
+
+def test_reclaim_rbac_is_what_it_calls():
+    docs = list(yaml.safe_load_all((DEPLOY / "reclaim/reclaim.yaml").read_text()))
+    role = next(d for d in docs if d["kind"] == "ClusterRole")
+    grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert grants == {("", "pods", "list"), ("", "pods", "patch"), ("", "pods/eviction", "create"),
+                      ("", "events", "create"), ("", "nodes", "list"), ("policy", "poddisruptionbudgets", "list")}
+    c = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--apply" not in c["args"]  # dry run as shipped
+    import argparse
+
+    from gpufleet.utilization.reclaim_cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(c["args"][1:])
+    assert args.interval > 0 and args.policy_file == "/etc/gpufleet/reclaim.yaml"
