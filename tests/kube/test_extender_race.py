@@ -322,3 +322,62 @@ def test_log_level_flag_sets_gpufleet_loggers_and_verbose_can_only_lower_it():
         assert root.level == logging.DEBUG
     finally:
         root.setLevel(old)
+
+
+def _parked(p, message, reason="SchedulerError"):
+    p = json.loads(json.dumps(p))
+    p["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": reason, "message": message}]
+    return p
+
+
+def test_pods_parked_by_an_extender_outage_are_annotated_so_kube_scheduler_retries_them():
+    api, loop, ext = setup({"n": 2})
+    down = 'Post "http://127.0.0.1:8888/filter": dial tcp 127.0.0.1:8888: connect: connection refused'
+    api.add_pod(_parked(pod("a", scheduler="default-scheduler"), down))
+    api.add_pod(_parked(pod("b", scheduler="default-scheduler"), "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+                        reason="Unschedulable"))  # a real no-fit: kube-scheduler retries it on cluster events itself
+    api.add_pod(_parked(pod("c", gpus=0, scheduler="default-scheduler"), down))  # no GPU: not ours
+    api.add_pod(_parked(pod("d", scheduler="default-scheduler"), "invalid pod spec: ..."))  # our own answer: retrying won't help
+    loop.resync()  # the restarted extender lists them
+    assert set(loop.stuck) == {"ml/a"}
+    assert ext.retry_stuck(now=100.0) == 1
+    assert "gpufleet.io/extender-retry" in api.pods["ml/a"]["metadata"]["annotations"]
+    assert ext.retry_stuck(now=101.0) == 0  # backoff: not again within 2 s
+    assert ext.retry_stuck(now=102.5) == 1
+    # kube-scheduler retried and it bound: nothing to do any more
+    api.bind("ml", "a", "n", {})
+    events_to(loop, api)
+    assert not loop.stuck and ext.retry_stuck(now=1000.0) == 0
+    assert ext.metrics.retries._value.get() == 2
+
+
+def test_a_failed_bind_reply_is_also_retried_and_a_replaced_pod_is_not_annotated():
+    api, loop, ext = setup({"n": 2})
+    timeout = 'Post "http://127.0.0.1:8888/bind": context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
+    p = new_pod(api, loop, "a")
+    api.add_pod(_parked(p, timeout))
+    events_to(loop, api)
+    assert set(loop.stuck) == {"ml/a"}
+    api.delete_pod("ml/a")
+    fresh = pod("a", scheduler="default-scheduler")
+    fresh["metadata"]["uid"] = "uid-a-2"
+    api.add_pod(fresh)  # the watch has not shown it yet: the UID precondition protects the new pod
+    assert ext.retry_stuck(now=5.0) == 0
+    assert "gpufleet.io/extender-retry" not in api.pods["ml/a"]["metadata"]["annotations"]
+
+
+def test_shutdown_with_a_bind_in_flight_does_not_deadlock():
+    """The runner closes the loop under the lock; the extender's binds finish on HTTP threads that need it."""
+    api, loop, ext = setup({"n": 1}, latency_s=0.3)
+    a = new_pod(api, loop, "a")
+    ext.filter({"Pod": a, "NodeNames": ["n"]})
+    out: list[dict] = []
+    t = threading.Thread(target=lambda: out.append(ext.bind(bind_args(a, "n"))))
+    t.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with ext.lock:
+        loop.close()
+    assert time.monotonic() - t0 < 1.0
+    t.join(5)
+    assert out == [{"Error": ""}]

@@ -32,6 +32,14 @@ reservation no bind ever claims is released when the pod is filtered again
 ``reservation_ttl_s``.  A bind with no reservation (the extender restarted
 between filter and bind, or it expired) falls back to deciding on the named
 node at bind time, so a restart costs at most a retry, never a double booking.
+
+**Pods kube-scheduler parked because it could not reach us.**  When a call to
+the extender fails (restart, timeout, not synced yet) kube-scheduler marks the
+pod ``PodScheduled=False, reason SchedulerError`` and, unless some cluster
+event happens meanwhile, leaves it in its unschedulable pool for up to five
+minutes.  The extender watches pods anyway: once ready, it annotates each such
+GPU pod (``gpufleet.io/extender-retry``), a pod update that makes
+kube-scheduler retry it at once (per pod at most every 2 s, backing off to 60 s).
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ log = logging.getLogger(__name__)
 MAX_EXTENDER_PRIORITY = 10
 NO_SCHEDULER = "\x00gpufleet-extender-none"  # the loop queues no pod of its own: kube-scheduler drives it
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5)
+RETRY_ANNOTATION = ann.PREFIX + "extender-retry"
+RETRY_BACKOFF_S = (2.0, 60.0)
 RELEASE_REASONS = ("expired", "deleted", "bound_elsewhere", "refiltered", "other_node", "bind_failed", "lost")
 
 
@@ -113,6 +123,8 @@ class ExtenderLoop(SchedulerLoop):
         self.released: dict[str, int] = dict.fromkeys(RELEASE_REASONS, 0)
         self.on_release: Callable[[str, Reservation], None] | None = None
         self.first_filter: dict[str, float] = {}  # pod key -> monotonic time of its first filter (e2e latency)
+        self.stuck: dict[str, tuple[str | None, str]] = {}  # GPU pods kube-scheduler parked on an error reaching us: uid, message
+        self.retried: dict[str, tuple[float, float]] = {}  # pod key -> (next retry allowed at, backoff)
         self.last_heard = time.monotonic()  # last list or watch event applied (snapshot age)
 
     # --- reservations -----------------------------------------------------------------
@@ -140,6 +152,10 @@ class ExtenderLoop(SchedulerLoop):
             self.release(k, "expired")
         return len(old)
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush events only: binds in flight belong to HTTP threads that need the lock the caller holds."""
+        self.events.flush(timeout_s)
+
     # --- snapshot hooks ---------------------------------------------------------------
     def handle(self, kind: str, type_: str, obj: dict) -> None:
         self.last_heard = time.monotonic()
@@ -164,7 +180,30 @@ class ExtenderLoop(SchedulerLoop):
             else:
                 self.state.reserve(a)
 
+    def _note_stuck(self, type_: str, pod: dict) -> None:
+        """Track pending GPU pods whose last scheduling attempt failed on a call to this extender."""
+        key = pod_key(pod)
+        spec = pod.get("spec") or {}
+        cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+        msg = str((cond or {}).get("message") or "")
+        if (type_ == "DELETED" or is_terminal(pod) or spec.get("nodeName") or cond is None or cond.get("status") != "False"
+                or cond.get("reason") != "SchedulerError" or not extender_error(msg)):
+            if self.stuck.pop(key, None) is not None:
+                self.retried.pop(key, None)
+            return
+        try:
+            gpus = parse_pod(pod).gpu_count
+        except GpufleetError:
+            gpus = 0
+        if gpus:
+            self.stuck[key] = ((pod.get("metadata") or {}).get("uid"), msg)
+
+    def _classify(self, pod: dict) -> None:
+        self._note_stuck("ADDED", pod)
+        super()._classify(pod)
+
     def _pod_event(self, type_: str, pod: dict) -> None:
+        self._note_stuck(type_, pod)
         key = pod_key(pod)
         meta = pod.get("metadata") or {}
         r = self.reservations.get(key)
@@ -181,6 +220,11 @@ class ExtenderLoop(SchedulerLoop):
         if done and key not in self.binding:
             self.first_filter.pop(key, None)
         super()._pod_event(type_, pod)
+
+
+def extender_error(message: str) -> bool:
+    """kube-scheduler's message for a failed call to this extender (transport error naming a verb, or not synced)."""
+    return any(v in message for v in ('/filter"', '/prioritize"', '/bind"', "gpufleet has not synced"))
 
 
 class ExtenderMetrics:
@@ -205,6 +249,9 @@ class ExtenderMetrics:
         self.held = Gauge("gpufleet_extender_reservations", "Reservations held: chosen at filter, not bound yet", registry=r)
         self.held.set_function(lambda: len(loop.reservations))
         self.made = Counter("gpufleet_extender_reservations_made_total", "Reservations made at filter", registry=r)
+        self.retries = Counter("gpufleet_extender_retries_requested_total",
+                               "Pods kube-scheduler parked after failing to reach the extender, annotated so it retries them",
+                               registry=r)
         self.released = Counter("gpufleet_extender_reservations_released_total",
                                 "Reservations dropped without a bind, by reason", ["reason"], registry=r)
         self.age = Gauge("gpufleet_snapshot_age_seconds",
@@ -267,7 +314,32 @@ class Extender:
 
     def sweep(self) -> int:
         with self.lock:
-            return self.loop.expire()
+            n = self.loop.expire()
+        if self._synced():
+            self.retry_stuck()
+        return n
+
+    def retry_stuck(self, now: float | None = None) -> int:
+        """Annotate pods kube-scheduler parked after failing to reach us, so it retries them now."""
+        now = time.monotonic() if now is None else now
+        loop = self.loop
+        with self.lock:
+            due = [(k, uid, msg) for k, (uid, msg) in loop.stuck.items() if loop.retried.get(k, (0.0, 0.0))[0] <= now]
+            for k, _, _ in due:
+                back = min(RETRY_BACKOFF_S[1], max(RETRY_BACKOFF_S[0], loop.retried.get(k, (0.0, 0.0))[1] * 2))
+                loop.retried[k] = (now + back, back)
+        n = 0
+        for k, uid, msg in due:
+            ns, name = k.split("/", 1)
+            try:
+                loop.api.annotate_pod(ns, name, {RETRY_ANNOTATION: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, uid=uid)
+            except Exception as exc:  # noqa: BLE001 -- best effort: tried again after the backoff
+                log.info("could not ask kube-scheduler to retry %s: %s", k, exc)
+                continue
+            n += 1
+            self.metrics.retries.inc()
+            log.info("asked kube-scheduler to retry %s: its last attempt failed reaching the extender (%s)", k, msg[:200])
+        return n
 
     # --- verbs ------------------------------------------------------------------------
     def filter(self, raw: dict[str, Any]) -> dict[str, Any]:
@@ -515,11 +587,15 @@ def serve(ext: Extender, addr: str, ready: threading.Event | None = None, sweep_
         protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses connections
 
         def _send(self, code: int, body: bytes, ctype: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError) as exc:  # the caller gave up (its httpTimeout)
+                self.close_connection = True
+                log.info("%s %s: the caller was gone before the reply (%s)", self.command, self.path, exc)
 
         def _reply(self, code: int, out: Any) -> None:
             self._send(code, json.dumps(out).encode(), "application/json")

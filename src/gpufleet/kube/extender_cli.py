@@ -34,7 +34,7 @@ def _log_level(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from .cli import start
     from .extender import Extender, ExtenderLoop, ExtenderMetrics, serve
-    from .runner import Runner
+    from .runner import Runner, wait_until
 
     if args.reservation_ttl <= 0:
         print(f"gpufleet extender: --reservation-ttl must be > 0, got {args.reservation_ttl:g}")
@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         runner.run(stop)
     finally:
-        srv.shutdown()
+        srv.shutdown()  # no new connections; binds already in flight finish on their own threads
+        if not wait_until(lambda: not loop.binding, 10.0, 0.05):
+            log.warning("stopping with %d bind(s) still in flight", len(loop.binding))
         log.info("gpufleet extender stopped: %d bind(s), %d reservation(s) still held", loop.stats.binds, len(loop.reservations))
     return 0
