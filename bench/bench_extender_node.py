@@ -16,7 +16,7 @@ modes alternate, round after round.  The node takes 20 pods (kubelet
 
     flock /work/realnode.lock python bench/bench_extender_node.py --rounds 3
 
-Needs ``E2E_BIN``/``K8S_BIN`` or ``GPUFLEET_E2E_RECIPE`` as the real-node tier does.
+Needs ``GPUFLEET_E2E_BIN`` (+ ``KUBEBUILDER_ASSETS``) or ``GPUFLEET_E2E_RECIPE``, as the real-node tier does.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from tests.e2e import extender_node as h  # noqa: E402
+from tests.e2e import extender_node as h
 
 NS = "ext-bench"
 

@@ -52,16 +52,18 @@ def _default_recipe() -> str:
 
 
 RECIPE = Path(os.environ.get("GPUFLEET_E2E_RECIPE") or _default_recipe() or "/nonexistent")
-K8S_BIN = Path(os.environ.get("K8S_BIN") or RECIPE / ".." / ".." / "k8s-bin").resolve()
-E2E_BIN = Path(os.environ.get("E2E_BIN") or RECIPE / ".." / ".." / "k8s-e2e" / "bin").resolve()
+# the recipe's own names, or the project's (GPUFLEET_E2E_BIN for the node's binaries, KUBEBUILDER_ASSETS for the control plane's)
+E2E_BIN_ENV = os.environ.get("GPUFLEET_E2E_BIN") or os.environ.get("E2E_BIN") or ""
+K8S_BIN = Path(os.environ.get("K8S_BIN") or os.environ.get("KUBEBUILDER_ASSETS") or RECIPE / ".." / ".." / "k8s-bin").resolve()
+E2E_BIN = Path(E2E_BIN_ENV or RECIPE / ".." / ".." / "k8s-e2e" / "bin").resolve()
 E2E_DATA = Path(os.environ.get("E2E_DATA") or Path(os.environ.get("TMPDIR", "/tmp")) / "k8s-e2e-data")
 E2E_LOGS = Path(os.environ.get("E2E_LOGS") or Path(os.environ.get("TMPDIR", "/tmp")) / "k8s-e2e-logs")
 
 
 def missing() -> str:
     """Why the real-node tier cannot run here ('' when it can)."""
-    if not os.environ.get("E2E_BIN") and not os.environ.get("GPUFLEET_E2E_RECIPE"):
-        return "set E2E_BIN (kubelet, kube-controller-manager, kubectl) or GPUFLEET_E2E_RECIPE to run the real-node tier"
+    if not E2E_BIN_ENV and not os.environ.get("GPUFLEET_E2E_RECIPE"):
+        return "set GPUFLEET_E2E_BIN (kubelet, kube-controller-manager, kubectl) or GPUFLEET_E2E_RECIPE to run the real-node tier"
     if not (RECIPE / "run-e2e.sh").is_file():
         return f"no real-node recipe (run-e2e.sh) at {RECIPE}; set GPUFLEET_E2E_RECIPE"
     for b in (K8S_BIN / "kube-scheduler", K8S_BIN / "kube-apiserver", E2E_BIN / "kubelet"):
@@ -138,7 +140,7 @@ def node_up(log: Path) -> None:
     env = {**os.environ, "GPUFLEET_SRC": str(REPO), "K8S_BIN": str(K8S_BIN), "E2E_BIN": str(E2E_BIN)}
     with open(log, "wb") as f:
         rc = subprocess.run([str(RECIPE / "run-e2e.sh"), "--keep"], stdout=f, stderr=subprocess.STDOUT, env=env,
-                            timeout=600).returncode
+                            timeout=600, check=False).returncode
     if rc != 0:
         raise RuntimeError(f"run-e2e.sh --keep failed ({rc}):\n{log.read_text()[-3000:]}")
 
@@ -146,7 +148,7 @@ def node_up(log: Path) -> None:
 def node_down(log: Path) -> None:
     env = {**os.environ, "GPUFLEET_SRC": str(REPO), "K8S_BIN": str(K8S_BIN), "E2E_BIN": str(E2E_BIN)}
     with open(log, "ab") as f:
-        subprocess.run([str(RECIPE / "run-e2e.sh"), "--cleanup"], stdout=f, stderr=subprocess.STDOUT, env=env, timeout=300)
+        subprocess.run([str(RECIPE / "run-e2e.sh"), "--cleanup"], stdout=f, stderr=subprocess.STDOUT, env=env, timeout=300, check=False)
 
 
 def stop_recipe_scheduler() -> None:
@@ -230,7 +232,8 @@ class Stack:
         def healthy() -> bool:
             if not p.alive():
                 _raise(p)
-            r = subprocess.run(["curl", "-sk", "--max-time", "2", f"https://127.0.0.1:{port}/healthz"], capture_output=True, text=True)
+            r = subprocess.run(["curl", "-sk", "--max-time", "2", f"https://127.0.0.1:{port}/healthz"], capture_output=True, text=True,
+                               check=False)
             return r.stdout == "ok"
         wait_for(healthy, 90, "kube-scheduler /healthz", 0.5)
         return p

@@ -1,12 +1,12 @@
 """Real-node tier: gpufleet as an extender of the real kube-scheduler v1.28 on a real kubelet.
 
-Skipped unless ``E2E_BIN`` (kubelet, kube-controller-manager, kubectl) or
+Skipped unless ``GPUFLEET_E2E_BIN`` (kubelet, kube-controller-manager, kubectl; or ``E2E_BIN``) or
 ``GPUFLEET_E2E_RECIPE`` (the real-node recipe's folder, run-e2e.sh) is set,
 the binaries exist and we are root.  The node is one host-wide thing: set
 ``GPUFLEET_E2E_LOCK`` to a lock file to serialize with other users of it.
 About 6 minutes:
 
-    sudo E2E_BIN=/path/k8s-e2e/bin K8S_BIN=/path/k8s-bin GPUFLEET_E2E_RECIPE=/path/shared/e2e \\
+    sudo GPUFLEET_E2E_BIN=/path/k8s-e2e/bin KUBEBUILDER_ASSETS=/path/k8s-bin GPUFLEET_E2E_RECIPE=/path/shared/e2e \\
         python -m pytest -s tests/e2e/test_extender_node.py
 
 What it checks, with kube-scheduler configured from deploy/extender:
