@@ -42,8 +42,13 @@ GPUS = 8  # the recipe's agent: fake:h100-nvlink
 RESULTS: dict[str, list] = {}
 
 
+_FAILED: list[str] = []  # pytest re-runs a module fixture that errored for every test: bring the node up once only
+
+
 @pytest.fixture(scope="module")
 def node():
+    if _FAILED:
+        pytest.fail(f"the real node did not come up: {_FAILED[0]}")
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-ext-e2e-"))
     lock = None
     if os.environ.get("GPUFLEET_E2E_LOCK"):
@@ -62,18 +67,27 @@ def node():
         stack.start_kube_scheduler()
         stack.start_secondary()
         stack.start_prometheus()
+    except Exception as exc:
+        _FAILED.append(str(exc)[:2000])
+        _teardown(stack, workdir, lock)
+        raise
+    try:
         yield stack, core
     finally:
-        if stack is not None:
-            stack.stop_all()
-        h.node_down(workdir / "run-e2e.log")
-        if RESULTS:
-            out = Path(os.environ.get("GPUFLEET_E2E_OUT") or workdir / "results.json")
-            out.write_text(json.dumps(RESULTS, indent=1))
-            print(f"\nresults in {out}; logs in {workdir}")
-        if lock is not None:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
+        _teardown(stack, workdir, lock)
+
+
+def _teardown(stack, workdir: Path, lock) -> None:
+    if stack is not None:
+        stack.stop_all()
+    h.node_down(workdir / "run-e2e.log")
+    if RESULTS:
+        out = Path(os.environ.get("GPUFLEET_E2E_OUT") or workdir / "results.json")
+        out.write_text(json.dumps(RESULTS, indent=1))
+        print(f"\nresults in {out}; logs in {workdir}")
+    if lock is not None:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
 
 
 def _sched_errors(stack) -> int:
