@@ -342,6 +342,9 @@ def test_pods_parked_by_an_extender_outage_are_annotated_so_kube_scheduler_retri
     assert set(loop.stuck) == {"ml/a"}
     assert ext.retry_stuck(now=100.0) == 1
     assert "gpufleet.io/extender-retry" in api.pods["ml/a"]["metadata"]["annotations"]
+    # kube-scheduler then filters the annotated pod: our own annotation must not make it invalid
+    assert ext.filter({"Pod": api.pods["ml/a"], "NodeNames": ["n"]})["NodeNames"] == ["n"]
+    loop.release("ml/a", "refiltered")
     assert ext.retry_stuck(now=101.0) == 0  # backoff: not again within 2 s
     assert ext.retry_stuck(now=102.5) == 1
     # kube-scheduler retried and it bound: nothing to do any more

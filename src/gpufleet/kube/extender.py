@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 MAX_EXTENDER_PRIORITY = 10
 NO_SCHEDULER = "\x00gpufleet-extender-none"  # the loop queues no pod of its own: kube-scheduler drives it
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5)
-RETRY_ANNOTATION = ann.PREFIX + "extender-retry"
+RETRY_ANNOTATION = ann.EXTENDER_RETRY
 RETRY_BACKOFF_S = (2.0, 60.0)
 RELEASE_REASONS = ("expired", "deleted", "bound_elsewhere", "refiltered", "other_node", "bind_failed", "lost")
 
