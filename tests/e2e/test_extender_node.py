@@ -90,6 +90,14 @@ def _teardown(stack, workdir: Path, lock) -> None:
         lock.close()
 
 
+@pytest.fixture(autouse=True)
+def _empty_namespace(request):
+    """Each test starts with no pods of ours (a failed test leaves its pods; the node takes 20)."""
+    if "node" in request.fixturenames:
+        _, core = request.getfixturevalue("node")
+        h.clear_pods(core, NS)
+
+
 def _sched_errors(stack) -> int:
     return stack.procs["kube-scheduler"].text().count("Error scheduling pod; retrying")
 
