@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 
 log = logging.getLogger("gpufleet.extender")
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from .runner import Runner, wait_until
 
     if args.reservation_ttl <= 0:
-        print(f"gpufleet extender: --reservation-ttl must be > 0, got {args.reservation_ttl:g}")
+        print(f"gpufleet extender: --reservation-ttl must be > 0, got {args.reservation_ttl:g}", file=sys.stderr)
         return 2
     started = start(args, "extender", "gpufleet-extender")
     _log_level(args)
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         srv = serve(ext, args.addr, runner.ready)
     except OSError as exc:
-        print(f"gpufleet extender: cannot listen on --addr {args.addr}: {exc}")
+        print(f"gpufleet extender: cannot listen on --addr {args.addr}: {exc}", file=sys.stderr)
         return 1
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
