@@ -260,13 +260,13 @@ def test_extender_filter_prioritize_bind_on_a_real_apiserver(control_plane, admi
     """The extender's verbs, run as the extender manifest's ServiceAccount with only its RBAC."""
     import urllib.request
 
-    from gpufleet.kube.extender import Extender, serve
+    from gpufleet.kube.extender import Extender, ExtenderLoop, serve
 
     nodes(f"{ns}-one", 1, inventory=True)
     nodes(f"{ns}-eight", 8, inventory=True)
     core.create_namespaced_pod(ns, pod_body("train", gpus=4, scheduler="default-scheduler"))
     api = KubernetesApi(sa_kubeconfig(control_plane, admin, "deploy/extender/extender.yaml", "gpufleet-extender", ns))
-    loop = SchedulerLoop(api, load_profile("default", None), scheduler_name="\x00none")
+    loop = ExtenderLoop(api, load_profile("default", None))
     lock = threading.Lock()
     runner = Runner(api, loop, lock=lock, watch_timeout_s=20)
     stop = threading.Event()

@@ -8,8 +8,7 @@ import urllib.request
 import pytest
 
 from gpufleet.kube.api import FakeApi
-from gpufleet.kube.extender import Extender, serve
-from gpufleet.kube.loop import SchedulerLoop
+from gpufleet.kube.extender import Extender, ExtenderLoop, serve
 from gpufleet.policies import build_profile
 
 from .test_loop import node, pod
@@ -21,7 +20,7 @@ def ext():
     api.add_node(node("small", gpus=1, inventory=True))
     api.add_node(node("big", gpus=8, inventory=True))
     api.add_node(node("cpu", gpus=0))
-    loop = SchedulerLoop(api, build_profile("default"), scheduler_name="default-scheduler")
+    loop = ExtenderLoop(api, build_profile("default"))
     loop.resync()
     e = Extender(loop)
     srv = serve(e, "127.0.0.1:0")
@@ -103,7 +102,7 @@ def test_not_synced_yet_is_an_error_not_an_empty_answer():
 
     api = FakeApi()
     api.add_node(node("big", gpus=8))
-    loop = SchedulerLoop(api, build_profile("bestfit"), scheduler_name="default-scheduler")
+    loop = ExtenderLoop(api, build_profile("bestfit"))
     ready = threading.Event()
     e = Extender(loop, ready=ready)
     r = e.filter({"Pod": pod("t", gpus=1, scheduler="default-scheduler"), "NodeNames": ["big"]})

@@ -57,7 +57,7 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
 def test_extender_manifest_and_kube_scheduler_config():
     d = docs("extender/extender.yaml")
     assert grants(next(x for x in d if x["kind"] == "ClusterRole")) == {
-        ("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+        ("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
         ("", "pods/binding", "create")}
     cm = next(x for x in d if x["kind"] == "ConfigMap")
     assert load_config(yaml.safe_load(cm["data"]["config.yaml"]), registry())

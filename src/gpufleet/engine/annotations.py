@@ -21,8 +21,9 @@ RECLAIM_OPT_OUT = PREFIX + "reclaim-opt-out"
 ASSIGNMENT = PREFIX + "assignment"  # JSON: node, gpu indices/uuids, share
 INVENTORY = PREFIX + "gpu-inventory"  # node annotation by the agent, JSON
 IDLE_WARNING = PREFIX + "idle-warning"
+EXTENDER_RETRY = PREFIX + "extender-retry"  # time the extender asked kube-scheduler to retry a pod it had parked
 
 POD_INPUT_ANNOTATIONS = frozenset(
     {GPU_MILLI, GPU_MEMORY, GPU_MODELS, GPU_MODELS_DENY, QUEUE, POD_GROUP, POD_GROUP_MIN, RECLAIM_OPT_OUT}
 )
-POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING})
+POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING, EXTENDER_RETRY})

@@ -55,6 +55,9 @@ class SchedulerApi(Protocol):
     def nominate(self, namespace: str, name: str, node: str) -> None:
         """Set ``status.nominatedNodeName`` (where a preemptor will go once its victims are gone)."""
         ...
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str], uid: str | None = None) -> None:
+        """Merge ``annotations`` into the pod's (``uid``: only that pod, not a newer one of the same name)."""
+        ...
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None: ...
     def patch_object(self, kind: str, namespace: str, name: str, patch: dict) -> None:
         """JSON merge patch of one of ``POLICY_KINDS`` (volume binding: a PV's claimRef, a claim's selected node)."""
@@ -234,6 +237,14 @@ class FakeApi:
         with self._cv:
             _, pod = self._pod("nominate", namespace, name)
             pod.setdefault("status", {})["nominatedNodeName"] = node
+            self._touch("pod", "MODIFIED", pod)
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str], uid: str | None = None) -> None:
+        with self._cv:
+            key, pod = self._pod("annotate_pod", namespace, name)
+            if uid and (pod.get("metadata") or {}).get("uid") not in (None, uid):
+                raise Conflict(f"pod {key}: precondition failed: uid {uid}")
+            pod.setdefault("metadata", {}).setdefault("annotations", {}).update(annotations)
             self._touch("pod", "MODIFIED", pod)
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 0) -> Iterator[tuple[str, dict]]:
@@ -443,6 +454,13 @@ class KubernetesApi:
     def nominate(self, namespace: str, name: str, node: str) -> None:
         self._request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
                       {"status": {"nominatedNodeName": node}}, content_type="application/merge-patch+json")
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str], uid: str | None = None) -> None:
+        meta: dict = {"annotations": annotations}
+        if uid:
+            meta["uid"] = uid  # a precondition: 409 if the pod was replaced
+        self._request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": meta},
+                      content_type="application/merge-patch+json")
 
     def watch(self, kind: str, resource_version: str, timeout_s: int = 60) -> Iterator[tuple[str, dict]]:
         # the raw stream for every kind: the client's Watch with deserialize=False fails on the

@@ -5,44 +5,70 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 
 log = logging.getLogger("gpufleet.extender")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..argtypes import host_port
-    from .cli import add_common, add_log_level
+    from .cli import add_common
 
     add_common(p)
-    p.add_argument("--addr", type=host_port, default="0.0.0.0:8888", help="listen HOST:PORT (default 0.0.0.0:8888)")
-    add_log_level(p)
+    p.add_argument("--addr", type=host_port, default="0.0.0.0:8888", help="listen address for the verbs and /metrics (default 0.0.0.0:8888)")
+    p.add_argument("--reservation-ttl", type=float, default=30.0, metavar="S",
+                   help="release a node+GPUs chosen at filter if no bind claims them within S seconds (default 30)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LEVELS,
+                   help="INFO: start, every bind and refusal; DEBUG: every call (default INFO)")
+
+
+def _log_level(args: argparse.Namespace) -> None:
+    """gpufleet's own loggers at --log-level, or lower when the global -v asks for more; other libraries untouched."""
+    level = getattr(logging, args.log_level, logging.INFO)
+    verbose = getattr(args, "verbose", 0) or 0
+    if verbose:
+        level = min(level, logging.WARNING - 10 * min(verbose, 2))
+    logging.getLogger("gpufleet").setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
     from .cli import start
-    from .extender import Extender, serve
-    from .loop import SchedulerLoop
-    from .runner import Runner
+    from .extender import Extender, ExtenderLoop, ExtenderMetrics, serve
+    from .runner import Runner, wait_until
 
+    if args.reservation_ttl <= 0:
+        print(f"gpufleet extender: --reservation-ttl must be > 0, got {args.reservation_ttl:g}", file=sys.stderr)
+        return 2
     started = start(args, "extender", "gpufleet-extender")
+    _log_level(args)
     if isinstance(started, int):
         return started
     profile, api = started
-    # the extender never schedules on its own: kube-scheduler drives it, so no pod is "ours" to queue
     # kube-scheduler does queueing and preemption in this mode; gpufleet picks nodes and GPUs
-    loop = SchedulerLoop(api, profile, scheduler_name="\x00gpufleet-extender-none", policy_kinds=False, preemption=False,
-                         constraint_kinds=False)
+    loop = ExtenderLoop(api, profile, reservation_ttl_s=args.reservation_ttl)
     lock = threading.Lock()
     runner = Runner(api, loop, lock=lock)
-    ext = Extender(loop, lock, runner.ready)
-    srv = serve(ext, args.addr, runner.ready)
+    metrics = ExtenderMetrics(loop, heard=lambda: max(runner.last_heard, loop.last_heard))
+    ext = Extender(loop, lock, runner.ready, metrics)
+    try:
+        srv = serve(ext, args.addr, runner.ready)
+    except OSError as exc:
+        print(f"gpufleet extender: cannot listen on --addr {args.addr}: {exc}", file=sys.stderr)
+        return 1
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    log.info("gpufleet extender on %s, profile %s", args.addr, profile.name)
+    host, port = srv.server_address[:2]
+    log.info("gpufleet extender listening on %s:%s (verbs /filter /prioritize /bind; /metrics /healthz /readyz); "
+             "profile %s (%s), reservation TTL %gs, log level %s", host, port, profile.name,
+             args.config or f"--policy {args.policy}", args.reservation_ttl, logging.getLevelName(logging.getLogger("gpufleet").level))
     try:
         runner.run(stop)
     finally:
-        srv.shutdown()
+        srv.shutdown()  # no new connections; binds already in flight finish on their own threads
+        if not wait_until(lambda: not loop.binding, 10.0, 0.05):
+            log.warning("stopping with %d bind(s) still in flight", len(loop.binding))
+        log.info("gpufleet extender stopped: %d bind(s), %d reservation(s) still held", loop.stats.binds, len(loop.reservations))
     return 0

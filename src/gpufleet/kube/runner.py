@@ -40,6 +40,7 @@ class Runner:
         self.q: queue.Queue = queue.Queue()
         self.ready = threading.Event()
         self.relists = {"node": 0, "pod": 0}
+        self.last_heard = time.monotonic()  # any watch event, bookmark or cleanly ended watch: the snapshot's age
         self._term = 0
         self._threads: list[threading.Thread] = []
         self.lock = lock if lock is not None else contextlib.nullcontext()  # the extender's HTTP threads share the loop
@@ -50,6 +51,7 @@ class Runner:
         while not stop.is_set():
             try:
                 for type_, obj in self.api.watch(kind, rv, self.watch_timeout_s):
+                    self.last_heard = time.monotonic()
                     new = (obj.get("metadata") or {}).get("resourceVersion")
                     if new:
                         rv = new
@@ -57,6 +59,7 @@ class Runner:
                         self.q.put((kind, type_, obj))
                     if stop.is_set():
                         return
+                self.last_heard = time.monotonic()
                 delay = 0.5
             except Gone:
                 log.info("%s watch expired (410 Gone): relisting", kind)
