@@ -218,15 +218,14 @@ def test_agent_config(tmp_path, raw):
 @pytest.fixture(scope="module")
 def extender():
     from gpufleet.kube.api import FakeApi
-    from gpufleet.kube.extender import Extender, serve
-    from gpufleet.kube.loop import SchedulerLoop
+    from gpufleet.kube.extender import Extender, ExtenderLoop, serve
     from gpufleet.policies import build_profile
     from tests.kube.test_loop import node
 
     api = FakeApi()
     api.add_node(node("small", gpus=1, inventory=True))
     api.add_node(node("big", gpus=8, inventory=True))
-    loop = SchedulerLoop(api, build_profile("default"), scheduler_name="default-scheduler")
+    loop = ExtenderLoop(api, build_profile("default"))
     loop.resync()
     ext = Extender(loop)
     srv = serve(ext, "127.0.0.1:0")

@@ -360,6 +360,8 @@ class Extender:
         self.requests["filter"] += 1
         args = _ci(raw)
         pod = args.get("pod") or {}
+        if not isinstance(pod, dict) or not isinstance(pod.get("metadata") or {}, dict):
+            raise BadRequest("Pod: must be a Pod object with object metadata")
         names, items = _names(args)
         key = pod_key(pod)
 
@@ -444,6 +446,8 @@ class Extender:
         args = _ci(raw)
         names, _ = _names(args)
         pod = args.get("pod") or {}
+        if not isinstance(pod, dict) or not isinstance(pod.get("metadata") or {}, dict):
+            raise BadRequest("Pod: must be a Pod object with object metadata")
         key = pod_key(pod)
         try:
             req = parse_pod(pod)
