@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-addr", default="0.0.0.0:9400", help="Prometheus /metrics (dcgm-exporter names); '' to disable")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v)")
 
 
 def effective_config(args: argparse.Namespace, file_cfg):
@@ -140,6 +141,7 @@ class Agent:
                 p.stop()
                 p.start()
                 if not os.path.exists(self.kubelet.path):
+                    log.debug("%s: no kubelet socket at %s yet", p.resource, self.kubelet.path)
                     continue  # kubelet not up (yet): registered when its socket appears
                 try:
                     p.register(self.kubelet.path)
@@ -183,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
     from .nvml import NoGpuError, backend_spec, open_backend
     from .plugin import resources_for
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not logging.getLogger().handlers:  # run() called directly (tests); cli.main configures it otherwise
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         file_cfg = load_agent_config(args.config) if args.config else None
         cfg = effective_config(args, file_cfg)

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="grace period for pods deleted by preemption/reclaim (default: each pod's own)")
     p.add_argument("--queues", action=argparse.BooleanOptionalAction, default=True,
                    help="watch Namespaces, Queues, PodGroups and PodDisruptionBudgets (default on)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v)")
 
 
 def load_profile(policy: str, config: str | None):
@@ -61,8 +61,8 @@ def start(args: argparse.Namespace, command: str, component: str, pool_size: int
     from ..engine.errors import ConfigError
     from .api import KubernetesApi
 
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # a no-op under cli.main, which configured it
     try:
         profile = load_profile(args.policy, args.config)
     except (ConfigError, KeyError) as exc:

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_common(p)
     p.add_argument("--addr", default="0.0.0.0:8888", help="listen address (default 0.0.0.0:8888)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v)")
 
 
 def run(args: argparse.Namespace) -> int:
