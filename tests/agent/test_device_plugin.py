@@ -307,3 +307,23 @@ def test_kubelet_restart_is_noticed_and_plugin_reregisters(sockdir):
     finally:
         p.stop()
         kubelet2.stop()
+
+
+@pytest.mark.parametrize("mode, present, want", [
+    ("all", [], ["/dev/nvidia1", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]),
+    ("existing", [], []),  # a node without a GPU: no spec containerd would fail to lstat
+    ("existing", ["nvidia3", "nvidiactl"], ["/dev/nvidia3", "/dev/nvidiactl"]),
+    ("none", ["nvidia1", "nvidia3", "nvidiactl"], []),
+])
+def test_device_specs_only_for_files_that_exist_when_asked(tmp_path, mode, present, want):
+    for name in present:
+        (tmp_path / name).write_text("")
+    p = DevicePlugin("nvidia.com/gpu", FakeBackend("t4").gpus(), str(tmp_path), device_specs=mode, dev_root=str(tmp_path))
+    specs = p.device_spec_list([1, 3])
+    assert [s.container_path for s in specs] == want
+    assert all(s.host_path == str(tmp_path / s.container_path[len("/dev/"):]) for s in specs)
+
+
+def test_unknown_device_spec_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="device_specs"):
+        DevicePlugin("nvidia.com/gpu", FakeBackend("t4").gpus(), str(tmp_path), device_specs="some")

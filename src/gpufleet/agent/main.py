@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=None, help="time-slicing: advertise each GPU this many times (default 1)")
     p.add_argument("--rename-shared", action="store_true", default=None, help="with --replicas > 1, advertise nvidia.com/gpu.shared")
     p.add_argument("--recover-after", type=float, default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
+    p.add_argument("--device-specs", choices=["auto", "all", "existing", "none"], default="auto",
+                   help="which /dev/nvidia* device nodes Allocate hands to containers: all (real GPUs), only those that "
+                        "exist on this host, or none; auto (default) = all with the real backend, existing with a fake one")
     p.add_argument("--mps-pipe-dir", default=None, help="for GPU shares: MPS pipe directory to mount into the container")
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
@@ -62,7 +65,8 @@ class Agent:
     """The long-running part, separated from argument parsing so tests can drive it step by step."""
 
     def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
-                 collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0) -> None:
+                 collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0,
+                 device_specs: str = "all") -> None:
         from .health import HealthTracker
         from .plugin import KubeletWatcher
 
@@ -85,6 +89,7 @@ class Agent:
         self._last_prune = clock()
         self._last_discovery = clock()
         self.rediscover_s = rediscover_s
+        self.device_specs = device_specs
         self._build_plugins()
 
     def _build_plugins(self) -> None:
@@ -92,7 +97,8 @@ class Agent:
 
         c = self.cfg
         self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, pods=self.pods,
-                                     state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None)
+                                     state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None,
+                                     device_specs=self.device_specs)
                         for r in resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)]
         for p in self.plugins:
             p.set_health(self.health)
@@ -251,7 +257,13 @@ def run(args: argparse.Namespace) -> int:
         reg.register(collector)
         host, port = args.metrics_addr.rsplit(":", 1)
         start_http_server(int(port), addr=host, registry=reg)
-    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector)
+    device_specs = args.device_specs if args.device_specs != "auto" else ("existing" if fake else "all")
+    if device_specs != "all":
+        missing = [p for p in ["/dev/nvidia%d" % g.index for g in gpus] + ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+                   if not os.path.exists(p)]
+        log.info("device specs: %s%s", device_specs,
+                 f" (not handed to containers, absent here: {', '.join(missing)})" if device_specs == "existing" and missing else "")
+    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs)
     agent_holder.append(agent)
 
     stop = threading.Event()

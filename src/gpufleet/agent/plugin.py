@@ -48,6 +48,9 @@ HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 CHECKPOINT_VERSION = 1
 MAX_ANONYMOUS = 512  # kubelet-choice allocations kept in the checkpoint (newest)
+# which /dev/nvidia* device specs Allocate returns: all of them (a real GPU node: a missing file is a real fault that
+# containerd reports), only those that exist here (the fake backend on a node without a GPU), or none
+DEVICE_SPEC_MODES = ("all", "existing", "none")
 
 
 class AssignmentMismatch(ValueError):
@@ -139,7 +142,11 @@ def nvlink_islands(gpus: list[GpuInfo]) -> dict[int, int]:
 class DevicePlugin(pbg.DevicePluginServicer):
     def __init__(self, resource: str, gpus: list[GpuInfo], socket_dir: str, strategy: str = "mixed", replicas: int = 1,
                  pods: PodSource | None = None, checkpoint: str | None = None, state_dir: str | None = None,
-                 mps_pipe_dir: str | None = None) -> None:
+                 mps_pipe_dir: str | None = None, device_specs: str = "all", dev_root: str = "/dev") -> None:
+        if device_specs not in DEVICE_SPEC_MODES:
+            raise ValueError(f"device_specs must be one of {DEVICE_SPEC_MODES}, got {device_specs!r}")
+        self.device_specs = device_specs
+        self.dev_root = dev_root
         self.resource = resource
         self.strategy = strategy
         self.replicas = replicas
@@ -391,9 +398,20 @@ class DevicePlugin(pbg.DevicePluginServicer):
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
         indices = sorted({g.index for g in self.gpus.values() if g.uuid in uuids}
                          | {g.index for g in self.gpus.values() for m in g.mig if m.uuid in uuids})
-        devs = [pb.DeviceSpec(container_path=f"/dev/nvidia{i}", host_path=f"/dev/nvidia{i}", permissions="rw") for i in indices]
-        devs += [pb.DeviceSpec(container_path=p, host_path=p, permissions="rw") for p in CONTROL_DEVICES]
-        return pb.ContainerAllocateResponse(envs=envs, devices=devs, mounts=mounts)
+        return pb.ContainerAllocateResponse(envs=envs, devices=self.device_spec_list(indices), mounts=mounts)
+
+    def device_spec_list(self, indices: list[int]) -> list[pb.DeviceSpec]:
+        """``/dev/nvidiaN`` for the GPUs handed out plus the control devices, as ``device_specs`` says."""
+        if self.device_specs == "none":
+            return []
+        paths = [f"/dev/nvidia{i}" for i in indices] + list(CONTROL_DEVICES)
+        out = []
+        for p in paths:
+            host = os.path.join(self.dev_root, p[len("/dev/"):])
+            if self.device_specs == "existing" and not os.path.exists(host):
+                continue
+            out.append(pb.DeviceSpec(container_path=p, host_path=host, permissions="rw"))
+        return out
 
     def PreStartContainer(self, request, context):  # noqa: N802
         return pb.PreStartContainerResponse()
