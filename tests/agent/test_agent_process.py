@@ -39,7 +39,7 @@ def test_agent_process_serves_reloads_config_reregisters_and_stops_on_sigterm():
         names = sorted(r.resource_name for r in kubelet.registered)
         assert names == ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"]
         ch, stub = kubelet.plugin("nvidia.com/gpu")
-        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 2  # 6 whole GPUs x 2 replicas
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 10  # 6 whole GPUs x 10 (sharesPerGpu > replicas)
         r = stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-a100-04::1"])]))
         assert r.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a100-04"
         ch.close()
@@ -48,7 +48,7 @@ def test_agent_process_serves_reloads_config_reregisters_and_stops_on_sigterm():
             f.write("replica: 4\n")
         assert wait_for(lambda: "unknown key(s) ['replica']" in open(log_path).read()), "config typo not reported"
         ch, stub = kubelet.plugin("nvidia.com/gpu")
-        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 12
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 10
         ch.close()
         # a good new config: plugins rebuilt and registered again
         n = len(kubelet.registered)
@@ -56,7 +56,7 @@ def test_agent_process_serves_reloads_config_reregisters_and_stops_on_sigterm():
             f.write("replicas: 4\nmigStrategy: single\n")
         assert wait_for(lambda: len(kubelet.registered) > n), "new config not applied"
         ch, stub = kubelet.plugin("nvidia.com/gpu")
-        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 4 + 10  # replicas + single-strategy MIG
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 10 + 10  # slots + single-strategy MIG
         ch.close()
         kubelet.stop()  # kubelet restarts: its socket is re-created
         time.sleep(0.3)

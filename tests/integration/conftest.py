@@ -174,7 +174,7 @@ def nodes(core):
         meta = {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": "81920",
                                           "nvidia.com/gpu.count": str(gpus)}}
         if inventory:
-            meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)])}
+            meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)], top={"gpu_slots": 10})}
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})
         made.append(name)
         res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}

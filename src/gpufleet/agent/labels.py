@@ -112,9 +112,11 @@ def label_patch(current: Mapping[str, str], desired: Mapping[str, str], inventor
     return patch or None
 
 
-def inventory_json(gpus: list[GpuInfo], health: Mapping[int, bool]) -> str:
+def inventory_json(gpus: list[GpuInfo], health: Mapping[int, bool], gpu_slots: int = 1,
+                   gpu_resource: str = "nvidia.com/gpu") -> str:
+    """The inventory annotation: the GPUs, and how many kubelet devices stand for each (one per pod on it)."""
     extra = {g.index: {"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node} for g in gpus}
-    return gpus_to_json(list(engine_gpus(gpus, health)), extra)
+    return gpus_to_json(list(engine_gpus(gpus, health)), extra, top={"gpu_slots": gpu_slots, "gpu_resource": gpu_resource})
 
 
 class NodeLabeller:

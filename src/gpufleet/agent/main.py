@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="allocation checkpoints (kept out of the device-plugin dir, which kubelet cleans)")
     p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default=None, help="default: mixed")
     p.add_argument("--replicas", type=int, default=None, help="time-slicing: advertise each GPU this many times (default 1)")
+    p.add_argument("--shares-per-gpu", type=int, default=None,
+                   help="kubelet devices per GPU for gpufleet-placed pods, so shares never outrun kubelet's count (default 10)")
     p.add_argument("--rename-shared", action="store_true", default=None, help="with --replicas > 1, advertise nvidia.com/gpu.shared")
     p.add_argument("--recover-after", type=float, default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
     p.add_argument("--device-specs", choices=["auto", "all", "existing", "none"], default="auto",
@@ -55,7 +57,7 @@ def effective_config(args: argparse.Namespace, file_cfg):
     from .config import AgentConfig, validate
 
     cfg = file_cfg or AgentConfig()
-    over = {"mig_strategy": args.mig_strategy, "replicas": args.replicas, "rename_shared": args.rename_shared,
+    over = {"mig_strategy": args.mig_strategy, "replicas": args.replicas, "shares_per_gpu": args.shares_per_gpu, "rename_shared": args.rename_shared,
             "recover_after_s": args.recover_after, "mps_pipe_dir": args.mps_pipe_dir}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None})
     return validate(cfg, "flags")
@@ -66,7 +68,7 @@ class Agent:
 
     def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
                  collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0,
-                 device_specs: str = "all") -> None:
+                 device_specs: str = "all", recorder=None) -> None:
         from .health import HealthTracker
         from .plugin import KubeletWatcher
 
@@ -90,13 +92,14 @@ class Agent:
         self._last_discovery = clock()
         self.rediscover_s = rediscover_s
         self.device_specs = device_specs
+        self.recorder = recorder  # reconcile.ForeignPodRecorder: kubelet's GPUs of pods other schedulers bound
         self._build_plugins()
 
     def _build_plugins(self) -> None:
         from .plugin import DevicePlugin, resources_for
 
         c = self.cfg
-        self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, pods=self.pods,
+        self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, slots=c.slots, pods=self.pods,
                                      state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None,
                                      device_specs=self.device_specs)
                         for r in resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)]
@@ -163,11 +166,15 @@ class Agent:
         now = self.clock()
         if self.labeller is not None and now - self._last_labels >= self.cfg.label_interval_s:
             from .labels import desired_labels, inventory_json
+            from .plugin import resources_for
 
             c = self.cfg
             self.labeller.sync(desired_labels(self.driver, self.gpus, c.mig_strategy, c.replicas, c.rename_shared),
-                               inventory_json(self.gpus, self.health))
+                               inventory_json(self.gpus, self.health, gpu_slots=c.slots,
+                                              gpu_resource=resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)[0]))
             self._last_labels = now
+        if self.recorder is not None:
+            self.recorder.sync(self.gpus)
         if self.pods is not None and hasattr(self.pods, "live_pods") and now - self._last_prune >= 300:
             live = self.pods.live_pods()
             if live is not None:
@@ -215,7 +222,8 @@ def run(args: argparse.Namespace) -> int:
             link = f" nvlink{list(g.nvlink_peers)}" if g.nvlink_peers else ""
             print(f"  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid} {g.pci_bus_id} numa {g.numa_node} "
                   f"cc {g.compute_capability[0]}.{g.compute_capability[1]} {g.family}{mig}{link}")
-        print("resources: " + ", ".join(resources_for(gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared)))
+        print("resources: " + ", ".join(resources_for(gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared))
+              + f" ({cfg.slots} kubelet devices per GPU)")
         for k, v in sorted(desired_labels(driver, gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared).items()):
             print(f"  {k}={v}")
         return 0
@@ -263,7 +271,14 @@ def run(args: argparse.Namespace) -> int:
                    if not os.path.exists(p)]
         log.info("device specs: %s%s", device_specs,
                  f" (not handed to containers, absent here: {', '.join(missing)})" if device_specs == "existing" and missing else "")
-    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs)
+    recorder = None
+    if core is not None and args.pod_resources_socket:
+        from .exporter import KubeletPodResources
+        from .reconcile import ForeignPodRecorder
+
+        recorder = ForeignPodRecorder(core, args.node_name, KubeletPodResources(args.pod_resources_socket))
+    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
+                  recorder=recorder)
     agent_holder.append(agent)
 
     stop = threading.Event()

@@ -141,7 +141,7 @@ def nvlink_islands(gpus: list[GpuInfo]) -> dict[int, int]:
 
 class DevicePlugin(pbg.DevicePluginServicer):
     def __init__(self, resource: str, gpus: list[GpuInfo], socket_dir: str, strategy: str = "mixed", replicas: int = 1,
-                 pods: PodSource | None = None, checkpoint: str | None = None, state_dir: str | None = None,
+                 pods: PodSource | None = None, slots: int | None = None, checkpoint: str | None = None, state_dir: str | None = None,
                  mps_pipe_dir: str | None = None, device_specs: str = "all", dev_root: str = "/dev") -> None:
         if device_specs not in DEVICE_SPEC_MODES:
             raise ValueError(f"device_specs must be one of {DEVICE_SPEC_MODES}, got {device_specs!r}")
@@ -150,8 +150,9 @@ class DevicePlugin(pbg.DevicePluginServicer):
         self.resource = resource
         self.strategy = strategy
         self.replicas = replicas
+        self.slots = max(replicas, slots or replicas)  # kubelet devices per GPU
         self.gpus = {g.index: g for g in gpus}
-        self.devices = build_devices(gpus, resource, strategy, replicas)
+        self.devices = build_devices(gpus, resource, strategy, self.slots)
         self.by_id = {d.id: d for d in self.devices}
         self.island = nvlink_islands(gpus)
         self.health: dict[int, bool] = {g.index: True for g in gpus}
@@ -329,6 +330,11 @@ class DevicePlugin(pbg.DevicePluginServicer):
             # time-slicing: spread over the least-loaded GPUs, on the NUMA node with the most free replicas
             fits = [(-len(ids), k) for k, ids in by_numa.items() if len(ids) >= need]
             return self._spread(by_numa[min(fits)[1]] if fits else avail, need)
+        if self.slots > 1:
+            return self._whole_gpus(avail, need)
+        return self._group_pick(avail, need, by_island_numa, by_island, by_numa)
+
+    def _group_pick(self, avail: list[str], need: int, by_island_numa: dict, by_island: dict, by_numa: dict) -> list[str]:
         # the smallest group that holds the request: keeps bigger groups whole for bigger requests
         for groups in (by_island_numa, by_island, by_numa):
             fits = [(len(ids), k) for k, ids in groups.items() if len(ids) >= need]
@@ -336,6 +342,23 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 _, key = min(fits)
                 return self._spread(groups[key], need)
         return self._spread(avail, need)
+
+    def _whole_gpus(self, avail: list[str], need: int) -> list[str]:
+        """A pod without an assignment (another scheduler's) gets GPUs nobody uses: one device of each of the
+        ``need`` lowest-index GPUs whose devices are all free, exactly as the scheduler models such a pod
+        (``kube.convert.bound_assignment``), so both agree on which GPUs it holds; only when there are not
+        enough such GPUs, devices of the least-loaded GPUs."""
+        by_gpu: dict[int, list[str]] = {}
+        for a in sorted(avail):
+            by_gpu.setdefault(self.by_id[a].gpu_index, []).append(a)
+        per_gpu = {d.gpu_index: 0 for d in self.devices}
+        for d in self.devices:
+            per_gpu[d.gpu_index] += 1
+        free = [ids[0] for g, ids in sorted(by_gpu.items()) if len(ids) == per_gpu[g]]
+        if len(free) >= need:
+            return free[:need]
+        rest = [a for a in avail if a not in free]
+        return free + self._spread(rest, need - len(free))
 
     def _spread(self, ids: list[str], n: int) -> list[str]:
         # replicas: one per GPU, least-loaded GPUs (most free replicas) first, then more of the same

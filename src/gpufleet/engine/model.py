@@ -56,6 +56,9 @@ class Node:
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     max_pods: int = 110
+    # kubelet devices per GPU for nvidia.com/gpu (the device plugin's slots/replicas): every pod on a GPU, whole or
+    # a share, holds one of them, so no GPU takes more pods than kubelet can hand devices for. 0 = no limit (simulator)
+    gpu_slots: int = 0
 
 
 # --- pod requests ---------------------------------------------------------------

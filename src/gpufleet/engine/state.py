@@ -26,6 +26,7 @@ from .model import GPU_MILLI, Assignment, Node
 # Epochs are unique across all states: plugins cache node-metadata masks per epoch, and
 # a per-state counter let a new state (same id() after GC, same epoch) hit a dead one's cache.
 _EPOCHS = itertools.count(1)
+NO_SLOT_LIMIT = 1 << 40
 
 
 class ClusterState:
@@ -68,6 +69,10 @@ class ClusterState:
         self.gpu_mem_cap = np.zeros((n, g), dtype=np.int64)
         self.gpu_free_milli = np.zeros((n, g), dtype=np.int64)
         self.gpu_mem_free = np.zeros((n, g), dtype=np.int64)
+        # kubelet devices left per GPU (Node.gpu_slots; "no limit" is a number no GPU reaches)
+        self.gpu_slots_cap = np.array([x.gpu_slots if x.gpu_slots > 0 else NO_SLOT_LIMIT for x in nodes], dtype=np.int64)
+        self.gpu_slots_free = np.zeros((n, g), dtype=np.int64)
+        self.slots_limited = bool(any(x.gpu_slots > 0 for x in nodes))
         # MIG instances: per node {profile: [(gpu, instance_id), ...free]}
         self.mig_free: list[dict[str, list[tuple[int, int]]]] = []
         for i, node in enumerate(nodes):
@@ -85,6 +90,7 @@ class ClusterState:
                     continue
                 if gpu.healthy:
                     self.gpu_usable[i, j] = True
+                    self.gpu_slots_free[i, j] = self.gpu_slots_cap[i]
                     self.gpu_free_milli[i, j] = GPU_MILLI
                     self.gpu_mem_free[i, j] = gpu.memory_mib
             for insts in free.values():
@@ -205,6 +211,9 @@ class ClusterState:
                 return f"node {a.node}: GPU {j} has {self.gpu_mem_free[i, j]} MiB free, {mem} requested"
             if a.gpu_milli >= GPU_MILLI and self.gpu_mem_free[i, j] != self.gpu_mem_cap[i, j]:
                 return f"node {a.node}: GPU {j} is partly used, a whole GPU was requested"
+            if self.gpu_slots_free[i, j] < 1:
+                return (f"node {a.node}: GPU {j} has no kubelet device left "
+                        f"({self.gpu_slots_cap[i]} per GPU, one per pod on it)")
         free = self.mig_free[i].get(a.mig_profile or "", [])
         for inst in a.mig:
             if inst not in free:
@@ -231,6 +240,7 @@ class ClusterState:
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib):
             self.gpu_free_milli[i, j] -= a.gpu_milli
             self.gpu_mem_free[i, j] -= mem
+            self.gpu_slots_free[i, j] -= 1
         if a.mig:
             free = self.mig_free[i][a.mig_profile]
             for inst in a.mig:
@@ -252,6 +262,7 @@ class ClusterState:
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib):
             self.gpu_free_milli[i, j] += a.gpu_milli
             self.gpu_mem_free[i, j] += mem
+            self.gpu_slots_free[i, j] += 1
         if a.mig:
             free = self.mig_free[i].setdefault(a.mig_profile or "", [])
             free.extend(a.mig)
