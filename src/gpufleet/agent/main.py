@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-specs", choices=["auto", "all", "existing", "none"], default="auto",
                    help="which /dev/nvidia* device nodes Allocate hands to containers: all (real GPUs), only those that "
                         "exist on this host, or none; auto (default) = all with the real backend, existing with a fake one")
+    p.add_argument("--dev-root", default="/dev",
+                   help="where the host's nvidia device nodes are (default /dev); containers always see them as /dev/nvidia*")
     p.add_argument("--mps-pipe-dir", default=None, help="for GPU shares: MPS pipe directory to mount into the container")
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
@@ -68,7 +70,7 @@ class Agent:
 
     def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
                  collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0,
-                 device_specs: str = "all", recorder=None) -> None:
+                 device_specs: str = "all", recorder=None, dev_root: str = "/dev") -> None:
         from .health import HealthTracker
         from .plugin import KubeletWatcher
 
@@ -92,6 +94,7 @@ class Agent:
         self._last_discovery = clock()
         self.rediscover_s = rediscover_s
         self.device_specs = device_specs
+        self.dev_root = dev_root
         self.recorder = recorder  # reconcile.ForeignPodRecorder: kubelet's GPUs of pods other schedulers bound
         self._build_plugins()
 
@@ -101,7 +104,7 @@ class Agent:
         c = self.cfg
         self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, slots=c.slots, pods=self.pods,
                                      state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None,
-                                     device_specs=self.device_specs)
+                                     device_specs=self.device_specs, dev_root=self.dev_root)
                         for r in resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)]
         for p in self.plugins:
             p.set_health(self.health)
@@ -267,8 +270,8 @@ def run(args: argparse.Namespace) -> int:
         start_http_server(int(port), addr=host, registry=reg)
     device_specs = args.device_specs if args.device_specs != "auto" else ("existing" if fake else "all")
     if device_specs != "all":
-        missing = [p for p in ["/dev/nvidia%d" % g.index for g in gpus] + ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-                   if not os.path.exists(p)]
+        missing = [p for p in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+                   if not os.path.exists(os.path.join(args.dev_root, p))]
         log.info("device specs: %s%s", device_specs,
                  f" (not handed to containers, absent here: {', '.join(missing)})" if device_specs == "existing" and missing else "")
     recorder = None
@@ -278,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
 
         recorder = ForeignPodRecorder(core, args.node_name, KubeletPodResources(args.pod_resources_socket))
     agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
-                  recorder=recorder)
+                  recorder=recorder, dev_root=args.dev_root)
     agent_holder.append(agent)
 
     stop = threading.Event()
