@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import random
+import signal
 import statistics
 import tempfile
 import time
@@ -88,11 +89,13 @@ class Stream:
     def create_until(self, fraction: float, max_pods: int) -> list[str]:
         """Create pods until the live pods ask for ``fraction`` of the node's GPU capacity."""
         items, names = [], []
-        while self.live_demand() < fraction * CAPACITY and len(self.asked) - len(self.deleted) < max_pods:
+        tries = 0
+        while self.live_demand() < fraction * CAPACITY and len(self.asked) - len(self.deleted) < max_pods and tries < 200:
+            tries += 1
             kind, v = self.draw()
             d = demand(kind, v)
             if self.live_demand() + d > CAPACITY:
-                continue
+                continue  # the stream never asks for more than the node has
             name = f"{kind}-{self.n}"
             self.n += 1
             self.asked[name] = (kind, v, d)
@@ -211,13 +214,20 @@ def real_node():
         lock = open(os.environ["GPUFLEET_E2E_LOCK"], "a")  # noqa: SIM115 - held until teardown
         fcntl.flock(lock, fcntl.LOCK_EX)
     base = Path(tempfile.mkdtemp(prefix="gpufleet-e2e-"))
-    node = RealNode(loc, base / "data", Path(os.environ.get("E2E_LOGS") or base / "logs"))
+    data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
+    node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
     node.logs.mkdir(parents=True, exist_ok=True)
+
+    def interrupted(*_):  # `timeout` / a CI cancel: still tear the node down (finalizers run on KeyboardInterrupt)
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, interrupted)
     try:
         node.timings = {"node up s": round(node.up(), 1)}  # type: ignore[attr-defined]
         yield node
     finally:
         (node.logs / "teardown.log").write_text(node.down())
+        signal.signal(signal.SIGTERM, old_term)
         if lock is not None:
             lock.close()
 

@@ -177,7 +177,7 @@ def nodes(core):
             meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)], top={"gpu_slots": 10})}
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})
         made.append(name)
-        res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus * (10 if inventory else 1))}
         core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res,
                                                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                                                  "message": "test", "lastHeartbeatTime": None, "lastTransitionTime": None}]}})

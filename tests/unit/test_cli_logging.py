@@ -62,8 +62,11 @@ def _agent_log(extra_global: list[str], extra_cmd: list[str]) -> str:
                              "--device-plugin-dir", d, "--state-dir", os.path.join(d, "st"), "--metrics-addr", "",
                              "--interval", "0.2", *extra_cmd],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        time.sleep(3.0)
+    try:  # the plugin socket exists once the agent serves (its signal handlers are installed by then)
+        t = time.monotonic()
+        while time.monotonic() - t < 60 and not any(f.endswith(".sock") for f in os.listdir(d)):
+            time.sleep(0.2)
+        time.sleep(0.5)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=2.0, help="seconds between health/registration checks")
     p.add_argument("--metrics-addr", default="0.0.0.0:9400", help="Prometheus /metrics (dcgm-exporter names); '' to disable")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
+    p.add_argument("--stop-drain-seconds", type=float, default=5.0,
+                   help="on SIGTERM: taint the node NoSchedule (gpufleet.io/agent-restarting), wait this long for pods "
+                        "already bound to be admitted, then stop; the taint is removed once the plugins are registered again")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v)")
 
@@ -96,6 +99,7 @@ class Agent:
         self.device_specs = device_specs
         self.dev_root = dev_root
         self.recorder = recorder  # reconcile.ForeignPodRecorder: kubelet's GPUs of pods other schedulers bound
+        self.untaint = None  # callable: remove the restart taint once every plugin is registered
         self._build_plugins()
 
     def _build_plugins(self) -> None:
@@ -161,6 +165,9 @@ class Agent:
                 except Exception as exc:
                     log.warning("registering %s failed: %s; retrying", p.resource, exc)
                     self.kubelet.forget()
+        if self.untaint is not None and all(p.serving() for p in self.plugins) and not self.kubelet_pending():
+            if self.untaint() is not None:
+                self.untaint = None
         self.health = self.tracker.update()
         if self.collector is not None:
             self.collector.note_xids(self.tracker.recent_xids)
@@ -184,6 +191,10 @@ class Agent:
                 for p in self.plugins:
                     p.prune(live)
             self._last_prune = now
+
+    def kubelet_pending(self) -> bool:
+        """True while a registration is still to be retried (kubelet away or refusing)."""
+        return self.kubelet._ident is None
 
     def stop_plugins(self) -> None:
         for p in self.plugins:
@@ -283,6 +294,11 @@ def run(args: argparse.Namespace) -> int:
     agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
                   recorder=recorder, dev_root=args.dev_root)
     agent_holder.append(agent)
+    if core is not None and not args.no_labels:
+        from .labels import set_restart_taint
+
+        node = args.node_name
+        agent.untaint = lambda: set_restart_taint(core, node, False)  # a previous stop's taint, if any
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -302,6 +318,12 @@ def run(args: argparse.Namespace) -> int:
         except Exception:  # one bad round must not take the node's GPUs away
             log.exception("agent loop step failed")
         stop.wait(args.interval)
+    if core is not None and not args.no_labels and args.stop_drain_seconds > 0:
+        from .labels import set_restart_taint
+
+        if set_restart_taint(core, args.node_name, True):
+            log.info("waiting %.0f s for pods already bound here to be admitted", args.stop_drain_seconds)
+            time.sleep(args.stop_drain_seconds)
     agent.stop_plugins()
     log.info("stopped")
     return 0

@@ -59,6 +59,8 @@ class Node:
     # kubelet devices per GPU for nvidia.com/gpu (the device plugin's slots/replicas): every pod on a GPU, whole or
     # a share, holds one of them, so no GPU takes more pods than kubelet can hand devices for. 0 = no limit (simulator)
     gpu_slots: int = 0
+    # kubelet's allocatable nvidia.com/gpu (healthy devices it will hand out); -1 = unknown (simulator)
+    gpu_devices: int = -1
 
 
 # --- pod requests ---------------------------------------------------------------

@@ -73,15 +73,18 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
         if resource != GPU_RESOURCE or (alloc and GPU_SHARED_RESOURCE in alloc and GPU_RESOURCE not in alloc):
             # renamed (nvidia.com/gpu.shared): kubelet has no nvidia.com/gpu here, so no whole GPU or share fits
             gpus = tuple(replace(g, healthy=False) if not g.mig_enabled else g for g in gpus)
+        # what kubelet will hand out now (0 until the agent registered; drops while a GPU is unhealthy)
+        devices = q(resource, to_int, 0) if alloc else -1
     else:
         gpus, slots = _gpus_from_nvidia_plugin(name, labels, alloc, q)
+        devices = q(GPU_RESOURCE, to_int, 0) if alloc else -1
     taints = []
     for i, t in enumerate(spec.get("taints") or []):
         if not isinstance(t, Mapping) or not t.get("key") or t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
             raise InvalidNodeSpec(name, f"spec.taints[{i}]", f"needs a key and a known effect, got {t!r}")
         taints.append(Taint(t["key"], t.get("value", ""), t["effect"]))
     return Node(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, labels=labels, taints=tuple(taints),
-                unschedulable=bool(spec.get("unschedulable")), max_pods=pods, gpu_slots=slots)
+                unschedulable=bool(spec.get("unschedulable")), max_pods=pods, gpu_slots=slots, gpu_devices=devices)
 
 
 def _gpus_from_nvidia_plugin(name: str, labels: Mapping[str, str], alloc: Mapping[str, Any], q) -> tuple[tuple[Gpu, ...], int]:

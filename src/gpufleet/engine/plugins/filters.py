@@ -221,8 +221,8 @@ class GpuFit:
         "Insufficient GPU memory",
         "node(s) had no GPU of an allowed model",
         "no free MIG instance of the requested profile",
-        ("no GPU with a free kubelet device (the device plugin serves one pod per device; "
-         "nvidia.com/gpu.replicas / the agent's sharesPerGpu per GPU)"),
+        ("no free kubelet device for a GPU here (kubelet admits one pod per nvidia.com/gpu device: "
+         "nvidia.com/gpu.replicas or the agent's sharesPerGpu per GPU, and only what it advertises)"),
     )
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
@@ -246,6 +246,10 @@ class GpuFit:
             return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), codes)
         usable = state.gpu_usable
         codes = np.zeros(n, dtype=np.int64)
+        no_devices = None
+        if state.devices_limited:  # kubelet's count of free nvidia.com/gpu devices on the node
+            no_devices = state.gpu_dev_free < k
+            usable = usable & ~no_devices[:, None]
         if mm is not None:
             usable = usable & mm[state.gpu_model]
             model_ok = usable.sum(axis=1) >= k
@@ -254,7 +258,7 @@ class GpuFit:
             e = usable & (state.gpu_free_milli >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap)
             if state.slots_limited:
                 e &= state.gpu_slots_free > 0
-            ok = e.sum(axis=1) >= k
+            ok = e.sum(axis=1) >= k  # too few devices: code 0, kube-scheduler's "Insufficient nvidia.com/gpu"
             return FilterResult(ok, self.REASONS, codes)
         if state.slots_limited:
             slotted = usable & (state.gpu_slots_free > 0)
@@ -277,6 +281,8 @@ class GpuFit:
             codes = np.where(codes == 3, 3, 1)
         if no_slot is not None:
             codes = np.where(no_slot & ~ok, 5, codes)
+        if no_devices is not None:
+            codes = np.where(no_devices & ~ok & (codes != 3), 5, codes)
         return FilterResult(ok, self.REASONS, codes)
 
 
