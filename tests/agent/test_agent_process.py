@@ -15,6 +15,7 @@ import pytest
 
 from gpufleet.agent.config import load_agent_config
 from gpufleet.agent.deviceplugin import api_pb2 as pb
+from gpufleet.agent.plugin import InvalidAssignment
 from gpufleet.agent.podsource import pick
 from gpufleet.engine.errors import ConfigError
 
@@ -134,3 +135,22 @@ def test_pod_source_matches_resource_count_profile_and_node():
     got = pick(pods, "n1", "nvidia.com/mig-1g.10gb", 1, set())
     assert got.pod_key == "ml/mig" and got.assignment.mig == ((0, 3),)
     assert pick(pods, "n1", "nvidia.com/mig-2g.20gb", 1, set()) is None
+
+
+def test_pod_source_returns_an_unusable_assignment_of_a_pod_asking_for_those_devices():
+    def asking(name, annotation, resource="nvidia.com/gpu", n="1", **kw):
+        p = pod(name, annotation, **kw)
+        p["spec"]["containers"] = [{"name": "c", "resources": {"limits": {resource: n}}}]
+        return p
+
+    good = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    moved = json.dumps({"node": "n2", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    pods = [asking("broken", "{not json", created="2025-01-01T00:00:00Z"), asking("moved", moved, created="2025-01-02T00:00:00Z"),
+            asking("mig", "{not json", resource="nvidia.com/mig-1g.10gb"), asking("ok", good)]
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set()).pod_key == "ml/ok"  # a usable assignment first
+    bad = pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/ok"})
+    assert isinstance(bad, InvalidAssignment) and bad.pod_key == "ml/broken" and "malformed" in bad.message
+    bad = pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/ok", "ml/broken"})
+    assert bad.pod_key == "ml/moved" and "stale" in bad.message
+    assert pick(pods, "n1", "nvidia.com/gpu", 2, set()) is None  # nobody asks for 2 devices
+    assert pick(pods, "n1", "nvidia.com/mig-1g.10gb", 1, set()).pod_key == "ml/mig"

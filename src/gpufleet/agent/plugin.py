@@ -57,12 +57,33 @@ class AssignmentMismatch(ValueError):
     """The scheduler's assignment does not fit this node's GPUs (stale inventory, wrong node)."""
 
 
+class AssignmentRefused(Exception):
+    """The pod being admitted must not start: its assignment is malformed, stale, or names an unhealthy GPU."""
+
+    def __init__(self, pod_key: str, uid: str, message: str) -> None:
+        super().__init__(message)
+        self.pod_key, self.uid, self.message = pod_key, uid, message
+
+
 @dataclass(frozen=True)
 class DeviceEntry:
     id: str
     gpu_index: int
     gpu_uuid: str  # physical GPU (or MIG instance) UUID handed to the container
     numa_node: int
+
+
+@dataclass
+class InvalidAssignment:
+    """A pod bound here whose ``gpufleet.io/assignment`` cannot be used (bad JSON, another node): refuse it."""
+
+    pod_key: str
+    uid: str
+    message: str
+
+    @property
+    def served_key(self) -> str:
+        return f"{self.pod_key}#{self.uid}" if self.uid else self.pod_key
 
 
 @dataclass
@@ -231,12 +252,19 @@ class DevicePlugin(pbg.DevicePluginServicer):
         ])
 
     # --- the scheduler's assignment -----------------------------------------------------------
-    def _pending(self, count: int) -> PodAssignment | None:
+    def _pending(self, count: int) -> PodAssignment | InvalidAssignment | None:
         try:
             return self.pods.pending_assignment(self.resource, count, set(self.allocated))
         except Exception as exc:  # a pod source failure must not fail admission: kubelet's choice stands
             log.warning("%s: pod source failed: %s", self.resource, exc)
             return None
+
+    def by_uuid_index(self, uuid: str) -> int | None:
+        """GPU index of a GPU or MIG UUID on this node."""
+        for g in self.gpus.values():
+            if g.uuid == uuid or any(m.uuid == uuid for m in g.mig):
+                return g.index
+        return None
 
     def assigned_devices(self, pa: PodAssignment) -> tuple[list[str], list[list[str]]]:
         """The UUIDs to expose and, per assigned GPU/instance, the device IDs that stand for it here."""
@@ -299,6 +327,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
         if len(chosen) >= size:
             return chosen[:size]
         pa = self._pending(size)
+        if isinstance(pa, InvalidAssignment):
+            pa = None  # Allocate refuses it
         if pa is not None:
             try:
                 _, per_gpu = self.assigned_devices(pa)
@@ -382,20 +412,40 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 msg = f"{self.resource}: unknown device IDs {unknown}" if unknown else f"{self.resource}: no device IDs"
                 log.warning("Allocate refused: %s", msg)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, msg)
-            responses.append(self.allocate_one(ids))
+            try:
+                responses.append(self.allocate_one(ids))
+            except AssignmentRefused as exc:
+                # kubelet fails the pod's admission with this message: its container never starts on other GPUs
+                log.warning("Allocate refused: %s", exc.message)
+                report = getattr(self.pods, "report_refused", None)
+                if report is not None:
+                    report(exc.pod_key, exc.uid, exc.message)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, exc.message)
         return pb.AllocateResponse(container_responses=responses)
+
+    def _refuse(self, pa, message: str) -> None:
+        with self._lock:  # remembered as served: the same pod is not matched again
+            self.allocated[pa.served_key] = {"devices": [], "uuids": [], "time_s": round(time.time(), 3), "refused": message}
+            self._save_checkpoint()
+        raise AssignmentRefused(pa.pod_key, pa.uid, message)
 
     def allocate_one(self, ids: list[str]) -> pb.ContainerAllocateResponse:
         envs: dict[str, str] = {}
         mounts: list[pb.Mount] = []
         pa = self._pending(len(ids))
         uuids: list[str] | None = None
+        if isinstance(pa, InvalidAssignment):
+            self._refuse(pa, f"pod {pa.pod_key}: {pa.message}; not starting it on GPUs the scheduler did not choose")
         if pa is not None:
             try:
                 uuids, _ = self.assigned_devices(pa)
             except AssignmentMismatch as exc:
-                log.warning("%s: %s; using kubelet's choice", self.resource, exc)
-                uuids = None
+                self._refuse(pa, f"{exc} (stale assignment); not starting it on GPUs the scheduler did not choose")
+            bad = sorted({self.by_uuid_index(u) for u in uuids or []} - {None}
+                         - {i for i, ok in self.health.items() if ok})
+            if bad:
+                self._refuse(pa, f"pod {pa.pod_key}: its assignment names unhealthy GPU(s) {bad} on this node; "
+                                 "not starting it there (the scheduler places it again once it is re-created)")
         with self._lock:
             if pa is not None and pa.served_key in self.allocated:
                 uuids = None  # served meanwhile by a concurrent Allocate

@@ -17,7 +17,7 @@ from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
 from ..engine.inventory import assignment_from_json, gpu_uuids_of
 from ..engine.podspec import pod_key
-from .plugin import PodAssignment
+from .plugin import InvalidAssignment, PodAssignment
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,11 @@ def served_key(key: str, uid: str) -> str:
     return f"{key}#{uid}" if uid else key
 
 
-def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
+def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
+    """The pod kubelet is admitting: the oldest matching valid assignment; failing that, the oldest pod bound here
+    whose assignment cannot be used (kubelet must refuse it rather than start it on GPUs nobody chose)."""
     cands = []
+    invalid = []
     for p in pods:
         spec, meta, status = p.get("spec") or {}, p.get("metadata") or {}, p.get("status") or {}
         a = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
@@ -37,14 +40,21 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         uid = str(meta.get("uid") or "")
         if served_key(key, uid) in exclude:
             continue
+        ts = meta.get("creationTimestamp") or ""
+        asks = _asks(spec, resource, count)
         try:
             asg = assignment_from_json(key, a)
             uuids = gpu_uuids_of(a)
-        except GpufleetError as exc:
-            log.warning("skipping %s: %s", key, exc)
+        except (GpufleetError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("pod %s: %s", key, exc)
+            if asks:
+                invalid.append((ts, key, InvalidAssignment(key, uid, f"malformed gpufleet.io/assignment: {exc}")))
             continue
         if asg.node != node:
-            log.warning("skipping %s: its assignment is for node %r, the pod is bound to %r", key, asg.node, node)
+            log.warning("pod %s: its assignment is for node %r, the pod is bound to %r", key, asg.node, node)
+            if asks:
+                invalid.append((ts, key, InvalidAssignment(
+                    key, uid, f"gpufleet.io/assignment is for node {asg.node!r}, but the pod is bound to {node!r} (stale)")))
             continue
         is_mig = bool(asg.mig)
         if resource.startswith("nvidia.com/mig-") != is_mig:
@@ -56,7 +66,23 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
             continue
         cands.append((meta.get("creationTimestamp") or "", key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid)))
     cands.sort(key=lambda c: (c[0], c[1]))
-    return cands[0][2] if cands else None
+    if cands:
+        return cands[0][2]
+    invalid.sort(key=lambda c: (c[0], c[1]))
+    return invalid[0][2] if invalid else None
+
+
+def _asks(spec: dict, resource: str, count: int) -> bool:
+    """Does one of the pod's containers ask kubelet for ``count`` devices of ``resource`` (requests default to limits)?"""
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        res = (c or {}).get("resources") or {}
+        v = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
+        try:
+            if v is not None and int(str(v)) == count:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 class KubePodSource:
@@ -71,6 +97,22 @@ class KubePodSource:
             log.warning("cannot list pods on %s: %s", self.node, exc)
             return None
         return pick(pods, self.node, resource, count, exclude)
+
+    def report_refused(self, pod_key: str, uid: str, message: str) -> None:
+        """A Warning event on the pod: why kubelet refused it (kubelet's own event says only that Allocate failed)."""
+        import datetime
+
+        ns, name = pod_key.split("/", 1)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        body = {"metadata": {"generateName": f"{name}.", "namespace": ns},
+                "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": uid or None, "apiVersion": "v1"},
+                "reason": "GpuAssignmentRefused", "message": message[:1000], "type": "Warning",
+                "source": {"component": "gpufleet-agent", "host": self.node}, "reportingComponent": "gpufleet-agent",
+                "reportingInstance": self.node, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        try:
+            self.core.create_namespaced_event(ns, body)
+        except Exception as exc:  # noqa: BLE001 - the refusal stands without the event
+            log.warning("cannot post the event for %s: %s", pod_key, exc)
 
     def live_pods(self) -> set[str] | None:
         """Keys of the pods bound to this node, or None when the API cannot say (then nothing is pruned)."""
