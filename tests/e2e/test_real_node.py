@@ -277,6 +277,34 @@ def test_real_node_random_stream_with_restarts(real_node):
     s.create_until(0.6, 30)
     s.settle(90)
 
+    # bad input on the node: a malformed and a stale assignment (GPU 9 does not exist) on pods bound here directly
+    t = time.monotonic()
+    bad = []
+    for name, text in (("bad-json", "{not json"),
+                       ("bad-stale", json.dumps({"node": NODE, "gpus": [{"index": 9, "uuid": "GPU-gone"}], "gpu_milli": 500,
+                                                 "gpu_memory_mib": [0]}))):
+        m = pod_manifest(name, "milli", 500, scheduler="nobody")
+        m["metadata"]["annotations"]["gpufleet.io/assignment"] = text
+        m["spec"]["nodeName"] = NODE
+        bad.append(m)
+    node.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": bad}))
+
+    def refused(name: str) -> bool:
+        p = node.get_json("pod", name)
+        ev = node.get_json("events", "--field-selector", f"involvedObject.name={name}")["items"]
+        return (p["status"].get("phase") == "Failed" and "UnexpectedAdmissionError" in (p["status"].get("reason") or "")
+                and any(e.get("reason") == "GpuAssignmentRefused" for e in ev))
+    for name in ("bad-json", "bad-stale"):
+        if not wait(lambda n=name: refused(n), 60):
+            p = node.get_json("pod", name)
+            problems.append(f"{name}: not refused with an event: {p['status'].get('phase')} {p['status'].get('reason')} "
+                            f"{p['status'].get('message')}")
+        elif node.get_json("pod", name)["status"].get("containerStatuses"):
+            problems.append(f"{name}: a container was created")
+    msgs = {e["involvedObject"]["name"]: e["message"] for e in node.get_json("events")["items"] if e.get("reason") == "GpuAssignmentRefused"}
+    report.append(f"bad input refused in {time.monotonic() - t:.1f} s: {json.dumps(msgs)[:600]}")
+    node.kubectl("delete", "pod", "bad-json", "bad-stale", "--grace-period=0", "--wait=false")
+
     # kubelet restart in the middle of the stream
     before = node.log_size("kubelet")
     argv = node.stop("kubelet")
