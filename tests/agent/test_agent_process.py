@@ -154,3 +154,13 @@ def test_pod_source_returns_an_unusable_assignment_of_a_pod_asking_for_those_dev
     assert bad.pod_key == "ml/moved" and "stale" in bad.message
     assert pick(pods, "n1", "nvidia.com/gpu", 2, set()) is None  # nobody asks for 2 devices
     assert pick(pods, "n1", "nvidia.com/mig-1g.10gb", 1, set()).pod_key == "ml/mig"
+
+
+def test_pod_source_follows_binding_order_for_pods_created_in_the_same_second():
+    a = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    b = json.dumps({"node": "n1", "gpus": [{"index": 2, "uuid": "GPU-t4-02"}], "gpu_milli": 300})
+    pods = [pod("a", a), pod("b", b)]  # same creationTimestamp (one `kubectl create` of a list)
+    pods[0]["metadata"]["resourceVersion"] = "912"  # bound second
+    pods[1]["metadata"]["resourceVersion"] = "905"  # bound first: kubelet admits it first
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set()).pod_key == "ml/b"
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/b"}).pod_key == "ml/a"

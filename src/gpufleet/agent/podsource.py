@@ -1,7 +1,7 @@
 """Which pod is kubelet admitting? The scheduler's assignment for it, from the API server.
 
 kubelet's ``Allocate`` names devices, not the pod.  The pod being admitted on
-this node is the oldest pod bound here that carries a ``gpufleet.io/assignment``
+this node is the earliest bound (resourceVersion order, the order kubelet receives them) pod here that carries a ``gpufleet.io/assignment``
 for this resource (whole/shared GPUs for ``nvidia.com/gpu``, instances of the
 same profile for ``nvidia.com/mig-<profile>``) with as many devices as kubelet
 asks for, is not running yet, and was not served before (the checkpoint's
@@ -27,7 +27,7 @@ def served_key(key: str, uid: str) -> str:
 
 
 def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
-    """The pod kubelet is admitting: the oldest matching valid assignment; failing that, the oldest pod bound here
+    """The pod kubelet is admitting: the first-bound matching valid assignment; failing that, the first-bound pod here
     whose assignment cannot be used (kubelet must refuse it rather than start it on GPUs nobody chose)."""
     cands = []
     invalid = []
@@ -40,7 +40,7 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         uid = str(meta.get("uid") or "")
         if served_key(key, uid) in exclude:
             continue
-        ts = meta.get("creationTimestamp") or ""
+        ts = _arrival(meta)
         asks = _asks(spec, resource, count)
         try:
             asg = assignment_from_json(key, a)
@@ -64,12 +64,20 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         if (len(asg.mig) if is_mig else len(asg.gpu_indices)) != count:
             log.debug("%s: assignment holds a different number of %s than requested (%d)", key, resource, count)
             continue
-        cands.append((meta.get("creationTimestamp") or "", key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid)))
+        cands.append((ts, key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid)))
     cands.sort(key=lambda c: (c[0], c[1]))
     if cands:
         return cands[0][2]
     invalid.sort(key=lambda c: (c[0], c[1]))
     return invalid[0][2] if invalid else None
+
+
+def _arrival(meta: dict) -> tuple:
+    """The order kubelet admits pods bound to it: the order their binding reached it, which is the pods'
+    resourceVersion (the Binding, which also writes the assignment, is their last write until kubelet admits
+    them); pods created in the same second are told apart by it.  creationTimestamp when it is not a number."""
+    rv = str(meta.get("resourceVersion") or "")
+    return (0, int(rv), "") if rv.isdigit() else (1, 0, meta.get("creationTimestamp") or "")
 
 
 def _asks(spec: dict, resource: str, count: int) -> bool:
