@@ -15,8 +15,11 @@ import fcntl
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -217,6 +220,7 @@ def real_node():
     data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
     node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
     node.logs.mkdir(parents=True, exist_ok=True)
+    node.env["GPUFLEET_FAKE_PROCESSES"] = str(data / "fake-processes.json")  # GPU load for the Prometheus test
 
     def interrupted(*_):  # `timeout` / a CI cancel: still tear the node down (finalizers run on KeyboardInterrupt)
         raise KeyboardInterrupt
@@ -226,6 +230,9 @@ def real_node():
         node.timings = {"node up s": round(node.up(), 1)}  # type: ignore[attr-defined]
         yield node
     finally:
+        for extra in ("prometheus",):  # not in the recipe's list of processes it stops
+            if node.pid_of(extra):
+                node.stop(extra)
         (node.logs / "teardown.log").write_text(node.down())
         signal.signal(signal.SIGTERM, old_term)
         if lock is not None:
@@ -365,3 +372,85 @@ def test_real_node_random_stream_with_restarts(real_node):
     print("\n" + text)
     assert not problems, "\n".join(problems)
     assert placed >= 0.9 * asked, f"placed {placed} of {asked} milli asked"
+
+
+def _prom(url: str, q: str) -> list[dict]:
+    import urllib.parse
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(q)}", timeout=10) as r:
+        return json.loads(r.read())["data"]["result"]
+
+
+def _sleep_pid(uid: str) -> int | None:
+    """The container's `sleep` process of the pod with this UID (its cgroup path names the pod)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() == "sleep" and (
+                    f"pod{uid}" in (d / "cgroup").read_text() or f"pod{uid.replace('-', '_')}" in (d / "cgroup").read_text()):
+                return int(d.name)
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not on PATH (Debian package prometheus)")
+def test_real_prometheus_scrapes_the_agent_and_gpufleet_queries_it(real_node):
+    """Debian's Prometheus scrapes the agent on the node; the shares of one GPU are attributed to their pods and add
+    up to the GPU's own figure; `gpufleet top` and `gpufleet recommend` answer from real PromQL; `gpufleet reclaim`
+    runs its dry run against it."""
+    node = real_node
+    pods = [p for p in node.pods() if p["spec"].get("nodeName") and (p.get("status") or {}).get("phase") == "Running"]
+    by_gpu: dict[int, list[dict]] = {}
+    for p in pods:
+        a = json.loads((p["metadata"].get("annotations") or {}).get("gpufleet.io/assignment", "{}") or "{}")
+        if a.get("gpus") and not a.get("mig") and a.get("gpu_milli", 1000) < 1000:
+            by_gpu.setdefault(a["gpus"][0]["index"], []).append(p)
+    shared = [(g, ps) for g, ps in sorted(by_gpu.items()) if len(ps) >= 2]
+    assert shared, f"no GPU with two shares running: {by_gpu}"
+    gpu, sharers = shared[0]
+    load = []
+    for k, p in enumerate(sharers[:3]):
+        pid = _sleep_pid(p["metadata"]["uid"])
+        assert pid, f"no process of {p['metadata']['name']}"
+        load.append({"pid": pid, "gpu": gpu, "used_memory_mib": 1000 * (k + 1), "sm_util_pct": 10 * (k + 2), "pod": p["metadata"]["name"]})
+    Path(node.env["GPUFLEET_FAKE_PROCESSES"]).write_text(json.dumps(load))
+    cfg = node.data / "prometheus.yml"
+    cfg.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                   "scrape_configs:\n  - job_name: gpufleet-agent\n    static_configs: [{targets: ['127.0.0.1:19400']}]\n")
+    url = "http://127.0.0.1:19090"
+    node.start("prometheus", ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={node.data / 'prometheus'}",
+                              "--web.listen-address=127.0.0.1:19090"])
+    report = []
+    try:
+        want = {x["pod"]: x["sm_util_pct"] for x in load}
+        q = f'DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}",pod!=""}}'
+        assert wait(lambda: {r["metric"]["pod"]: float(r["value"][1]) for r in _prom(url, q)} == want, 90), \
+            f"per-pod series {_prom(url, q)} != {want}"
+        total = float(_prom(url, f'sum(DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}"}})')[0]["value"][1])
+        assert total == sum(want.values()), total  # the fake GPU's own utilisation is its processes' sum
+        mem = {r["metric"]["pod"]: float(r["value"][1]) for r in _prom(url, f'DCGM_FI_DEV_FB_USED{{gpu="{gpu}",pod!=""}}')}
+        assert mem == {x["pod"]: x["used_memory_mib"] for x in load}, mem
+        report.append(f"GPU {gpu}: per-pod util {want} sum {total}; FB_USED {mem}")
+        env = dict(node.env)
+        top = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", "top", "--once", "--kubeconfig", str(node.kubeconfig),
+                              "--prometheus", url], env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert top.returncode == 0 and NODE in top.stdout, top.stdout + top.stderr
+        report.append("gpufleet top --once:\n" + top.stdout[-1500:])
+        rec = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", "recommend", "--prometheus", url, "--kubeconfig",
+                              str(node.kubeconfig), "--window", "5m", "--step", "1s", "--json"], env=env, capture_output=True,
+                             text=True, timeout=120, check=False)
+        assert rec.returncode == 0, rec.stdout + rec.stderr
+        report.append("gpufleet recommend --json: " + rec.stdout[-800:])
+        rcl = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", "reclaim", "--prometheus", url, "--kubeconfig",
+                              str(node.kubeconfig), "--json"], env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert rcl.returncode == 0, rcl.stdout + rcl.stderr
+        report.append("gpufleet reclaim (dry run) --json: " + rcl.stdout[-800:])
+    finally:
+        node.stop("prometheus")
+        text = "\n".join(report)
+        with open(node.logs / "gpufleet-e2e-report.txt", "a") as f:
+            f.write(text + "\n")
+        print("\n" + text)
