@@ -196,6 +196,9 @@ class FakeBackend:
         self._procs = list(procs)
 
     def processes(self) -> list[ProcessUsage]:
+        return self._all_processes()
+
+    def _all_processes(self) -> list[ProcessUsage]:
         """Per-process GPU use: what a test set, plus ``$GPUFLEET_FAKE_PROCESSES`` (a JSON list of
         ``{pid, gpu, used_memory_mib, sm_util_pct}``, re-read on every call) so a real node's test can load
         GPUs with its containers' real PIDs."""
@@ -212,7 +215,7 @@ class FakeBackend:
 
     def telemetry(self, index: int) -> Telemetry:
         g = self.gpus()[index]
-        procs = [p for p in self.processes() if p.gpu_index == index]
+        procs = [p for p in self._all_processes() if p.gpu_index == index]
         used = sum(p.used_memory_mib for p in procs)
         util = min(100, sum(p.sm_util_pct for p in procs))
         return Telemetry(util, util // 2, used, g.memory_mib - used, 35 + util // 3, 60.0 + 3.0 * util, 1410 if util else 210)
