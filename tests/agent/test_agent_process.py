@@ -164,3 +164,15 @@ def test_pod_source_follows_binding_order_for_pods_created_in_the_same_second():
     pods[1]["metadata"]["resourceVersion"] = "905"  # bound first: kubelet admits it first
     assert pick(pods, "n1", "nvidia.com/gpu", 1, set()).pod_key == "ml/b"
     assert pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/b"}).pod_key == "ml/a"
+
+
+def test_pod_source_takes_the_pod_kubelet_is_admitting_from_its_pod_list():
+    a = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    b = json.dumps({"node": "n1", "gpus": [{"index": 2, "uuid": "GPU-t4-02"}], "gpu_milli": 300})
+    pods = [pod("a", a), pod("b", b)]
+    pods[0]["metadata"]["resourceVersion"] = "905"
+    pods[1]["metadata"]["resourceVersion"] = "912"
+    # kubelet added b to its pod list and is admitting it (a is not there yet): b, whatever the binding order
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set(), admitting={("ml", "b")}).pod_key == "ml/b"
+    # kubelet is admitting a pod another scheduler bound (no assignment): none of ours, kubelet's choice stands
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set(), admitting={("ml", "foreign")}) is None

@@ -149,6 +149,7 @@ class Stream:
 def check_pods(node: RealNode, pods: list[dict], stream: Stream, problems: list[str]) -> dict:
     """Per running pod: env + /dev + PodResources == assignment; GPUs not over-committed; no admission failure."""
     pr = node.pod_resources()
+    (node.logs / f"pods-{int(time.time())}.json").write_text(json.dumps(pods))
     milli: dict[int, int] = {}
     mem: dict[int, int] = {}
     mig_used: dict[tuple[int, int], str] = {}
@@ -426,13 +427,15 @@ def test_real_prometheus_scrapes_the_agent_and_gpufleet_queries_it(real_node):
     report = []
     try:
         want = {x["pod"]: x["sm_util_pct"] for x in load}
+        names = {p["metadata"]["name"] for p in sharers}
+        want.update({n: 0 for n in names if n not in want})  # the GPU's other sharers run nothing on it
         q = f'DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}",pod!=""}}'
         assert wait(lambda: {r["metric"]["pod"]: float(r["value"][1]) for r in _prom(url, q)} == want, 90), \
             f"per-pod series {_prom(url, q)} != {want}"
         total = float(_prom(url, f'sum(DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}"}})')[0]["value"][1])
         assert total == sum(want.values()), total  # the fake GPU's own utilisation is its processes' sum
         mem = {r["metric"]["pod"]: float(r["value"][1]) for r in _prom(url, f'DCGM_FI_DEV_FB_USED{{gpu="{gpu}",pod!=""}}')}
-        assert mem == {x["pod"]: x["used_memory_mib"] for x in load}, mem
+        assert mem == {**{n: 0 for n in names}, **{x["pod"]: x["used_memory_mib"] for x in load}}, mem
         report.append(f"GPU {gpu}: per-pod util {want} sum {total}; FB_USED {mem}")
         env = dict(node.env)
         top = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", "top", "--once", "--kubeconfig", str(node.kubeconfig),

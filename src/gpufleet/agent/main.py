@@ -259,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         from .labels import NodeLabeller
         from .podsource import KubePodSource
 
-        pods = KubePodSource(core, args.node_name)
+        pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None)
         labeller = None if args.no_labels else NodeLabeller(core, args.node_name)
     try:
         os.makedirs(args.state_dir, exist_ok=True)

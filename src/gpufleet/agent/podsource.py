@@ -26,9 +26,14 @@ def served_key(key: str, uid: str) -> str:
     return f"{key}#{uid}" if uid else key
 
 
-def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
-    """The pod kubelet is admitting: the first-bound matching valid assignment; failing that, the first-bound pod here
-    whose assignment cannot be used (kubelet must refuse it rather than start it on GPUs nobody chose)."""
+def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str],
+         admitting: set[tuple[str, str]] | None = None) -> PodAssignment | InvalidAssignment | None:
+    """The pod kubelet is admitting: the first-bound matching valid assignment; failing that, the first-bound pod
+    here whose assignment cannot be used (kubelet must refuse it rather than start it on GPUs nobody chose).
+
+    ``admitting``: the pods kubelet knows but has not given devices of ``resource`` yet (PodResources); kubelet
+    adds a pod to its pod list before admitting it, one pod at a time, so this names the pod being admitted.
+    Only those are candidates then (a pod another scheduler bound matches none: kubelet's choice stands)."""
     cands = []
     invalid = []
     for p in pods:
@@ -38,6 +43,8 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
             continue
         key = pod_key(p)
         uid = str(meta.get("uid") or "")
+        if admitting is not None and (meta.get("namespace") or "default", meta.get("name") or "") not in admitting:
+            continue
         if served_key(key, uid) in exclude:
             continue
         ts = _arrival(meta)
@@ -93,18 +100,40 @@ def _asks(spec: dict, resource: str, count: int) -> bool:
     return False
 
 
-class KubePodSource:
-    def __init__(self, core_v1, node: str) -> None:
-        self.core, self.node = core_v1, node
+def kubelet_waiting(socket: str, resource: str, timeout_s: float = 2.0) -> set[tuple[str, str]] | None:
+    """(namespace, pod) of the pods in kubelet's pod list holding no device of ``resource`` yet (PodResources List);
+    None when kubelet's PodResources API cannot be asked."""
+    import grpc
 
-    def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
+    from .podresources import podresources_pb2 as pb
+    from .podresources import podresources_pb2_grpc as pbg
+
+    try:
+        with grpc.insecure_channel(f"unix://{socket}") as ch:
+            resp = pbg.PodResourcesListerStub(ch).List(pb.ListPodResourcesRequest(), timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - not reachable: the caller falls back to binding order
+        log.debug("PodResources List failed: %s", exc)
+        return None
+    out = set()
+    for p in resp.pod_resources:
+        if not any(d.resource_name == resource and d.device_ids for c in p.containers for d in c.devices):
+            out.add((p.namespace, p.name))
+    return out
+
+
+class KubePodSource:
+    def __init__(self, core_v1, node: str, pod_resources_socket: str | None = None) -> None:
+        self.core, self.node, self.pod_resources_socket = core_v1, node, pod_resources_socket
+
+    def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
+        waiting = kubelet_waiting(self.pod_resources_socket, resource) if self.pod_resources_socket else None
         try:
             items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
             pods = [self.core.api_client.sanitize_for_serialization(x) for x in items]
         except Exception as exc:  # API away: kubelet's choice still works
             log.warning("cannot list pods on %s: %s", self.node, exc)
             return None
-        return pick(pods, self.node, resource, count, exclude)
+        return pick(pods, self.node, resource, count, exclude, waiting)
 
     def report_refused(self, pod_key: str, uid: str, message: str) -> None:
         """A Warning event on the pod: why kubelet refused it (kubelet's own event says only that Allocate failed)."""
