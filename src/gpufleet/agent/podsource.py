@@ -140,7 +140,7 @@ class KubePodSource:
         import datetime
 
         ns, name = pod_key.split("/", 1)
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         body = {"metadata": {"generateName": f"{name}.", "namespace": ns},
                 "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": uid or None, "apiVersion": "v1"},
                 "reason": "GpuAssignmentRefused", "message": message[:1000], "type": "Warning",
