@@ -321,3 +321,36 @@ def test_agent_inventory_sets_slots_and_old_inventories_mean_one_device_per_gpu(
     del inv["gpu_slots"]
     old["metadata"]["annotations"]["gpufleet.io/gpu-inventory"] = json.dumps(inv)
     assert node_from_json(old).gpu_slots == 1
+
+
+def test_allocatable_dropping_while_the_agent_restarts_keeps_the_bound_pods_and_blocks_new_ones():
+    api = FakeApi()
+    n = agent_node()
+    api.add_node(n)
+    loop = SchedulerLoop(api, build_profile("bestfit"), clock=Clock())
+    loop.resync()
+    api.add_pod(gpu_pod("w", ("whole", 2)))
+    loop.resync()
+    loop.schedule_due()
+    loop.drain(block_s=0.5)
+    assert api.pods["t/w"]["spec"].get("nodeName") == "n1"
+    # the agent restarts: kubelet has no healthy nvidia.com/gpu device; the node's allocatable says 0
+    n["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    api.update_node(n)
+    loop.resync()
+    assert "t/w" in loop.state.assignments  # still holds its GPUs
+    api.add_pod(gpu_pod("x", ("milli", 300)))
+    loop.resync()
+    loop.schedule_due()
+    loop.drain(block_s=0.5)
+    assert not api.pods["t/x"]["spec"].get("nodeName")  # kubelet would refuse it now
+    _summary, by_node = loop.explain(api.pods["t/x"])
+    assert "kubelet" in by_node["n1"], by_node
+    n["status"]["allocatable"]["nvidia.com/gpu"] = "60"
+    api.update_node(n)
+    loop.resync()
+    loop.schedule_due()
+    loop.drain(block_s=0.5)
+    a = json.loads(api.pods["t/x"]["metadata"]["annotations"]["gpufleet.io/assignment"])
+    w = json.loads(api.pods["t/w"]["metadata"]["annotations"]["gpufleet.io/assignment"])
+    assert not {g["index"] for g in a["gpus"]} & {g["index"] for g in w["gpus"]}

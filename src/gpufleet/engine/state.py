@@ -73,7 +73,9 @@ class ClusterState:
         self.gpu_slots_cap = np.array([x.gpu_slots if x.gpu_slots > 0 else NO_SLOT_LIMIT for x in nodes], dtype=np.int64)
         self.gpu_slots_free = np.zeros((n, g), dtype=np.int64)
         self.slots_limited = bool(any(x.gpu_slots > 0 for x in nodes))
-        # kubelet's device count per node (allocatable nvidia.com/gpu): pods on GPUs hold len(gpu_indices) of them
+        # kubelet's device count per node (allocatable nvidia.com/gpu): pods on GPUs hold len(gpu_indices) of them.
+        # Only new placements are held to it (GpuFit): it drops to 0 while the agent restarts, and the pods already
+        # there keep what they hold, so it may go below zero here
         self.gpu_dev_free = np.array([x.gpu_devices if x.gpu_devices >= 0 else NO_SLOT_LIMIT for x in nodes], dtype=np.int64)
         self.devices_limited = bool(any(x.gpu_devices >= 0 for x in nodes))
         # MIG instances: per node {profile: [(gpu, instance_id), ...free]}
@@ -205,9 +207,6 @@ class ClusterState:
             return f"gpu_memory_mib lists {len(a.gpu_memory_mib)} values for {len(a.gpu_indices)} GPUs"
         if len(set(a.mig)) != len(a.mig):
             return "MIG instance listed twice"
-        if a.gpu_indices and self.gpu_dev_free[i] < len(a.gpu_indices):
-            return (f"node {a.node}: kubelet has {self.gpu_dev_free[i]} nvidia.com/gpu device(s) free, "
-                    f"{len(a.gpu_indices)} requested")
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib or (0,) * len(a.gpu_indices)):
             if j < 0 or j >= self.gpu_n[i] or not self.gpu_usable[i, j]:
                 return f"node {a.node}: GPU {j} does not exist or is not usable"
