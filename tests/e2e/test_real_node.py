@@ -351,6 +351,7 @@ def test_real_node_random_stream_with_restarts(real_node):
     final = check_pods(node, pods, s, problems)
     report.append(f"final: {json.dumps(final)}")
 
+    (node.logs / "events.txt").write_text(node.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
     # capacity placed, per-kind creation -> Running
     live = {n: v for n, v in s.asked.items() if n not in s.deleted}
     placed = sum(d for n, (_, _, d) in live.items() if n in s.running)
