@@ -24,7 +24,6 @@ import yaml
 
 from ..engine.errors import ConfigError
 
-
 MAX_SHARES_PER_GPU = 64  # kubelet lists every device in ListAndWatch; 8 GPUs x 64 stays a small message
 
 

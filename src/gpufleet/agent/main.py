@@ -99,7 +99,7 @@ class Agent:
         self.device_specs = device_specs
         self.dev_root = dev_root
         self.recorder = recorder  # reconcile.ForeignPodRecorder: kubelet's GPUs of pods other schedulers bound
-        self.untaint = None  # callable: remove the restart taint once every plugin is registered
+        self.untaint: Callable[[], bool | None] | None = None  # removes the restart taint once all plugins registered
         self._build_plugins()
 
     def _build_plugins(self) -> None:
@@ -165,9 +165,9 @@ class Agent:
                 except Exception as exc:
                     log.warning("registering %s failed: %s; retrying", p.resource, exc)
                     self.kubelet.forget()
-        if self.untaint is not None and all(p.serving() for p in self.plugins) and not self.kubelet_pending():
-            if self.untaint() is not None:
-                self.untaint = None
+        registered = self.untaint is not None and all(p.serving() for p in self.plugins) and not self.kubelet_pending()
+        if registered and self.untaint is not None and self.untaint() is not None:
+            self.untaint = None
         self.health = self.tracker.update()
         if self.collector is not None:
             self.collector.note_xids(self.tracker.recent_xids)

@@ -33,7 +33,7 @@ import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Iterator, NoReturn, Protocol
 
 import grpc
 
@@ -423,7 +423,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, exc.message)
         return pb.AllocateResponse(container_responses=responses)
 
-    def _refuse(self, pa, message: str) -> None:
+    def _refuse(self, pa: PodAssignment | InvalidAssignment, message: str) -> NoReturn:
         with self._lock:  # remembered as served: the same pod is not matched again
             self.allocated[pa.served_key] = {"devices": [], "uuids": [], "time_s": round(time.time(), 3), "refused": message}
             self._save_checkpoint()
@@ -441,8 +441,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 uuids, _ = self.assigned_devices(pa)
             except AssignmentMismatch as exc:
                 self._refuse(pa, f"{exc} (stale assignment); not starting it on GPUs the scheduler did not choose")
-            bad = sorted({self.by_uuid_index(u) for u in uuids or []} - {None}
-                         - {i for i, ok in self.health.items() if ok})
+            held = {i for i in (self.by_uuid_index(u) for u in uuids or []) if i is not None}
+            bad = sorted(held - {i for i, ok in self.health.items() if ok})
             if bad:
                 self._refuse(pa, f"pod {pa.pod_key}: its assignment names unhealthy GPU(s) {bad} on this node; "
                                  "not starting it there (the scheduler places it again once it is re-created)")
@@ -473,7 +473,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
                          | {g.index for g in self.gpus.values() for m in g.mig if m.uuid in uuids})
         return pb.ContainerAllocateResponse(envs=envs, devices=self.device_spec_list(indices), mounts=mounts)
 
-    def device_spec_list(self, indices: list[int]) -> list[pb.DeviceSpec]:
+    def device_spec_list(self, indices: list[int]) -> list:
         """``/dev/nvidiaN`` for the GPUs handed out plus the control devices, as ``device_specs`` says."""
         if self.device_specs == "none":
             return []
