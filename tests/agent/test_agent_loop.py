@@ -22,7 +22,12 @@ from .test_labels import FakeCore
 
 
 def health_of(msg):
-    return {d.ID: d.health for d in msg.devices}
+    """GPU UUID -> health (a GPU's kubelet devices, ``<uuid>::<k>``, share it)."""
+    out: dict[str, str] = {}
+    for d in msg.devices:
+        out.setdefault(d.ID.split("::")[0], d.health)
+        assert out[d.ID.split("::")[0]] == d.health, "devices of one GPU disagree on its health"
+    return out
 
 
 def test_agent_loop_health_labels_kubelet_restart_and_reconfigure(sockdir, kubelet):
@@ -34,9 +39,13 @@ def test_agent_loop_health_labels_kubelet_restart_and_reconfigure(sockdir, kubel
     try:
         agent.step()
         assert [r.resource_name for r in kubelet.registered] == ["nvidia.com/gpu"]
+        ch, stub = kubelet.plugin("nvidia.com/gpu")
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 8 * 10  # default sharesPerGpu 10
+        ch.close()
         assert core.labels["nvidia.com/gpu.count"] == "8" and core.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
         inv = json.loads(core.annotations["gpufleet.io/gpu-inventory"])
         assert len(inv["gpus"]) == 8 and all(g["healthy"] for g in inv["gpus"])
+        assert (inv["gpu_slots"], inv["gpu_resource"]) == (10, "nvidia.com/gpu")
         ch, stub = kubelet.plugin("nvidia.com/gpu")
         stream = stub.ListAndWatch(pb.Empty(), timeout=20)
         assert set(health_of(next(stream)).values()) == {"Healthy"}
@@ -63,7 +72,7 @@ def test_agent_loop_health_labels_kubelet_restart_and_reconfigure(sockdir, kubel
             agent.step()
             assert [r.resource_name for r in k2.registered] == ["nvidia.com/gpu"]
             # new config (time-slicing, renamed): plugins rebuilt, registered under the new name
-            agent.reconfigure(AgentConfig(replicas=2, rename_shared=True, recover_after_s=60))
+            agent.reconfigure(AgentConfig(replicas=2, shares_per_gpu=2, rename_shared=True, recover_after_s=60))
             agent.step()
             assert k2.registered[-1].resource_name == "nvidia.com/gpu.shared"
             ch, stub = k2.plugin("nvidia.com/gpu.shared")
@@ -115,7 +124,7 @@ def test_mig_repartition_is_rediscovered_and_advertised(sockdir, kubelet):
         assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 14
         ch.close()
         ch, stub = kubelet.plugin("nvidia.com/gpu")
-        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 5  # GPU 2 is no longer whole
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 5 * 10  # GPU 2 is no longer whole
         ch.close()
     finally:
         agent.stop_plugins()

@@ -15,6 +15,7 @@ import pytest
 
 from gpufleet.agent.config import load_agent_config
 from gpufleet.agent.deviceplugin import api_pb2 as pb
+from gpufleet.agent.plugin import InvalidAssignment
 from gpufleet.agent.podsource import pick
 from gpufleet.engine.errors import ConfigError
 
@@ -39,7 +40,7 @@ def test_agent_process_serves_reloads_config_reregisters_and_stops_on_sigterm():
         names = sorted(r.resource_name for r in kubelet.registered)
         assert names == ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"]
         ch, stub = kubelet.plugin("nvidia.com/gpu")
-        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 2  # 6 whole GPUs x 2 replicas
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 10  # 6 whole GPUs x 10 (sharesPerGpu > replicas)
         r = stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-a100-04::1"])]))
         assert r.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-a100-04"
         ch.close()
@@ -48,7 +49,7 @@ def test_agent_process_serves_reloads_config_reregisters_and_stops_on_sigterm():
             f.write("replica: 4\n")
         assert wait_for(lambda: "unknown key(s) ['replica']" in open(log_path).read()), "config typo not reported"
         ch, stub = kubelet.plugin("nvidia.com/gpu")
-        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 12
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 10
         ch.close()
         # a good new config: plugins rebuilt and registered again
         n = len(kubelet.registered)
@@ -56,7 +57,7 @@ def test_agent_process_serves_reloads_config_reregisters_and_stops_on_sigterm():
             f.write("replicas: 4\nmigStrategy: single\n")
         assert wait_for(lambda: len(kubelet.registered) > n), "new config not applied"
         ch, stub = kubelet.plugin("nvidia.com/gpu")
-        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 4 + 10  # replicas + single-strategy MIG
+        assert len(next(stub.ListAndWatch(pb.Empty(), timeout=5)).devices) == 6 * 10 + 10  # slots + single-strategy MIG
         ch.close()
         kubelet.stop()  # kubelet restarts: its socket is re-created
         time.sleep(0.3)
@@ -134,3 +135,44 @@ def test_pod_source_matches_resource_count_profile_and_node():
     got = pick(pods, "n1", "nvidia.com/mig-1g.10gb", 1, set())
     assert got.pod_key == "ml/mig" and got.assignment.mig == ((0, 3),)
     assert pick(pods, "n1", "nvidia.com/mig-2g.20gb", 1, set()) is None
+
+
+def test_pod_source_returns_an_unusable_assignment_of_a_pod_asking_for_those_devices():
+    def asking(name, annotation, resource="nvidia.com/gpu", n="1", **kw):
+        p = pod(name, annotation, **kw)
+        p["spec"]["containers"] = [{"name": "c", "resources": {"limits": {resource: n}}}]
+        return p
+
+    good = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    moved = json.dumps({"node": "n2", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    pods = [asking("broken", "{not json", created="2025-01-01T00:00:00Z"), asking("moved", moved, created="2025-01-02T00:00:00Z"),
+            asking("mig", "{not json", resource="nvidia.com/mig-1g.10gb"), asking("ok", good)]
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set()).pod_key == "ml/ok"  # a usable assignment first
+    bad = pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/ok"})
+    assert isinstance(bad, InvalidAssignment) and bad.pod_key == "ml/broken" and "malformed" in bad.message
+    bad = pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/ok", "ml/broken"})
+    assert bad.pod_key == "ml/moved" and "stale" in bad.message
+    assert pick(pods, "n1", "nvidia.com/gpu", 2, set()) is None  # nobody asks for 2 devices
+    assert pick(pods, "n1", "nvidia.com/mig-1g.10gb", 1, set()).pod_key == "ml/mig"
+
+
+def test_pod_source_follows_binding_order_for_pods_created_in_the_same_second():
+    a = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    b = json.dumps({"node": "n1", "gpus": [{"index": 2, "uuid": "GPU-t4-02"}], "gpu_milli": 300})
+    pods = [pod("a", a), pod("b", b)]  # same creationTimestamp (one `kubectl create` of a list)
+    pods[0]["metadata"]["resourceVersion"] = "912"  # bound second
+    pods[1]["metadata"]["resourceVersion"] = "905"  # bound first: kubelet admits it first
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set()).pod_key == "ml/b"
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/b"}).pod_key == "ml/a"
+
+
+def test_pod_source_takes_the_pod_kubelet_is_admitting_from_its_pod_list():
+    a = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    b = json.dumps({"node": "n1", "gpus": [{"index": 2, "uuid": "GPU-t4-02"}], "gpu_milli": 300})
+    pods = [pod("a", a), pod("b", b)]
+    pods[0]["metadata"]["resourceVersion"] = "905"
+    pods[1]["metadata"]["resourceVersion"] = "912"
+    # kubelet added b to its pod list and is admitting it (a is not there yet): b, whatever the binding order
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set(), admitting={("ml", "b")}).pod_key == "ml/b"
+    # kubelet is admitting a pod another scheduler bound (no assignment): none of ours, kubelet's choice stands
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, set(), admitting={("ml", "foreign")}) is None

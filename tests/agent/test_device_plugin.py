@@ -11,7 +11,16 @@ import pytest
 from gpufleet.agent.deviceplugin import api_pb2 as pb
 from gpufleet.agent.health import HealthTracker
 from gpufleet.agent.nvml import FakeBackend
-from gpufleet.agent.plugin import DevicePlugin, KubeletWatcher, PodAssignment, build_devices, nvlink_islands, resources_for
+from gpufleet.agent.plugin import (
+    AssignmentRefused,
+    DevicePlugin,
+    InvalidAssignment,
+    KubeletWatcher,
+    PodAssignment,
+    build_devices,
+    nvlink_islands,
+    resources_for,
+)
 from gpufleet.engine.model import Assignment
 
 from .conftest import FakeKubelet
@@ -205,24 +214,60 @@ def test_mig_assignment_maps_instances_to_mig_uuids(sockdir):
     assert p.allocate_one(["MIG-a100-1-1"]).envs["NVIDIA_VISIBLE_DEVICES"] == "MIG-a100-1-2"
 
 
-def test_assignment_that_does_not_fit_this_node_falls_back_to_kubelets_choice(sockdir, caplog):
+class Reporting(OnePod):
+    def __init__(self, pa):
+        super().__init__(pa)
+        self.refused = []
+
+    def report_refused(self, pod_key, uid, message):
+        self.refused.append((pod_key, uid, message))
+
+
+def test_stale_assignment_is_refused_never_started_on_other_gpus(sockdir, kubelet):
     t4 = FakeBackend("t4").gpus()
-    stale = share(gpu=2)
+    stale = share(gpu=2, uid="u1")
     stale.gpu_uuids = ["GPU-somewhere-else"]  # inventory changed since the scheduler decided
-    p = DevicePlugin("nvidia.com/gpu", t4, sockdir, replicas=4, pods=OnePod(stale))
-    c = p.allocate_one(["GPU-t4-00::1"])
-    assert c.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-t4-00" and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in c.envs
-    assert "GPU-somewhere-else" in caplog.text
-    missing = share(gpu=9)
-    p = DevicePlugin("nvidia.com/gpu", t4, sockdir, replicas=4, pods=OnePod(missing))
-    assert p.allocate_one(["GPU-t4-03::0"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-t4-03"
+    src = Reporting(stale)
+    p = DevicePlugin("nvidia.com/gpu", t4, sockdir, replicas=4, pods=src)
+    p.start()
+    try:
+        ch, stub = client(p)
+        with pytest.raises(grpc.RpcError) as err:
+            alloc(stub, ["GPU-t4-00::1"])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "GPU-somewhere-else" in err.value.details() and "ml/share" in err.value.details()
+        assert src.refused and src.refused[0][:2] == ("ml/share", "u1")
+        # remembered: the next pod's Allocate is not blamed on it
+        assert "ml/share#u1" in p.allocated and p.allocated["ml/share#u1"]["refused"]
+        ch.close()
+    finally:
+        p.stop()
+    missing = share(gpu=9)  # a GPU this node does not have (vanished)
+    with pytest.raises(AssignmentRefused, match="GPU 9"):
+        DevicePlugin("nvidia.com/gpu", t4, sockdir, replicas=4, pods=OnePod(missing)).allocate_one(["GPU-t4-03::0"])
 
     class Broken:
         def pending_assignment(self, *a):
             raise RuntimeError("API server away")
 
-    p = DevicePlugin("nvidia.com/gpu", t4, sockdir, pods=Broken())
+    p = DevicePlugin("nvidia.com/gpu", t4, sockdir, pods=Broken())  # no pod known: kubelet's choice stands
     assert p.allocate_one(["GPU-t4-01"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-t4-01"
+
+
+def test_assignment_naming_an_unhealthy_gpu_is_refused(sockdir):
+    t4 = FakeBackend("t4").gpus()
+    p = DevicePlugin("nvidia.com/gpu", t4, sockdir, replicas=4, pods=OnePod(share(gpu=2)))
+    p.set_health({0: True, 1: True, 2: False, 3: True})
+    with pytest.raises(AssignmentRefused, match=r"unhealthy GPU\(s\) \[2\]"):
+        p.allocate_one(["GPU-t4-00::0"])
+
+
+def test_malformed_assignment_is_refused(sockdir):
+    bad = InvalidAssignment("ml/bad", "u9", "malformed gpufleet.io/assignment: not valid JSON")
+    p = DevicePlugin("nvidia.com/gpu", FakeBackend("t4").gpus(), sockdir, pods=OnePod(bad))
+    assert p.prefer(["GPU-t4-00", "GPU-t4-01"], [], 1)  # preference: kubelet's, Allocate refuses
+    with pytest.raises(AssignmentRefused, match="ml/bad: malformed"):
+        p.allocate_one(["GPU-t4-00"])
 
 
 def test_agent_restart_keeps_served_pods_from_the_checkpoint(sockdir):
@@ -307,3 +352,23 @@ def test_kubelet_restart_is_noticed_and_plugin_reregisters(sockdir):
     finally:
         p.stop()
         kubelet2.stop()
+
+
+@pytest.mark.parametrize("mode, present, want", [
+    ("all", [], ["/dev/nvidia1", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]),
+    ("existing", [], []),  # a node without a GPU: no spec containerd would fail to lstat
+    ("existing", ["nvidia3", "nvidiactl"], ["/dev/nvidia3", "/dev/nvidiactl"]),
+    ("none", ["nvidia1", "nvidia3", "nvidiactl"], []),
+])
+def test_device_specs_only_for_files_that_exist_when_asked(tmp_path, mode, present, want):
+    for name in present:
+        (tmp_path / name).write_text("")
+    p = DevicePlugin("nvidia.com/gpu", FakeBackend("t4").gpus(), str(tmp_path), device_specs=mode, dev_root=str(tmp_path))
+    specs = p.device_spec_list([1, 3])
+    assert [s.container_path for s in specs] == want
+    assert all(s.host_path == str(tmp_path / s.container_path[len("/dev/"):]) for s in specs)
+
+
+def test_unknown_device_spec_mode_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="device_specs"):
+        DevicePlugin("nvidia.com/gpu", FakeBackend("t4").gpus(), str(tmp_path), device_specs="some")

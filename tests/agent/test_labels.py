@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace as NS
 
+import pytest
+
 from gpufleet.agent.labels import NodeLabeller, desired_labels, label_patch, owned
 from gpufleet.agent.nvml import FakeBackend
 
@@ -88,3 +90,18 @@ def test_node_labeller_patches_only_on_change():
     assert lab.sync(want, '{"gpus":[]}') is None and len(core.patches) == 1  # nothing changed: no write
     assert NodeLabeller(FakeCore(fail=True), "n1").sync(want, "{}") is None  # API away: logged, no exception
     json.dumps(core.patches)  # the patch is plain JSON
+
+
+@pytest.mark.parametrize("taints, on, want", [
+    ([], True, [{"key": "gpufleet.io/agent-restarting", "value": "true", "effect": "NoSchedule"}]),
+    ([{"key": "a", "effect": "NoExecute"}], True,
+     [{"key": "a", "effect": "NoExecute"}, {"key": "gpufleet.io/agent-restarting", "value": "true", "effect": "NoSchedule"}]),
+    ([{"key": "gpufleet.io/agent-restarting", "value": "true", "effect": "NoSchedule"}], True, None),
+    ([{"key": "a", "effect": "NoExecute"}, {"key": "gpufleet.io/agent-restarting", "effect": "NoSchedule"}], False,
+     [{"key": "a", "effect": "NoExecute"}]),
+    ([{"key": "a", "effect": "NoExecute"}], False, None),
+])
+def test_restart_taint_is_added_and_removed_leaving_other_taints(taints, on, want):
+    from gpufleet.agent.labels import taints_with
+
+    assert taints_with(taints, on) == want

@@ -193,3 +193,20 @@ def test_real_backend_nvswitch_means_all_to_all(monkeypatch):
     stub, _ = stub_pynvml(n_gpus=4, nvswitch=True)
     monkeypatch.setitem(sys.modules, "pynvml", stub)
     assert [g.nvlink_peers for g in NvmlBackend().gpus()] == [(1, 2, 3), (0, 2, 3), (0, 1, 3), (0, 1, 2)]
+
+
+def test_fake_backend_reads_processes_from_a_file(tmp_path, monkeypatch):
+    import json as _json
+
+    from gpufleet.agent.nvml import FakeBackend
+
+    f = tmp_path / "procs.json"
+    f.write_text(_json.dumps([{"pid": 11, "gpu": 2, "used_memory_mib": 1000, "sm_util_pct": 30},
+                              {"pid": 12, "gpu": 2, "used_memory_mib": 500, "sm_util_pct": 20}]))
+    monkeypatch.setenv("GPUFLEET_FAKE_PROCESSES", str(f))
+    be = FakeBackend("a100-mig")
+    assert [p.pid for p in be.processes()] == [11, 12]
+    t = be.telemetry(2)
+    assert (t.gpu_util_pct, t.fb_used_mib) == (50, 1500)
+    f.write_text("[{half")
+    assert be.processes() == []

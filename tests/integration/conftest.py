@@ -170,14 +170,16 @@ def core(admin):
 def nodes(core):
     made: list[str] = []
 
-    def make(name: str, gpus: int, inventory: bool = False, product: str = "NVIDIA-A100-SXM4-80GB", cpu: str = "32") -> str:
+    def make(name: str, gpus: int, inventory: bool = False, product: str = "NVIDIA-A100-SXM4-80GB", cpu: str = "32",
+             replicas: int = 1) -> str:
+        # without inventory: NVIDIA's device plugin + GFD, `replicas` devices (time-slicing) per GPU
         meta = {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": "81920",
-                                          "nvidia.com/gpu.count": str(gpus)}}
+                                          "nvidia.com/gpu.count": str(gpus), "nvidia.com/gpu.replicas": str(replicas)}}
         if inventory:
-            meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)])}
+            meta["annotations"] = {"gpufleet.io/gpu-inventory": gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)], top={"gpu_slots": 10})}
         core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})
         made.append(name)
-        res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+        res = {"cpu": cpu, "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(gpus * (10 if inventory else replicas))}
         core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res,
                                                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                                                  "message": "test", "lastHeartbeatTime": None, "lastTransitionTime": None}]}})

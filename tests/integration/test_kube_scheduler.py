@@ -94,7 +94,7 @@ def gpu_use(core, ns: str) -> dict[tuple[str, int], int]:
 
 def test_binds_with_assignment_annotation_and_events(control_plane, core, ns, nodes):
     nodes(f"{ns}-inv", 2, inventory=True)
-    nodes(f"{ns}-gfd", 2)
+    nodes(f"{ns}-gfd", 2, replicas=2)  # NVIDIA's plugin with time-slicing: two pods per GPU there
     for i in range(3):
         core.create_namespaced_pod(ns, pod_body(f"whole-{i}"))
     for i in range(2):

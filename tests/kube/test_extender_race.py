@@ -308,7 +308,7 @@ def test_metrics_endpoint_and_log_lines(caplog):
         srv.shutdown()
 
 
-def test_log_level_flag_sets_gpufleet_loggers_and_verbose_can_only_lower_it():
+def test_log_level_flag_sets_gpufleet_loggers_and_wins_over_verbose():
     import argparse
 
     root = logging.getLogger("gpufleet")
@@ -319,6 +319,8 @@ def test_log_level_flag_sets_gpufleet_loggers_and_verbose_can_only_lower_it():
         _log_level(argparse.Namespace(log_level="WARNING", verbose=0))
         assert root.level == logging.WARNING
         _log_level(argparse.Namespace(log_level="INFO", verbose=2))
+        assert root.level == logging.INFO  # the command's own level wins over -v
+        _log_level(argparse.Namespace(log_level=None, verbose=1))
         assert root.level == logging.DEBUG
     finally:
         root.setLevel(old)

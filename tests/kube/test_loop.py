@@ -25,9 +25,9 @@ class Clock:
 def node(name, gpus=2, product="NVIDIA-A100-SXM4-80GB", inventory=False, cpu="16", ready=True):
     meta = {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.memory": "81920"}, "annotations": {}}
     if inventory:
-        meta["annotations"]["gpufleet.io/gpu-inventory"] = gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)])
+        meta["annotations"]["gpufleet.io/gpu-inventory"] = gpus_to_json([Gpu(i, f"GPU-{name}-{i}", product, 81920) for i in range(gpus)], top={"gpu_slots": 10})
     return {"metadata": meta, "spec": {},
-            "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110", "nvidia.com/gpu": str(gpus)},
+            "status": {"allocatable": {"cpu": cpu, "memory": "64Gi", "pods": "110", "nvidia.com/gpu": str(gpus * (10 if inventory else 1))},
                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 

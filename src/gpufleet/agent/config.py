@@ -2,6 +2,7 @@
 
     migStrategy: mixed          # mixed | single | none
     replicas: 1                 # time-slicing: advertise each GPU this many times
+    sharesPerGpu: 10            # kubelet devices per GPU for gpufleet-placed pods: at most this many pods per GPU
     renameShared: false         # with replicas > 1: advertise nvidia.com/gpu.shared
     recoverAfterSeconds: 300    # a GPU is healthy again after this long without a fatal XID
     deviceListStrategy: uuid    # NVIDIA_VISIBLE_DEVICES holds GPU UUIDs (the only one)
@@ -23,18 +24,26 @@ import yaml
 
 from ..engine.errors import ConfigError
 
+MAX_SHARES_PER_GPU = 64  # kubelet lists every device in ListAndWatch; 8 GPUs x 64 stays a small message
+
 
 @dataclass(frozen=True)
 class AgentConfig:
     mig_strategy: str = "mixed"
     replicas: int = 1
+    shares_per_gpu: int = 10
     rename_shared: bool = False
     recover_after_s: float = 300.0
     mps_pipe_dir: str = ""
     label_interval_s: float = 60.0
 
+    @property
+    def slots(self) -> int:
+        """kubelet devices per (non-MIG) GPU: time-slicing replicas or gpufleet's share slots, whichever is more."""
+        return max(self.replicas, self.shares_per_gpu)
 
-KEYS = {"migStrategy": "mig_strategy", "replicas": "replicas", "renameShared": "rename_shared",
+
+KEYS = {"migStrategy": "mig_strategy", "replicas": "replicas", "sharesPerGpu": "shares_per_gpu", "renameShared": "rename_shared",
         "recoverAfterSeconds": "recover_after_s", "deviceListStrategy": None, "mpsPipeDirectory": "mps_pipe_dir",
         "labelIntervalSeconds": "label_interval_s"}
 
@@ -44,6 +53,8 @@ def validate(cfg: AgentConfig, where: str) -> AgentConfig:
         raise ConfigError(f"{where}: migStrategy must be mixed, single or none, got {cfg.mig_strategy!r}")
     if not isinstance(cfg.replicas, int) or isinstance(cfg.replicas, bool) or cfg.replicas < 1:
         raise ConfigError(f"{where}: replicas must be an integer >= 1, got {cfg.replicas!r}")
+    if not isinstance(cfg.shares_per_gpu, int) or isinstance(cfg.shares_per_gpu, bool) or not 1 <= cfg.shares_per_gpu <= MAX_SHARES_PER_GPU:
+        raise ConfigError(f"{where}: sharesPerGpu must be an integer 1..{MAX_SHARES_PER_GPU}, got {cfg.shares_per_gpu!r}")
     if not isinstance(cfg.rename_shared, bool):
         raise ConfigError(f"{where}: renameShared must be true or false, got {cfg.rename_shared!r}")
     for name, v in (("recoverAfterSeconds", cfg.recover_after_s), ("labelIntervalSeconds", cfg.label_interval_s)):

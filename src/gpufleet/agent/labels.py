@@ -112,9 +112,11 @@ def label_patch(current: Mapping[str, str], desired: Mapping[str, str], inventor
     return patch or None
 
 
-def inventory_json(gpus: list[GpuInfo], health: Mapping[int, bool]) -> str:
+def inventory_json(gpus: list[GpuInfo], health: Mapping[int, bool], gpu_slots: int = 1,
+                   gpu_resource: str = "nvidia.com/gpu") -> str:
+    """The inventory annotation: the GPUs, and how many kubelet devices stand for each (one per pod on it)."""
     extra = {g.index: {"pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node} for g in gpus}
-    return gpus_to_json(list(engine_gpus(gpus, health)), extra)
+    return gpus_to_json(list(engine_gpus(gpus, health)), extra, top={"gpu_slots": gpu_slots, "gpu_resource": gpu_resource})
 
 
 class NodeLabeller:
@@ -138,3 +140,34 @@ class NodeLabeller:
         except Exception as exc:  # API away: try again next round, the device plugin is unaffected
             log.warning("labelling node %s failed: %s", self.node, exc)
             return None
+
+
+RESTART_TAINT = "gpufleet.io/agent-restarting"
+
+
+def taints_with(taints: list[dict], on: bool) -> list[dict] | None:
+    """The node's taints with (on) or without the agent's restart taint; None when nothing changes (pure)."""
+    has = any(t.get("key") == RESTART_TAINT for t in taints)
+    if on == has:
+        return None
+    if on:
+        return taints + [{"key": RESTART_TAINT, "value": "true", "effect": "NoSchedule"}]
+    return [t for t in taints if t.get("key") != RESTART_TAINT]
+
+
+def set_restart_taint(core_v1, node: str, on: bool) -> bool | None:
+    """While the agent is away kubelet has no healthy device of its resources and refuses every pod that needs one
+    (UnexpectedAdmissionError); a NoSchedule taint keeps schedulers from binding there meanwhile.  Returns
+    whether the node was changed, None when the API could not be reached."""
+    try:
+        n = core_v1.read_node(node)
+        cur = [core_v1.api_client.sanitize_for_serialization(t) for t in (n.spec.taints or [])]
+        new = taints_with(cur, on)
+        if new is None:
+            return False
+        core_v1.patch_node(node, {"spec": {"taints": new}})
+        log.info("node %s: %s taint %s", node, "set" if on else "removed", RESTART_TAINT)
+        return True
+    except Exception as exc:  # noqa: BLE001 - API away: the device plugin is unaffected
+        log.warning("node %s: cannot %s taint %s: %s", node, "set" if on else "remove", RESTART_TAINT, exc)
+        return None

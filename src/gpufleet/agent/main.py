@@ -38,8 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="allocation checkpoints (kept out of the device-plugin dir, which kubelet cleans)")
     p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default=None, help="default: mixed")
     p.add_argument("--replicas", type=int, default=None, help="time-slicing: advertise each GPU this many times (default 1)")
+    p.add_argument("--shares-per-gpu", type=int, default=None,
+                   help="kubelet devices per GPU for gpufleet-placed pods, so shares never outrun kubelet's count (default 10)")
     p.add_argument("--rename-shared", action="store_true", default=None, help="with --replicas > 1, advertise nvidia.com/gpu.shared")
     p.add_argument("--recover-after", type=float, default=None, help="seconds without a fatal XID before a GPU is healthy again (default 300)")
+    p.add_argument("--device-specs", choices=["auto", "all", "existing", "none"], default="auto",
+                   help="which /dev/nvidia* device nodes Allocate hands to containers: all (real GPUs), only those that "
+                        "exist on this host, or none; auto (default) = all with the real backend, existing with a fake one")
+    p.add_argument("--dev-root", default="/dev",
+                   help="where the host's nvidia device nodes are (default /dev); containers always see them as /dev/nvidia*")
     p.add_argument("--mps-pipe-dir", default=None, help="for GPU shares: MPS pipe directory to mount into the container")
     p.add_argument("--kubeconfig", help="for node labels and pod assignments (default: in-cluster)")
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
@@ -47,7 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-addr", type=host_port, default="0.0.0.0:9400", help="HOST:PORT for Prometheus /metrics (dcgm-exporter names); '' to disable")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="kubelet's PodResources socket, to attribute GPU metrics to pods")
+    p.add_argument("--stop-drain-seconds", type=float_range(0, 600), default=5.0,
+                   help="on SIGTERM: taint the node NoSchedule (gpufleet.io/agent-restarting), wait this long for pods "
+                        "already bound to be admitted, then stop; the taint is removed once the plugins are registered again")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
+    p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v)")
 
 
 def effective_config(args: argparse.Namespace, file_cfg):
@@ -55,7 +66,7 @@ def effective_config(args: argparse.Namespace, file_cfg):
     from .config import AgentConfig, validate
 
     cfg = file_cfg or AgentConfig()
-    over = {"mig_strategy": args.mig_strategy, "replicas": args.replicas, "rename_shared": args.rename_shared,
+    over = {"mig_strategy": args.mig_strategy, "replicas": args.replicas, "shares_per_gpu": args.shares_per_gpu, "rename_shared": args.rename_shared,
             "recover_after_s": args.recover_after, "mps_pipe_dir": args.mps_pipe_dir}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None})
     return validate(cfg, "flags")
@@ -65,7 +76,8 @@ class Agent:
     """The long-running part, separated from argument parsing so tests can drive it step by step."""
 
     def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
-                 collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0) -> None:
+                 collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0,
+                 device_specs: str = "all", recorder=None, dev_root: str = "/dev") -> None:
         from .health import HealthTracker
         from .plugin import KubeletWatcher
 
@@ -88,14 +100,19 @@ class Agent:
         self._last_prune = clock()
         self._last_discovery = clock()
         self.rediscover_s = rediscover_s
+        self.device_specs = device_specs
+        self.dev_root = dev_root
+        self.recorder = recorder  # reconcile.ForeignPodRecorder: kubelet's GPUs of pods other schedulers bound
+        self.untaint: Callable[[], bool | None] | None = None  # removes the restart taint once all plugins registered
         self._build_plugins()
 
     def _build_plugins(self) -> None:
         from .plugin import DevicePlugin, resources_for
 
         c = self.cfg
-        self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, pods=self.pods,
-                                     state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None)
+        self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, slots=c.slots, pods=self.pods,
+                                     state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None,
+                                     device_specs=self.device_specs, dev_root=self.dev_root)
                         for r in resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)]
         for p in self.plugins:
             p.set_health(self.health)
@@ -144,6 +161,7 @@ class Agent:
                 p.stop()
                 p.start()
                 if not os.path.exists(self.kubelet.path):
+                    log.debug("%s: no kubelet socket at %s yet", p.resource, self.kubelet.path)
                     continue  # kubelet not up (yet): registered when its socket appears
                 try:
                     p.register(self.kubelet.path)
@@ -151,6 +169,9 @@ class Agent:
                 except Exception as exc:
                     log.warning("registering %s failed: %s; retrying", p.resource, exc)
                     self.kubelet.forget()
+        registered = self.untaint is not None and all(p.serving() for p in self.plugins) and not self.kubelet_pending()
+        if registered and self.untaint is not None and self.untaint() is not None:
+            self.untaint = None
         self.health = self.tracker.update()
         if self.collector is not None:
             self.collector.note_xids(self.tracker.recent_xids)
@@ -159,17 +180,25 @@ class Agent:
         now = self.clock()
         if self.labeller is not None and now - self._last_labels >= self.cfg.label_interval_s:
             from .labels import desired_labels, inventory_json
+            from .plugin import resources_for
 
             c = self.cfg
             self.labeller.sync(desired_labels(self.driver, self.gpus, c.mig_strategy, c.replicas, c.rename_shared),
-                               inventory_json(self.gpus, self.health))
+                               inventory_json(self.gpus, self.health, gpu_slots=c.slots,
+                                              gpu_resource=resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)[0]))
             self._last_labels = now
+        if self.recorder is not None:
+            self.recorder.sync(self.gpus)
         if self.pods is not None and hasattr(self.pods, "live_pods") and now - self._last_prune >= 300:
             live = self.pods.live_pods()
             if live is not None:
                 for p in self.plugins:
                     p.prune(live)
             self._last_prune = now
+
+    def kubelet_pending(self) -> bool:
+        """True while a registration is still to be retried (kubelet away or refusing)."""
+        return self.kubelet._ident is None
 
     def stop_plugins(self) -> None:
         for p in self.plugins:
@@ -187,7 +216,8 @@ def run(args: argparse.Namespace) -> int:
     from .nvml import NoGpuError, backend_spec, open_backend
     from .plugin import resources_for
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not logging.getLogger().handlers:  # run() called directly (tests); cli.main configures it otherwise
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         file_cfg = load_agent_config(args.config) if args.config else None
         cfg = effective_config(args, file_cfg)
@@ -210,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
             link = f" nvlink{list(g.nvlink_peers)}" if g.nvlink_peers else ""
             print(f"  {g.index}: {g.name} {g.memory_mib} MiB {g.uuid} {g.pci_bus_id} numa {g.numa_node} "
                   f"cc {g.compute_capability[0]}.{g.compute_capability[1]} {g.family}{mig}{link}")
-        print("resources: " + ", ".join(resources_for(gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared)))
+        print("resources: " + ", ".join(resources_for(gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared))
+              + f" ({cfg.slots} kubelet devices per GPU)")
         for k, v in sorted(desired_labels(driver, gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared).items()):
             print(f"  {k}={v}")
         return 0
@@ -232,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         from .labels import NodeLabeller
         from .podsource import KubePodSource
 
-        pods = KubePodSource(core, args.node_name)
+        pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None)
         labeller = None if args.no_labels else NodeLabeller(core, args.node_name)
     try:
         os.makedirs(args.state_dir, exist_ok=True)
@@ -252,8 +283,26 @@ def run(args: argparse.Namespace) -> int:
         reg.register(collector)
         host, port = args.metrics_addr.rsplit(":", 1)
         start_http_server(int(port), addr=host, registry=reg)
-    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector)
+    device_specs = args.device_specs if args.device_specs != "auto" else ("existing" if fake else "all")
+    if device_specs != "all":
+        missing = [p for p in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+                   if not os.path.exists(os.path.join(args.dev_root, p))]
+        log.info("device specs: %s%s", device_specs,
+                 f" (not handed to containers, absent here: {', '.join(missing)})" if device_specs == "existing" and missing else "")
+    recorder = None
+    if core is not None and args.pod_resources_socket:
+        from .exporter import KubeletPodResources
+        from .reconcile import ForeignPodRecorder
+
+        recorder = ForeignPodRecorder(core, args.node_name, KubeletPodResources(args.pod_resources_socket))
+    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
+                  recorder=recorder, dev_root=args.dev_root)
     agent_holder.append(agent)
+    if core is not None and not args.no_labels:
+        from .labels import set_restart_taint
+
+        node = args.node_name
+        agent.untaint = lambda: set_restart_taint(core, node, False)  # a previous stop's taint, if any
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -273,6 +322,12 @@ def run(args: argparse.Namespace) -> int:
         except Exception:  # one bad round must not take the node's GPUs away
             log.exception("agent loop step failed")
         stop.wait(args.interval)
+    if core is not None and not args.no_labels and args.stop_drain_seconds > 0:
+        from .labels import set_restart_taint
+
+        if set_restart_taint(core, args.node_name, True):
+            log.info("waiting %.0f s for pods already bound here to be admitted", args.stop_drain_seconds)
+            time.sleep(args.stop_drain_seconds)
     agent.stop_plugins()
     log.info("stopped")
     return 0

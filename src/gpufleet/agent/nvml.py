@@ -13,7 +13,9 @@ XID faults and per-process usage; it is chosen only when asked for
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol
@@ -194,11 +196,26 @@ class FakeBackend:
         self._procs = list(procs)
 
     def processes(self) -> list[ProcessUsage]:
-        return list(self._procs)
+        return self._all_processes()
+
+    def _all_processes(self) -> list[ProcessUsage]:
+        """Per-process GPU use: what a test set, plus ``$GPUFLEET_FAKE_PROCESSES`` (a JSON list of
+        ``{pid, gpu, used_memory_mib, sm_util_pct}``, re-read on every call) so a real node's test can load
+        GPUs with its containers' real PIDs."""
+        out = list(self._procs)
+        path = os.environ.get("GPUFLEET_FAKE_PROCESSES")
+        if path:
+            try:
+                with open(path) as f:
+                    out += [ProcessUsage(int(d["pid"]), int(d["gpu"]), int(d.get("used_memory_mib", 0)), int(d.get("sm_util_pct", 0)))
+                            for d in json.load(f)]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # no load file (yet) or a half-written one: no extra processes this time
+        return out
 
     def telemetry(self, index: int) -> Telemetry:
         g = self.gpus()[index]
-        procs = [p for p in self._procs if p.gpu_index == index]
+        procs = [p for p in self._all_processes() if p.gpu_index == index]
         used = sum(p.used_memory_mib for p in procs)
         util = min(100, sum(p.sm_util_pct for p in procs))
         return Telemetry(util, util // 2, used, g.memory_mib - used, 35 + util // 3, 60.0 + 3.0 * util, 1410 if util else 210)

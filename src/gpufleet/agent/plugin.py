@@ -33,7 +33,7 @@ import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, NoReturn, Protocol
 
 import grpc
 
@@ -48,10 +48,21 @@ HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 CHECKPOINT_VERSION = 1
 MAX_ANONYMOUS = 512  # kubelet-choice allocations kept in the checkpoint (newest)
+# which /dev/nvidia* device specs Allocate returns: all of them (a real GPU node: a missing file is a real fault that
+# containerd reports), only those that exist here (the fake backend on a node without a GPU), or none
+DEVICE_SPEC_MODES = ("all", "existing", "none")
 
 
 class AssignmentMismatch(ValueError):
     """The scheduler's assignment does not fit this node's GPUs (stale inventory, wrong node)."""
+
+
+class AssignmentRefused(Exception):
+    """The pod being admitted must not start: its assignment is malformed, stale, or names an unhealthy GPU."""
+
+    def __init__(self, pod_key: str, uid: str, message: str) -> None:
+        super().__init__(message)
+        self.pod_key, self.uid, self.message = pod_key, uid, message
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,19 @@ class DeviceEntry:
     gpu_index: int
     gpu_uuid: str  # physical GPU (or MIG instance) UUID handed to the container
     numa_node: int
+
+
+@dataclass
+class InvalidAssignment:
+    """A pod bound here whose ``gpufleet.io/assignment`` cannot be used (bad JSON, another node): refuse it."""
+
+    pod_key: str
+    uid: str
+    message: str
+
+    @property
+    def served_key(self) -> str:
+        return f"{self.pod_key}#{self.uid}" if self.uid else self.pod_key
 
 
 @dataclass
@@ -138,13 +162,18 @@ def nvlink_islands(gpus: list[GpuInfo]) -> dict[int, int]:
 
 class DevicePlugin(pbg.DevicePluginServicer):
     def __init__(self, resource: str, gpus: list[GpuInfo], socket_dir: str, strategy: str = "mixed", replicas: int = 1,
-                 pods: PodSource | None = None, checkpoint: str | None = None, state_dir: str | None = None,
-                 mps_pipe_dir: str | None = None) -> None:
+                 pods: PodSource | None = None, slots: int | None = None, checkpoint: str | None = None, state_dir: str | None = None,
+                 mps_pipe_dir: str | None = None, device_specs: str = "all", dev_root: str = "/dev") -> None:
+        if device_specs not in DEVICE_SPEC_MODES:
+            raise ValueError(f"device_specs must be one of {DEVICE_SPEC_MODES}, got {device_specs!r}")
+        self.device_specs = device_specs
+        self.dev_root = dev_root
         self.resource = resource
         self.strategy = strategy
         self.replicas = replicas
+        self.slots = max(replicas, slots or replicas)  # kubelet devices per GPU
         self.gpus = {g.index: g for g in gpus}
-        self.devices = build_devices(gpus, resource, strategy, replicas)
+        self.devices = build_devices(gpus, resource, strategy, self.slots)
         self.by_id = {d.id: d for d in self.devices}
         self.island = nvlink_islands(gpus)
         self.health: dict[int, bool] = {g.index: True for g in gpus}
@@ -223,12 +252,19 @@ class DevicePlugin(pbg.DevicePluginServicer):
         ])
 
     # --- the scheduler's assignment -----------------------------------------------------------
-    def _pending(self, count: int) -> PodAssignment | None:
+    def _pending(self, count: int) -> PodAssignment | InvalidAssignment | None:
         try:
             return self.pods.pending_assignment(self.resource, count, set(self.allocated))
         except Exception as exc:  # a pod source failure must not fail admission: kubelet's choice stands
             log.warning("%s: pod source failed: %s", self.resource, exc)
             return None
+
+    def by_uuid_index(self, uuid: str) -> int | None:
+        """GPU index of a GPU or MIG UUID on this node."""
+        for g in self.gpus.values():
+            if g.uuid == uuid or any(m.uuid == uuid for m in g.mig):
+                return g.index
+        return None
 
     def assigned_devices(self, pa: PodAssignment) -> tuple[list[str], list[list[str]]]:
         """The UUIDs to expose and, per assigned GPU/instance, the device IDs that stand for it here."""
@@ -291,6 +327,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
         if len(chosen) >= size:
             return chosen[:size]
         pa = self._pending(size)
+        if isinstance(pa, InvalidAssignment):
+            pa = None  # Allocate refuses it
         if pa is not None:
             try:
                 _, per_gpu = self.assigned_devices(pa)
@@ -322,6 +360,11 @@ class DevicePlugin(pbg.DevicePluginServicer):
             # time-slicing: spread over the least-loaded GPUs, on the NUMA node with the most free replicas
             fits = [(-len(ids), k) for k, ids in by_numa.items() if len(ids) >= need]
             return self._spread(by_numa[min(fits)[1]] if fits else avail, need)
+        if self.slots > 1:
+            return self._whole_gpus(avail, need)
+        return self._group_pick(avail, need, by_island_numa, by_island, by_numa)
+
+    def _group_pick(self, avail: list[str], need: int, by_island_numa: dict, by_island: dict, by_numa: dict) -> list[str]:
         # the smallest group that holds the request: keeps bigger groups whole for bigger requests
         grouped: tuple[dict[Any, list[str]], ...] = (by_island_numa, by_island, by_numa)
         for groups in grouped:
@@ -330,6 +373,23 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 _, key = min(fits)
                 return self._spread(groups[key], need)
         return self._spread(avail, need)
+
+    def _whole_gpus(self, avail: list[str], need: int) -> list[str]:
+        """A pod without an assignment (another scheduler's) gets GPUs nobody uses: one device of each of the
+        ``need`` lowest-index GPUs whose devices are all free, exactly as the scheduler models such a pod
+        (``kube.convert.bound_assignment``), so both agree on which GPUs it holds; only when there are not
+        enough such GPUs, devices of the least-loaded GPUs."""
+        by_gpu: dict[int, list[str]] = {}
+        for a in sorted(avail):
+            by_gpu.setdefault(self.by_id[a].gpu_index, []).append(a)
+        per_gpu = {d.gpu_index: 0 for d in self.devices}
+        for d in self.devices:
+            per_gpu[d.gpu_index] += 1
+        free = [ids[0] for g, ids in sorted(by_gpu.items()) if len(ids) == per_gpu[g]]
+        if len(free) >= need:
+            return free[:need]
+        rest = [a for a in avail if a not in free]
+        return free + self._spread(rest, need - len(free))
 
     def _spread(self, ids: list[str], n: int) -> list[str]:
         # replicas: one per GPU, least-loaded GPUs (most free replicas) first, then more of the same
@@ -353,20 +413,40 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 msg = f"{self.resource}: unknown device IDs {unknown}" if unknown else f"{self.resource}: no device IDs"
                 log.warning("Allocate refused: %s", msg)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, msg)
-            responses.append(self.allocate_one(ids))
+            try:
+                responses.append(self.allocate_one(ids))
+            except AssignmentRefused as exc:
+                # kubelet fails the pod's admission with this message: its container never starts on other GPUs
+                log.warning("Allocate refused: %s", exc.message)
+                report = getattr(self.pods, "report_refused", None)
+                if report is not None:
+                    report(exc.pod_key, exc.uid, exc.message)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, exc.message)
         return pb.AllocateResponse(container_responses=responses)
+
+    def _refuse(self, pa: PodAssignment | InvalidAssignment, message: str) -> NoReturn:
+        with self._lock:  # remembered as served: the same pod is not matched again
+            self.allocated[pa.served_key] = {"devices": [], "uuids": [], "time_s": round(time.time(), 3), "refused": message}
+            self._save_checkpoint()
+        raise AssignmentRefused(pa.pod_key, pa.uid, message)
 
     def allocate_one(self, ids: list[str]) -> pb.ContainerAllocateResponse:
         envs: dict[str, str] = {}
         mounts: list[pb.Mount] = []
         pa = self._pending(len(ids))
         uuids: list[str] | None = None
+        if isinstance(pa, InvalidAssignment):
+            self._refuse(pa, f"pod {pa.pod_key}: {pa.message}; not starting it on GPUs the scheduler did not choose")
         if pa is not None:
             try:
                 uuids, _ = self.assigned_devices(pa)
             except AssignmentMismatch as exc:
-                log.warning("%s: %s; using kubelet's choice", self.resource, exc)
-                uuids = None
+                self._refuse(pa, f"{exc} (stale assignment); not starting it on GPUs the scheduler did not choose")
+            held = {i for i in (self.by_uuid_index(u) for u in uuids or []) if i is not None}
+            bad = sorted(held - {i for i, ok in self.health.items() if ok})
+            if bad:
+                self._refuse(pa, f"pod {pa.pod_key}: its assignment names unhealthy GPU(s) {bad} on this node; "
+                                 "not starting it there (the scheduler places it again once it is re-created)")
         with self._lock:
             if pa is not None and pa.served_key in self.allocated:
                 uuids = None  # served meanwhile by a concurrent Allocate
@@ -392,9 +472,20 @@ class DevicePlugin(pbg.DevicePluginServicer):
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
         indices = sorted({g.index for g in self.gpus.values() if g.uuid in uuids}
                          | {g.index for g in self.gpus.values() for m in g.mig if m.uuid in uuids})
-        devs = [pb.DeviceSpec(container_path=f"/dev/nvidia{i}", host_path=f"/dev/nvidia{i}", permissions="rw") for i in indices]
-        devs += [pb.DeviceSpec(container_path=p, host_path=p, permissions="rw") for p in CONTROL_DEVICES]
-        return pb.ContainerAllocateResponse(envs=envs, devices=devs, mounts=mounts)
+        return pb.ContainerAllocateResponse(envs=envs, devices=self.device_spec_list(indices), mounts=mounts)
+
+    def device_spec_list(self, indices: list[int]) -> list:
+        """``/dev/nvidiaN`` for the GPUs handed out plus the control devices, as ``device_specs`` says."""
+        if self.device_specs == "none":
+            return []
+        paths = [f"/dev/nvidia{i}" for i in indices] + list(CONTROL_DEVICES)
+        out = []
+        for p in paths:
+            host = os.path.join(self.dev_root, p[len("/dev/"):])
+            if self.device_specs == "existing" and not os.path.exists(host):
+                continue
+            out.append(pb.DeviceSpec(container_path=p, host_path=host, permissions="rw"))
+        return out
 
     def PreStartContainer(self, request, context):  # noqa: N802
         return pb.PreStartContainerResponse()

@@ -1,7 +1,7 @@
 """Which pod is kubelet admitting? The scheduler's assignment for it, from the API server.
 
 kubelet's ``Allocate`` names devices, not the pod.  The pod being admitted on
-this node is the oldest pod bound here that carries a ``gpufleet.io/assignment``
+this node is the earliest bound (resourceVersion order, the order kubelet receives them) pod here that carries a ``gpufleet.io/assignment``
 for this resource (whole/shared GPUs for ``nvidia.com/gpu``, instances of the
 same profile for ``nvidia.com/mig-<profile>``) with as many devices as kubelet
 asks for, is not running yet, and was not served before (the checkpoint's
@@ -17,7 +17,7 @@ from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
 from ..engine.inventory import assignment_from_json, gpu_uuids_of
 from ..engine.podspec import pod_key
-from .plugin import PodAssignment
+from .plugin import InvalidAssignment, PodAssignment
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,16 @@ def served_key(key: str, uid: str) -> str:
     return f"{key}#{uid}" if uid else key
 
 
-def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
+def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[str],
+         admitting: set[tuple[str, str]] | None = None) -> PodAssignment | InvalidAssignment | None:
+    """The pod kubelet is admitting: the first-bound matching valid assignment; failing that, the first-bound pod
+    here whose assignment cannot be used (kubelet must refuse it rather than start it on GPUs nobody chose).
+
+    ``admitting``: the pods kubelet knows but has not given devices of ``resource`` yet (PodResources); kubelet
+    adds a pod to its pod list before admitting it, one pod at a time, so this names the pod being admitted.
+    Only those are candidates then (a pod another scheduler bound matches none: kubelet's choice stands)."""
     cands = []
+    invalid = []
     for p in pods:
         spec, meta, status = p.get("spec") or {}, p.get("metadata") or {}, p.get("status") or {}
         a = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
@@ -35,16 +43,25 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
             continue
         key = pod_key(p)
         uid = str(meta.get("uid") or "")
+        if admitting is not None and (meta.get("namespace") or "default", meta.get("name") or "") not in admitting:
+            continue
         if served_key(key, uid) in exclude:
             continue
+        ts = _arrival(meta)
+        asks = _asks(spec, resource, count)
         try:
             asg = assignment_from_json(key, a)
             uuids = gpu_uuids_of(a)
-        except GpufleetError as exc:
-            log.warning("skipping %s: %s", key, exc)
+        except (GpufleetError, ValueError, TypeError, AttributeError) as exc:
+            log.warning("pod %s: %s", key, exc)
+            if asks:
+                invalid.append((ts, key, InvalidAssignment(key, uid, f"malformed gpufleet.io/assignment: {exc}")))
             continue
         if asg.node != node:
-            log.warning("skipping %s: its assignment is for node %r, the pod is bound to %r", key, asg.node, node)
+            log.warning("pod %s: its assignment is for node %r, the pod is bound to %r", key, asg.node, node)
+            if asks:
+                invalid.append((ts, key, InvalidAssignment(
+                    key, uid, f"gpufleet.io/assignment is for node {asg.node!r}, but the pod is bound to {node!r} (stale)")))
             continue
         is_mig = bool(asg.mig)
         if resource.startswith("nvidia.com/mig-") != is_mig:
@@ -54,23 +71,85 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         if (len(asg.mig) if is_mig else len(asg.gpu_indices)) != count:
             log.debug("%s: assignment holds a different number of %s than requested (%d)", key, resource, count)
             continue
-        cands.append((meta.get("creationTimestamp") or "", key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid)))
+        cands.append((ts, key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid)))
     cands.sort(key=lambda c: (c[0], c[1]))
-    return cands[0][2] if cands else None
+    if cands:
+        return cands[0][2]
+    invalid.sort(key=lambda c: (c[0], c[1]))
+    return invalid[0][2] if invalid else None
+
+
+def _arrival(meta: dict) -> tuple:
+    """The order kubelet admits pods bound to it: the order their binding reached it, which is the pods'
+    resourceVersion (the Binding, which also writes the assignment, is their last write until kubelet admits
+    them); pods created in the same second are told apart by it.  creationTimestamp when it is not a number."""
+    rv = str(meta.get("resourceVersion") or "")
+    return (0, int(rv), "") if rv.isdigit() else (1, 0, meta.get("creationTimestamp") or "")
+
+
+def _asks(spec: dict, resource: str, count: int) -> bool:
+    """Does one of the pod's containers ask kubelet for ``count`` devices of ``resource`` (requests default to limits)?"""
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        res = (c or {}).get("resources") or {}
+        v = (res.get("requests") or {}).get(resource, (res.get("limits") or {}).get(resource))
+        try:
+            if v is not None and int(str(v)) == count:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def kubelet_waiting(socket: str, resource: str, timeout_s: float = 2.0) -> set[tuple[str, str]] | None:
+    """(namespace, pod) of the pods in kubelet's pod list holding no device of ``resource`` yet (PodResources List);
+    None when kubelet's PodResources API cannot be asked."""
+    import grpc
+
+    from .podresources import podresources_pb2 as pb
+    from .podresources import podresources_pb2_grpc as pbg
+
+    try:
+        with grpc.insecure_channel(f"unix://{socket}") as ch:
+            resp = pbg.PodResourcesListerStub(ch).List(pb.ListPodResourcesRequest(), timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - not reachable: the caller falls back to binding order
+        log.debug("PodResources List failed: %s", exc)
+        return None
+    out = set()
+    for p in resp.pod_resources:
+        if not any(d.resource_name == resource and d.device_ids for c in p.containers for d in c.devices):
+            out.add((p.namespace, p.name))
+    return out
 
 
 class KubePodSource:
-    def __init__(self, core_v1, node: str) -> None:
-        self.core, self.node = core_v1, node
+    def __init__(self, core_v1, node: str, pod_resources_socket: str | None = None) -> None:
+        self.core, self.node, self.pod_resources_socket = core_v1, node, pod_resources_socket
 
-    def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
+    def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
+        waiting = kubelet_waiting(self.pod_resources_socket, resource) if self.pod_resources_socket else None
         try:
             items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
             pods = [self.core.api_client.sanitize_for_serialization(x) for x in items]
         except Exception as exc:  # API away: kubelet's choice still works
             log.warning("cannot list pods on %s: %s", self.node, exc)
             return None
-        return pick(pods, self.node, resource, count, exclude)
+        return pick(pods, self.node, resource, count, exclude, waiting)
+
+    def report_refused(self, pod_key: str, uid: str, message: str) -> None:
+        """A Warning event on the pod: why kubelet refused it (kubelet's own event says only that Allocate failed)."""
+        import datetime
+
+        ns, name = pod_key.split("/", 1)
+        now = datetime.datetime.now(datetime.UTC)
+        body = {"metadata": {"generateName": f"{name}.", "namespace": ns},
+                "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": uid or None, "apiVersion": "v1"},
+                "reason": "GpuAssignmentRefused", "message": message[:1000], "type": "Warning",
+                "source": {"component": "gpufleet-agent", "host": self.node}, "reportingComponent": "gpufleet-agent",
+                "reportingInstance": self.node, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        try:
+            self.core.create_namespaced_event(ns, body)
+        except Exception as exc:  # noqa: BLE001 - the refusal stands without the event
+            log.warning("cannot post the event for %s: %s", pod_key, exc)
 
     def live_pods(self) -> set[str] | None:
         """Keys of the pods bound to this node, or None when the API cannot say (then nothing is pruned)."""

@@ -42,7 +42,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     from ..version import version_string
 
     parser = Parser(prog="gpufleet", description="GPU scheduling and resource management for Kubernetes")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="debug logging (every command logs at INFO by default; a command's own --log-level wins)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (default: one line)")
     parser.add_argument("--version", action="version", version=version_string(), help="print the version (and git commit) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
@@ -58,13 +58,35 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     return parser, modules
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(verbose: int, explicit: str | None) -> int:
+    """INFO by default, DEBUG with ``-v``; a sub-command's own ``--log-level`` wins. Raises ValueError."""
+    if explicit:
+        name = str(explicit).strip().upper()
+        if name not in LOG_LEVELS:
+            raise ValueError(f"--log-level: must be one of {', '.join(LOG_LEVELS)} (any case), got {explicit!r}")
+        return int(getattr(logging, name))
+    return logging.DEBUG if verbose > 0 else logging.INFO
+
+
+def configure_logging(level: int) -> None:
+    """One root configuration for every command (``force``: replaces whatever was set before, so nothing
+    later can silently keep the wrong level)."""
+    logging.basicConfig(level=level, format=LOG_FORMAT, force=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        level = log_level(args.verbose, getattr(args, "log_level", None))
+    except ValueError as exc:
+        print(f"gpufleet {args.command}: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(level)
     if not args.command:
         parser.print_help()
         return 2

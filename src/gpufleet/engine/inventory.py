@@ -20,7 +20,8 @@ from .model import Assignment, Gpu, MigInstance
 INVENTORY_VERSION = 1
 
 
-def gpus_to_json(gpus: tuple[Gpu, ...] | list[Gpu], extra: Mapping[int, Mapping[str, Any]] | None = None) -> str:
+def gpus_to_json(gpus: tuple[Gpu, ...] | list[Gpu], extra: Mapping[int, Mapping[str, Any]] | None = None,
+                 top: Mapping[str, Any] | None = None) -> str:
     out = []
     for g in gpus:
         d: dict[str, Any] = {
@@ -38,7 +39,25 @@ def gpus_to_json(gpus: tuple[Gpu, ...] | list[Gpu], extra: Mapping[int, Mapping[
         if extra and g.index in extra:
             d.update(extra[g.index])
         out.append(d)
-    return json.dumps({"version": INVENTORY_VERSION, "gpus": out}, sort_keys=True, separators=(",", ":"))
+    return json.dumps({"version": INVENTORY_VERSION, "gpus": out, **(top or {})}, sort_keys=True, separators=(",", ":"))
+
+
+def inventory_slots(node: str, text: str) -> tuple[int | None, str]:
+    """``gpu_slots`` (kubelet devices per GPU; None when the agent did not say) and ``gpu_resource`` of an inventory."""
+    field = "metadata.annotations[gpufleet.io/gpu-inventory]"
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise InvalidNodeSpec(node, field, f"not valid JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise InvalidNodeSpec(node, field, "must be an object with a 'gpus' list")
+    slots = data.get("gpu_slots")
+    if slots is not None:
+        slots = _int(node, f"{field}.gpu_slots", slots, 1)
+    res = data.get("gpu_resource", "nvidia.com/gpu")
+    if not isinstance(res, str):
+        raise InvalidNodeSpec(node, f"{field}.gpu_resource", f"must be a resource name, got {res!r}")
+    return slots, res
 
 
 def _int(node: str, field: str, v: Any, minimum: int = 0) -> int:

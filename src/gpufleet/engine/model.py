@@ -61,6 +61,11 @@ class Node:
     max_pods: int = 110
     # allocatable of every other scalar resource (ephemeral-storage, hugepages-*, rdma/*, vendor devices)
     scalars: tuple[tuple[str, int], ...] = ()
+    # kubelet devices per GPU for nvidia.com/gpu (the device plugin's slots/replicas): every pod on a GPU, whole or
+    # a share, holds one of them, so no GPU takes more pods than kubelet can hand devices for. 0 = no limit (simulator)
+    gpu_slots: int = 0
+    # kubelet's allocatable nvidia.com/gpu (healthy devices it will hand out); -1 = unknown (simulator)
+    gpu_devices: int = -1
 
 
 # --- pod requests ---------------------------------------------------------------

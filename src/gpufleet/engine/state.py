@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 # Epochs are unique across all states: plugins cache node-metadata masks per epoch, and
 # a per-state counter let a new state (same id() after GC, same epoch) hit a dead one's cache.
 _EPOCHS = itertools.count(1)
+NO_SLOT_LIMIT = 1 << 40
 
 
 class ClusterState:
@@ -74,6 +75,15 @@ class ClusterState:
         self.gpu_mem_cap = np.zeros((n, g), dtype=np.int64)
         self.gpu_free_milli = np.zeros((n, g), dtype=np.int64)
         self.gpu_mem_free = np.zeros((n, g), dtype=np.int64)
+        # kubelet devices left per GPU (Node.gpu_slots; "no limit" is a number no GPU reaches)
+        self.gpu_slots_cap = np.array([x.gpu_slots if x.gpu_slots > 0 else NO_SLOT_LIMIT for x in nodes], dtype=np.int64)
+        self.gpu_slots_free = np.zeros((n, g), dtype=np.int64)
+        self.slots_limited = bool(any(x.gpu_slots > 0 for x in nodes))
+        # kubelet's device count per node (allocatable nvidia.com/gpu): pods on GPUs hold len(gpu_indices) of them.
+        # Only new placements are held to it (GpuFit): it drops to 0 while the agent restarts, and the pods already
+        # there keep what they hold, so it may go below zero here
+        self.gpu_dev_free = np.array([x.gpu_devices if x.gpu_devices >= 0 else NO_SLOT_LIMIT for x in nodes], dtype=np.int64)
+        self.devices_limited = bool(any(x.gpu_devices >= 0 for x in nodes))
         # MIG instances: per node {profile: [(gpu, instance_id), ...free]}
         self.mig_free: list[dict[str, list[tuple[int, int]]]] = []
         for i, node in enumerate(nodes):
@@ -91,6 +101,7 @@ class ClusterState:
                     continue
                 if gpu.healthy:
                     self.gpu_usable[i, j] = True
+                    self.gpu_slots_free[i, j] = self.gpu_slots_cap[i]
                     self.gpu_free_milli[i, j] = GPU_MILLI
                     self.gpu_mem_free[i, j] = gpu.memory_mib
             for insts in free.values():
@@ -243,6 +254,9 @@ class ClusterState:
                 return f"node {a.node}: GPU {j} has {self.gpu_mem_free[i, j]} MiB free, {mem} requested"
             if a.gpu_milli >= GPU_MILLI and self.gpu_mem_free[i, j] != self.gpu_mem_cap[i, j]:
                 return f"node {a.node}: GPU {j} is partly used, a whole GPU was requested"
+            if self.gpu_slots_free[i, j] < 1:
+                return (f"node {a.node}: GPU {j} has no kubelet device left "
+                        f"({self.gpu_slots_cap[i]} per GPU, one per pod on it)")
         free = self.mig_free[i].get(a.mig_profile or "", [])
         for inst in a.mig:
             if inst not in free:
@@ -266,9 +280,11 @@ class ClusterState:
         self.cpu_free[i] -= a.cpu_milli
         self.mem_free[i] -= a.memory_mib
         self.pods_free[i] -= 1
+        self.gpu_dev_free[i] -= len(a.gpu_indices)
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib):
             self.gpu_free_milli[i, j] -= a.gpu_milli
             self.gpu_mem_free[i, j] -= mem
+            self.gpu_slots_free[i, j] -= 1
         if a.mig and a.mig_profile is not None:
             free = self.mig_free[i][a.mig_profile]
             for inst in a.mig:
@@ -291,9 +307,11 @@ class ClusterState:
         self.cpu_free[i] += a.cpu_milli
         self.mem_free[i] += a.memory_mib
         self.pods_free[i] += 1
+        self.gpu_dev_free[i] += len(a.gpu_indices)
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib):
             self.gpu_free_milli[i, j] += a.gpu_milli
             self.gpu_mem_free[i, j] += mem
+            self.gpu_slots_free[i, j] += 1
         if a.mig:
             free = self.mig_free[i].setdefault(a.mig_profile or "", [])
             free.extend(a.mig)

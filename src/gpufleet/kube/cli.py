@@ -50,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_log_level(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   help="log level (default INFO)")
+    p.add_argument("--log-level", default=None, type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v; this flag wins over -v)")
 
 
 def load_profile(policy: str, config: str | None):
@@ -76,8 +76,8 @@ def start(args: argparse.Namespace, command: str, component: str, pool_size: int
     from ..engine.errors import ConfigError
     from .api import KubernetesApi
 
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, str(args.log_level or "INFO").upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # a no-op under cli.main, which configured it
     try:
         profile = load_profile(args.policy, args.config)
     except (ConfigError, KeyError, OSError) as exc:

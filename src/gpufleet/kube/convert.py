@@ -14,9 +14,9 @@ from typing import Any, Mapping
 
 from ..engine import annotations as ann
 from ..engine.errors import InvalidNodeSpec, InvalidPodSpec, InvalidQuantity
-from ..engine.gpu_models import lookup
-from ..engine.inventory import assignment_from_json, gpus_from_json
-from ..engine.model import Assignment, Gpu, Node, Taint
+from ..engine.gpu_models import lookup, mig_profile_memory_mib
+from ..engine.inventory import assignment_from_json, gpus_from_json, inventory_slots
+from ..engine.model import Assignment, Gpu, MigInstance, Node, Taint
 from ..engine.podspec import (
     _NOT_SCALAR_PREFIXES,
     effective_requests,
@@ -33,6 +33,22 @@ GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB, as GFD writes it
 GFD_COUNT = "nvidia.com/gpu.count"
 GFD_REPLICAS = "nvidia.com/gpu.replicas"  # time-slicing: allocatable = count x replicas
+GFD_SHARING = "nvidia.com/gpu.sharing-strategy"  # none | time-slicing | mps
+GFD_MIG_STRATEGY = "nvidia.com/mig.strategy"  # none | single | mixed
+GPU_SHARED_RESOURCE = "nvidia.com/gpu.shared"  # NVIDIA's renameByDefault
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def _label_int(name: str, labels: Mapping[str, str], label: str, minimum: int) -> int | None:
+    if label not in labels:
+        return None
+    try:
+        v = int(labels[label])
+    except ValueError:
+        raise InvalidNodeSpec(name, f"metadata.labels[{label}]", f"must be an integer, got {labels[label]!r}") from None
+    if v < minimum:
+        raise InvalidNodeSpec(name, f"metadata.labels[{label}]", f"must not be below {minimum}, got {v}")
+    return v
 
 
 def node_from_json(obj: Mapping[str, Any]) -> Node:
@@ -56,30 +72,19 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
     mem = q("memory", to_mib, 0)
     pods = q("pods", to_int, 110)
     if ann.INVENTORY in annotations:
+        # gpufleet's agent: the GPUs as NVML sees them, and how many kubelet devices stand for each
         gpus = gpus_from_json(name, annotations[ann.INVENTORY])
+        slots, resource = inventory_slots(name, annotations[ann.INVENTORY])
+        if slots is None:  # an agent from before gpu_slots: one device per GPU unless time-sliced
+            slots = _label_int(name, labels, GFD_REPLICAS, 1) or 1
+        if resource != GPU_RESOURCE or (alloc and GPU_SHARED_RESOURCE in alloc and GPU_RESOURCE not in alloc):
+            # renamed (nvidia.com/gpu.shared): kubelet has no nvidia.com/gpu here, so no whole GPU or share fits
+            gpus = tuple(replace(g, healthy=False) if not g.mig_enabled else g for g in gpus)
+        # what kubelet will hand out now (0 until the agent registered; drops while a GPU is unhealthy)
+        devices = q(resource, to_int, 0) if alloc else -1
     else:
-        # allocatable is what the kubelet admits against; GFD's count and replicas say how many devices that is
-        count = q(GPU_RESOURCE, to_int, 0)
-        for label in (GFD_REPLICAS, GFD_COUNT):
-            if label in labels:
-                try:
-                    v = int(labels[label])
-                except ValueError:
-                    raise InvalidNodeSpec(name, f"metadata.labels[{label}]", f"must be an integer, got {labels[label]!r}") from None
-                if v < (1 if label == GFD_REPLICAS else 0):
-                    raise InvalidNodeSpec(name, f"metadata.labels[{label}]", f"must not be below {1 if label == GFD_REPLICAS else 0}, got {v}")
-                count = count // v if label == GFD_REPLICAS else min(count, v)
-        product = labels.get(GFD_PRODUCT, "unknown-gpu")
-        mem_mib = 0
-        if GFD_MEMORY in labels:
-            try:
-                mem_mib = int(labels[GFD_MEMORY])
-            except ValueError:
-                raise InvalidNodeSpec(name, f"metadata.labels[{GFD_MEMORY}]", f"must be an integer MiB, got {labels[GFD_MEMORY]!r}") from None
-        if not mem_mib:
-            m = lookup(product)
-            mem_mib = m.memory_mib if m else 16_384
-        gpus = tuple(Gpu(i, f"{name}/gpu{i}", product, mem_mib) for i in range(count))
+        gpus, slots = _gpus_from_nvidia_plugin(name, labels, alloc, q)
+        devices = q(GPU_RESOURCE, to_int, 0) if alloc else -1
     taints = []
     for i, t in enumerate(spec.get("taints") or []):
         if not isinstance(t, Mapping) or not t.get("key") or t.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
@@ -93,7 +98,45 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
         if v > 0:
             scalars.append((str(key), v))
     return Node(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, labels=labels, taints=tuple(taints),
-                unschedulable=bool(spec.get("unschedulable")), max_pods=pods, scalars=tuple(sorted(scalars)))
+                unschedulable=bool(spec.get("unschedulable")), max_pods=pods, scalars=tuple(sorted(scalars)),
+                gpu_slots=slots, gpu_devices=devices)
+
+
+def _gpus_from_nvidia_plugin(name: str, labels: Mapping[str, str], alloc: Mapping[str, Any], q) -> tuple[tuple[Gpu, ...], int]:
+    """A node served by NVIDIA's device plugin + GFD: what that plugin can hand out, and nothing more.
+
+    ``nvidia.com/gpu`` allocatable is GPUs x replicas (time-slicing or MPS); each replica is one pod, so a GPU
+    takes at most ``replicas`` pods (with replicas 1: never two shares on one GPU).  With ``renameByDefault``
+    the replicas are ``nvidia.com/gpu.shared`` and a pod asking for ``nvidia.com/gpu`` cannot be served at
+    all.  MIG instances (mixed strategy) are ``nvidia.com/mig-<profile>`` counts; with the single strategy
+    they are ``nvidia.com/gpu`` devices and modelled as GPUs of the instance's size (GFD's labels say so).
+    """
+    replicas = _label_int(name, labels, GFD_REPLICAS, 1) or 1
+    strategy = labels.get(GFD_SHARING, "none")
+    if strategy not in ("none", "time-slicing", "mps"):
+        raise InvalidNodeSpec(name, f"metadata.labels[{GFD_SHARING}]", f"must be none, time-slicing or mps, got {strategy!r}")
+    devices = q(GPU_RESOURCE, to_int, 0)
+    count = devices // replicas
+    gfd_count = _label_int(name, labels, GFD_COUNT, 0)
+    if gfd_count is not None:
+        count = min(count, gfd_count)
+    product = labels.get(GFD_PRODUCT, "unknown-gpu")
+    mem_mib = _label_int(name, labels, GFD_MEMORY, 0) or 0
+    if not mem_mib:
+        m = lookup(product)
+        mem_mib = m.memory_mib if m else 16_384
+    gpus = [Gpu(i, f"{name}/gpu{i}", product, mem_mib) for i in range(count)]
+    if labels.get(GFD_MIG_STRATEGY, "mixed") == "mixed":
+        for res in sorted(k for k in alloc if k.startswith(MIG_RESOURCE_PREFIX)):
+            n = q(res, to_int, 0)
+            prof = res[len(MIG_RESOURCE_PREFIX):]
+            if n <= 0:
+                continue
+            inst_mem = _label_int(name, labels, f"{res}.memory", 0) or mig_profile_memory_mib(prof) or 0
+            # the plugin names instances, not GPUs: one MIG-mode "GPU" per profile holds that profile's instances
+            gpus.append(Gpu(len(gpus), f"{name}/{prof}", product, max(1, inst_mem * n), mig_enabled=True,
+                            mig_instances=tuple(MigInstance(prof, inst_mem, k) for k in range(n))))
+    return tuple(gpus), replicas
 
 
 def node_ready(obj: Mapping[str, Any]) -> bool:
@@ -140,9 +183,20 @@ def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
     gpus: tuple[int, ...] = ()
     if want and node_name in state.index:
         i = state.index[node_name]
-        free = [int(g) for g in range(state.gpu_free_milli.shape[1])
-                if state.gpu_usable[i, g] and state.gpu_free_milli[i, g] == 1000]
-        gpus = tuple(free[:want])
+        ng = state.gpu_free_milli.shape[1]
+        free = [int(g) for g in range(ng)
+                if state.gpu_usable[i, g] and state.gpu_free_milli[i, g] == 1000 and state.gpu_slots_free[i, g] > 0
+                and state.gpu_mem_free[i, g] == state.gpu_mem_cap[i, g]]
+        gpus = tuple(free[:want])  # what gpufleet's agent hands a pod without an assignment
+        if len(gpus) < want:
+            # no whole GPU left for it: kubelet still gave it devices; hold one device (slot) of the GPUs with most
+            # devices left, so kubelet's count and ours stay equal (its compute/memory are unknown)
+            rest = sorted((g for g in range(ng) if state.gpu_usable[i, g] and state.gpu_slots_free[i, g] > 0 and g not in gpus),
+                          key=lambda g: (-int(state.gpu_slots_free[i, g]), g))
+            extra = tuple(rest[: want - len(gpus)])
+            if extra:
+                return Assignment(pod_key=key, node=node_name, cpu_milli=cpu, memory_mib=mem, gpu_indices=gpus + extra,
+                                  gpu_milli=0, gpu_memory_mib=(0,) * (len(gpus) + len(extra)), priority=prio)
     return Assignment(pod_key=key, node=node_name, cpu_milli=cpu, memory_mib=mem, gpu_indices=gpus,
                       gpu_milli=1000 if gpus else 0,
                       gpu_memory_mib=tuple(int(state.gpu_mem_cap[state.index[node_name], g]) for g in gpus),

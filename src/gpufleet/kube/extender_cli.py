@@ -14,23 +14,20 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..argtypes import host_port
-    from .cli import add_common
+    from .cli import add_common, add_log_level
 
     add_common(p)
     p.add_argument("--addr", type=host_port, default="0.0.0.0:8888", help="listen address for the verbs and /metrics (default 0.0.0.0:8888)")
     p.add_argument("--reservation-ttl", type=float, default=30.0, metavar="S",
                    help="release a node+GPUs chosen at filter if no bind claims them within S seconds (default 30)")
-    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LEVELS,
-                   help="INFO: start, every bind and refusal; DEBUG: every call (default INFO)")
+    add_log_level(p)
 
 
 def _log_level(args: argparse.Namespace) -> None:
-    """gpufleet's own loggers at --log-level, or lower when the global -v asks for more; other libraries untouched."""
-    level = getattr(logging, args.log_level, logging.INFO)
-    verbose = getattr(args, "verbose", 0) or 0
-    if verbose:
-        level = min(level, logging.WARNING - 10 * min(verbose, 2))
-    logging.getLogger("gpufleet").setLevel(level)
+    """gpufleet's own loggers at the command's level (INFO: start, every bind and refusal; DEBUG: every call)."""
+    from ..cli.main import log_level
+
+    logging.getLogger("gpufleet").setLevel(log_level(getattr(args, "verbose", 0) or 0, args.log_level))
 
 
 def run(args: argparse.Namespace) -> int:

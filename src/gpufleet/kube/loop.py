@@ -521,9 +521,20 @@ class SchedulerLoop:
             self.pending.pop(key, None)
             if key not in self.binding:  # the bind result still needs the pod's first-seen time
                 self._forget_timers(key)
+            seen_bound = self.bound_pods.get(key)
             self.bound_pods[key] = pod = slim_pod(pod)
             if key not in self.binding:  # our own in-flight binds are already reserved
+                now_a = pod["metadata"]["annotations"].get(ann.ASSIGNMENT)
+                old = None
+                if (seen_bound is not None and now_a and key in self.state.assignments
+                        and now_a != seen_bound["metadata"]["annotations"].get(ann.ASSIGNMENT)):
+                    # the node agent recorded which GPUs kubelet gave a pod another scheduler bound: hold those
+                    old = self.sched.forget(key)
                 self._reserve_bound(key, pod)
+                if old is not None:
+                    if key not in self.state.assignments:
+                        self.state.reserve(old)  # the recorded GPUs clash with the snapshot: keep the model
+                    self.wake_all()
             return
         if key in self.binding or key in self.bound_pods:
             return  # a stale unbound view of a pod we are binding or saw bound

@@ -210,6 +210,8 @@ def eligible_gpus(state: ClusterState, r: PodRequest, rows: np.ndarray | slice =
     mm = model_mask(state, r)
     if mm is not None:
         usable = usable & mm[state.gpu_model[rows]]
+    if state.slots_limited:  # a GPU whose kubelet devices are all held takes no further pod
+        usable = usable & (state.gpu_slots_free[rows] > 0)
     if r.gpu_milli >= GPU_MILLI:
         return usable & (state.gpu_free_milli[rows] >= GPU_MILLI) & (state.gpu_mem_free[rows] == state.gpu_mem_cap[rows])
     e = usable & (state.gpu_free_milli[rows] >= r.gpu_milli)
@@ -230,6 +232,8 @@ class GpuFit:
         "Insufficient GPU memory",
         "node(s) had no GPU of an allowed model",
         "no free MIG instance of the requested profile",
+        ("no free kubelet device for a GPU here (kubelet admits one pod per nvidia.com/gpu device: "
+         "nvidia.com/gpu.replicas or the agent's sharesPerGpu per GPU, and only what it advertises)"),
     )
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
@@ -253,14 +257,30 @@ class GpuFit:
             return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), codes)
         usable = state.gpu_usable
         codes = np.zeros(n, dtype=np.int64)
+        no_devices = None
+        if state.devices_limited:  # kubelet's count of free nvidia.com/gpu devices on the node
+            no_devices = state.gpu_dev_free < k
+            usable = usable & ~no_devices[:, None]
         if mm is not None:
             usable = usable & mm[state.gpu_model]
             model_ok = usable.sum(axis=1) >= k
             codes[~model_ok] = 3
         if r.gpu_milli >= GPU_MILLI:
             e = usable & (state.gpu_free_milli >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap)
-            ok = e.sum(axis=1) >= k
+            if state.slots_limited:
+                e &= state.gpu_slots_free > 0
+            ok = e.sum(axis=1) >= k  # too few devices: code 0, kube-scheduler's "Insufficient nvidia.com/gpu"
             return FilterResult(ok, self.REASONS, codes)
+        if state.slots_limited:
+            slotted = usable & (state.gpu_slots_free > 0)
+            share0 = usable & (state.gpu_free_milli >= r.gpu_milli)
+            if r.gpu_memory_mib:
+                share0 &= state.gpu_mem_free >= r.gpu_memory_mib
+            # the share would fit by milli/memory but every such GPU's kubelet devices are taken
+            no_slot = (share0.sum(axis=1) >= k) & ((share0 & slotted).sum(axis=1) < k) & (codes != 3)
+            usable = slotted
+        else:
+            no_slot = None
         share = usable & (state.gpu_free_milli >= r.gpu_milli)
         share_ok = share.sum(axis=1) >= k
         if r.gpu_memory_mib:
@@ -270,6 +290,10 @@ class GpuFit:
         else:
             ok = share_ok
             codes = np.where(codes == 3, 3, 1)
+        if no_slot is not None:
+            codes = np.where(no_slot & ~ok, 5, codes)
+        if no_devices is not None:
+            codes = np.where(no_devices & ~ok & (codes != 3), 5, codes)
         return FilterResult(ok, self.REASONS, codes)
 
 
