@@ -25,9 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _log_level(args: argparse.Namespace) -> None:
     """gpufleet's own loggers at the command's level (INFO: start, every bind and refusal; DEBUG: every call)."""
-    from ..cli.main import log_level
-
-    logging.getLogger("gpufleet").setLevel(log_level(getattr(args, "verbose", 0) or 0, args.log_level))
+    explicit = getattr(args, "log_level", None)  # the same rule as the gpufleet command's: this flag wins over -v
+    level = getattr(logging, explicit) if explicit else (logging.DEBUG if getattr(args, "verbose", 0) else logging.INFO)
+    logging.getLogger("gpufleet").setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
