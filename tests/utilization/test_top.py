@@ -95,3 +95,13 @@ def test_metrics_down_is_shown_not_fatal():
 def test_render_truncates_rows():
     view = snapshot(cluster(), None)
     assert "1 more node(s)" in render(view, max_rows=1)
+
+
+def test_a_memory_share_counts_its_fraction_of_the_gpu_not_a_whole_gpu():
+    api = FakeApi()
+    api.add_node(node("gpu-m", gpus=2))
+    asg = {"node": "gpu-m", "gpus": [{"index": 0, "uuid": ""}], "gpu_milli": 0, "gpu_memory_mib": [20480]}
+    api.add_pod(pod("mem", node_name="gpu-m", annotations={"gpufleet.io/assignment": json.dumps(asg)}))
+    api.add_pod(pod("mem2", node_name="gpu-m", annotations={"gpufleet.io/assignment": json.dumps(asg)}))
+    view = snapshot(api, None)
+    assert view.nodes[0].allocated == 0.5  # 2 x 20 GiB of an 80 GiB GPU, not 2 GPUs

@@ -28,12 +28,14 @@ def mig_fraction(profile: str) -> float:
     return min(1.0, int(m.group(1)) / MIG_SLICES) if m else 1.0
 
 
-def gpus_held(pod: Mapping[str, Any]) -> float:
+def gpus_held(pod: Mapping[str, Any], gpu_total_mib: Mapping[tuple[str, int], int] | None = None) -> float:
     """GPUs the pod holds, fractional for shares and MIG slices (0.0: no GPU).
 
     The scheduler's ``gpufleet.io/assignment`` wins (it names the devices);
     otherwise ``nvidia.com/gpu`` requests, scaled by ``gpufleet.io/gpu-milli``
     when the pod asks for a share, plus MIG instances by their slice count.
+    A memory share counts as its fraction of the GPU's memory when ``gpu_total_mib``
+    knows that GPU, else as a whole GPU.
     """
     key = pod_key(pod)
     meta = pod.get("metadata") or {}
@@ -42,6 +44,13 @@ def gpus_held(pod: Mapping[str, Any]) -> float:
         asg = assignment_from_json(key, annotations[ann.ASSIGNMENT])
         if asg.mig:
             return round(len(asg.mig) * mig_fraction(asg.mig_profile or ""), 4)
+        if not asg.gpu_milli and asg.gpu_memory_mib and gpu_total_mib is not None:
+            # a memory share: the fraction of each GPU's memory it reserved (``gpu_total_mib``: (node, GPU index) -> MiB)
+            frac = 0.0
+            for i, mem in zip(asg.gpu_indices, asg.gpu_memory_mib):
+                total = gpu_total_mib.get((asg.node, i), 0)
+                frac += min(1.0, mem / total) if total > 0 and mem > 0 else 1.0
+            return round(frac, 4)
         milli = asg.gpu_milli or 1000
         return round(len(asg.gpu_indices) * milli / 1000.0, 4)
     req = effective_requests(pod)

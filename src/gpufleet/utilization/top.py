@@ -63,12 +63,13 @@ def build_view(nodes: Sequence[Node], pods: Sequence[Mapping[str, Any]], used_by
     ns_pods: dict[str, int] = {}
     ns_pending: dict[str, int] = {}
     skipped: list[str] = []
+    gpu_total_mib = {(n.name, g.index): g.memory_mib for n in nodes for g in n.gpus}
     for p in pods:
         status = p.get("status") or {}
         if status.get("phase") in ("Succeeded", "Failed"):
             continue
         try:
-            g = gpus_held(p)
+            g = gpus_held(p, gpu_total_mib)
         except GpufleetError as exc:
             skipped.append(str(exc))
             continue
