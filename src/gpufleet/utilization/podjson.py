@@ -48,8 +48,8 @@ def gpus_held(pod: Mapping[str, Any], gpu_total_mib: Mapping[tuple[str, int], in
             # a memory share: the fraction of each GPU's memory it reserved (``gpu_total_mib``: (node, GPU index) -> MiB)
             frac = 0.0
             for i, mem in zip(asg.gpu_indices, asg.gpu_memory_mib):
-                total = gpu_total_mib.get((asg.node, i), 0)
-                frac += min(1.0, mem / total) if total > 0 and mem > 0 else 1.0
+                gpu_mib = gpu_total_mib.get((asg.node, i), 0)
+                frac += min(1.0, mem / gpu_mib) if gpu_mib > 0 and mem > 0 else 1.0
             return round(frac, 4)
         milli = asg.gpu_milli or 1000
         return round(len(asg.gpu_indices) * milli / 1000.0, 4)
