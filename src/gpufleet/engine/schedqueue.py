@@ -46,10 +46,15 @@ class QueuedPod:
     request: PodRequest | None = None
 
 
+def sort_key(p: QueuedPod, nominated: Collection[str] = ()) -> tuple[bool, int, float, str]:
+    """The order without queues: nominated first, then higher priority, then first seen, then key."""
+    return (p.key not in nominated, -p.priority, p.first_seen, p.key)
+
+
 def order_pending(pods: Sequence[QueuedPod], tree: QueueTree | None = None,
                   nominated: Collection[str] = ()) -> list[str]:
     """Keys of the pods in the order they are tried (see the module docstring)."""
-    ps = sorted(pods, key=lambda p: (-p.priority, p.first_seen, p.key))
+    ps = sorted(pods, key=lambda p: sort_key(p)[1:])
     keys = [p.key for p in ps]
     if tree is not None and len(ps) > 1:
         rest = [p.key for p in ps if p.request is None]
@@ -125,4 +130,4 @@ def plan_room(sched: Scheduler, tree: QueueTree | None, req: PodRequest,
     return None
 
 
-__all__ = ["Backoff", "QueuedPod", "RoomPlan", "next_backoff_s", "order_pending", "plan_room"]
+__all__ = ["Backoff", "QueuedPod", "RoomPlan", "next_backoff_s", "order_pending", "plan_room", "sort_key"]

@@ -41,6 +41,7 @@ measured.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +52,7 @@ import numpy as np
 from ..engine.framework import Scheduler
 from ..engine.model import GPU_MILLI, Node, PodRequest
 from ..engine.queues import Queue, QueueQuota, QueueTree
-from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room
+from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
 from ..engine.state import ClusterState
 from ..policies import build_profile
 from ..policies.paper import TargetWorkload, frag_amount, node_view
@@ -359,29 +360,40 @@ def run_replay(
 
     prio_running: dict[int, int] = {}  # priority -> pods running
     shape_of = [(r.queue, r.shape(), r.labels, r.priority) for r in reqs]  # what a decision depends on
-    shapes_waiting: dict[tuple, int] = {}
+    buckets: dict[tuple, list[tuple]] = {}  # shape -> waiting pods as (sort key, index), in order
+    shape_ids: dict[tuple, int] = {}
+    for k in shape_of:
+        shape_ids.setdefault(k, len(shape_ids))
+    shape_list = list(shape_ids)
+    rep = {}
+    for i, k in enumerate(shape_of):
+        rep.setdefault(k, reqs[i])
+    s_cpu = np.array([rep[k].cpu_milli for k in shape_list], dtype=np.int64)
+    s_mem = np.array([rep[k].memory_mib for k in shape_list], dtype=np.int64)
+    s_gc = np.array([rep[k].gpu_count if rep[k].mig_profile is None else 0 for k in shape_list], dtype=np.int64)
+    s_gm = np.array([min(rep[k].gpu_milli, GPU_MILLI) for k in shape_list], dtype=np.int64)
+    dirty: set[int] = set()  # nodes that gained room since the last retry round
 
     def enqueue(i: int, now: float) -> None:
         if i not in queued:
-            queued[i] = QueuedPod(reqs[i].key, reqs[i].priority, arrived_at.get(i, now), reqs[i])
-            shapes_waiting[shape_of[i]] = shapes_waiting.get(shape_of[i], 0) + 1
+            q = queued[i] = QueuedPod(reqs[i].key, reqs[i].priority, arrived_at.get(i, now), reqs[i])
+            bisect.insort(buckets.setdefault(shape_of[i], []), (sort_key(q)[1:], i))
 
     def dequeue(i: int) -> None:
-        if queued.pop(i, None) is not None:
-            k = shape_of[i]
-            shapes_waiting[k] -= 1
-            if not shapes_waiting[k]:
-                del shapes_waiting[k]
+        q = queued.pop(i, None)
+        if q is not None:
+            b = buckets[shape_of[i]]
+            b.remove((sort_key(q)[1:], i))
+            if not b:
+                del buckets[shape_of[i]]
 
-    def could_fit(r: PodRequest) -> bool:
-        """A necessary condition, cheap: some node has the CPU, memory and free GPUs (or share)."""
-        ok = (state.cpu_free >= r.cpu_milli) & (state.mem_free >= r.memory_mib)
+    def could_fit(r: PodRequest, nodes: np.ndarray | None = None) -> bool:
+        """A necessary condition, cheap: some node (of ``nodes``) has the CPU, memory and free GPUs."""
+        sl = slice(None) if nodes is None else nodes
+        ok = (state.cpu_free[sl] >= r.cpu_milli) & (state.mem_free[sl] >= r.memory_mib)
         if r.gpu_count and r.mig_profile is None:
-            free = state.gpu_free_milli
-            if r.gpu_milli >= GPU_MILLI:
-                ok &= (free >= GPU_MILLI).sum(axis=1) >= r.gpu_count
-            else:
-                ok &= (free >= r.gpu_milli).sum(axis=1) >= r.gpu_count
+            free = state.gpu_free_milli[sl]
+            ok &= (free >= min(r.gpu_milli, GPU_MILLI)).sum(axis=1) >= r.gpu_count
         return bool(ok.any())
 
     def place(i: int, now: float) -> bool:
@@ -408,7 +420,9 @@ def run_replay(
     def release(i: int) -> None:
         nonlocal used, changed
         r = reqs[i]
-        sched.forget(r.key)
+        a = sched.forget(r.key)
+        if a is not None:
+            dirty.add(state.index[a.node])
         if limits is not None:
             limits.release(r.key)
         used -= r.total_gpu_milli
@@ -439,6 +453,7 @@ def run_replay(
                 (team_reclaimed if rp.kind == "reclaimed" else team_preempted)[v.queue] += 1
         for v in rp.victims:  # what the live loop's deletions do to its snapshot
             sched.forget(v.pod_key)
+            dirty.add(state.index[v.node])
         if rp.kind == "reclaimed":
             run.reclaims += len(rp.victims)
         else:
@@ -449,15 +464,57 @@ def run_replay(
         return place(i, now)
 
     def retry(now: float) -> None:
-        """One pass over the waiting pods in the shared queue order."""
+        """One pass over the waiting pods in the shared queue order (``engine.schedqueue``).
+
+        Without queues the order is static, so waiting pods are kept per shape in that order
+        and merged lazily by their heads; a shape whose head fails is done for the round.  A
+        shape is only tried if it could fit on a node that gained room since the last round:
+        every waiting shape failed against the rest of the cluster then, and nothing there
+        has more room now.  With queues (DRF order and quota depend on every queue's usage)
+        every waiting pod is ordered and tried."""
         if not queued:
+            dirty.clear()
             return
+        if tree is not None:
+            retry_all(now)
+            dirty.clear()
+            return
+        ok = np.zeros(len(shape_list), dtype=bool)
+        for d in dirty:  # shapes that could fit on a node that gained room
+            ok |= (s_cpu <= state.cpu_free[d]) & (s_mem <= state.mem_free[d]) & \
+                ((state.gpu_free_milli[d][None, :] >= s_gm[:, None]).sum(axis=1) >= s_gc)
+        dirty.clear()
+        heads: list[tuple] = []
+        for sid in np.flatnonzero(ok):
+            shape = shape_list[sid]
+            b = buckets.get(shape)
+            if b:
+                heads.append((sort_key(queued[b[0][1]], nominated), shape))
+        heapq.heapify(heads)
+        while heads:
+            _, shape = heapq.heappop(heads)
+            b = buckets.get(shape)
+            if not b:
+                continue
+            i = b[0][1]
+            if place(i, now):
+                b = buckets.get(shape)
+                if b:
+                    heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
+                continue
+            backoff.defer(reqs[i].key, now)
+            if make_room(i, now):
+                b = buckets.get(shape)
+                if b:
+                    heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
+
+    def retry_all(now: float) -> None:
         failed: set = set()
         room_tried: set = set()
         nb = backoff.not_before
         order = order_pending([q for q in queued.values() if not nb or backoff.ready(q.key, now)], tree, nominated)
         for key in order:
-            if len(failed) >= len(shapes_waiting):
+            if len(failed) >= len(buckets):
                 break  # every kind of waiting pod failed this round
             i = by_key[key]
             if i not in queued:
