@@ -396,10 +396,19 @@ def run_replay(
             ok &= (free >= min(r.gpu_milli, GPU_MILLI)).sum(axis=1) >= r.gpu_count
         return bool(ok.any())
 
-    def place(i: int, now: float) -> bool:
+    def fits_on(sid: int, nodes: list[int]) -> bool:
+        """``could_fit`` for shape ``sid`` on a few nodes, without numpy's per-call cost."""
+        c, m, gc, gm = int(s_cpu[sid]), int(s_mem[sid]), int(s_gc[sid]), int(s_gm[sid])
+        for d in nodes:
+            if state.cpu_free[d] >= c and state.mem_free[d] >= m and \
+                    (gc == 0 or sum(1 for f in state.gpu_free_milli[d].tolist() if f >= gm) >= gc):
+                return True
+        return False
+
+    def place(i: int, now: float, checked: bool = False) -> bool:
         nonlocal used, seq, changed
         r = reqs[i]
-        if not could_fit(r):
+        if not checked and not could_fit(r):
             return False
         dec = sched.schedule(r)
         if not dec.ok:
@@ -480,7 +489,8 @@ def run_replay(
             dirty.clear()
             return
         ok = np.zeros(len(shape_list), dtype=bool)
-        for d in dirty:  # shapes that could fit on a node that gained room
+        room = sorted(dirty)
+        for d in room:  # shapes that could fit on a node that gained room
             ok |= (s_cpu <= state.cpu_free[d]) & (s_mem <= state.mem_free[d]) & \
                 ((state.gpu_free_milli[d][None, :] >= s_gm[:, None]).sum(axis=1) >= s_gc)
         dirty.clear()
@@ -497,13 +507,14 @@ def run_replay(
             if not b:
                 continue
             i = b[0][1]
-            if place(i, now):
+            if fits_on(shape_ids[shape], room) and place(i, now, checked=True):
                 b = buckets.get(shape)
                 if b:
                     heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
                 continue
             backoff.defer(reqs[i].key, now)
             if make_room(i, now):
+                room = sorted(set(room) | dirty)
                 b = buckets.get(shape)
                 if b:
                     heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
