@@ -75,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
                    help="packing: also compute the offline LP bound (least unallocated GPU %% any policy could reach; default on)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from . import replay_cli
+
+    replay_cli.add_arguments(p)
 
 
 # --- workers (top level, so they pickle) --------------------------------------------
@@ -186,6 +189,10 @@ def run(args: argparse.Namespace) -> int:
     if args.speedup <= 0:
         print("gpufleet simulate: --speedup must be > 0", file=sys.stderr)
         return 2
+    if args.experiment == "replay":  # load, what-ifs, team queues, the 2025 trace
+        from . import replay_cli
+
+        return replay_cli.run(args, policies, pods_path, args.nodes)
     if args.tune <= 0 and args.experiment == "packing":
         print("gpufleet simulate: --tune must be > 0", file=sys.stderr)
         return 2

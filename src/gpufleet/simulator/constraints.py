@@ -92,4 +92,4 @@ class NodeLimits:
             self._counts(app)[i] -= 1
 
 
-__all__ = ["NodeLimits", "RDMA_CAPACITY_LABEL"]
+__all__ = ["RDMA_CAPACITY_LABEL", "NodeLimits"]

@@ -651,4 +651,4 @@ def run_replay(
     return run
 
 
-__all__ = ["ReplayRun", "Workload", "run_replay", "workload_from_trace", "request_class", "stats"]
+__all__ = ["ReplayRun", "Workload", "request_class", "run_replay", "stats", "workload_from_trace"]
