@@ -12,9 +12,11 @@ team queues hierarchical weighted DRF (``QueueTree.order``), else priority
 and first come.  A pod that does not fit backs off; every cluster change (a
 pod leaves, victims are deleted) wakes every waiting pod, as in the live loop.
 A retry of a pod while nothing changed since it last failed would fail again,
-so it is skipped (equivalent outcome, much less work), and within one retry
-round a (queue, shape, constraints) that failed is not tried again:
-resources only shrink while a round places pods.  A pod that still does not
+so it is skipped (equivalent outcome, much less work): a round tries only the
+shapes that could fit on a node that gained room (or, with queues, were held
+back by quota or could reclaim), and within a round a (queue, shape,
+constraints) that failed is not tried again: resources only shrink while a
+round places pods.  A pod that still does not
 fit first reclaims quota its queue lent out, then preempts lower-priority
 pods (``engine.schedqueue.plan_room``); victims go back to waiting, like a
 controller's re-created pod, and keep their first arrival time.
@@ -51,7 +53,7 @@ import numpy as np
 
 from ..engine.framework import Scheduler
 from ..engine.model import GPU_MILLI, Node, PodRequest
-from ..engine.queues import Queue, QueueQuota, QueueTree
+from ..engine.queues import Queue, QueueQuota, QueueTree, request_vector
 from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
 from ..engine.state import ClusterState
 from ..policies import build_profile
@@ -350,8 +352,6 @@ def run_replay(
     alloc_integral = 0.0
     last_t = t_first
     nominated: set[str] = set()
-    changed = 0  # cluster changes so far; a pod tried at this version need not be tried again
-    tried_at: dict[int, int] = {}
     team_names = sorted(tree.queues) if tree else []
     team_share: dict[str, list[float]] = {q: [] for q in team_names}
     team_borrow: dict[str, list[float]] = {q: [] for q in team_names}
@@ -373,6 +373,7 @@ def run_replay(
     s_gc = np.array([rep[k].gpu_count if rep[k].mig_profile is None else 0 for k in shape_list], dtype=np.int64)
     s_gm = np.array([min(rep[k].gpu_milli, GPU_MILLI) for k in shape_list], dtype=np.int64)
     dirty: set[int] = set()  # nodes that gained room since the last retry round
+    quota_blocked: set[tuple] = set()  # shapes whose last failure was their queue's quota
 
     def enqueue(i: int, now: float) -> None:
         if i not in queued:
@@ -406,13 +407,16 @@ def run_replay(
         return False
 
     def place(i: int, now: float, checked: bool = False) -> bool:
-        nonlocal used, seq, changed
+        nonlocal used, seq
         r = reqs[i]
         if not checked and not could_fit(r):
             return False
         dec = sched.schedule(r)
         if not dec.ok:
+            if dec.status.plugin == "QueueQuota":
+                quota_blocked.add(shape_of[i])
             return False
+        quota_blocked.discard(shape_of[i])
         used += r.total_gpu_milli
         prio_running[r.priority] = prio_running.get(r.priority, 0) + 1
         placed_at[i] = now
@@ -427,7 +431,7 @@ def run_replay(
         return True
 
     def release(i: int) -> None:
-        nonlocal used, changed
+        nonlocal used
         r = reqs[i]
         a = sched.forget(r.key)
         if a is not None:
@@ -438,11 +442,10 @@ def run_replay(
         prio_running[r.priority] -= 1
         placed_at.pop(i, None)
         ends.pop(i, None)
-        changed += 1
 
     def make_room(i: int, now: float) -> bool:
         """Reclaim or preempt for pod i (shared decision); victims wait again.  True if i placed."""
-        nonlocal changed, used
+        nonlocal used
         r = reqs[i]
         if not preemption or (tree is None and not any(p < r.priority and c for p, c in prio_running.items())):
             return False
@@ -467,7 +470,6 @@ def run_replay(
             run.reclaims += len(rp.victims)
         else:
             run.preemptions += len(rp.victims)
-        changed += 1
         backoff.wake_all()
         nominated.add(r.key)
         return place(i, now)
@@ -479,13 +481,8 @@ def run_replay(
         and merged lazily by their heads; a shape whose head fails is done for the round.  A
         shape is only tried if it could fit on a node that gained room since the last round:
         every waiting shape failed against the rest of the cluster then, and nothing there
-        has more room now.  With queues (DRF order and quota depend on every queue's usage)
-        every waiting pod is ordered and tried."""
+        has more room now.  With queues see ``retry_queues``."""
         if not queued:
-            dirty.clear()
-            return
-        if tree is not None:
-            retry_all(now)
             dirty.clear()
             return
         ok = np.zeros(len(shape_list), dtype=bool)
@@ -494,6 +491,9 @@ def run_replay(
             ok |= (s_cpu <= state.cpu_free[d]) & (s_mem <= state.mem_free[d]) & \
                 ((state.gpu_free_milli[d][None, :] >= s_gm[:, None]).sum(axis=1) >= s_gc)
         dirty.clear()
+        if tree is not None:
+            retry_queues(now, ok)
+            return
         heads: list[tuple] = []
         for sid in np.flatnonzero(ok):
             shape = shape_list[sid]
@@ -519,34 +519,50 @@ def run_replay(
                 if b:
                     heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
 
-    def retry_all(now: float) -> None:
-        failed: set = set()
-        room_tried: set = set()
-        nb = backoff.not_before
-        order = order_pending([q for q in queued.values() if not nb or backoff.ready(q.key, now)], tree, nominated)
-        for key in order:
-            if len(failed) >= len(buckets):
-                break  # every kind of waiting pod failed this round
-            i = by_key[key]
-            if i not in queued:
-                continue
-            r = reqs[i]
-            shape = shape_of[i]
-            if shape in failed:
-                continue
-            if tried_at.get(i) == changed:
-                failed.add(shape)
-                continue
-            if place(i, now):
-                continue
-            tried_at[i] = changed
-            if shape not in room_tried:
-                room_tried.add(shape)
-                if make_room(i, now):
-                    failed.clear()  # victims left: room for others too
+    def retry_queues(now: float, ok: np.ndarray) -> None:
+        """With queues: the candidates are the first pods of each shape that could fit on a node
+        that gained room, whose last failure was its quota (usage moved), or that could reclaim
+        (within its quota while others borrow); they go through ``order_pending`` (DRF), as the
+        live loop's due pods do.  Rounds repeat while a shape had all its candidates placed."""
+        borrowing = bool(tree.borrowed()) if tree is not None and preemption else False
+        per_shape = 8
+        for _ in range(64):
+            cands: list[QueuedPod] = []
+            for shape, b in buckets.items():
+                sid = shape_ids[shape]
+                r0 = reqs[b[0][1]]
+                if ok[sid] or shape in quota_blocked or (borrowing and r0.queue and tree is not None
+                                                         and tree.within_nominal(r0.queue, request_vector(r0))):
+                    cands.extend(queued[i] for _, i in b[:per_shape])
+            if not cands:
+                return
+            failed: set = set()
+            room_tried: set = set()
+            placed_n: dict[tuple, int] = {}
+            for key in order_pending(cands, tree, nominated):
+                i = by_key[key]
+                if i not in queued:
                     continue
-            failed.add(shape)
-            backoff.defer(r.key, now)
+                shape = shape_of[i]
+                if shape in failed:
+                    continue
+                if place(i, now):
+                    placed_n[shape] = placed_n.get(shape, 0) + 1
+                    continue
+                if shape not in room_tried:
+                    room_tried.add(shape)
+                    if make_room(i, now):
+                        failed.clear()  # victims left: room for others too
+                        placed_n[shape] = placed_n.get(shape, 0) + 1
+                        continue
+                failed.add(shape)
+                backoff.defer(reqs[i].key, now)
+            more = {sh for sh, n in placed_n.items() if n >= per_shape and sh in buckets}
+            if not more:
+                return
+            ok = np.zeros(len(shape_list), dtype=bool)
+            for sh in more:
+                ok[shape_ids[sh]] = True
 
     def sample(t: float) -> None:
         run.t_h.append(round((t - t_first) / 3600.0, 4))
@@ -597,7 +613,6 @@ def run_replay(
             r = reqs[i]
             if not place(i, now):
                 enqueue(i, now)
-                tried_at[i] = changed
                 if make_room(i, now):
                     continue
                 backoff.defer(r.key, now)

@@ -61,6 +61,13 @@ class DlrmPod(TracePod):
         return replace(r, node_selector=(("gpufleet.io/node-role", node_kind),), labels=(("app", self.app),))
 
 
+def bundled_path() -> Path:
+    """The bundled copy of the trace (see its PROVENANCE.md)."""
+    from importlib import resources
+
+    return Path(str(resources.files("gpufleet") / "data" / "alibaba-gpu-v2025" / "disaggregated_DLRM_trace.csv"))
+
+
 def is_dlrm(path: str | Path) -> bool:
     with open(path, newline="") as f:
         head = f.readline()

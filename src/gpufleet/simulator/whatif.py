@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..engine.errors import GpufleetError
-from ..engine.gpu_models import lookup
+from ..engine.gpu_models import MODELS, lookup
 from ..engine.model import Gpu, Node
 
 DEFAULT_NODE = {"gpus": 8, "cpu_milli": 96000, "memory_mib": 786432}
@@ -87,8 +87,9 @@ def _resolve(model: str, nodes: Sequence[Node]) -> str:
             if hm is not None and hm.name == gm.name:
                 return h
         return gm.name
-    for h in have:  # loose: "a100-80gb" against "NVIDIA-A100-80GB-PCIe"
-        if model.lower().replace("_", "-") in h.lower():
+    tokens = [t for t in model.lower().replace("_", "-").split("-") if t]
+    for h in sorted(have) + list(MODELS):  # loose: "A100-80GB" finds "NVIDIA-A100-SXM4-80GB"
+        if all(t in h.lower().split("-") for t in tokens):
             return h
     raise WhatIfError(f"--what-if: unknown GPU model {model!r}; the cluster has {', '.join(sorted(have)) or 'no GPUs'}")
 
