@@ -374,6 +374,15 @@ def run_replay(
     s_gm = np.array([min(rep[k].gpu_milli, GPU_MILLI) for k in shape_list], dtype=np.int64)
     dirty: set[int] = set()  # nodes that gained room since the last retry round
     quota_blocked: set[tuple] = set()  # shapes whose last failure was their queue's quota
+    # A failed reclaim/preemption plan is planned again only once something it could take came:
+    # a pod placed beyond its queue's quota (reclaim) or of lower priority (preemption).  The live
+    # loop bounds its planning time instead (PLAN_SHARE); replanning every round here would cost hours.
+    room_failed: dict[tuple, tuple] = {}
+    lent = [0]
+    placed_by_prio: dict[int, int] = {}
+
+    def room_epoch(r: PodRequest) -> tuple:
+        return (lent[0], sum(c for p, c in placed_by_prio.items() if p < r.priority))
 
     def enqueue(i: int, now: float) -> None:
         if i not in queued:
@@ -417,6 +426,10 @@ def run_replay(
                 quota_blocked.add(shape_of[i])
             return False
         quota_blocked.discard(shape_of[i])
+        placed_by_prio[r.priority] = placed_by_prio.get(r.priority, 0) + 1
+        if tree is not None and r.queue in tree.queues and any(
+                (nom := tree.nominal(q, "gpu_milli")) is not None and tree.used(q, "gpu_milli") > nom for q in tree.path(r.queue)):
+            lent[0] += 1  # it borrows: reclaim may find it
         used += r.total_gpu_milli
         prio_running[r.priority] = prio_running.get(r.priority, 0) + 1
         placed_at[i] = now
@@ -449,8 +462,12 @@ def run_replay(
         r = reqs[i]
         if not preemption or (tree is None and not any(p < r.priority and c for p, c in prio_running.items())):
             return False
+        ep = room_epoch(r)
+        if room_failed.get(shape_of[i]) == ep:
+            return False  # nothing it could take has been placed since it last found no room
         rp = plan_room(sched, tree, r)
         if rp is None or not rp.victims:
+            room_failed[shape_of[i]] = ep
             return False
         for v in rp.victims:
             j = by_key[v.pod_key]
@@ -532,6 +549,7 @@ def run_replay(
                 sid = shape_ids[shape]
                 r0 = reqs[b[0][1]]
                 if ok[sid] or shape in quota_blocked or (borrowing and r0.queue and tree is not None
+                                                         and room_failed.get(shape) != room_epoch(r0)
                                                          and tree.within_nominal(r0.queue, request_vector(r0))):
                     cands.extend(queued[i] for _, i in b[:per_shape])
             if not cands:
