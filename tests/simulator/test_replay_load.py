@@ -3,7 +3,6 @@ team queues from a file, what-ifs, the capacity search and the 2025 DLRM trace."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -46,7 +45,7 @@ def test_load_scaling_hits_the_target_and_keeps_run_times(tiny):
     wl = workload_from_trace(pods)
     gpus = sum(len(n.gpus) for n in nodes)
     for x in (0.5, 1.0, 1.5):
-        scaled, k = wl.at_load(x, gpus)
+        scaled, _ = wl.at_load(x, gpus)
         assert scaled.offered_load(gpus) == pytest.approx(x, rel=1e-3)
         assert np.array_equal(scaled.run_s[: len(pods)], wl.run_s)  # run times kept
     lo, _ = wl.at_load(0.5, gpus, copies=3)
@@ -75,8 +74,8 @@ def test_request_classes():
 
 def test_replay_orders_through_the_shared_scheduling_queue(tiny, monkeypatch):
     """With queues the replay asks engine.schedqueue.order_pending for the order, as the live loop does."""
-    import gpufleet.kube.loop as loop
-    import gpufleet.simulator.replay as replay
+    from gpufleet.kube import loop
+    from gpufleet.simulator import replay
 
     assert loop.order_pending is schedqueue.order_pending and replay.order_pending is schedqueue.order_pending
     assert loop.plan_room is schedqueue.plan_room and replay.plan_room is schedqueue.plan_room

@@ -44,7 +44,7 @@ class NodeLimits:
     def bind_keys(self, keys: Sequence[str], extras: Sequence[Mapping[str, object]]) -> None:
         for k, e in zip(keys, extras):
             if e:
-                self.need[k] = (float(e.get("rdma", 0) or 0), str(e.get("app", "")), int(e.get("max_per_app", -1) or -1))  # type: ignore[arg-type]
+                self.need[k] = (float(str(e.get("rdma", 0) or 0)), str(e.get("app", "")), int(str(e.get("max_per_app", -1) or -1)))
 
     def _counts(self, app: str) -> np.ndarray:
         c = self.per_app.get(app)

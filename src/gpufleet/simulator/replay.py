@@ -82,7 +82,7 @@ def pinned_class(r: PodRequest) -> str | None:
     return f"{request_class(r)}@{'|'.join(sorted(r.gpu_models_allow))}"
 
 
-def stats(values: Sequence[float]) -> dict[str, float]:
+def stats(values: Sequence[float] | np.ndarray) -> dict[str, float]:
     a = np.asarray(values, dtype=float)
     if a.size == 0:
         return {"n": 0, "mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
@@ -339,8 +339,8 @@ def run_replay(
     # events: (time, kind, seq, pod index); kind 0 = departure before 1 = arrival at equal times
     ev: list[tuple[float, int, int, int]] = []
     seq = 0
-    for i in np.flatnonzero(measured_mask):
-        ev.append((float(arrival[i]), 1, int(i), int(i)))
+    for i0 in np.flatnonzero(measured_mask):
+        ev.append((float(arrival[i0]), 1, int(i0), int(i0)))
     heapq.heapify(ev)
     backoff = Backoff()
     queued: dict[int, QueuedPod] = {}  # pending pods, in arrival order
@@ -365,7 +365,7 @@ def run_replay(
     for k in shape_of:
         shape_ids.setdefault(k, len(shape_ids))
     shape_list = list(shape_ids)
-    rep = {}
+    rep: dict[tuple, PodRequest] = {}
     for i, k in enumerate(shape_of):
         rep.setdefault(k, reqs[i])
     s_cpu = np.array([rep[k].cpu_milli for k in shape_list], dtype=np.int64)
@@ -598,8 +598,8 @@ def run_replay(
                 team_borrow[q].append(round(100.0 * max(0, g - nom) / capacity, 3) if nom is not None else 0.0)
 
     # pods running when the trace starts: placed first, not measured
-    for i in np.flatnonzero(~measured_mask):
-        place(int(i), t_first)
+    for i0 in np.flatnonzero(~measured_mask):
+        place(int(i0), t_first)
     sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
     si = 0
     while ev:
@@ -615,6 +615,7 @@ def run_replay(
         arrivals: list[int] = []
         while ev and ev[0][0] == now:
             _, kind, s, i = heapq.heappop(ev)
+            i = int(i)
             if kind == 0:
                 if ends.get(i) != s:
                     continue  # a preempted pod's old departure
@@ -647,11 +648,11 @@ def run_replay(
     d = delays[w]
     run.queue_delay_s = stats(d)
     by: dict[str, list[float]] = {}
-    for i in w:
-        by.setdefault(request_class(reqs[i]), []).append(float(delays[i]))
-        pc = pinned_class(reqs[i])
+    for iw in w.tolist():
+        by.setdefault(request_class(reqs[iw]), []).append(float(delays[iw]))
+        pc = pinned_class(reqs[iw])
         if pc:
-            by.setdefault(pc, []).append(float(delays[i]))
+            by.setdefault(pc, []).append(float(delays[iw]))
     order_cls = {"shares": 0, "1": 1, "2": 2, "4": 4, "8": 8, "cpu": 100}
     run.delay_by_class = {k: stats(v) for k, v in sorted(by.items(), key=lambda kv: (order_cls.get(kv[0], 50 if "@" not in kv[0] else 200), kv[0]))}
     rt = wl.run_s[w]

@@ -41,8 +41,9 @@ from .trace import Trace, TraceError, TracePod
 COLUMNS = ("instance_sn", "role", "app_name", "cpu_request", "cpu_limit", "gpu_request", "gpu_limit", "rdma_request",
            "rdma_limit", "memory_request", "memory_limit", "disk_request", "disk_limit", "max_instance_per_node",
            "creation_time", "scheduled_time", "deletion_time")
-HN_NODE = {"gpus": 8, "cpu": 128, "memory_gib": 1024, "rdma_pct": 200, "model": "GPU-HN"}
-CN_NODE = {"cpu": 192, "memory_gib": 1536, "rdma_pct": 100}
+HN_NODE: dict[str, float] = {"gpus": 8, "cpu": 128, "memory_gib": 1024, "rdma_pct": 200}
+CN_NODE: dict[str, float] = {"gpus": 0, "cpu": 192, "memory_gib": 1536, "rdma_pct": 100}
+HN_MODEL = "GPU-HN"  # the trace does not name the GPU
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def load_dlrm(path: str | Path, skip_bad_rows: bool = False) -> Trace:
                 app = d["app_name"].strip()
                 mxn = int(mx)
                 pods.append(DlrmPod(
-                    name=name, cpu_milli=int(round(cpu * 1000)), memory_mib=int(round(mem * 1024)), num_gpu=int(gpu),
+                    name=name, cpu_milli=round(cpu * 1000), memory_mib=round(mem * 1024), num_gpu=int(gpu),
                     gpu_milli=1000 if gpu else 0, qos="LS",
                     creation_time=None if ct is None else int(ct), deletion_time=None if dt is None else int(dt),
                     scheduled_time=None if st is None else int(st), role=role, app=app, rdma_pct=rdma,
@@ -181,7 +182,7 @@ def synth_cluster(pods: Sequence[TracePod], size: float = 1.0) -> list[Node]:
         for i in range(count):
             name = f"{role.lower()}-{i:04d}"
             g = int(shape.get("gpus", 0))
-            model = str(shape.get("model", ""))
+            model = HN_MODEL if g else ""
             nodes.append(Node(
                 name=name, cpu_milli=int(shape["cpu"]) * 1000, memory_mib=int(shape["memory_gib"]) * 1024,
                 gpus=tuple(Gpu(j, f"{name}-gpu{j}", model, 32768) for j in range(g)),

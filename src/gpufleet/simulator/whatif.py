@@ -142,10 +142,10 @@ def apply(nodes: Sequence[Node], changes: Sequence[Change]) -> list[Node]:
         assert ch.model is not None and ch.count is not None
         g, c, m, model = node_shape(ch.model, out, ch.gpus_per_node)
         if ch.sign > 0:
-            like = next((n for n in out if _model_of(n) == model), None)
+            like2 = next((n for n in out if _model_of(n) == model), None)
             for _ in range(ch.count):
                 k += 1
-                out.append(new_node(f"whatif-{k}-{model}", g, c, m, model, like))
+                out.append(new_node(f"whatif-{k}-{model}", g, c, m, model, like2))
         else:
             same = [n for n in out if _model_of(n) == model and (ch.gpus_per_node is None or len(n.gpus) == ch.gpus_per_node)]
             if len(same) < ch.count:
