@@ -64,6 +64,7 @@ from .trace import TraceError, TracePod
 SAMPLES = 200
 BOUNDED_SLOWDOWN_TAU_S = 10.0  # bounded slowdown: (wait + run) / max(run, tau)
 DEFAULT_WARMUP = 0.1
+PLAN_INTERVAL_S = 300.0  # a queue (or priority) whose reclaim/preemption plan failed plans again at most this often
 
 
 def request_class(r: PodRequest) -> str:
@@ -374,12 +375,20 @@ def run_replay(
     s_gm = np.array([min(rep[k].gpu_milli, GPU_MILLI) for k in shape_list], dtype=np.int64)
     dirty: set[int] = set()  # nodes that gained room since the last retry round
     quota_blocked: set[tuple] = set()  # shapes whose last failure was their queue's quota
-    # A failed reclaim/preemption plan is planned again only once something it could take came:
-    # a pod placed beyond its queue's quota (reclaim) or of lower priority (preemption).  The live
-    # loop bounds its planning time instead (PLAN_SHARE); replanning every round here would cost hours.
+    # A failed reclaim/preemption plan is planned again only once something it could take came
+    # (a pod placed beyond its queue's quota, or of lower priority) and PLAN_INTERVAL_S later: the
+    # live loop bounds its planning time too (PLAN_SHARE); replanning every round would cost hours.
     room_failed: dict[tuple, tuple] = {}
     lent = [0]
     placed_by_prio: dict[int, int] = {}
+
+    def room_key(r: PodRequest) -> tuple:
+        """Planning is rationed per queue (with queues) or per priority (without)."""
+        return (r.queue, None) if tree is not None else (None, r.priority)
+
+    def room_ready(shape: tuple, r: PodRequest, now: float) -> bool:
+        last = room_failed.get(room_key(r))
+        return last is None or (last[0] != room_epoch(r) and now >= last[1])
 
     def room_epoch(r: PodRequest) -> tuple:
         return (lent[0], sum(c for p, c in placed_by_prio.items() if p < r.priority))
@@ -463,11 +472,12 @@ def run_replay(
         if not preemption or (tree is None and not any(p < r.priority and c for p, c in prio_running.items())):
             return False
         ep = room_epoch(r)
-        if room_failed.get(shape_of[i]) == ep:
-            return False  # nothing it could take has been placed since it last found no room
+        last = room_failed.get(room_key(r))
+        if last is not None and (last[0] == ep or now < last[1]):
+            return False  # nothing it could take came, or it planned in vain a moment ago
         rp = plan_room(sched, tree, r)
         if rp is None or not rp.victims:
-            room_failed[shape_of[i]] = ep
+            room_failed[room_key(r)] = (ep, now + PLAN_INTERVAL_S)
             return False
         for v in rp.victims:
             j = by_key[v.pod_key]
@@ -541,7 +551,11 @@ def run_replay(
         that gained room, whose last failure was its quota (usage moved), or that could reclaim
         (within its quota while others borrow); they go through ``order_pending`` (DRF), as the
         live loop's due pods do.  Rounds repeat while a shape had all its candidates placed."""
-        borrowing = bool(tree.borrowed()) if tree is not None and preemption else False
+        borrowing = False
+        if tree is not None and preemption:
+            use = tree.usage()
+            borrowing = any((nom := tree.nominal(q, "gpu_milli")) is not None and use[q].get("gpu_milli", 0) > nom
+                            for q in tree.queues)
         per_shape = 8
         for _ in range(64):
             cands: list[QueuedPod] = []
@@ -549,7 +563,7 @@ def run_replay(
                 sid = shape_ids[shape]
                 r0 = reqs[b[0][1]]
                 if ok[sid] or shape in quota_blocked or (borrowing and r0.queue and tree is not None
-                                                         and room_failed.get(shape) != room_epoch(r0)
+                                                         and room_ready(shape, r0, now)
                                                          and tree.within_nominal(r0.queue, request_vector(r0))):
                     cands.extend(queued[i] for _, i in b[:per_shape])
             if not cands:
