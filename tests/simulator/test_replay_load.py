@@ -263,3 +263,25 @@ def test_real_2025_trace_reads_and_bundled_copy_is_identical():
     assert b.read_bytes() == src.read_bytes()
     pk = trace2025.peak_demand(tr.pods, "HN")
     assert pk["gpus"] > 1000 and pk["rdma_pct"] > 0
+
+
+def test_gangs_go_through_the_gang_scheduler_all_or_nothing(tmp_path):
+    """Two 4-GPU members of one pod group, two 4-GPU nodes, one node busy until t=100: a gang waits for
+    both nodes (all or nothing); the same pods without a group would start one at once."""
+    from gpufleet.engine.model import Gpu, Node
+
+    nodes = [Node(f"n{i}", 64000, 262144, tuple(Gpu(j, f"n{i}-g{j}", "V100M32", 32768) for j in range(4)),
+                  labels={"kubernetes.io/hostname": f"n{i}"}, max_pods=100) for i in range(2)]
+    from gpufleet.simulator.replay import Workload
+
+    def wl(group):
+        reqs = [PodRequest("busy", "t", cpu_milli=1000, gpu_count=1, gpu_milli=1000)]
+        reqs += [PodRequest(f"w{k}", "t", cpu_milli=1000, gpu_count=4, gpu_milli=1000,
+                            pod_group=group, pod_group_min=2 if group else 0) for k in range(2)]
+        return Workload(reqs, np.array([0.0, 10.0, 10.0]), np.array([100.0, 50.0, 50.0]), np.full(3, np.nan))
+
+    g = run_replay(nodes, wl("job"), "bestfit", warmup=0.0, frag=False)
+    s = run_replay(nodes, wl(None), "bestfit", warmup=0.0, frag=False)
+    assert g.delay_by_class["4"]["p50"] == 90 and g.delay_by_class["4"]["max"] == 90  # both start at t=100
+    assert s.delay_by_class["4"]["p50"] == 25 and s.delay_by_class["4"]["max"] == 50  # one at t=10, one when it ends
+    assert g.pods_never_placed == 0

@@ -19,7 +19,10 @@ constraints) that failed is not tried again: resources only shrink while a
 round places pods.  A pod that still does not
 fit first reclaims quota its queue lent out, then preempts lower-priority
 pods (``engine.schedqueue.plan_room``); victims go back to waiting, like a
-controller's re-created pod, and keep their first arrival time.
+controller's re-created pod, and keep their first arrival time.  Members of a
+pod group go through the live loop's ``GangScheduler`` (all or nothing, one
+holder at a time) after the single pods, as in ``SchedulerLoop.schedule_due``;
+the replay does not preempt for gangs.
 
 Load (``load=X``): the arrival times are scaled so that the time-averaged
 offered GPU demand is X of the cluster's GPU capacity:
@@ -52,6 +55,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..engine.framework import Scheduler
+from ..engine.gang import GangScheduler
 from ..engine.model import GPU_MILLI, Node, PodRequest
 from ..engine.queues import Queue, QueueQuota, QueueTree, request_vector
 from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
@@ -374,6 +378,8 @@ def run_replay(
     s_gc = np.array([rep[k].gpu_count if rep[k].mig_profile is None else 0 for k in shape_list], dtype=np.int64)
     s_gm = np.array([min(rep[k].gpu_milli, GPU_MILLI) for k in shape_list], dtype=np.int64)
     dirty: set[int] = set()  # nodes that gained room since the last retry round
+    gangs = GangScheduler(sched) if any(r.pod_group for r in reqs) else None
+    gang_waiting: dict[int, float] = {}  # pod-group members not placed yet
     quota_blocked: set[tuple] = set()  # shapes whose last failure was their queue's quota
     # A failed reclaim/preemption plan is planned again only once something it could take came
     # (a pod placed beyond its queue's quota, or of lower priority) and PLAN_INTERVAL_S later: the
@@ -435,6 +441,13 @@ def run_replay(
                 quota_blocked.add(shape_of[i])
             return False
         quota_blocked.discard(shape_of[i])
+        placed(i, now)
+        return True
+
+    def placed(i: int, now: float) -> None:
+        """Bookkeeping once pod i holds its devices (by ``place`` or by the gang scheduler)."""
+        nonlocal used, seq
+        r = reqs[i]
         placed_by_prio[r.priority] = placed_by_prio.get(r.priority, 0) + 1
         if tree is not None and r.queue in tree.queues and any(
                 (nom := tree.nominal(q, "gpu_milli")) is not None and tree.used(q, "gpu_milli") > nom for q in tree.path(r.queue)):
@@ -450,12 +463,16 @@ def run_replay(
         seq += 1
         ends[i] = seq
         heapq.heappush(ev, (now + float(wl.run_s[i]), 0, seq, i))
-        return True
+        gang_waiting.pop(i, None)
 
     def release(i: int) -> None:
         nonlocal used
         r = reqs[i]
-        a = sched.forget(r.key)
+        a = state.assignments.get(r.key)
+        if gangs is not None and r.pod_group:
+            gangs.remove(r.key)  # as the live loop's _drop_pod: forgets its devices too
+        else:
+            sched.forget(r.key)
         if a is not None:
             dirty.add(state.index[a.node])
         if limits is not None:
@@ -464,6 +481,15 @@ def run_replay(
         prio_running[r.priority] -= 1
         placed_at.pop(i, None)
         ends.pop(i, None)
+
+    def gang_round(now: float) -> None:
+        """Pod-group members go through the live loop's ``GangScheduler`` (all or nothing, one
+        holder at a time), after the single pods, as in ``SchedulerLoop.schedule_due``."""
+        if gangs is None or not gang_waiting:
+            return
+        for res in gangs.step(now):
+            for d in res.placed:
+                placed(by_key[d.pod_key], now)
 
     def make_room(i: int, now: float) -> bool:
         """Reclaim or preempt for pod i (shared decision); victims wait again.  True if i placed."""
@@ -644,6 +670,12 @@ def run_replay(
             run.pods_arrived += 1
             arrived_at[i] = now
             r = reqs[i]
+            if gangs is not None and r.pod_group:
+                gang_waiting[i] = now
+                gangs.add(r, now)
+                if progress is not None:
+                    progress(1)
+                continue
             if not place(i, now):
                 enqueue(i, now)
                 if make_room(i, now):
@@ -651,11 +683,13 @@ def run_replay(
                 backoff.defer(r.key, now)
             if progress is not None:
                 progress(1)
+        if left_any or any(reqs[i].pod_group for i in arrivals):
+            gang_round(now)
     while si < len(sample_times):
         sample(sample_times[si])
         si += 1
 
-    run.pods_never_placed = int(sum(1 for i in queued if in_window[i]))
+    run.pods_never_placed = int(sum(1 for i in queued if in_window[i]) + sum(1 for i in gang_waiting if in_window[i]))
     run.pods_placed = int(np.count_nonzero(~np.isnan(delays)))
     w = np.flatnonzero(in_window & ~np.isnan(delays))
     run.pods_measured = int(in_window.sum())
