@@ -285,3 +285,19 @@ def test_gangs_go_through_the_gang_scheduler_all_or_nothing(tmp_path):
     assert g.delay_by_class["4"]["p50"] == 90 and g.delay_by_class["4"]["max"] == 90  # both start at t=100
     assert s.delay_by_class["4"]["p50"] == 25 and s.delay_by_class["4"]["max"] == 50  # one at t=10, one when it ends
     assert g.pods_never_placed == 0
+
+
+def test_a_high_priority_gang_preempts_for_all_its_members():
+    from gpufleet.engine.model import Gpu, Node
+    from gpufleet.simulator.replay import Workload
+
+    nodes = [Node(f"n{i}", 64000, 262144, tuple(Gpu(j, f"n{i}-g{j}", "V100M32", 32768) for j in range(4)),
+                  labels={"kubernetes.io/hostname": f"n{i}"}, max_pods=100) for i in range(2)]
+    reqs = [PodRequest(f"low{k}", "t", cpu_milli=1000, gpu_count=4, gpu_milli=1000) for k in range(2)]
+    reqs += [PodRequest(f"w{k}", "t", cpu_milli=1000, gpu_count=4, gpu_milli=1000, priority=100,
+                        pod_group="job", pod_group_min=2) for k in range(2)]
+    wl = Workload(reqs, np.array([0.0, 0.0, 10.0, 10.0]), np.array([1000.0, 1000.0, 50.0, 50.0]), np.full(4, np.nan))
+    r = run_replay(nodes, wl, "bestfit", warmup=0.0, frag=False)
+    assert r.preemptions == 2 and r.pods_never_placed == 0
+    off = run_replay(nodes, wl, "bestfit", warmup=0.0, frag=False, preemption=False)
+    assert off.preemptions == 0 and off.queue_delay_s["max"] > r.queue_delay_s["max"]

@@ -21,8 +21,9 @@ fit first reclaims quota its queue lent out, then preempts lower-priority
 pods (``engine.schedqueue.plan_room``); victims go back to waiting, like a
 controller's re-created pod, and keep their first arrival time.  Members of a
 pod group go through the live loop's ``GangScheduler`` (all or nothing, one
-holder at a time) after the single pods, as in ``SchedulerLoop.schedule_due``;
-the replay does not preempt for gangs.
+holder at a time) after the single pods, as in ``SchedulerLoop.schedule_due``,
+and a gang that does not fit preempts lower-priority pods for all its members
+at once (``find_gang_victims``, as the loop's ``_make_room_for_gang``).
 
 Load (``load=X``): the arrival times are scaled so that the time-averaged
 offered GPU demand is X of the cluster's GPU capacity:
@@ -57,6 +58,7 @@ import numpy as np
 from ..engine.framework import Scheduler
 from ..engine.gang import GangScheduler
 from ..engine.model import GPU_MILLI, Node, PodRequest
+from ..engine.preemption import find_gang_victims
 from ..engine.queues import Queue, QueueQuota, QueueTree, request_vector
 from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
 from ..engine.state import ClusterState
@@ -487,13 +489,72 @@ def run_replay(
         holder at a time), after the single pods, as in ``SchedulerLoop.schedule_due``."""
         if gangs is None or not gang_waiting:
             return
+        again = False
         for res in gangs.step(now):
             for d in res.placed:
                 placed(by_key[d.pod_key], now)
+            if not res.ok and make_room_for_gang(res.group, now):
+                again = True
+        if again:  # victims are gone: the gang goes first (the loop's gangs_first)
+            for res in gangs.step(now):
+                for d in res.placed:
+                    placed(by_key[d.pod_key], now)
+
+    def evict(victims: Sequence, kind: str, now: float) -> None:
+        """What the live loop's deletions do: the victims leave the snapshot and wait again."""
+        nonlocal used
+        for v in victims:
+            j = by_key[v.pod_key]
+            if limits is not None:
+                limits.release(v.pod_key)
+            used -= reqs[j].total_gpu_milli
+            prio_running[reqs[j].priority] -= 1
+            placed_at.pop(j, None)
+            ends.pop(j, None)  # its departure event is stale now
+            dirty.add(state.index[v.node])
+            if gangs is not None and reqs[j].pod_group:
+                gangs.remove(v.pod_key)  # forgets its devices
+                gangs.add(reqs[j], now)
+                gang_waiting[j] = now
+            else:
+                sched.forget(v.pod_key)
+                enqueue(j, now)
+            if v.queue in team_preempted:
+                (team_reclaimed if kind == "reclaimed" else team_preempted)[v.queue] += 1
+        if kind == "reclaimed":
+            run.reclaims += len(victims)
+        else:
+            run.preemptions += len(victims)
+
+    def make_room_for_gang(group: str, now: float) -> bool:
+        """The loop's ``_make_room_for_gang``: lower-priority victims for the whole gang at once."""
+        g = gangs.gangs.get(group) if gangs is not None else None
+        if g is None or not preemption:
+            return False
+        need = max(g.group.min_member - len(g.running), 1)
+        held = set(gangs.held) if gangs is not None and gangs.holder == group else set()
+        members = [m for m in g.members.values() if m.key not in held]
+        need -= len(held)
+        if len(g.members) < need + len(held) or need <= 0 or not members:
+            return False
+        prio = min(m.priority for m in members)
+        if not any(p < prio and c for p, c in prio_running.items()):
+            return False
+        key = ("gang", group)
+        ep = (0, sum(c for p, c in placed_by_prio.items() if p < prio))
+        last = room_failed.get(key)
+        if last is not None and (last[0] == ep or now < last[1]):
+            return False
+        plan = find_gang_victims(sched, group, members, need)
+        if plan is None:
+            room_failed[key] = (ep, now + PLAN_INTERVAL_S)
+            return False
+        evict(plan.victims, "preempted", now)
+        backoff.wake_all()
+        return True
 
     def make_room(i: int, now: float) -> bool:
         """Reclaim or preempt for pod i (shared decision); victims wait again.  True if i placed."""
-        nonlocal used
         r = reqs[i]
         if not preemption or (tree is None and not any(p < r.priority and c for p, c in prio_running.items())):
             return False
@@ -505,24 +566,7 @@ def run_replay(
         if rp is None or not rp.victims:
             room_failed[room_key(r)] = (ep, now + PLAN_INTERVAL_S)
             return False
-        for v in rp.victims:
-            j = by_key[v.pod_key]
-            if limits is not None:
-                limits.release(v.pod_key)
-            used -= reqs[j].total_gpu_milli
-            prio_running[reqs[j].priority] -= 1
-            placed_at.pop(j, None)
-            ends.pop(j, None)  # its departure event is stale now
-            enqueue(j, now)
-            if v.queue in team_preempted:
-                (team_reclaimed if rp.kind == "reclaimed" else team_preempted)[v.queue] += 1
-        for v in rp.victims:  # what the live loop's deletions do to its snapshot
-            sched.forget(v.pod_key)
-            dirty.add(state.index[v.node])
-        if rp.kind == "reclaimed":
-            run.reclaims += len(rp.victims)
-        else:
-            run.preemptions += len(rp.victims)
+        evict(rp.victims, rp.kind, now)
         backoff.wake_all()
         nominated.add(r.key)
         return place(i, now)
