@@ -122,6 +122,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
                    help="packing: also compute the offline LP bound (least unallocated GPU %% any policy could reach; default on)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from . import replay_cli
+
+    replay_cli.add_arguments(p)
 
 
 # --- workers (top level, so they pickle) --------------------------------------------
@@ -240,6 +243,10 @@ def run(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json_path), ("--report", args.report)):
         if path:
             output_file(flag, path)  # before the work, not after it
+    if args.experiment == "replay":  # load, what-ifs, team queues, the 2025 trace
+        from . import replay_cli
+
+        return replay_cli.run(args, policies, pods_path, args.nodes)
     try:
         nl, read, tr, unplaceable = _load_all(nodes_path, pods_path, args.skip_bad_rows)
     except OSError as exc:

@@ -55,8 +55,9 @@ from ..engine.gang import GangScheduler, group_key
 from ..engine.inventory import assignment_to_json
 from ..engine.model import Assignment, Node, PodRequest, Taint
 from ..engine.podspec import parse_pod, pod_key
-from ..engine.preemption import explain_preemption, find_gang_victims, find_victims
+from ..engine.preemption import explain_preemption, find_gang_victims
 from ..engine.queues import Queue, QueueQuota, QueueTree
+from ..engine.schedqueue import QueuedPod, next_backoff_s, order_pending, plan_room
 from ..engine.state import ClusterState
 from ..engine.volumes import (
     SELECTED_NODE,
@@ -667,23 +668,18 @@ class SchedulerLoop:
         DRF order; else higher priority first, then first seen.
         """
         now = self.clock()
-        keys = [k for k in self.pending if self._not_before.get(k, 0.0) <= now and not self._in_gang(self.pending[k])]
-        keys.sort(key=lambda k: (-int((self.pending[k].get("spec") or {}).get("priority") or 0), self._first_seen.get(k, 0.0), k))
-        if self.tree is not None and len(keys) > 1:
-            reqs = []
-            rest = []
-            for k in keys:
+        pods = []
+        for k, p in self.pending.items():
+            if self._not_before.get(k, 0.0) > now or self._in_gang(p):
+                continue
+            req = None
+            if self.tree is not None:
                 try:
-                    reqs.append(self._request(k, self.pending[k]))
+                    req = self._request(k, p)
                 except GpufleetError:
-                    rest.append(k)  # invalid: schedule_one reports it
-            try:
-                keys = rest + [r.key for r in self.tree.order(reqs)]
-            except Exception:  # an ordering bug must not stop scheduling: keep priority order
-                log.exception("fair-share order failed; using priority order")
-        if self._nominated:
-            keys.sort(key=lambda k: k not in self._nominated)  # stable: keeps the order within each part
-        return keys
+                    pass  # invalid: tried first, schedule_one reports it
+            pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self._first_seen.get(k, 0.0), req))
+        return order_pending(pods, self.tree, self._nominated)
 
     def due_gang_members(self) -> list[str]:
         now = self.clock()
@@ -700,7 +696,7 @@ class SchedulerLoop:
 
     def _defer(self, key: str, until: float | None = None) -> None:
         """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
-        b = min(self.backoff_max_s, self._backoff.get(key, self.backoff_initial_s / 2) * 2)
+        b = next_backoff_s(self._backoff.get(key), self.backoff_initial_s, self.backoff_max_s)
         self._backoff[key] = b
         t = self.clock() + b
         self._not_before[key] = t if until is None else min(t, max(until, self.clock()))
@@ -997,25 +993,14 @@ class SchedulerLoop:
         return self.evictions.leaving(self.bound_pods)
 
     def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float) -> None:
-        victims: list[Assignment] = []
-        reason: str | None = None
-        lines: list[str] | None = None
-        node = ""
         leaving = self._leaving() | set(self.gangs.held)  # held pods are not running: nothing to evict
-        if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req, exclude=leaving)
-            if rp is not None:
-                victims, lines = rp.victims, rp.explanation
-                reason, kind = f"reclaimed: queue {req.queue} needs its quota back for {key}", "reclaimed"
-        if not victims and not req.preempt_never and any(a.priority < req.priority for a in self.state.assignments.values()):
-            plan = find_victims(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                age_rank=self._age_rank(), exclude=leaving, **self._candidate_bound())
-            if plan is not None:
-                victims, lines, node = plan.victims, plan.explanation, plan.node
-                reason, kind = f"preempted by {key} (priority {req.priority}) on {plan.node}", "preempted"
-        if not victims:
+        rp = plan_room(self.sched, self.tree, req, lambda: dict(
+            pdbs=self.objects.budgets, pod_labels=self._pod_labels(), age_rank=self._age_rank(), **self._candidate_bound()),
+            exclude=leaving)
+        if rp is None or not rp.victims:
             return
-        done = self._evict(victims, reason or "", kind, key)
+        reason, kind, lines, node = rp.reason, rp.kind, rp.explanation, rp.node or ""
+        done = self._evict(rp.victims, reason, kind, key)
         if done is None:
             return
         evicted, gone = done
@@ -1027,7 +1012,7 @@ class SchedulerLoop:
         what = [ln for ln in (lines or []) if not _names_any(ln, gone)]
         if gone:
             what.append(f"already gone: {', '.join(sorted(gone))}")
-        self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(what or [reason or ""]))
+        self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(what or [reason]))
         if kind == "preempted":  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
             ns, name = key.split("/", 1)
             try:

@@ -1,32 +1,228 @@
-"""Replay experiment: pods arrive at ``creation_time`` and leave at ``deletion_time``.
+"""Replay experiment: a trace's pods arrive, wait in the scheduling queue, run, and leave.
 
-A discrete-event loop on a simulated clock (no sleeping, no polling): at each
-arrival the pod gets one scheduling cycle; if it does not fit it waits and is
-retried, in arrival order, whenever a pod leaves -- like kube-scheduler's
-unschedulable queue, which is flushed on cluster events.  A waiting pod whose
-time in the trace is up leaves the queue unplaced.  Within one retry round a
-shape that failed is not tried again: resources only shrink while the round
-places pods, so it would fail again.
+A discrete-event loop on a simulated clock (no sleeping, no polling).  Each
+pod arrives at its ``creation_time`` and, once placed, runs for its *run
+time* -- ``deletion_time - scheduled_time`` (or ``- creation_time`` when the
+trace has no scheduled time): the time it held resources in production.  A
+pod placed late therefore still runs for as long as it did, as a job would.
+
+The queue is the live scheduler's (``engine.schedqueue``, shared with
+``kube/loop.py``): pods that had victims deleted for them first, then with
+team queues hierarchical weighted DRF (``QueueTree.order``), else priority
+and first come.  A pod that does not fit backs off; every cluster change (a
+pod leaves, victims are deleted) wakes every waiting pod, as in the live loop.
+A retry of a pod while nothing changed since it last failed would fail again,
+so it is skipped (equivalent outcome, much less work): a round tries only the
+shapes that could fit on a node that gained room (or, with queues, were held
+back by quota or could reclaim), and within a round a (queue, shape,
+constraints) that failed is not tried again: resources only shrink while a
+round places pods.  A pod that still does not
+fit first reclaims quota its queue lent out, then preempts lower-priority
+pods (``engine.schedqueue.plan_room``); victims go back to waiting, like a
+controller's re-created pod, and keep their first arrival time.  Members of a
+pod group go through the live loop's ``GangScheduler`` (all or nothing, one
+holder at a time) after the single pods, as in ``SchedulerLoop.schedule_due``,
+and a gang that does not fit preempts lower-priority pods for all its members
+at once (``find_gang_victims``, as the loop's ``_make_room_for_gang``).
+
+Load (``load=X``): the arrival times are scaled so that the time-averaged
+offered GPU demand is X of the cluster's GPU capacity:
+
+    offered = sum_i(gpu_i * run_i) / (capacity * (t_last_arrival - t_first_arrival))
+
+with ``gpu_i`` in GPUs (a 0.5-GPU share counts 0.5) and ``capacity`` the GPUs
+of the *reference* cluster (the one the trace came with, also under a
+what-if, so a what-if compares the same workload on another cluster).  Gaps
+between arrivals are multiplied by ``offered / X``; run times are kept.
+
+Metrics are taken over the *busy window*: from ``warmup`` (a fraction of the
+arrival span, default 10%) after the first arrival to the last arrival.  The
+warm-up (an empty cluster filling) and the drain (no more arrivals) are left
+out: queueing delay, slowdown and classes count pods that *arrive* in the
+window (whenever they are placed), GPU allocation is time-averaged over the
+window.  Pods in the trace that already run at its start (``creation_time``
+empty, as in the 2025 trace) are placed before the first arrival and are not
+measured.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..engine.framework import Scheduler
-from ..engine.model import Node
+from ..engine.gang import GangScheduler
+from ..engine.model import GPU_MILLI, Node, PodRequest
+from ..engine.preemption import find_gang_victims
+from ..engine.queues import Queue, QueueQuota, QueueTree, request_vector
+from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
 from ..engine.state import ClusterState
 from ..policies import build_profile
+from ..policies.paper import TargetWorkload, frag_amount, node_view
 from .packing import prime_policy
-from .trace import TracePod, TraceError
+from .trace import TraceError, TracePod
 
-SAMPLES = 400
+SAMPLES = 200
+BOUNDED_SLOWDOWN_TAU_S = 10.0  # bounded slowdown: (wait + run) / max(run, tau)
+DEFAULT_WARMUP = 0.1
+PLAN_INTERVAL_S = 300.0  # a queue (or priority) whose reclaim/preemption plan failed plans again at most this often
+
+
+def request_class(r: PodRequest) -> str:
+    """``cpu`` (no GPU), ``shares`` (part of one GPU), ``1``/``2``/``4``/``8`` GPUs, or ``N`` GPUs."""
+    if r.gpu_count == 0:
+        return "cpu"
+    if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
+        return "shares"
+    return str(r.gpu_count)
+
+
+def pinned_class(r: PodRequest) -> str | None:
+    """``<class>@<models>`` for a pod pinned to GPU models, else None."""
+    if r.gpu_count == 0 or not r.gpu_models_allow:
+        return None
+    return f"{request_class(r)}@{'|'.join(sorted(r.gpu_models_allow))}"
+
+
+def stats(values: Sequence[float] | np.ndarray) -> dict[str, float]:
+    a = np.asarray(values, dtype=float)
+    if a.size == 0:
+        return {"n": 0, "mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
+    p50, p95, p99 = np.percentile(a, [50, 95, 99])
+    return {"n": int(a.size), "mean": round(float(a.mean()), 2), "p50": round(float(p50), 2),
+            "p95": round(float(p95), 2), "p99": round(float(p99), 2), "max": round(float(a.max()), 2)}
+
+
+@dataclass
+class Workload:
+    """A trace ready to replay: requests, arrival and run times (seconds), what production saw."""
+
+    requests: list[PodRequest]
+    arrival_s: np.ndarray  # NaN: already running when the trace starts
+    run_s: np.ndarray
+    production_delay_s: np.ndarray  # scheduled - creation (NaN when unknown)
+    extras: list[Mapping[str, object]] = field(default_factory=list)  # per pod, for constraint plugins
+
+    copies: int = 1
+    gpu: np.ndarray = field(init=False, repr=False)  # GPUs per pod
+
+    def __post_init__(self) -> None:
+        self.gpu = np.array([r.total_gpu_milli / GPU_MILLI for r in self.requests], dtype=float)
+
+    def window(self, warmup: float = DEFAULT_WARMUP) -> tuple[float, float]:
+        """The busy window: from the arrival of the first ``warmup`` fraction of pods to the last arrival."""
+        a = self.arrival_s[~np.isnan(self.arrival_s)]
+        if a.size == 0:
+            return 0.0, 0.0
+        s = np.sort(a)
+        return float(s[min(int(warmup * s.size), s.size - 1)]), float(s[-1])
+
+    def offered_load(self, capacity_gpus: float, warmup: float = DEFAULT_WARMUP) -> float:
+        """Time-averaged GPU demand over the busy window if every pod ran on arrival, as a fraction
+        of ``capacity_gpus``: sum_i gpu_i * |[a_i, a_i + run_i] within the window| / (capacity * window)."""
+        w0, w1 = self.window(warmup)
+        m = ~np.isnan(self.arrival_s)
+        if w1 <= w0 or capacity_gpus <= 0:
+            return 0.0
+        a = self.arrival_s[m]
+        ov = np.clip(np.minimum(a + self.run_s[m], w1) - np.maximum(a, w0), 0.0, None)
+        pre = (~m) & (self.run_s > 0)  # running at the start: from the first arrival on
+        t0 = float(a.min())
+        ov_pre = np.clip(np.minimum(t0 + self.run_s[pre], w1) - w0, 0.0, None)
+        return float(((self.gpu[m] * ov).sum() + (self.gpu[pre] * ov_pre).sum()) / (capacity_gpus * (w1 - w0)))
+
+    def scaled(self, k: float) -> Workload:
+        """Gaps between arrivals multiplied by ``k``; run times unchanged."""
+        m = ~np.isnan(self.arrival_s)
+        a = self.arrival_s.copy()
+        if m.any():
+            t0 = a[m].min()
+            a[m] = t0 + (a[m] - t0) * k
+        return replace(self, arrival_s=a)
+
+    def tiled(self, n: int) -> Workload:
+        """The trace's arrivals repeated ``n`` times back to back (copy j's pods named ``<name>~j``),
+        for loads one pass of the trace cannot offer; pods running at the start come once."""
+        if n <= 1:
+            return self
+        m = ~np.isnan(self.arrival_s)
+        a = self.arrival_s[m]
+        span = float(a.max() - a.min()) + float(np.diff(np.sort(a)).mean() if a.size > 1 else 1.0)
+        idx = np.flatnonzero(m)
+        reqs = list(self.requests)
+        arr = [self.arrival_s]
+        run, prod = [self.run_s], [self.production_delay_s]
+        extras = list(self.extras)
+        for j in range(1, n):
+            reqs += [replace(self.requests[i], name=f"{self.requests[i].name}~{j}") for i in idx]
+            arr.append(a + j * span)
+            run.append(self.run_s[idx])
+            prod.append(self.production_delay_s[idx])
+            extras += [self.extras[i] for i in idx] if self.extras else []
+        return Workload(reqs, np.concatenate(arr), np.concatenate(run), np.concatenate(prod), extras, copies=n)
+
+    def max_load(self, capacity_gpus: float, warmup: float = DEFAULT_WARMUP) -> float:
+        """About the most one pass can offer: every pod arriving at once (arrival gaps x 1e-9)."""
+        return self.scaled(1e-9).offered_load(capacity_gpus, warmup)
+
+    def copies_for(self, load: float, capacity_gpus: float, warmup: float = DEFAULT_WARMUP, most: int = 32) -> int:
+        """How many back-to-back passes of the trace it takes to offer ``load`` (with 20% to spare)."""
+        for n in range(1, most + 1):
+            if self.tiled(n).max_load(capacity_gpus, warmup) >= 1.2 * load:
+                return n
+        raise ValueError(f"load {load} is more than {most} passes of the trace can offer")
+
+    def at_load(self, load: float, capacity_gpus: float, warmup: float = DEFAULT_WARMUP,
+                copies: int | None = None) -> tuple[Workload, float]:
+        """Arrival gaps scaled (bisection: the offered load falls as gaps grow) so the offered load is
+        ``load``, over ``copies`` passes of the trace (default: as few as it takes); (workload, factor)."""
+        if load <= 0:
+            raise ValueError("load must be > 0")
+        base = self.tiled(copies if copies is not None else self.copies_for(load, capacity_gpus, warmup))
+        if base.offered_load(capacity_gpus, warmup) <= 0 and base.max_load(capacity_gpus, warmup) <= 0:
+            raise ValueError("the trace offers no GPU demand over time: --load cannot scale it")
+        lo, hi = -30.0, 30.0  # log(k)
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if base.scaled(float(np.exp(mid))).offered_load(capacity_gpus, warmup) > load:
+                lo = mid
+            else:
+                hi = mid
+        k = float(np.exp((lo + hi) / 2))
+        return base.scaled(k), k
+
+
+def workload_from_trace(pods: Sequence[TracePod], trace_name: str = "trace",
+                        namespace_of: Callable[[TracePod], str] | None = None,
+                        priority_of: Callable[[TracePod], int] | None = None) -> Workload:
+    """Arrival = creation_time; run = deletion - (scheduled or creation); a pod with no deletion
+    time runs to the trace's last timestamp; no creation_time: already running at the start."""
+    times = [t for p in pods for t in (p.creation_time, p.deletion_time, p.scheduled_time) if t is not None]
+    t_end = max(times) if times else 0
+    reqs, arr, run, prod, extras = [], [], [], [], []
+    for i, p in enumerate(pods):
+        if p.creation_time is None and p.scheduled_time is None and p.deletion_time is None and not hasattr(p, "extras"):
+            raise TraceError(trace_name, i + 2, "creation_time",
+                             f"pod {p.name} has no creation_time; the replay needs the 11-column trace")
+        r = p.request()
+        if namespace_of is not None or priority_of is not None:
+            r = replace(r, namespace=namespace_of(p) if namespace_of else r.namespace,
+                        priority=priority_of(p) if priority_of else r.priority)
+        start = p.scheduled_time if p.scheduled_time is not None else p.creation_time
+        end = p.deletion_time if p.deletion_time is not None else t_end
+        if start is None:
+            start = 0
+        reqs.append(r)
+        arr.append(np.nan if p.creation_time is None else float(p.creation_time))
+        run.append(max(float(end) - float(start), 1.0))
+        prod.append(np.nan if p.creation_time is None or p.scheduled_time is None else float(p.scheduled_time - p.creation_time))
+        extras.append(getattr(p, "extras", {}))
+    return Workload(reqs, np.array(arr, dtype=float), np.array(run, dtype=float), np.array(prod, dtype=float), extras)
 
 
 @dataclass
@@ -34,14 +230,32 @@ class ReplayRun:
     policy: str
     seed: int
     trace: str
+    load: float | None = None  # target offered load (None: the trace's own clock x speedup)
+    offered_load: float = 0.0  # offered GPU load actually replayed (reference capacity)
+    arrival_scale: float = 1.0  # factor applied to the gaps between arrivals
+    copies: int = 1  # passes of the trace, back to back
+    what_if: str = ""
+    nodes: int = 0
+    gpus: int = 0
+    warmup: float = DEFAULT_WARMUP
+    busy_window_h: list[float] = field(default_factory=list)  # [start, end], hours from the first arrival
     t_h: list[float] = field(default_factory=list)
     gpu_alloc_pct: list[float] = field(default_factory=list)
     pending_pods: list[int] = field(default_factory=list)
+    frag_pct: list[float] = field(default_factory=list)  # fragmented GPUs (FGD's measure), % of capacity
     queue_delay_s: dict[str, float] = field(default_factory=dict)
+    delay_by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+    bounded_slowdown: dict[str, float] = field(default_factory=dict)
+    production_delay_s: dict[str, float] = field(default_factory=dict)  # same pods, what production had
     pods_arrived: int = 0
+    pods_measured: int = 0
     pods_placed: int = 0
     pods_never_placed: int = 0
-    mean_gpu_alloc_pct: float = 0.0
+    preemptions: int = 0
+    reclaims: int = 0
+    mean_gpu_alloc_pct: float = 0.0  # over the busy window
+    mean_frag_pct: float = 0.0
+    teams: dict[str, dict] = field(default_factory=dict)
     wall_s: float = 0.0
 
     def to_json(self) -> dict:
@@ -50,114 +264,517 @@ class ReplayRun:
         return d
 
 
+def _limits_plugin(extras: Sequence[Mapping[str, object]], nodes: Sequence[Node], reqs: Sequence[PodRequest]):
+    from .constraints import NodeLimits
+
+    if not any(extras):
+        return None
+    lim = NodeLimits.for_workload(nodes, extras)
+    lim.bind_keys([r.key for r in reqs], extras)
+    return lim
+
+
 def run_replay(
     nodes: Sequence[Node],
-    pods: Sequence[TracePod],
+    pods: Sequence[TracePod] | Workload,
     policy: str,
     seed: int = 42,
     trace_name: str = "",
     progress: Callable[[int], None] | None = None,
     speedup: float = 1.0,
+    load: float | None = None,
+    reference_gpus: float | None = None,
+    warmup: float = DEFAULT_WARMUP,
+    queues: Sequence[Queue] | None = None,
+    preemption: bool = True,
+    what_if: str = "",
+    frag: bool = True,
+    copies: int | None = None,
 ) -> ReplayRun:
-    """``speedup`` > 1 compresses the gaps between arrivals (not the pods' run times) to raise the load."""
+    """Replay ``pods`` on ``nodes`` with ``policy``.  ``load`` (offered GPU load, fraction of
+    ``reference_gpus``, default the cluster's own GPUs) or ``speedup`` (divide the gaps between
+    arrivals) set the pace; ``queues`` turns on team queues (pods' namespaces name their team)."""
     t0 = time.perf_counter()
-    for p in pods:
-        if p.creation_time is None:
-            raise TraceError(trace_name or "trace", 0, "creation_time", f"pod {p.name} has no creation_time; the replay experiment needs the 11-column trace")
     if speedup <= 0:
         raise ValueError("speedup must be > 0")
-    if speedup != 1.0 and pods:
-        from dataclasses import replace
-
-        base = min(int(p.creation_time) for p in pods)  # type: ignore[arg-type]
-
-        def squeeze(p: TracePod) -> TracePod:
-            c = base + int((int(p.creation_time) - base) / speedup)  # type: ignore[arg-type]
-            d = None if p.deletion_time is None else c + (int(p.deletion_time) - int(p.creation_time))  # type: ignore[arg-type]
-            return replace(p, creation_time=c, deletion_time=d)
-
-        pods = [squeeze(p) for p in pods]
+    wl = pods if isinstance(pods, Workload) else workload_from_trace(pods, trace_name or "trace")
+    cap_gpus = sum(len(n.gpus) for n in nodes)
+    ref = float(reference_gpus or cap_gpus)
+    scale = 1.0
+    if load is not None:
+        wl, scale = wl.at_load(load, ref, warmup, copies)
+    elif speedup != 1.0:
+        wl, scale = wl.scaled(1.0 / speedup), 1.0 / speedup
     state = ClusterState(nodes)
-    sched = Scheduler(build_profile(policy), state, seed=seed)
-    prime_policy(sched, [p.request() for p in pods])
+    prof = build_profile(policy)
+    tree: QueueTree | None = None
+    reqs = list(wl.requests)
+    if queues:
+        from ..engine.queues import NamespaceQueues
+
+        tree = QueueTree(queues, state)
+        nsq = NamespaceQueues(queues)
+        names = set(tree.queues)
+        reqs = [nsq.apply(r) if r.namespace not in names else replace(r, queue=r.namespace) for r in reqs]
+        qq = QueueQuota(tree)
+        prof = replace(prof, pre_filters=[qq, *prof.pre_filters], reserves=[qq, *prof.reserves])
+    limits = _limits_plugin(wl.extras, nodes, reqs)
+    if limits is not None:
+        prof = replace(prof, filters=[*prof.filters, limits], reserves=[*prof.reserves, limits])
+    sched = Scheduler(prof, state, seed=seed)
+    prime_policy(sched, list(reqs))
     capacity = max(state.total_gpu_milli(), 1)
+    by_key = {r.key: i for i, r in enumerate(reqs)}
+    if len(by_key) != len(reqs):
+        raise TraceError(trace_name or "trace", 0, "name", "pod names must be unique")
+
+    arrival = wl.arrival_s
+    measured_mask = ~np.isnan(arrival)
+    t_first = float(arrival[measured_mask].min()) if measured_mask.any() else 0.0
+    t_last = float(arrival[measured_mask].max()) if measured_mask.any() else 0.0
+    w_start, w_end = wl.window(warmup)
+    in_window = measured_mask & (arrival >= w_start) & (arrival <= w_end)
+
+    run = ReplayRun(policy=policy, seed=seed, trace=trace_name, load=load, arrival_scale=round(scale, 6),
+                    offered_load=round(wl.offered_load(ref, warmup), 4), copies=wl.copies, what_if=what_if, nodes=len(nodes), gpus=cap_gpus,
+                    warmup=warmup, busy_window_h=[round((w_start - t_first) / 3600, 4), round((w_end - t_first) / 3600, 4)])
+
+    tw = TargetWorkload.from_requests(reqs) if frag and cap_gpus else None
+    acc = tw.access(state.model_names) if tw is not None else None
+    all_nodes = np.arange(len(state))
 
     # events: (time, kind, seq, pod index); kind 0 = departure before 1 = arrival at equal times
-    ev: list[tuple[int, int, int, int]] = []
-    for i, p in enumerate(pods):
-        heapq.heappush(ev, (int(p.creation_time), 1, i, i))  # type: ignore[arg-type]
-    t_start = min(int(p.creation_time) for p in pods) if pods else 0  # type: ignore[arg-type]
-    t_end = max(int(p.creation_time) for p in pods) if pods else 0  # type: ignore[arg-type]  # report the arrival window
-    sample_every = max((t_end - t_start) / SAMPLES, 1.0)
-    next_sample = float(t_start)
-
-    pending: deque[int] = deque()
-    placed_at: dict[int, int] = {}
-    delays: list[float] = []
-    never = 0
+    ev: list[tuple[float, int, int, int]] = []
+    seq = 0
+    for i0 in np.flatnonzero(measured_mask):
+        ev.append((float(arrival[i0]), 1, int(i0), int(i0)))
+    heapq.heapify(ev)
+    backoff = Backoff()
+    queued: dict[int, QueuedPod] = {}  # pending pods, in arrival order
+    arrived_at: dict[int, float] = {}
+    placed_at: dict[int, float] = {}
+    ends: dict[int, int] = {}  # pod -> seq of its live departure event (victims' old ones are stale)
+    delays = np.full(len(reqs), np.nan)
     used = 0
-    run = ReplayRun(policy=policy, seed=seed, trace=trace_name)
-    seq = len(pods)
+    alloc_integral = 0.0
+    last_t = t_first
+    nominated: set[str] = set()
+    team_names = sorted(tree.queues) if tree else []
+    team_share: dict[str, list[float]] = {q: [] for q in team_names}
+    team_borrow: dict[str, list[float]] = {q: [] for q in team_names}
+    team_preempted: dict[str, int] = {q: 0 for q in team_names}
+    team_reclaimed: dict[str, int] = {q: 0 for q in team_names}
 
-    def try_place(i: int, now: int) -> bool:
+    prio_running: dict[int, int] = {}  # priority -> pods running
+    shape_of = [(r.queue, r.shape(), r.labels, r.priority) for r in reqs]  # what a decision depends on
+    buckets: dict[tuple, list[tuple]] = {}  # shape -> waiting pods as (sort key, index), in order
+    shape_ids: dict[tuple, int] = {}
+    for k in shape_of:
+        shape_ids.setdefault(k, len(shape_ids))
+    shape_list = list(shape_ids)
+    rep: dict[tuple, PodRequest] = {}
+    for i, k in enumerate(shape_of):
+        rep.setdefault(k, reqs[i])
+    s_cpu = np.array([rep[k].cpu_milli for k in shape_list], dtype=np.int64)
+    s_mem = np.array([rep[k].memory_mib for k in shape_list], dtype=np.int64)
+    s_gc = np.array([rep[k].gpu_count if rep[k].mig_profile is None else 0 for k in shape_list], dtype=np.int64)
+    s_gm = np.array([min(rep[k].gpu_milli, GPU_MILLI) for k in shape_list], dtype=np.int64)
+    dirty: set[int] = set()  # nodes that gained room since the last retry round
+    gangs = GangScheduler(sched) if any(r.pod_group for r in reqs) else None
+    gang_waiting: dict[int, float] = {}  # pod-group members not placed yet
+    quota_blocked: set[tuple] = set()  # shapes whose last failure was their queue's quota
+    # A failed reclaim/preemption plan is planned again only once something it could take came
+    # (a pod placed beyond its queue's quota, or of lower priority) and PLAN_INTERVAL_S later: the
+    # live loop bounds its planning time too (PLAN_SHARE); replanning every round would cost hours.
+    room_failed: dict[tuple, tuple] = {}
+    lent = [0]
+    placed_by_prio: dict[int, int] = {}
+
+    def room_key(r: PodRequest) -> tuple:
+        """Planning is rationed per queue (with queues) or per priority (without)."""
+        return (r.queue, None) if tree is not None else (None, r.priority)
+
+    def room_ready(shape: tuple, r: PodRequest, now: float) -> bool:
+        last = room_failed.get(room_key(r))
+        return last is None or (last[0] != room_epoch(r) and now >= last[1])
+
+    def room_epoch(r: PodRequest) -> tuple:
+        return (lent[0], sum(c for p, c in placed_by_prio.items() if p < r.priority))
+
+    def enqueue(i: int, now: float) -> None:
+        if i not in queued:
+            q = queued[i] = QueuedPod(reqs[i].key, reqs[i].priority, arrived_at.get(i, now), reqs[i])
+            bisect.insort(buckets.setdefault(shape_of[i], []), (sort_key(q)[1:], i))
+
+    def dequeue(i: int) -> None:
+        q = queued.pop(i, None)
+        if q is not None:
+            b = buckets[shape_of[i]]
+            b.remove((sort_key(q)[1:], i))
+            if not b:
+                del buckets[shape_of[i]]
+
+    def could_fit(r: PodRequest, nodes: np.ndarray | None = None) -> bool:
+        """A necessary condition, cheap: some node (of ``nodes``) has the CPU, memory and free GPUs."""
+        sl = slice(None) if nodes is None else nodes
+        ok = (state.cpu_free[sl] >= r.cpu_milli) & (state.mem_free[sl] >= r.memory_mib)
+        if r.gpu_count and r.mig_profile is None:
+            free = state.gpu_free_milli[sl]
+            ok &= (free >= min(r.gpu_milli, GPU_MILLI)).sum(axis=1) >= r.gpu_count
+        return bool(ok.any())
+
+    def fits_on(sid: int, nodes: list[int]) -> bool:
+        """``could_fit`` for shape ``sid`` on a few nodes, without numpy's per-call cost."""
+        c, m, gc, gm = int(s_cpu[sid]), int(s_mem[sid]), int(s_gc[sid]), int(s_gm[sid])
+        for d in nodes:
+            if state.cpu_free[d] >= c and state.mem_free[d] >= m and \
+                    (gc == 0 or sum(1 for f in state.gpu_free_milli[d].tolist() if f >= gm) >= gc):
+                return True
+        return False
+
+    def place(i: int, now: float, checked: bool = False) -> bool:
         nonlocal used, seq
-        req = pods[i].request()
-        dec = sched.schedule(req)
-        if not dec.ok:
+        r = reqs[i]
+        if not checked and not could_fit(r):
             return False
-        used += req.total_gpu_milli
-        placed_at[i] = now
-        delays.append(float(now - int(pods[i].creation_time)))  # type: ignore[arg-type]
-        end = pods[i].deletion_time
-        if end is not None:
-            seq += 1
-            heapq.heappush(ev, (max(int(end), now), 0, seq, i))
+        dec = sched.schedule(r)
+        if not dec.ok:
+            if dec.status.plugin == "QueueQuota":
+                quota_blocked.add(shape_of[i])
+            return False
+        quota_blocked.discard(shape_of[i])
+        placed(i, now)
         return True
 
-    def retry(now: int) -> None:
-        nonlocal never
-        failed_shapes: set = set()
-        keep: deque[int] = deque()
-        while pending:
-            i = pending.popleft()
-            p = pods[i]
-            if p.deletion_time is not None and int(p.deletion_time) <= now:
-                never += 1  # its time in the trace ran out while it waited
-                continue
-            shape = p.request().shape()
-            if shape in failed_shapes or not try_place(i, now):
-                failed_shapes.add(shape)
-                keep.append(i)
-        pending.extend(keep)
+    def placed(i: int, now: float) -> None:
+        """Bookkeeping once pod i holds its devices (by ``place`` or by the gang scheduler)."""
+        nonlocal used, seq
+        r = reqs[i]
+        placed_by_prio[r.priority] = placed_by_prio.get(r.priority, 0) + 1
+        if tree is not None and r.queue in tree.queues and any(
+                (nom := tree.nominal(q, "gpu_milli")) is not None and tree.used(q, "gpu_milli") > nom for q in tree.path(r.queue)):
+            lent[0] += 1  # it borrows: reclaim may find it
+        used += r.total_gpu_milli
+        prio_running[r.priority] = prio_running.get(r.priority, 0) + 1
+        placed_at[i] = now
+        if i in arrived_at and np.isnan(delays[i]):
+            delays[i] = now - arrived_at[i]
+        dequeue(i)
+        nominated.discard(r.key)
+        backoff.forget(r.key)
+        seq += 1
+        ends[i] = seq
+        heapq.heappush(ev, (now + float(wl.run_s[i]), 0, seq, i))
+        gang_waiting.pop(i, None)
 
-    while ev:
-        now, kind, _, i = heapq.heappop(ev)
-        while next_sample <= min(now, t_end):
-            run.t_h.append(round((next_sample - t_start) / 3600.0, 3))
-            run.gpu_alloc_pct.append(round(used / capacity * 100.0, 3))
-            run.pending_pods.append(len(pending))
-            next_sample += sample_every
-        if kind == 0:
-            req = pods[i].request()
-            sched.forget(req.key)
-            used -= req.total_gpu_milli
-            if pending:
-                retry(now)
+    def release(i: int) -> None:
+        nonlocal used
+        r = reqs[i]
+        a = state.assignments.get(r.key)
+        if gangs is not None and r.pod_group:
+            gangs.remove(r.key)  # as the live loop's _drop_pod: forgets its devices too
         else:
+            sched.forget(r.key)
+        if a is not None:
+            dirty.add(state.index[a.node])
+        if limits is not None:
+            limits.release(r.key)
+        used -= r.total_gpu_milli
+        prio_running[r.priority] -= 1
+        placed_at.pop(i, None)
+        ends.pop(i, None)
+
+    def gang_round(now: float) -> None:
+        """Pod-group members go through the live loop's ``GangScheduler`` (all or nothing, one
+        holder at a time), after the single pods, as in ``SchedulerLoop.schedule_due``."""
+        if gangs is None or not gang_waiting:
+            return
+        again = False
+        for res in gangs.step(now):
+            for d in res.placed:
+                placed(by_key[d.pod_key], now)
+            if not res.ok and make_room_for_gang(res.group, now):
+                again = True
+        if again:  # victims are gone: the gang goes first (the loop's gangs_first)
+            for res in gangs.step(now):
+                for d in res.placed:
+                    placed(by_key[d.pod_key], now)
+
+    def evict(victims: Sequence, kind: str, now: float) -> None:
+        """What the live loop's deletions do: the victims leave the snapshot and wait again."""
+        nonlocal used
+        for v in victims:
+            j = by_key[v.pod_key]
+            if limits is not None:
+                limits.release(v.pod_key)
+            used -= reqs[j].total_gpu_milli
+            prio_running[reqs[j].priority] -= 1
+            placed_at.pop(j, None)
+            ends.pop(j, None)  # its departure event is stale now
+            dirty.add(state.index[v.node])
+            if gangs is not None and reqs[j].pod_group:
+                gangs.remove(v.pod_key)  # forgets its devices
+                gangs.add(reqs[j], now)
+                gang_waiting[j] = now
+            else:
+                sched.forget(v.pod_key)
+                enqueue(j, now)
+            if v.queue in team_preempted:
+                (team_reclaimed if kind == "reclaimed" else team_preempted)[v.queue] += 1
+        if kind == "reclaimed":
+            run.reclaims += len(victims)
+        else:
+            run.preemptions += len(victims)
+
+    def make_room_for_gang(group: str, now: float) -> bool:
+        """The loop's ``_make_room_for_gang``: lower-priority victims for the whole gang at once."""
+        g = gangs.gangs.get(group) if gangs is not None else None
+        if g is None or not preemption:
+            return False
+        need = max(g.group.min_member - len(g.running), 1)
+        held = set(gangs.held) if gangs is not None and gangs.holder == group else set()
+        members = [m for m in g.members.values() if m.key not in held]
+        need -= len(held)
+        if len(g.members) < need + len(held) or need <= 0 or not members:
+            return False
+        prio = min(m.priority for m in members)
+        if not any(p < prio and c for p, c in prio_running.items()):
+            return False
+        key = ("gang", group)
+        ep = (0, sum(c for p, c in placed_by_prio.items() if p < prio))
+        last = room_failed.get(key)
+        if last is not None and (last[0] == ep or now < last[1]):
+            return False
+        plan = find_gang_victims(sched, group, members, need)
+        if plan is None:
+            room_failed[key] = (ep, now + PLAN_INTERVAL_S)
+            return False
+        evict(plan.victims, "preempted", now)
+        backoff.wake_all()
+        return True
+
+    def make_room(i: int, now: float) -> bool:
+        """Reclaim or preempt for pod i (shared decision); victims wait again.  True if i placed."""
+        r = reqs[i]
+        if not preemption or (tree is None and not any(p < r.priority and c for p, c in prio_running.items())):
+            return False
+        ep = room_epoch(r)
+        last = room_failed.get(room_key(r))
+        if last is not None and (last[0] == ep or now < last[1]):
+            return False  # nothing it could take came, or it planned in vain a moment ago
+        rp = plan_room(sched, tree, r)
+        if rp is None or not rp.victims:
+            room_failed[room_key(r)] = (ep, now + PLAN_INTERVAL_S)
+            return False
+        evict(rp.victims, rp.kind, now)
+        backoff.wake_all()
+        nominated.add(r.key)
+        return place(i, now)
+
+    def retry(now: float) -> None:
+        """One pass over the waiting pods in the shared queue order (``engine.schedqueue``).
+
+        Without queues the order is static, so waiting pods are kept per shape in that order
+        and merged lazily by their heads; a shape whose head fails is done for the round.  A
+        shape is only tried if it could fit on a node that gained room since the last round:
+        every waiting shape failed against the rest of the cluster then, and nothing there
+        has more room now.  With queues see ``retry_queues``."""
+        if not queued:
+            dirty.clear()
+            return
+        ok = np.zeros(len(shape_list), dtype=bool)
+        room = sorted(dirty)
+        for d in room:  # shapes that could fit on a node that gained room
+            ok |= (s_cpu <= state.cpu_free[d]) & (s_mem <= state.mem_free[d]) & \
+                ((state.gpu_free_milli[d][None, :] >= s_gm[:, None]).sum(axis=1) >= s_gc)
+        dirty.clear()
+        if tree is not None:
+            retry_queues(now, ok)
+            return
+        heads: list[tuple] = []
+        for sid in np.flatnonzero(ok):
+            shape = shape_list[sid]
+            b = buckets.get(shape)
+            if b:
+                heads.append((sort_key(queued[b[0][1]], nominated), shape))
+        heapq.heapify(heads)
+        while heads:
+            _, shape = heapq.heappop(heads)
+            b = buckets.get(shape)
+            if not b:
+                continue
+            i = b[0][1]
+            if fits_on(shape_ids[shape], room) and place(i, now, checked=True):
+                b = buckets.get(shape)
+                if b:
+                    heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
+                continue
+            backoff.defer(reqs[i].key, now)
+            if make_room(i, now):
+                room = sorted(set(room) | dirty)
+                b = buckets.get(shape)
+                if b:
+                    heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
+
+    def retry_queues(now: float, ok: np.ndarray) -> None:
+        """With queues: the candidates are the first pods of each shape that could fit on a node
+        that gained room, whose last failure was its quota (usage moved), or that could reclaim
+        (within its quota while others borrow); they go through ``order_pending`` (DRF), as the
+        live loop's due pods do.  Rounds repeat while a shape had all its candidates placed."""
+        borrowing = False
+        if tree is not None and preemption:
+            use = tree.usage()
+            borrowing = any((nom := tree.nominal(q, "gpu_milli")) is not None and use[q].get("gpu_milli", 0) > nom
+                            for q in tree.queues)
+        per_shape = 8
+        for _ in range(64):
+            cands: list[QueuedPod] = []
+            for shape, b in buckets.items():
+                sid = shape_ids[shape]
+                r0 = reqs[b[0][1]]
+                if ok[sid] or shape in quota_blocked or (borrowing and r0.queue and tree is not None
+                                                         and room_ready(shape, r0, now)
+                                                         and tree.within_nominal(r0.queue, request_vector(r0))):
+                    cands.extend(queued[i] for _, i in b[:per_shape])
+            if not cands:
+                return
+            failed: set = set()
+            room_tried: set = set()
+            placed_n: dict[tuple, int] = {}
+            for key in order_pending(cands, tree, nominated):
+                i = by_key[key]
+                if i not in queued:
+                    continue
+                shape = shape_of[i]
+                if shape in failed:
+                    continue
+                if place(i, now):
+                    placed_n[shape] = placed_n.get(shape, 0) + 1
+                    continue
+                if shape not in room_tried:
+                    room_tried.add(shape)
+                    if make_room(i, now):
+                        failed.clear()  # victims left: room for others too
+                        placed_n[shape] = placed_n.get(shape, 0) + 1
+                        continue
+                failed.add(shape)
+                backoff.defer(reqs[i].key, now)
+            more = {sh for sh, n in placed_n.items() if n >= per_shape and sh in buckets}
+            if not more:
+                return
+            ok = np.zeros(len(shape_list), dtype=bool)
+            for sh in more:
+                ok[shape_ids[sh]] = True
+
+    def sample(t: float) -> None:
+        run.t_h.append(round((t - t_first) / 3600.0, 4))
+        run.gpu_alloc_pct.append(round(used / capacity * 100.0, 3))
+        run.pending_pods.append(len(queued))
+        if tw is not None:
+            cpu, left, model = node_view(state, all_nodes)
+            run.frag_pct.append(round(float(frag_amount(cpu, left, model, tw, acc).sum()) / capacity * 100.0, 3))  # type: ignore[arg-type]
+        if tree is not None:
+            use = tree.usage()
+            for q in team_names:
+                g = use[q].get("gpu_milli", 0)
+                team_share[q].append(round(100.0 * g / capacity, 3))
+                nom = tree.nominal(q, "gpu_milli")
+                team_borrow[q].append(round(100.0 * max(0, g - nom) / capacity, 3) if nom is not None else 0.0)
+
+    # pods running when the trace starts: placed first, not measured
+    for i0 in np.flatnonzero(~measured_mask):
+        place(int(i0), t_first)
+    sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
+    si = 0
+    while ev:
+        now = ev[0][0]
+        while si < len(sample_times) and sample_times[si] <= now:
+            sample(sample_times[si])
+            si += 1
+        lo, hi = max(last_t, w_start), min(now, w_end)
+        if hi > lo:
+            alloc_integral += used * (hi - lo)
+        last_t = now
+        left_any = False
+        arrivals: list[int] = []
+        while ev and ev[0][0] == now:
+            _, kind, s, i = heapq.heappop(ev)
+            i = int(i)
+            if kind == 0:
+                if ends.get(i) != s:
+                    continue  # a preempted pod's old departure
+                release(i)
+                left_any = True
+            else:
+                arrivals.append(i)
+        if left_any:
+            backoff.wake_all()
+            retry(now)
+        for i in arrivals:
             run.pods_arrived += 1
-            if not try_place(i, now):
-                pending.append(i)  # waits; retried in arrival order when a pod leaves
+            arrived_at[i] = now
+            r = reqs[i]
+            if gangs is not None and r.pod_group:
+                gang_waiting[i] = now
+                gangs.add(r, now)
+                if progress is not None:
+                    progress(1)
+                continue
+            if not place(i, now):
+                enqueue(i, now)
+                if make_room(i, now):
+                    continue
+                backoff.defer(r.key, now)
             if progress is not None:
                 progress(1)
-    never += len(pending)
-    a = np.asarray(delays) if delays else np.zeros(1)
-    run.queue_delay_s = {
-        "mean": round(float(a.mean()), 3),
-        "p50": round(float(np.percentile(a, 50)), 3),
-        "p99": round(float(np.percentile(a, 99)), 3),
-    }
-    run.pods_placed = len(placed_at)
-    run.pods_never_placed = never
-    run.mean_gpu_alloc_pct = round(float(np.mean(run.gpu_alloc_pct)) if run.gpu_alloc_pct else 0.0, 3)
+        if left_any or any(reqs[i].pod_group for i in arrivals):
+            gang_round(now)
+    while si < len(sample_times):
+        sample(sample_times[si])
+        si += 1
+
+    run.pods_never_placed = int(sum(1 for i in queued if in_window[i]) + sum(1 for i in gang_waiting if in_window[i]))
+    run.pods_placed = int(np.count_nonzero(~np.isnan(delays)))
+    w = np.flatnonzero(in_window & ~np.isnan(delays))
+    run.pods_measured = int(in_window.sum())
+    d = delays[w]
+    run.queue_delay_s = stats(d)
+    by: dict[str, list[float]] = {}
+    for iw in w.tolist():
+        by.setdefault(request_class(reqs[iw]), []).append(float(delays[iw]))
+        pc = pinned_class(reqs[iw])
+        if pc:
+            by.setdefault(pc, []).append(float(delays[iw]))
+    order_cls = {"shares": 0, "1": 1, "2": 2, "4": 4, "8": 8, "cpu": 100}
+    run.delay_by_class = {k: stats(v) for k, v in sorted(by.items(), key=lambda kv: (order_cls.get(kv[0], 50 if "@" not in kv[0] else 200), kv[0]))}
+    rt = wl.run_s[w]
+    run.bounded_slowdown = stats(np.maximum(1.0, (d + rt) / np.maximum(rt, BOUNDED_SLOWDOWN_TAU_S)))
+    prod = wl.production_delay_s[w]
+    run.production_delay_s = stats(prod[~np.isnan(prod)])
+    if w_end > w_start:
+        run.mean_gpu_alloc_pct = round(alloc_integral / (w_end - w_start) / capacity * 100.0, 3)
+    else:
+        run.mean_gpu_alloc_pct = run.gpu_alloc_pct[-1] if run.gpu_alloc_pct else 0.0
+    inw = [k for k, t in enumerate(run.t_h) if run.busy_window_h[0] <= t <= run.busy_window_h[1]]
+    if run.frag_pct and inw:
+        run.mean_frag_pct = round(float(np.mean([run.frag_pct[k] for k in inw])), 3)
+    if tree is not None:
+        for q in team_names:
+            dq = [float(delays[i]) for i in w if reqs[i].queue == q]
+            mean_share = float(np.mean([team_share[q][k] for k in inw])) if inw else 0.0
+            nom = tree.nominal(q, "gpu_milli")
+            run.teams[q] = {
+                "quota_gpus": None if nom is None else nom / GPU_MILLI, "weight": tree.queues[q].weight,
+                "parent": tree.queues[q].parent, "delay_s": stats(dq), "mean_share_pct": round(mean_share, 3),
+                "share_pct": team_share[q], "borrowed_pct": team_borrow[q],
+                "preempted": team_preempted[q], "reclaimed_from": team_reclaimed[q],
+                "never_placed": int(sum(1 for i in queued if in_window[i] and reqs[i].queue == q)),
+            }
+        unq = [float(delays[i]) for i in w if reqs[i].queue not in tree.queues]
+        if unq:
+            run.teams["(no queue)"] = {"delay_s": stats(unq)}
     run.wall_s = round(time.perf_counter() - t0, 3)
     return run
+
+
+__all__ = ["ReplayRun", "Workload", "request_class", "run_replay", "stats", "workload_from_trace"]
