@@ -1,8 +1,10 @@
 """Extender vs secondary scheduler on one real node: binds/s and create-to-bound latency.
 
-The real node of the real-node recipe (``run-e2e.sh --keep``: kube-apiserver,
-kubelet, containerd, ``gpufleet agent --nvml fake:h100-nvlink --replicas 4``),
-then, side by side on it (``tests/e2e/extender_node.py``):
+The real node of the real-node tier (``tests/e2e/node_up.sh`` on the recipe:
+kube-apiserver, kube-controller-manager, containerd, kubelet) with
+``gpufleet agent --nvml fake:h100-nvlink`` in its default configuration (8 GPUs x
+``sharesPerGpu`` 10 kubelet devices), then, side by side on it
+(``tests/e2e/extender_node.py``):
 
 * extender mode: the stock kube-scheduler v1.28 configured from
   ``deploy/extender/kube-scheduler-config.yaml`` + ``gpufleet extender``;
@@ -45,17 +47,17 @@ def main() -> int:
         print(f"bench_extender_node: {why}", file=sys.stderr)
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="gpufleet-ext-bench-"))
-    shapes = [("share", 16, 250), ("whole", 8, None)]
+    shapes = [("share", 16, 250), ("whole", h.GPUS, None)]
     shapes = [s for s in shapes if args.shape in (s[0], "both")]
     rows: list[dict] = []
     stack = None
+    real = h.real_node()
     try:
-        print(f"node up (run-e2e.sh --keep), logs in {workdir}", flush=True)
-        h.node_up(workdir / "run-e2e.log")
-        kubeconfig = h.E2E_DATA / "kubeconfig"
+        print(f"node up (tests/e2e/node_up.sh + gpufleet agent), logs in {workdir} and {real.logs}", flush=True)
+        h.node_up(real, workdir / "run-e2e.log")
+        kubeconfig = real.kubeconfig
         core = h.core_api(kubeconfig)
         h.stop_recipe_scheduler()
-        h.clear_pods(core, "default")
         h.ensure_namespace(core, NS)
         stack = h.Stack(kubeconfig, workdir)
         stack.start_extender()
@@ -74,7 +76,7 @@ def main() -> int:
     finally:
         if stack is not None:
             stack.stop_all()
-        h.node_down(workdir / "run-e2e.log")
+        h.node_down(real, workdir / "run-e2e.log")
     print("\n| shape | mode | binds/s (median of rounds) | p50 create-to-bound ms | p99 create-to-bound ms |\n|---|---|---|---|---|")
     for shape, n, _ in shapes:
         for mode in ("extender", "secondary"):

@@ -2,9 +2,16 @@
 ``gpufleet extender``, a real kubelet with the node agent, and the real Prometheus.
 
 The node itself (etcd, kube-apiserver, kube-controller-manager, containerd,
-kubelet, ``gpufleet agent``) comes from the real-node recipe's ``run-e2e.sh
---keep`` (it is not part of the project: ``GPUFLEET_E2E_RECIPE`` names its
-folder); this module adds, each as its own process recorded by PID:
+kubelet) comes up as the real-node tier's does: ``tests/e2e/node_up.sh`` on the
+real-node recipe (not part of the project: ``GPUFLEET_E2E_RECIPE`` names its
+folder), driven by ``harness.RealNode``; teardown is the recipe's ``run-e2e.sh
+--cleanup``.  This module adds, each as its own process recorded by PID:
+
+* ``gpufleet agent --nvml fake:h100-nvlink`` (8 GPUs) with its default
+  configuration: every GPU is ``sharesPerGpu`` (10) kubelet devices, so node
+  allocatable ``nvidia.com/gpu`` is 80 and kube-scheduler's own resource fit
+  never runs out before the GPUs do -- the extender's filter is what turns the
+  ninth whole-GPU pod away;
 
 * ``kube-scheduler`` (``$K8S_BIN``) with ``deploy/extender/kube-scheduler-config.yaml``
   -- only the kubeconfig, the extender's URL and leader election changed --
@@ -40,6 +47,12 @@ from pathlib import Path
 
 import yaml
 
+from gpufleet.agent.config import AgentConfig
+from gpufleet.agent.nvml import FakeBackend
+
+from .harness import RealNode
+from .harness import wait as wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 NODE = "k8s-e2e-node"
 
@@ -58,14 +71,17 @@ K8S_BIN = Path(os.environ.get("K8S_BIN") or os.environ.get("KUBEBUILDER_ASSETS")
 E2E_BIN = Path(E2E_BIN_ENV or RECIPE / ".." / ".." / "k8s-e2e" / "bin").resolve()
 E2E_DATA = Path(os.environ.get("E2E_DATA") or Path(os.environ.get("TMPDIR", "/tmp")) / "k8s-e2e-data")
 E2E_LOGS = Path(os.environ.get("E2E_LOGS") or Path(os.environ.get("TMPDIR", "/tmp")) / "k8s-e2e-logs")
+AGENT_PROFILE = "h100-nvlink"
+GPUS = len(FakeBackend(AGENT_PROFILE).gpus())  # 8
+SHARES_PER_GPU = AgentConfig().shares_per_gpu  # the agent's default: kubelet devices per GPU (10)
 
 
 def missing() -> str:
     """Why the real-node tier cannot run here ('' when it can)."""
     if not E2E_BIN_ENV and not os.environ.get("GPUFLEET_E2E_RECIPE"):
         return "set GPUFLEET_E2E_BIN (kubelet, kube-controller-manager, kubectl) or GPUFLEET_E2E_RECIPE to run the real-node tier"
-    if not (RECIPE / "run-e2e.sh").is_file():
-        return f"no real-node recipe (run-e2e.sh) at {RECIPE}; set GPUFLEET_E2E_RECIPE"
+    if not (RECIPE / "run-e2e.sh").is_file() or not (RECIPE / "cp-up.sh").is_file():
+        return f"no real-node recipe (cp-up.sh, run-e2e.sh) at {RECIPE}; set GPUFLEET_E2E_RECIPE"
     for b in (K8S_BIN / "kube-scheduler", K8S_BIN / "kube-apiserver", E2E_BIN / "kubelet"):
         if not b.is_file():
             return f"{b} missing"
@@ -135,20 +151,59 @@ class Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-# --- the node (the recipe) ----------------------------------------------------------------
-def node_up(log: Path) -> None:
-    env = {**os.environ, "GPUFLEET_SRC": str(REPO), "K8S_BIN": str(K8S_BIN), "E2E_BIN": str(E2E_BIN)}
-    with open(log, "wb") as f:
-        rc = subprocess.run([str(RECIPE / "run-e2e.sh"), "--keep"], stdout=f, stderr=subprocess.STDOUT, env=env,
-                            timeout=600, check=False).returncode
-    if rc != 0:
-        raise RuntimeError(f"run-e2e.sh --keep failed ({rc}):\n{log.read_text()[-3000:]}")
+# --- the node (tests/e2e/node_up.sh on the recipe, as the real-node tier) ----------------------
+def real_node() -> RealNode:
+    """The node's handle (nothing started yet): node_up.sh / run-e2e.sh --cleanup with this harness's locations."""
+    E2E_LOGS.mkdir(parents=True, exist_ok=True)
+    return RealNode({"bin": str(E2E_BIN), "assets": str(K8S_BIN), "recipe": str(RECIPE)}, E2E_DATA, E2E_LOGS)
 
 
-def node_down(log: Path) -> None:
-    env = {**os.environ, "GPUFLEET_SRC": str(REPO), "K8S_BIN": str(K8S_BIN), "E2E_BIN": str(E2E_BIN)}
-    with open(log, "ab") as f:
-        subprocess.run([str(RECIPE / "run-e2e.sh"), "--cleanup"], stdout=f, stderr=subprocess.STDOUT, env=env, timeout=300, check=False)
+def gpu_allocatable(node: RealNode) -> int:
+    return int((node.node()["status"].get("allocatable") or {}).get("nvidia.com/gpu", "0"))
+
+
+def node_up(node: RealNode, log: Path) -> None:
+    """Control plane + containerd + kubelet (``node_up.sh``), then ``gpufleet agent --nvml fake:h100-nvlink`` with its
+    default configuration, started here and recorded in the recipe's node-pids (``gpufleet-agent``); returns when
+    kubelet has the agent's 8 x sharesPerGpu devices and the agent has published its inventory (``gpu_slots``)."""
+    t = time.monotonic()
+    node.up()
+    # fake device nodes in a private dir (not /dev): the agent hands containers /dev/nvidiaN from there
+    fakedev = node.data / "fakedev"
+    fakedev.mkdir(exist_ok=True)
+    for i in range(GPUS):
+        if not (fakedev / f"nvidia{i}").exists():
+            os.mknod(fakedev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
+    if not (fakedev / "nvidiactl").exists():
+        os.mknod(fakedev / "nvidiactl", 0o666 | 0o020000, os.makedev(195, 255))
+    node.gpufleet("gpufleet-agent", ["agent", "--nvml", f"fake:{AGENT_PROFILE}", "--node-name", NODE,
+                                     "--kubeconfig", str(node.kubeconfig),
+                                     "--device-plugin-dir", "/var/lib/kubelet/device-plugins",
+                                     "--state-dir", str(node.data / "gpufleet-agent"),
+                                     "--metrics-addr", f"127.0.0.1:{free_port()}",
+                                     "--dev-root", str(fakedev), "--interval", "1"])
+    want = GPUS * SHARES_PER_GPU
+    if not wait_until(lambda: gpu_allocatable(node) == want, 90):
+        raise RuntimeError(f"allocatable nvidia.com/gpu is not {want}: {gpu_allocatable(node)}; agent log: "
+                           f"{(node.logs / 'gpufleet-agent.log').read_text(errors='replace')[-2000:]}")
+    if not wait_until(lambda: "gpu_slots" in (node.node()["metadata"].get("annotations") or {}).get("gpufleet.io/gpu-inventory", ""),
+                      60):
+        raise RuntimeError("the agent did not publish its inventory (gpufleet.io/gpu-inventory with gpu_slots)")
+    with open(log, "a") as f:
+        f.write(f"node up with gpufleet agent (fake:{AGENT_PROFILE}, allocatable nvidia.com/gpu {want}) "
+                f"in {time.monotonic() - t:.1f} s; logs in {node.logs}\n")
+
+
+def node_down(node: RealNode, log: Path) -> None:
+    """Stop the agent started here (by its recorded PID), then the recipe's ``run-e2e.sh --cleanup`` (every other
+    process by PID, host changes undone)."""
+    with open(log, "a") as f:
+        try:
+            if node.pid_of("gpufleet-agent"):
+                node.stop("gpufleet-agent")
+        except Exception as exc:  # noqa: BLE001 -- the cleanup below stops it by PID anyway
+            f.write(f"stopping gpufleet-agent: {exc}\n")
+        f.write(node.down())
 
 
 def stop_recipe_scheduler() -> None:

@@ -1,7 +1,7 @@
 """Real-node tier: gpufleet as an extender of the real kube-scheduler v1.28 on a real kubelet.
 
 Skipped unless ``GPUFLEET_E2E_BIN`` (kubelet, kube-controller-manager, kubectl; or ``E2E_BIN``) or
-``GPUFLEET_E2E_RECIPE`` (the real-node recipe's folder, run-e2e.sh) is set,
+``GPUFLEET_E2E_RECIPE`` (the real-node recipe's folder: cp-up.sh, run-e2e.sh) is set,
 the binaries exist and we are root.  The node is one host-wide thing: set
 ``GPUFLEET_E2E_LOCK`` to a lock file to serialize with other users of it.
 About 6 minutes:
@@ -9,10 +9,16 @@ About 6 minutes:
     sudo GPUFLEET_E2E_BIN=/path/k8s-e2e/bin KUBEBUILDER_ASSETS=/path/k8s-bin GPUFLEET_E2E_RECIPE=/path/shared/e2e \\
         python -m pytest -s tests/e2e/test_extender_node.py
 
-What it checks, with kube-scheduler configured from deploy/extender:
+The node comes up as the real-node tier's (tests/e2e/node_up.sh: control plane,
+containerd, kubelet) with ``gpufleet agent --nvml fake:h100-nvlink`` in its
+default configuration: 8 GPUs of ``sharesPerGpu`` (10) kubelet devices each,
+allocatable ``nvidia.com/gpu`` 80.  What it checks, with kube-scheduler
+configured from deploy/extender:
 
 * bursts of N+1 one-GPU pods on N free GPUs: N binds and one pod Unschedulable
-  with the extender's reason; no "binding rejected" event, no "Error
+  with the extender's reason (kube-scheduler's own fit sees 80 devices, so it is
+  the extender's filter that turns the pod away: its unschedulable refusals
+  count it); no "binding rejected" event, no "Error
   scheduling pod; retrying" in kube-scheduler's log, no bind refused;
 * binds/s and p99 create-to-bound beside the secondary-scheduler mode, same node;
 * an extender restart and a kube-scheduler restart (SIGKILL) mid-burst: every
@@ -38,7 +44,7 @@ from . import extender_node as h
 WHY = h.missing()
 pytestmark = pytest.mark.skipif(bool(WHY), reason=WHY or "runs")
 NS = "ext-e2e"
-GPUS = 8  # the recipe's agent: fake:h100-nvlink
+GPUS = h.GPUS  # the agent's fake:h100-nvlink: 8 GPUs, each SHARES_PER_GPU kubelet devices
 RESULTS: dict[str, list] = {}
 
 
@@ -55,12 +61,12 @@ def node():
         lock = open(os.environ["GPUFLEET_E2E_LOCK"], "a")  # noqa: SIM115
         fcntl.flock(lock, fcntl.LOCK_EX)
     stack = None
+    real = h.real_node()
     try:
-        h.node_up(workdir / "run-e2e.log")
-        kubeconfig = h.E2E_DATA / "kubeconfig"
+        h.node_up(real, workdir / "run-e2e.log")
+        kubeconfig = real.kubeconfig
         core = h.core_api(kubeconfig)
         h.stop_recipe_scheduler()
-        h.clear_pods(core, "default")  # what run-e2e.sh left running
         h.ensure_namespace(core, NS)
         stack = h.Stack(kubeconfig, workdir)
         stack.start_extender()
@@ -69,18 +75,18 @@ def node():
         stack.start_prometheus()
     except Exception as exc:
         _FAILED.append(str(exc)[:2000])
-        _teardown(stack, workdir, lock)
+        _teardown(stack, real, workdir, lock)
         raise
     try:
         yield stack, core
     finally:
-        _teardown(stack, workdir, lock)
+        _teardown(stack, real, workdir, lock)
 
 
-def _teardown(stack, workdir: Path, lock) -> None:
+def _teardown(stack, real, workdir: Path, lock) -> None:
     if stack is not None:
         stack.stop_all()
-    h.node_down(workdir / "run-e2e.log")
+    h.node_down(real, workdir / "run-e2e.log")
     if RESULTS:
         out = Path(os.environ.get("GPUFLEET_E2E_OUT") or workdir / "results.json")
         out.write_text(json.dumps(RESULTS, indent=1))
@@ -125,9 +131,14 @@ def _kubelet_admitted_all(core) -> None:
 
 def test_burst_of_n_plus_one_gives_n_binds_and_one_clean_unschedulable(node):
     stack, core = node
+    # kube-scheduler's own NodeResourcesFit sees SHARES_PER_GPU devices per GPU: it never runs out at N+1 pods,
+    # so the one Unschedulable below can only come from the extender's filter
+    alloc = int(core.read_node(h.NODE).status.allocatable.get("nvidia.com/gpu", "0"))
+    assert alloc == GPUS * h.SHARES_PER_GPU > GPUS + 1, alloc
     for rnd in range(3):
         errors0 = _sched_errors(stack)
         refused0 = _ext_metric(stack, "gpufleet_extender_refusals_total", verb="bind", reason="failed")
+        unsched0 = _ext_metric(stack, "gpufleet_extender_refusals_total", verb="filter", reason="unschedulable")
         b = h.burst(core, NS, "default-scheduler", GPUS + 1, gpus=1, prefix=f"n{rnd}-", expect_bound=GPUS)
         RESULTS.setdefault("n_plus_one_extender", []).append(b.summary())
         print(f"\nextender, burst of {GPUS + 1} one-GPU pods on {GPUS} GPUs: {b.summary()}")
@@ -137,7 +148,9 @@ def test_burst_of_n_plus_one_gives_n_binds_and_one_clean_unschedulable(node):
         leftover = sorted(set(b.created) - set(b.bound))
         h.wait_for(lambda lo=leftover: any(n == lo[0] for n, _ in h.events(core, NS)), 20, "FailedScheduling event")
         msgs = [m for n, m in h.events(core, NS) if n == leftover[0]]
-        assert any("Insufficient nvidia.com/gpu" in m for m in msgs), msgs
+        assert any("Insufficient nvidia.com/gpu" in m for m in msgs), msgs  # the extender's FailedNodes reason
+        assert _ext_metric(stack, "gpufleet_extender_refusals_total", verb="filter", reason="unschedulable") > unsched0, \
+            "the extender's filter did not turn the extra pod away"
         assert not [m for _, m in h.events(core, NS) if "binding rejected" in m.lower()]
         assert _sched_errors(stack) == errors0, "kube-scheduler logged a scheduling error (a bind failed?)"
         assert _ext_metric(stack, "gpufleet_extender_refusals_total", verb="bind", reason="failed") == refused0
