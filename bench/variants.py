@@ -7,6 +7,9 @@ our own from the bundled default pod list, with the paper's methods:
 * ``pinnedNN``: NN% of the GPU pods get a ``gpu_spec`` naming one to three GPU
   models, drawn (without replacement) from the cluster's model mix weighted by
   GPU count, among the models with a node that can hold the pod at all;
+* ``pinskewNN``: the same, but each trace draws its own model mix from a Dirichlet around the
+  capacity shares, so some models get more pinned demand than they have GPUs (the family where the
+  capacity-weighted ``pinned`` one was too easy to show the loss issue 14 reports);
 * ``multigpuNN``: single-GPU pods are replaced by copies of the trace's own
   multi-GPU pods until multi-GPU pods make NN% of the GPU demand (the default
   trace: 7%);
@@ -56,12 +59,14 @@ SHARED_CSV = next((c / "alibaba-gpu-v2023" / "csv" for c in _CANDIDATES if (c / 
 FAMILIES: dict[str, list[str]] = {
     "default": ["default"],
     "pinned": ["pinned05", "pinned10", "pinned15", "pinned20", "pinned25", "pinned30", "pinned33", "pinned40"],
+    "pinskew": ["pinskew05", "pinskew10", "pinskew15", "pinskew20", "pinskew25", "pinskew30", "pinskew33", "pinskew40"],
     "multigpu": ["multigpu20", "multigpu30", "multigpu40", "multigpu50"],
     "cpu": ["cpu0", "cpu037", "cpu050", "cpu072", "cpu100", "cpu200", "cpu235", "cpu250", "cpu300"],
     "gpushare": ["gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100"],
 }
-TUNE = ["default", "pinned10", "pinned30", "multigpu30", "cpu050", "cpu250", "gpushare40"]
+TUNE = ["default", "pinned10", "pinned30", "pinskew20", "pinskew33", "multigpu30", "cpu050", "cpu250", "gpushare40"]
 HELDOUT = [v for fam in FAMILIES.values() for v in fam if v not in TUNE]
+SKEW = 0.125  # pinskew*: Dirichlet concentration 8 x capacity share
 # the tuning split also uses its own seeds; the held-out split is reported on seeds 42-51
 TUNE_SEEDS = "42-44"
 
@@ -83,14 +88,21 @@ def _fits(p: TracePod, n: Node) -> bool:
 
 
 def pin_models(pods: Sequence[TracePod], nodes: Sequence[Node], share: float, rng: np.random.Generator,
-               max_models: int = 3) -> list[TracePod]:
-    """A ``share`` of the GPU pods gets a gpu_spec of 1..max_models models drawn from the cluster's model mix."""
+               max_models: int = 3, skew: float = 0.0) -> list[TracePod]:
+    """A ``share`` of the GPU pods gets a gpu_spec of 1..max_models models drawn from the cluster's model mix.
+
+    ``skew`` > 0 draws this trace's mix from Dirichlet(capacity share / skew) instead: the pinned demand
+    then falls on the models unevenly, as a real team's preferences do, and some models get more pinned
+    demand than they have GPUs for.
+    """
     gpus_per_model: dict[str, int] = defaultdict(int)
     for n in nodes:
         if n.gpus:
             gpus_per_model[n.gpus[0].model] += len(n.gpus)
     models = sorted(gpus_per_model)
     weight = np.array([gpus_per_model[m] for m in models], dtype=float)
+    if skew > 0:
+        weight = rng.dirichlet(weight / weight.sum() / skew) + 1e-12
     gpu_idx = [i for i, p in enumerate(pods) if p.num_gpu]
     chosen = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False)
     out = list(pods)
@@ -143,6 +155,8 @@ def variant_pods(variant: str, seed: int, nodes: Sequence[Node], base: Sequence[
     if variant == "default":
         return list(base)
     rng = _rng(variant, seed)
+    if variant.startswith("pinskew"):
+        return pin_models(base, nodes, int(variant[len("pinskew"):]) / 100.0, rng, skew=SKEW)
     if variant.startswith("pinned"):
         return pin_models(base, nodes, int(variant[len("pinned"):]) / 100.0, rng)
     if variant.startswith("multigpu"):
