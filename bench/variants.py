@@ -38,10 +38,10 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -104,7 +104,7 @@ def pin_models(pods: Sequence[TracePod], nodes: Sequence[Node], share: float, rn
     if skew > 0:
         weight = rng.dirichlet(weight / weight.sum() / skew) + 1e-12
     gpu_idx = [i for i, p in enumerate(pods) if p.num_gpu]
-    chosen = rng.choice(len(gpu_idx), size=int(round(share * len(gpu_idx))), replace=False)
+    chosen = rng.choice(len(gpu_idx), size=round(share * len(gpu_idx)), replace=False)
     out = list(pods)
     for c in chosen:
         i = gpu_idx[int(c)]
@@ -200,9 +200,26 @@ def _task(kind: str, variant: str, seed: int, policy: str, tune: float, time_lim
         return {"kind": kind, "variant": variant, "seed": seed, "policy": "bound", **b, "solve_s": round(time.perf_counter() - t0, 2)}
     from gpufleet.simulator.packing import run_packing
 
-    r = run_packing(nodes, pods, policy, seed=seed, tune=tune, trace_name=variant)
+    r = run_packing(nodes, pods, policy_config(policy), seed=seed, tune=tune, trace_name=variant)
     return {"kind": kind, "variant": variant, "seed": seed, "policy": policy, "unallocated_gpu_pct": r.unallocated_gpu_pct,
             "pods_failed": r.pods_failed, "wall_s": r.wall_s}
+
+
+def policy_config(policy: str):
+    """``default`` or, for tuning runs, ``default:model_weight=4,sliver_weight=8`` (the default profile, args set)."""
+    if ":" not in policy:
+        return policy
+    import copy
+
+    from gpufleet.policies import profile_config
+
+    name, _, args = policy.partition(":")
+    cfg = copy.deepcopy(profile_config(name))
+    prof = cfg["profiles"][0]
+    plugin = prof["plugins"]["score"][0]["name"]
+    prof["name"] = policy
+    prof.setdefault("pluginConfig", {})[plugin] = {k: float(v) for k, v in (kv.split("=") for kv in args.split(","))}
+    return cfg
 
 
 def sweep(variants: Sequence[str], seeds: Sequence[int], policies: Sequence[str], jobs: int, tune: float = 1.3,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any, Mapping, Sequence
 
 from .report import bars_plot, curves_plot, table_html, time_plot, write_report
@@ -23,6 +24,7 @@ def write_simulation_report(
     bound: float | None,
     params: Mapping[str, Any],
     extra_sections: Sequence[tuple[str, str]] = (),
+    bound_note: str = "",
 ) -> None:
     by = _by_policy(runs)
     sections: list[tuple[str, str]] = []
@@ -40,6 +42,8 @@ def write_simulation_report(
         note = ("<p class='note'>Unallocated GPU % = 100 &minus; GPU allocation ratio when the arrived GPU demand equals "
                 "the cluster's GPU capacity (the FGD paper's headline metric; lower is better). "
                 "'published' is the FGD paper's figure for the same trace and seeds, where the trace matches.</p>")
+        if bound_note:
+            note += f"<p><b>{html.escape(bound_note)}</b></p>"
         sections.append(("Summary", note + table_html(
             ["policy", "runs", "unallocated GPU %", "± std", "published", "failed pods", "wall s / run"], rows)))
         sections.append(("Unallocated GPUs", bars_plot(
