@@ -264,6 +264,26 @@ def table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str
     return "\n".join(lines)
 
 
+def family_table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str]) -> str:
+    """Per family and split: mean +- std over (variant, seed) runs, and default vs FGD."""
+    cols = [p for p in policies if p != "bound"] + (["bound"] if any(r["kind"] == "bound" for r in results) else [])
+    cells: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in results:
+        if r["unallocated_gpu_pct"] is not None:
+            cells[(family_of(r["variant"]), split.get(r["variant"], "?"), r["policy"])].append(r["unallocated_gpu_pct"])
+    keys = sorted({(f, sp) for f, sp, _ in cells}, key=lambda k: (list(FAMILIES).index(k[0]), k[1]))
+    lines = ["| family | split | " + " | ".join(cols) + " | default vs fgd |", "|---" * (len(cols) + 3) + "|"]
+    for f, sp in keys:
+        row = []
+        for c in cols:
+            xs = cells.get((f, sp, c), [])
+            row.append(f"{np.mean(xs):.2f} ± {np.std(xs):.2f} (n={len(xs)})" if xs else "-")
+        d, g = cells.get((f, sp, "default")), cells.get((f, sp, "fgd"))
+        rel = f"{100 * (np.mean(d) - np.mean(g)) / np.mean(g):+.1f}%" if d and g else "-"
+        lines.append(f"| {f} | {sp} | " + " | ".join(row) + f" | {rel} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from gpufleet.cli.simulate import parse_seeds
 
@@ -282,7 +302,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--bound", action="store_true", help="also the offline MIP bound per (variant, seed)")
     s.add_argument("--time-limit", type=float, default=50.0, help="bound: MIP time limit per solve (s)")
     s.add_argument("--json", help="write every run as JSON here")
+    t = sub.add_parser("table", help="one table from the JSON files of several sweeps")
+    t.add_argument("files", nargs="+")
     a = ap.parse_args(argv)
+    split = {v: "tune" for v in TUNE} | {v: "held-out" for v in HELDOUT}
+    if a.cmd == "table":
+        res: list[dict] = []
+        pols: list[str] = []
+        for f in a.files:
+            doc = json.loads(Path(f).read_text())
+            res += doc["results"]
+            pols += [p for p in doc["params"]["policies"].split(",") if p not in pols]
+        print(table(res, pols, split))
+        print()
+        print(family_table(res, pols, split))
+        return 0
     if a.cmd == "write":
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -291,7 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 write_csv(out / f"openb_pod_list_{v}.csv", variant_pods(v, a.seed, _nodes()))
         print(f"wrote {out}")
         return 0
-    split = {v: "tune" for v in TUNE} | {v: "held-out" for v in HELDOUT}
     if a.variants:
         variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     else:
