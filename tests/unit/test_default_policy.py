@@ -8,7 +8,6 @@ from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies.default import StrandAwareFragScore
-
 from tests.builders import A100, T4, make_node
 
 
