@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.cmd == "write":
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        for fam in ("pinned", "multigpu"):
+        for fam in ("pinned", "pinskew", "multigpu"):
             for v in FAMILIES[fam]:
                 write_csv(out / f"openb_pod_list_{v}.csv", variant_pods(v, a.seed, _nodes()))
         print(f"wrote {out}")
