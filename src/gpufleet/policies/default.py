@@ -87,7 +87,8 @@ class StrandAwareFragScore(FGDScore):
             self._sums[0] += r.total_gpu_milli
             self._sums[1] += r.cpu_milli
             self._sums[2] += r.memory_mib
-            self._ratios[round(r.cpu_milli / r.total_gpu_milli, 2)] += r.total_gpu_milli
+            if r.total_gpu_milli > 0:  # a MIG request has no milli-GPU size
+                self._ratios[round(r.cpu_milli / r.total_gpu_milli, 2)] += r.total_gpu_milli
             if r.gpu_models_allow:
                 self._pinned[r.gpu_models_allow] = self._pinned.get(r.gpu_models_allow, 0) + r.total_gpu_milli
 
@@ -133,7 +134,7 @@ class StrandAwareFragScore(FGDScore):
     def _rho_quantiles(self) -> np.ndarray:
         """CPU milli per GPU milli at the mid-points of ``strand_quantiles`` equal slices of GPU demand."""
         if self._rhos is None or self._rhos[0] != self._version:
-            items = sorted(self._ratios.items())
+            items = sorted(self._ratios.items()) or [(0.0, 1)]
             r = np.array([k for k, _ in items], dtype=float)
             w = np.cumsum([v for _, v in items], dtype=float)
             q = (np.arange(self.strand_quantiles) + 0.5) / self.strand_quantiles * w[-1]
