@@ -238,49 +238,60 @@ def sweep(variants: Sequence[str], seeds: Sequence[int], policies: Sequence[str]
     return out
 
 
-def table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str]) -> str:
+def _by(results: Sequence[dict]) -> dict[tuple[str, str], dict[int, float]]:
     by: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for r in results:
-        v = r["unallocated_gpu_pct"]
-        if v is not None:
-            by[(r["variant"], r["policy"])][r["seed"]] = v
-    variants = list(dict.fromkeys(r["variant"] for r in results))
-    cols = list(policies) + (["bound"] if any(r["kind"] == "bound" for r in results) else [])
-    lines = ["| variant | split | " + " | ".join(cols) + " | default vs fgd | worst seed (default - fgd) |",
+        if r["unallocated_gpu_pct"] is not None:
+            by[(r["variant"], r["policy"])][r["seed"]] = r["unallocated_gpu_pct"]
+    return by
+
+
+def _cell(xs: Sequence[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{np.mean(xs):.2f} ± {np.std(xs):.2f}" if len(xs) > 1 else f"{xs[0]:.2f}"
+
+
+def _rel(d: Sequence[float], f: Sequence[float]) -> str:
+    return f"{100 * (np.mean(d) - np.mean(f)) / np.mean(f):+.1f}%" if len(d) and len(f) else "-"
+
+
+def table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str]) -> str:
+    """Per variant: mean +- std over seeds per policy (and the bound), default vs FGD, the seeds where default lost."""
+    by = _by(results)
+    cols = [p for p in policies if p != "bound"] + (["bound"] if any(r["kind"] == "bound" for r in results) else [])
+    present = {v for v, _ in by}
+    variants = [v for fam in FAMILIES.values() for v in fam if v in present] + sorted(present - set().union(*FAMILIES.values()))
+    lines = ["| variant | split | " + " | ".join(cols) + " | default vs fgd | seeds where default > fgd |",
              "|---" * (len(cols) + 4) + "|"]
     for v in variants:
-        cells = []
-        for c in cols:
-            xs = list(by[(v, c)].values())
-            cells.append(f"{np.mean(xs):.2f} ± {np.std(xs):.2f}" if xs else "-")
         d, f = by.get((v, "default"), {}), by.get((v, "fgd"), {})
         common = sorted(set(d) & set(f))
-        rel = worst = "-"
-        if common:
-            md, mf = np.mean([d[s] for s in common]), np.mean([f[s] for s in common])
-            rel = f"{100 * (md - mf) / mf:+.1f}%"
-            worst = f"{max(d[s] - f[s] for s in common):+.2f}"
-        lines.append(f"| {v} | {split.get(v, '?')} | " + " | ".join(cells) + f" | {rel} | {worst} |")
+        worse = ", ".join(f"{s}: {d[s] - f[s]:+.2f}" for s in common if d[s] > f[s]) or "none"
+        lines.append(f"| {v} | {split.get(v, '?')} | " + " | ".join(_cell(list(by.get((v, c), {}).values())) for c in cols)
+                     + f" | {_rel([d[s] for s in common], [f[s] for s in common])} | {worse} |")
     return "\n".join(lines)
 
 
 def family_table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str]) -> str:
-    """Per family and split: mean +- std over (variant, seed) runs, and default vs FGD."""
+    """Per family and split: mean +- std over all (variant, seed) runs, and default vs FGD."""
     cols = [p for p in policies if p != "bound"] + (["bound"] if any(r["kind"] == "bound" for r in results) else [])
     cells: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    for r in results:
-        if r["unallocated_gpu_pct"] is not None:
-            cells[(family_of(r["variant"]), split.get(r["variant"], "?"), r["policy"])].append(r["unallocated_gpu_pct"])
-    keys = sorted({(f, sp) for f, sp, _ in cells}, key=lambda k: (list(FAMILIES).index(k[0]), k[1]))
+    for (v, pol), xs in _by(results).items():
+        cells[(family_of(v), split.get(v, "?"), pol)] += list(xs.values())
+    keys = sorted({(f, sp) for f, sp, _ in cells}, key=lambda k: (list(FAMILIES).index(k[0]), k[1] != "tune"))
     lines = ["| family | split | " + " | ".join(cols) + " | default vs fgd |", "|---" * (len(cols) + 3) + "|"]
     for f, sp in keys:
-        row = []
-        for c in cols:
-            xs = cells.get((f, sp, c), [])
-            row.append(f"{np.mean(xs):.2f} ± {np.std(xs):.2f} (n={len(xs)})" if xs else "-")
-        d, g = cells.get((f, sp, "default")), cells.get((f, sp, "fgd"))
-        rel = f"{100 * (np.mean(d) - np.mean(g)) / np.mean(g):+.1f}%" if d and g else "-"
-        lines.append(f"| {f} | {sp} | " + " | ".join(row) + f" | {rel} |")
+        lines.append(f"| {f} | {sp} | " + " | ".join(_cell(cells.get((f, sp, c), [])) for c in cols)
+                     + f" | {_rel(cells.get((f, sp, 'default'), []), cells.get((f, sp, 'fgd'), []))} |")
+    bs = [r for r in results if r["kind"] == "bound"]
+    if bs:
+        t = [r["solve_s"] for r in bs]
+        gaps = [r["gap_pct"] for r in bs if r.get("gap_pct") is not None]
+        lines.append("")
+        lines.append(f"bound: {len(bs)} solves, solve time median {np.median(t):.1f} s, max {max(t):.1f} s; "
+                     f"solved to optimality {sum(bool(r.get('optimal')) for r in bs)}/{len(bs)}; "
+                     f"solver gap median {np.median(gaps):.4f}, max {max(gaps):.4f} points of GPU capacity")
     return "\n".join(lines)
 
 
@@ -313,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc = json.loads(Path(f).read_text())
             res += doc["results"]
             pols += [p for p in doc["params"]["policies"].split(",") if p not in pols]
+            if doc["params"].get("bound") and "bound" not in pols:
+                pols.append("bound")
         print(table(res, pols, split))
         print()
         print(family_table(res, pols, split))
