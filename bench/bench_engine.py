@@ -44,10 +44,11 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(policy_names()))
     ap.add_argument("--repeat", type=int, default=3, help="rounds; each round runs every policy once (default 3)")
     ap.add_argument("--no-packing", action="store_true", help="skip the full packing-run timing")
+    ap.add_argument("--pods", help="pod list CSV instead of the bundled default (e.g. one written by bench/variants.py write)")
     args = ap.parse_args()
     pols = [p for p in args.policies.split(",") if p]
     nodes = trace.load_nodes(trace.bundled(trace.DEFAULT_NODES))
-    pods = trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods
+    pods = trace.load_pods(args.pods or trace.bundled(trace.DEFAULT_PODS)).pods
     print(f"cluster: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs; {len(pods)} pods; {args.repeat} round(s)")
     times: dict[str, list[np.ndarray]] = {p: [] for p in pols}
     walls: dict[str, list[float]] = {p: [] for p in pols}

@@ -120,7 +120,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed trace rows (counted and reported) instead of stopping")
     p.add_argument("--speedup", type=float_range(0.001, 1e6), default=1.0, help="replay: divide the gaps between arrivals by this factor (pod run times unchanged) to raise the load, 0.001-1e6 (default 1)")
     p.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
-                   help="packing: also compute the offline LP bound (least unallocated GPU %% any policy could reach; default on)")
+                   help="packing: also compute the offline bound (a MIP over node groups: least unallocated GPU %% any placement could reach; default on)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     from . import replay_cli
 
@@ -313,12 +313,18 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(runs)
     published = published_unallocated(trace_name, nodes_path, args.tune, args.seeds) if args.experiment == "packing" else {}
     bound = None
+    bound_info: dict[str, Any] = {}
     if bounds:
         bound = round(float(np.mean([b["unallocated_gpu_pct"] for b in bounds])), 4)
+        gaps = [b["gap_pct"] for b in bounds if b.get("gap_pct") is not None]
+        bound_info = {"method": bounds[0].get("method"), "gap_pct_max": round(max(gaps), 4) if gaps else None,
+                      "solve_s_max": max(b.get("solve_s", 0.0) for b in bounds), "all_optimal": all(b.get("optimal") for b in bounds)}
     _print_table(args.experiment, summary, published, bound)
     if skipped["nodes"] or skipped["pods"] or unplaceable:
         print(f"skipped bad rows: {skipped['nodes']} node(s), {skipped['pods']} pod(s); "
               f"pods that fit no node (left out): {len(unplaceable)}")
+    if bound is not None:
+        print(_headline(summary, bound, bound_info))
     wall = time.perf_counter() - t0
     print(f"done in {wall:.1f} s", file=sys.stderr)
     params = {
@@ -342,8 +348,8 @@ def run(args: argparse.Namespace) -> int:
         doc: dict[str, Any] = {"runs": runs, "summary": summary, "params": params, "input_problems": problems}
         if published:
             doc["published"] = published
-        if bounds:
-            doc["bound"] = {"unallocated_gpu_pct_mean": bound, "runs": bounds}
+        if bounds and bound is not None:
+            doc["bound"] = {"unallocated_gpu_pct_mean": bound, **bound_info, "headline": _headline(summary, bound, bound_info), "runs": bounds}
         with open(args.json_path, "w") as out:
             json.dump(doc, out, indent=1)
         print(f"wrote {args.json_path}", file=sys.stderr)
@@ -362,7 +368,8 @@ def run(args: argparse.Namespace) -> int:
             write_report(args.report, "gpufleet simulate: team queues", sections, params, prov)
         else:
             write_simulation_report(args.report, args.experiment, runs, summary, published, bound, params,
-                                    provenance=prov, problems=problems)
+                                    provenance=prov, problems=problems,
+                                    bound_note=_headline(summary, bound, bound_info) if bound is not None else "")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0
 
@@ -394,6 +401,15 @@ def provenance(nodes_path: str, pods_path: str, seeds: list[int], bound_status: 
     }
 
 
+def _headline(summary: dict, bound: float, info: dict) -> str:
+    """'fgd leaves 4.72%, default 3.90%; no placement can leave fewer than 0.01% (...)'."""
+    left = ", ".join(f"{p} leaves {s['unallocated_gpu_pct_mean']:.2f}%" for p, s in summary.items()
+                     if s.get("unallocated_gpu_pct_mean") is not None and p in ("fgd", "default"))
+    gap = info.get("gap_pct_max")
+    how = f"{info.get('method', 'bound')}, solver gap <= {gap:.3f} points, {info.get('solve_s_max', 0):.0f} s" if gap is not None else "bound"
+    return f"{left + '; ' if left else ''}no placement can leave fewer than {bound:.2f}% ({how})"
+
+
 def _print_table(experiment: str, summary: dict, published: dict, bound: float | None) -> None:
     if experiment == "queues":
         print(f"{'policy':<12} {'runs':>4} {'Jain':>6} {'preemptions':>12} {'mean GPU alloc %':>17}  queueing delay mean s per queue")
@@ -417,7 +433,7 @@ def _print_table(experiment: str, summary: dict, published: dict, bound: float |
         print(f"{pol + (' *' if pol == best else ''):<12} {s['runs']:>4} {(f'{m:.2f}' if m is not None else '-'):>18} {std:>7} "
               f"{(f'{pub:.2f}' if pub is not None else '-'):>10} {s['pods_failed_mean']:>12.1f} {s['wall_s_mean']:>7.1f}")
     if bound is not None:
-        print(f"{'offline bound':<17} {bound:>18.2f}   (no online policy can be expected to leave fewer GPUs unallocated)")
+        print(f"{'offline bound':<17} {bound:>18.2f}   (no placement of the arrived pods leaves fewer GPUs unallocated)")
     if best is not None:
         runs = max(s["runs"] for s in summary.values())
         print("* best (lowest unallocated GPU %); " + (f"mean over {runs} seeds" if runs > 1 else

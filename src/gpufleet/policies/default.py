@@ -18,6 +18,23 @@ FGD's expected-fragment term and adds both, all in milli-GPU so they add up:
   when 160-milli tasks exist; FGD counts all 190 as fragment for every larger
   task, whether or not something small could use it.
 
+Two more terms came from the trace variants of issue 14 (``bench/variants.py``,
+``bench/idle_breakdown.py``):
+
+* **model pressure**: where a share of the pods pins GPU models (``gpu_spec``),
+  the default used to lose to FGD because it filled the scarce models' GPUs
+  with pods that could have run anywhere (on a pinned variant, 144 of 265 P100
+  GPUs held unpinned pods vs FGD's 66, and 351 GPUs of P100-pinned demand
+  failed vs 282).  The policy now learns, per GPU model, how much of that
+  model's capacity the pinned pods seen ask for (``pressure``, 1.0 = all of
+  it) and charges ``model_weight x pressure`` per milli-GPU used on that
+  model, so pods with a choice go elsewhere while they can.
+* **stranding over the ratio distribution** (``strand_quantiles``, off by
+  default): GPU left unfed by CPU averaged over quantiles of the pods'
+  CPU-per-GPU ratio instead of their mean ratio alone.  On the tuning split it
+  cut cpu250 from 6.55% to 4.81% but raised multigpu30 from 3.05% to 5.48%
+  (FGD 3.63%), so it stays off until that interaction is understood.
+
 Everything a live scheduler could know: the target workload (task shapes and
 frequencies, the CPU/GPU and memory/GPU ratios) is learned online from the pods
 the scheduler has seen, never from the trace.  CPU-only tasks are left out of
@@ -29,6 +46,7 @@ order, which consolidates load the way FGD's integer scores do.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +71,12 @@ class StrandAwareFragScore(FGDScore):
     memory_strand: bool = True
     quant_milli: float = 40.0
     refresh_growth: float = 1.0  # re-learn the workload at 64, 128, ... 512 pods, then each doubling
+    model_weight: float = 16.0
+    strand_quantiles: int = 0  # > 0: stranding averaged over this many quantiles of the pods' CPU-per-GPU ratio; 0: the mean ratio (kept: 4 wins cpu250, loses multigpu30)
+    _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
+    _rhos: tuple | None = field(default=None, repr=False)
+    _pinned: dict = field(default_factory=dict, repr=False)  # frozenset(models) -> GPU milli of pods pinned to them
+    _pressure: tuple | None = field(default=None, repr=False)
     _sums: list = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)  # GPU milli, CPU milli, memory MiB of GPU tasks
     _sliver: tuple | None = field(default=None, repr=False)
     _bcache: tuple | None = field(default=None, repr=False)
@@ -64,6 +88,39 @@ class StrandAwareFragScore(FGDScore):
             self._sums[0] += r.total_gpu_milli
             self._sums[1] += r.cpu_milli
             self._sums[2] += r.memory_mib
+            if r.total_gpu_milli > 0:  # a MIG request has no milli-GPU size
+                self._ratios[round(r.cpu_milli / r.total_gpu_milli, 2)] += r.total_gpu_milli
+            if r.gpu_models_allow:
+                self._pinned[r.gpu_models_allow] = self._pinned.get(r.gpu_models_allow, 0) + r.total_gpu_milli
+
+    def _model_pressure(self, state: ClusterState) -> np.ndarray:
+        """[model id + 1]: the share of each GPU model's capacity that pods pinned to it ask for.
+
+        A pod pinned to several models counts on each in proportion to its capacity.  The
+        shares are of all GPU demand seen, scaled by the model's share of the cluster's GPUs:
+        1.0 means pinned pods alone would fill that model if the workload filled the cluster.
+        Index -1 (no GPU model) is 0.
+        """
+        key = (self._version, state.epoch)
+        if self._pressure is not None and self._pressure[0] == key:
+            return self._pressure[1]
+        nm = len(state.model_names)
+        models = state.gpu_model[state.gpu_exists & state.gpu_usable] if state.gpu_model.size else np.zeros(0, np.int32)
+        cap = np.bincount(models[models >= 0], minlength=nm).astype(float)[:nm]
+        demand = np.zeros(nm)
+        ids = {m: i for i, m in enumerate(state.model_names)}
+        for allow, milli in self._pinned.items():
+            idx = [ids[m] for m in allow if m in ids]
+            c = cap[idx].sum() if idx else 0.0
+            if c > 0:
+                demand[idx] += milli * cap[idx] / c
+        total = self._rates[1] if self._rates is not None and self._rates[0] == self._version else self._sums[0]
+        p = np.zeros(nm + 1)
+        if total > 0 and cap.sum() > 0:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                p[:nm] = np.where(cap > 0, (demand / total) / (cap / cap.sum()), 0.0)
+        self._pressure = (key, p)
+        return p
 
     def observe(self, r: PodRequest) -> None:
         self._note(r)
@@ -74,6 +131,16 @@ class StrandAwareFragScore(FGDScore):
         for r in requests:
             self._note(r)
         super().prime(requests)
+
+    def _rho_quantiles(self) -> np.ndarray:
+        """CPU milli per GPU milli at the mid-points of ``strand_quantiles`` equal slices of GPU demand."""
+        if self._rhos is None or self._rhos[0] != self._version:
+            items = sorted(self._ratios.items()) or [(0.0, 1)]
+            r = np.array([k for k, _ in items], dtype=float)
+            w = np.cumsum([v for _, v in items], dtype=float)
+            q = (np.arange(self.strand_quantiles) + 0.5) / self.strand_quantiles * w[-1]
+            self._rhos = (self._version, np.maximum(r[np.searchsorted(w, q)], 1e-3))
+        return self._rhos[1]
 
     def _sliver_table(self) -> np.ndarray:
         """w[L]: milli of a GPU with L free that no sum of known task sizes fills."""
@@ -100,6 +167,8 @@ class StrandAwareFragScore(FGDScore):
         total = gpu.sum(axis=-1)
         if self.strand_weight and g_milli > 0:
             stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
+            if self.strand_quantiles > 0:
+                stranded = np.mean([np.maximum(0.0, total - np.maximum(cpu, 0) / rho) for rho in self._rho_quantiles()], axis=0)
             if self.memory_strand and m_mib > 0:
                 stranded = np.maximum(stranded, total - np.maximum(mem, 0) * (g_milli / m_mib))
             out += self.strand_weight * stranded
@@ -107,8 +176,14 @@ class StrandAwareFragScore(FGDScore):
             out += self.sliver_weight * self._sliver_table()[np.clip(gpu, 0, GPU_MILLI)].sum(axis=-1)
         return out
 
-    def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
-        return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
+    def _measure(self, cpu, gpu, mem, model, tw, acc, state: ClusterState | None = None) -> np.ndarray:
+        out = frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
+        if self.model_weight and self._pinned and state is not None:
+            # free GPUs of a model that pinned pods need are worth keeping free: using them costs
+            # model_weight x pressure per milli, so pods that may go elsewhere do
+            p = np.minimum(self._model_pressure(state), 1.0)
+            out -= self.model_weight * p[model] * gpu.sum(axis=-1)
+        return out
 
     def _before_cache(self, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
         """The measure of nodes as they are, per node version (shared by every pod shape)."""
@@ -138,7 +213,7 @@ class StrandAwareFragScore(FGDScore):
             np.concatenate([left[stale], gpu_after]),
             np.concatenate([mem[stale], mem_after]),
             np.concatenate([model[stale], model[rows]]),
-            tw, acc,
+            tw, acc, state,
         )
         if stale.size:
             vals[nodes[stale]] = m[: stale.size]

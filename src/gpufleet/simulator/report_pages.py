@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
 import html
+from typing import Any, Mapping, Sequence
 
 from .report import bars_plot, curves_plot, definitions_html, table_html, time_plot, write_report
 
@@ -19,8 +18,9 @@ PACKING_METRICS = [
     ("fragmentation amount", "free GPU capacity that the typical task sizes (the target workload) could not use, "
                              "as a share of the cluster's GPU capacity (the FGD paper's fragmentation measure)."),
     ("fragmentation rate", "that fragmented capacity as a share of all free (idle) GPU capacity."),
-    ("offline bound", "a linear-programming relaxation (pods may be split across a node group's nodes): no policy, even one "
-                      "knowing the future, can leave fewer GPUs unallocated."),
+    ("offline bound", "the solver's lower bound of a MIP over node groups (integral pods, per-node CPU/memory/GPU cuts, "
+                      "gpu_spec honoured): no placement of the arrived pods, even one knowing the future, leaves fewer GPUs "
+                      "unallocated; the solver's own gap is in the headline."),
 ]
 REPLAY_METRICS = [
     ("mean GPU allocation %", "allocated GPU milli as a share of the cluster's GPU capacity, averaged over the simulated time."),
@@ -47,6 +47,7 @@ def write_simulation_report(
     extra_sections: Sequence[tuple[str, str]] = (),
     provenance: Mapping[str, Any] | None = None,
     problems: Mapping[str, Sequence[str]] | None = None,
+    bound_note: str = "",
 ) -> None:
     by = _by_policy(runs)
     sections: list[tuple[str, str]] = []
@@ -68,7 +69,7 @@ def write_simulation_report(
         bound_status = "offline bound: not computed (--no-bound)"
         if bound is not None:
             rows.append(["offline bound", "", f"{bound:.2f}", *([""] if several else []), "", "", ""])
-            bound_status = f"offline bound: {bound:.2f}% (LP relaxation; no policy can leave fewer GPUs unallocated)"
+            bound_status = f"offline bound: {bound:.2f}% (no placement of the arrived pods can leave fewer GPUs unallocated)"
         seeds = sorted({r["seed"] for r in runs})
         note = (f"<p class='note'>{'Mean over ' + str(len(seeds)) + ' seeds' if several else 'One seed (' + str(seeds[0]) + ')'}; "
                 f"{html.escape(bound_status)}. Lower is better; the best policy is marked."
@@ -77,6 +78,8 @@ def write_simulation_report(
         headers = ["policy", "runs", "unallocated GPU %", *(["± std"] if several else []), "published", "failed pods", "wall s / run"]
         marked = [i for i, p in enumerate(summary) if p == best]
         defs = [d for d in PACKING_METRICS if several or d[0] != "± std"]
+        if bound_note:
+            note += f"<p><b>{html.escape(bound_note)}</b></p>"
         sections.append(("Summary", note + table_html(headers, rows, marked) + definitions_html(defs)))
         sections.append(("Unallocated GPUs", bars_plot(
             {p: s for p, s in summary.items() if s["unallocated_gpu_pct_mean"] is not None}, published, bound)))
