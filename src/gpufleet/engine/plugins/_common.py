@@ -6,7 +6,7 @@ import numpy as np
 
 from ..model import PodRequest
 from ..state import ClusterState
-from .filters import _MetaCache, term_matches
+from .filters import _MetaCache, node_affinity_rows
 
 _ONES: dict[int, np.ndarray] = {}
 
@@ -31,16 +31,7 @@ def node_affinity_mask(state: ClusterState, r: PodRequest) -> np.ndarray:
     if not r.node_selector and not r.required_terms:
         return all_pass(len(state))
 
-    def build() -> np.ndarray:
-        out = np.empty(len(state), dtype=bool)
-        for i, n in enumerate(state.nodes):
-            ok = all(n.labels.get(k) == v for k, v in r.node_selector)
-            if ok and r.required_terms:
-                ok = any(term_matches(t, n.labels, n.name) for t in r.required_terms)
-            out[i] = ok
-        return out
-
-    return _CACHE.get(("aff", r.node_selector, r.required_terms), state, build)
+    return _CACHE.get(("aff", r.node_selector, r.required_terms), state, lambda: node_affinity_rows(state, r))
 
 
 def taints_mask(state: ClusterState, r: PodRequest) -> np.ndarray:

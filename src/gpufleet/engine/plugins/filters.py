@@ -58,6 +58,18 @@ class _MetaCache:
         return m
 
 
+
+
+def node_affinity_rows(state: ClusterState, r: PodRequest) -> np.ndarray:
+    """Per node: does it match the pod's nodeSelector and required node affinity (uncached)."""
+    out = np.empty(len(state), dtype=bool)
+    for i, n in enumerate(state.nodes):
+        ok = all(n.labels.get(k) == v for k, v in r.node_selector)
+        if ok and r.required_terms:
+            ok = any(term_matches(t, n.labels, n.name) for t in r.required_terms)
+        out[i] = ok
+    return out
+
 @dataclass
 class NodeUnschedulable:
     name: str = "NodeUnschedulable"
@@ -84,16 +96,7 @@ class NodeAffinity:
         if not r.node_selector and not r.required_terms:
             return FilterResult(np.ones(len(state), dtype=bool), passes_all=True)
 
-        def build() -> np.ndarray:
-            out = np.empty(len(state), dtype=bool)
-            for i, n in enumerate(state.nodes):
-                ok = all(n.labels.get(k) == v for k, v in r.node_selector)
-                if ok and r.required_terms:
-                    ok = any(term_matches(t, n.labels, n.name) for t in r.required_terms)
-                out[i] = ok
-            return out
-
-        ok = self._c.get((r.node_selector, r.required_terms), state, build)
+        ok = self._c.get((r.node_selector, r.required_terms), state, lambda: node_affinity_rows(state, r))
         return FilterResult(ok, ("node(s) didn't match Pod's node affinity/selector",))
 
     # score: preferred terms
