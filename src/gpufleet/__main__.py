@@ -4,4 +4,5 @@ import sys
 
 from gpufleet.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing it (the image build's import check walks every module) runs nothing
+    sys.exit(main())

@@ -2,26 +2,30 @@
 
 Real-node tier, skipped unless these name what it needs (and it runs as root):
 
-    GPUFLEET_E2E_RECIPE     the real-node recipe's directory (run-e2e.sh, lib/env.sh; ../shared/e2e here)
+    GPUFLEET_E2E_RECIPE     the real-node recipe's directory (cp-up.sh, run-e2e.sh, lib/env.sh; ../shared/e2e here)
     GPUFLEET_E2E_IMAGE_TAR  the image as a docker-archive (scripts/build-image.sh --save FILE)
     GPUFLEET_E2E_IMAGE      its name in that archive (default ghcr.io/gpufleet/gpufleet:<version>)
+    GPUFLEET_E2E_BIN        kubelet, kube-controller-manager, kubectl (default: the recipe's E2E_BIN)
+    KUBEBUILDER_ASSETS      kube-apiserver, etcd, kube-scheduler (default: the recipe's K8S_BIN)
 
-GPUFLEET_E2E_NODE_UP=1 uses a node that ``run-e2e.sh --keep`` left up and leaves it up (the gpufleet objects
-are still removed).  The recipe's binaries are found as the recipe finds them (its lib/env.sh: K8S_BIN, E2E_BIN, ...).  The node is
-shared host state, one at a time: run it under the lock,
+GPUFLEET_E2E_NODE_UP=1 uses a node that ``tests/e2e/node_up.sh`` left up and leaves it up (the gpufleet objects
+are still removed).  The node is shared host state, one at a time: run it under the lock,
 
     flock -w 1200 /work/realnode.lock env GPUFLEET_E2E_RECIPE=... GPUFLEET_E2E_IMAGE_TAR=... \\
         python -m pytest -p no:cacheprovider tests/deploy/test_deploy_image.py
 
-What happens: ``run-e2e.sh --keep`` brings up the node (its own checks run gpufleet from a venv), then this stops the
-recipe's gpufleet processes, deletes its pods and the labels its agent wrote, imports the image into the node's
-containerd and applies ``tests/deploy/e2e-overlay`` (the shipped ``deploy/`` plus ``deploy/extender``, with only
-what the recipe's node needs changed: host network and the apiserver's address, since it has no kube-proxy; the
-imported image; the fake NVML backend).  The checks: the agent's DaemonSet pod registers with kubelet and labels
-the node under its own ServiceAccount; the scheduler's pod runs under its ServiceAccount and RBAC, holds the lease
-and is Ready within 5 s of its container starting; a GPU pod is placed by it, admitted by kubelet through the agent
-and sees exactly its assigned GPUs; the extender answers kube-scheduler's filter verb in-cluster.  Everything is torn
-down at the end (``kubectl delete -k``, ``run-e2e.sh --cleanup``).
+What happens: the node comes up as the real-node tier's does (``tests/e2e/node_up.sh`` on the recipe, through
+``tests/e2e/harness.RealNode``: control plane with the recipe's kube-scheduler, containerd, kubelet; no gpufleet
+process), the fake GPUs' device nodes are made in /dev (recorded in the recipe's ``created-devnodes``, as its own
+run does), the image is imported into the node's containerd and ``tests/deploy/e2e-overlay`` is applied (the shipped
+``deploy/`` plus ``deploy/extender`` and ``deploy/reclaim``, with only what the recipe's node needs changed: host
+network and the apiserver's address, since it has no kube-proxy; the imported image; the fake NVML backend, handing
+containers those device nodes).  The checks: the agent's DaemonSet pod registers with kubelet (allocatable
+``nvidia.com/gpu`` = GPUs x the shipped config's devices per GPU, ``sharesPerGpu``) and labels the node under its own
+ServiceAccount; the scheduler's pod runs under its ServiceAccount and RBAC, holds the lease and is Ready within 5 s of
+its container starting; a GPU pod is placed by it, admitted by kubelet through the agent and sees exactly its
+assigned GPUs; the extender answers kube-scheduler's filter verb in-cluster; the reclaim controller completes rounds.
+Everything is torn down at the end (``kubectl delete -k``, the recipe's ``run-e2e.sh --cleanup``).
 """
 
 from __future__ import annotations
@@ -31,12 +35,18 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import tomllib
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
+
+from gpufleet.agent.config import load_agent_config
+from gpufleet.agent.nvml import FakeBackend
+from tests.e2e.harness import RealNode
 
 ROOT = Path(__file__).parents[2]
 OVERLAY = Path(__file__).parent / "e2e-overlay"
@@ -48,6 +58,22 @@ OVERLAY_IMAGE = "localhost/gpufleet:e2e-test"  # the overlay's images: entry
 NODE = "k8s-e2e-node"  # the recipe's node name
 NS = "kube-system"
 AGENT_STATE = "/var/lib/kubelet/gpufleet-e2e-agent-state"  # the overlay's hostPath
+FAKE_PROFILE = "h100-nvlink"  # the overlay's GPUFLEET_FAKE_NVML
+
+
+def shipped_agent_config():
+    """The agent's configuration as deploy/agent ships it (its ConfigMap's agent.yaml), read by the agent's own loader."""
+    docs = yaml.safe_load_all((ROOT / "deploy" / "agent" / "daemonset.yaml").read_text())
+    cm = next(d for d in docs if d and d.get("kind") == "ConfigMap" and d["metadata"]["name"] == "gpufleet-agent-config")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(cm["data"]["agent.yaml"])
+        f.flush()
+        return load_agent_config(f.name)
+
+
+GPUS = len(FakeBackend(FAKE_PROFILE).gpus())  # 8
+SLOTS = shipped_agent_config().slots  # kubelet devices per GPU: sharesPerGpu (default 10) or replicas, whichever is more
+ALLOCATABLE = str(GPUS * SLOTS)  # what kubelet must show once the DaemonSet's agent registered (80 as shipped)
 
 pytestmark = [
     pytest.mark.skipif(not (RECIPE and IMAGE_TAR), reason="real-node tier: set GPUFLEET_E2E_RECIPE and GPUFLEET_E2E_IMAGE_TAR"),
@@ -57,19 +83,45 @@ pytestmark = [
 
 
 def recipe_env() -> dict[str, str]:
-    """The recipe's locations, resolved by its own lib/env.sh."""
-    out = subprocess.run(["bash", "-c", ('. "$HERE/lib/env.sh"; for v in E2E_BIN E2E_DATA E2E_LOGS E2E_KUBECONFIG; '
-                          'do echo "$v=${!v}"; done')], env={**os.environ, "HERE": RECIPE, "GPUFLEET_SRC": str(ROOT)},
-                         check=True, capture_output=True, text=True).stdout
+    """The recipe's locations, resolved by its own lib/env.sh (the project's names win: GPUFLEET_E2E_BIN, KUBEBUILDER_ASSETS)."""
+    env = {**os.environ, "HERE": RECIPE, "GPUFLEET_SRC": str(ROOT)}
+    if os.environ.get("GPUFLEET_E2E_BIN"):
+        env["E2E_BIN"] = os.environ["GPUFLEET_E2E_BIN"]
+    if os.environ.get("KUBEBUILDER_ASSETS"):
+        env["K8S_BIN"] = os.environ["KUBEBUILDER_ASSETS"]
+    out = subprocess.run(["bash", "-c", ('. "$HERE/lib/env.sh"; for v in K8S_BIN E2E_BIN E2E_DATA E2E_LOGS; '
+                          'do echo "$v=${!v}"; done')], env=env, check=True, capture_output=True, text=True).stdout
     return dict(line.split("=", 1) for line in out.split())
 
 
 class Node:
     def __init__(self) -> None:
         e = recipe_env()
+        self.logs = Path(e["E2E_LOGS"])
+        self.logs.mkdir(parents=True, exist_ok=True)
+        # the real-node tier's handle: node_up.sh up, the recipe's run-e2e.sh --cleanup down
+        self.real = RealNode({"bin": e["E2E_BIN"], "assets": e["K8S_BIN"], "recipe": RECIPE}, Path(e["E2E_DATA"]), self.logs)
+        self.data = self.real.data
         self.kubectl = str(Path(e["E2E_BIN"]) / "kubectl")
-        self.kcfg, self.data, self.logs = e["E2E_KUBECONFIG"], Path(e["E2E_DATA"]), Path(e["E2E_LOGS"])
+        self.kcfg = str(self.real.kubeconfig)
         self.ctr = ["ctr", "-a", str(self.data / "containerd" / "containerd.sock"), "-n", "k8s.io"]
+
+    def make_fake_devnodes(self) -> list[str]:
+        """/dev/nvidia0..N-1, nvidiactl, nvidia-uvm{,-tools} as on a GPU node (the agent hands them to containers,
+        containerd stats them); each one made here is recorded in the recipe's created-devnodes, which its cleanup
+        removes (as its own run does)."""
+        made = []
+        nodes = [(f"nvidia{i}", 195, i) for i in range(GPUS)] + [("nvidiactl", 195, 255), ("nvidia-uvm", 509, 0),
+                                                                 ("nvidia-uvm-tools", 509, 1)]
+        with open(self.data / "created-devnodes", "a") as rec:
+            for name, major, minor in nodes:
+                path = f"/dev/{name}"
+                if not os.path.exists(path):
+                    os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
+                    os.chmod(path, 0o666)
+                    rec.write(path + "\n")
+                    made.append(path)
+        return made
 
     def k(self, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None) -> str:
         r = subprocess.run([self.kubectl, "--kubeconfig", self.kcfg, *args], input=stdin, capture_output=True,
@@ -109,25 +161,20 @@ def ts(s: str) -> dt.datetime:
 
 @pytest.fixture(scope="module")
 def node():
-    run_e2e = Path(RECIPE) / "run-e2e.sh"
-    assert run_e2e.is_file(), f"no run-e2e.sh in GPUFLEET_E2E_RECIPE={RECIPE}"
+    assert (Path(RECIPE) / "run-e2e.sh").is_file(), f"no run-e2e.sh in GPUFLEET_E2E_RECIPE={RECIPE}"
     assert Path(IMAGE_TAR).is_file(), f"GPUFLEET_E2E_IMAGE_TAR={IMAGE_TAR}: no such file"
-    env = {**os.environ, "GPUFLEET_SRC": str(ROOT)}
     n = Node()
-    reuse = os.environ.get("GPUFLEET_E2E_NODE_UP") == "1"  # a node left by `run-e2e.sh --keep`: neither start nor stop it
-    if not reuse:
-        up = subprocess.run(["bash", str(run_e2e), "--keep"], env=env, capture_output=True, text=True, timeout=900, check=False)
-        if n.logs.is_dir():
-            (n.logs / "gpufleet-deploy-image.run-e2e.log").write_text(up.stdout + up.stderr)
+    reuse = os.environ.get("GPUFLEET_E2E_NODE_UP") == "1"  # a node left by `node_up.sh`: neither start nor stop it
+    log = n.logs / "gpufleet-deploy-image.log"
     try:
         if not reuse:
-            assert "kept running" in up.stdout, f"run-e2e.sh --keep did not leave a node up:\n{up.stdout[-3000:]}"
-        # the recipe's own gpufleet (from a venv) makes way for the image's: stopped by its recorded PID
-        subprocess.run(["bash", "-c", (f'LOGS="{n.logs}"; NPIDS="{n.data}/node-pids"; . "{RECIPE}/lib/proc.sh"; '
-                        "stop_named gpufleet-scheduler; stop_named gpufleet-agent; true")], check=True, timeout=60,
-                       capture_output=True)
+            took = n.real.up()  # node_up.sh: raises with its output when the node is not Ready
+            print(f"\nnode up (tests/e2e/node_up.sh on {RECIPE}) in {took:.1f} s")
+        made = n.make_fake_devnodes()
+        with open(log, "a") as f:
+            f.write(f"fake device nodes made: {' '.join(made) or 'none (already there)'}\n")
         n.k("delete", "pods", "--all", "-n", "default", "--grace-period=1", "--wait=true", timeout=120)
-        # what its agent wrote on the node goes too, so what is there at the end is the DaemonSet's doing
+        # a reused node may carry what an earlier agent wrote: gone, so what is there at the end is the DaemonSet's doing
         labels = n.get("node", NODE)["metadata"].get("labels", {})
         ours = [f"{k}-" for k in labels if k.startswith(("nvidia.com/", "gpufleet.io/"))]
         if ours:
@@ -144,7 +191,9 @@ def node():
             n.k("delete", "pod", pod, "-n", "default", "--grace-period=1", "--ignore-not-found", check=False, timeout=90)
         n.k("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true", check=False, timeout=120)
         if not reuse:
-            subprocess.run(["bash", str(run_e2e), "--cleanup"], env=env, capture_output=True, timeout=300, check=False)
+            out = n.real.down()  # the recipe's run-e2e.sh --cleanup: every process by PID, host changes (dev nodes) undone
+            with open(log, "a") as f:
+                f.write(out)
         shutil.rmtree(AGENT_STATE, ignore_errors=True)
 
 
@@ -158,21 +207,22 @@ def test_agent_daemonset_registers_with_kubelet(node):
         p for p in node.pods("app.kubernetes.io/name=gpufleet-agent") if p["status"].get("phase") == "Running"], 180)[0]
     assert pod["spec"]["serviceAccountName"] == "gpufleet-agent" and pod["spec"]["nodeName"] == NODE
     assert pod["spec"]["containers"][0]["image"].endswith(OVERLAY_IMAGE)
-    alloc = wait_for("allocatable nvidia.com/gpu = 8 from the DaemonSet's plugin", lambda: (
-        node.get("node", NODE)["status"]["allocatable"].get("nvidia.com/gpu") == "8"), 120)
+    alloc = wait_for(f"allocatable nvidia.com/gpu = {ALLOCATABLE} ({GPUS} GPUs x {SLOTS}) from the DaemonSet's plugin", lambda: (
+        node.get("node", NODE)["status"]["allocatable"].get("nvidia.com/gpu") == ALLOCATABLE), 120)
     assert alloc
     kubelet_log = (node.logs / "kubelet.log").read_text(errors="replace")
     assert 'Got registration request from device plugin with resource" resourceName="nvidia.com/gpu"' in kubelet_log
     # labels and the inventory annotation, written under the agent's ServiceAccount (RBAC: nodes get+patch)
     meta = wait_for("the agent's labels and gpufleet.io/gpu-inventory", lambda: (
         m if (m := node.get("node", NODE)["metadata"]).get("annotations", {}).get("gpufleet.io/gpu-inventory") else None), 90)
-    assert meta["labels"].get("nvidia.com/gpu.present") == "true" and meta["labels"].get("nvidia.com/gpu.count") == "8"
+    assert meta["labels"].get("nvidia.com/gpu.present") == "true" and meta["labels"].get("nvidia.com/gpu.count") == str(GPUS)
     inv = json.loads(meta["annotations"]["gpufleet.io/gpu-inventory"])
-    assert len(inv.get("gpus", inv) if isinstance(inv, dict) else inv) == 8
+    assert len(inv["gpus"]) == GPUS and inv.get("gpu_slots") == SLOTS, {k: v for k, v in inv.items() if k != "gpus"}
     metrics = urllib.request.urlopen("http://127.0.0.1:9400/metrics", timeout=10).read().decode()
-    assert metrics.count("DCGM_FI_DEV_GPU_UTIL{") == 8
+    assert metrics.count("DCGM_FI_DEV_GPU_UTIL{") == GPUS
     print(f"agent pod {pod['metadata']['name']} ({pod['spec']['containers'][0]['image']}): kubelet allocatable "
-          f"nvidia.com/gpu=8, node labelled, 8 GPUs in /metrics")
+          f"nvidia.com/gpu={ALLOCATABLE} ({GPUS} GPUs x {SLOTS}), node labelled, inventory gpu_slots {SLOTS}, "
+          f"{GPUS} GPUs in /metrics")
 
 
 def test_scheduler_runs_under_its_service_account_and_is_ready_within_5s(node):
@@ -196,7 +246,8 @@ def test_scheduler_runs_under_its_service_account_and_is_ready_within_5s(node):
 
 
 def test_gpu_pod_is_placed_admitted_and_sees_its_assigned_gpus(node):
-    wait_for("allocatable nvidia.com/gpu = 8", lambda: node.get("node", NODE)["status"]["allocatable"].get("nvidia.com/gpu") == "8", 120)
+    wait_for(f"allocatable nvidia.com/gpu = {ALLOCATABLE}",
+             lambda: node.get("node", NODE)["status"]["allocatable"].get("nvidia.com/gpu") == ALLOCATABLE, 120)
     wait_for("the scheduler pod Ready", lambda: any(ready(p) for p in node.pods("app.kubernetes.io/name=gpufleet-scheduler")), 120)
     name = "gpufleet-e2e-gpu2"
     node.k("apply", "-f", "-", stdin=json.dumps({
