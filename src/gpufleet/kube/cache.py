@@ -1,0 +1,396 @@
+# mypy: disable-error-code="misc"
+# (methods take ``self: SchedulerLoop``, the class that mixes them in; mypy wants a supertype there)
+"""The loop's view of the cluster, as kube-scheduler's scheduler cache: relist and rebuild of the
+snapshot, and watch events for nodes, pods and policy / constraint objects (namespaces, Queues,
+PodGroups, PDBs, volumes) applied to it.
+
+Why a module of its own: keeping state in step with the API server is one responsibility,
+separate from queueing, the cycle and binding (see ``loop.py``).  It is a mixin of
+``SchedulerLoop`` because it reads and writes the same state the cycle uses (``state``,
+``pending``, ``bound_pods``, timers); all of it runs on the loop's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..engine import annotations as ann
+from ..engine.errors import ConfigError, GpufleetError
+from ..engine.framework import Scheduler
+from ..engine.model import Node, PodRequest
+from ..engine.podspec import parse_pod, pod_key
+from ..engine.queues import Queue, QueueTree
+from ..engine.state import ClusterState
+from ..engine.volumes import (
+    VolumeCatalog,
+    claim_from_json,
+    csinode_limits,
+    pv_from_json,
+    storageclass_from_json,
+)
+from .api import (
+    CONSTRAINT_KINDS,
+    POLICY_KINDS,
+    ApiError,
+    NotFound,
+)
+from .convert import bound_assignment, is_terminal, node_from_json, node_ready
+from .loop_support import NOT_READY_TAINT, _rv, slim_pod
+
+if TYPE_CHECKING:
+    from .loop import SchedulerLoop
+
+log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
+
+
+class CacheMixin:
+    """Methods of ``SchedulerLoop``; see the module docstring."""
+
+    @property
+    def bound(self: SchedulerLoop) -> set[str]:
+        return set(self.bound_pods)
+
+    @property
+    def watch_kinds(self: SchedulerLoop) -> list[str]:
+        """Kinds to watch: nodes, pods, and the policy kinds the API serves."""
+        return ["node", "pod"] + [k for k in self.policy_kinds if k not in self.objects.unserved]
+
+    def list_kind(self: SchedulerLoop, kind: str) -> tuple[list[dict], str]:
+        if kind == "node":
+            return self.api.list_nodes()
+        if kind == "pod":
+            return self.api.list_pods()
+        return self.api.list_kind(kind)
+
+    # --- snapshot ---------------------------------------------------------------------
+    def resync(self: SchedulerLoop) -> None:
+        """Full relist of both kinds and a rebuilt snapshot (start-up, becoming leader)."""
+        for kind in self.policy_kinds:  # first: bound pods' queues come from namespaces
+            try:
+                items, rv = self.api.list_kind(kind)
+            except (NotFound, ApiError) as exc:
+                if isinstance(exc, ApiError) and exc.status != 403:
+                    raise
+                if kind not in self.objects.unserved:
+                    log.warning("cannot list %s (%s; CRD not installed or RBAC): working without it", kind, exc)
+                self.objects.unserved.add(kind)
+                items, rv = [], ""
+            else:
+                self.objects.unserved.discard(kind)
+            self.objects.replace(kind, items)
+            self.rv[kind] = rv
+        self._req_cache.clear()
+        nodes, node_rv = self.api.list_nodes()
+        pods, pod_rv = self.api.list_pods()
+        self.rv.update({"node": node_rv, "pod": pod_rv})
+        self.node_objs = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+        self._node_rv = {k: v for k, v in ((k, _rv(n)) for k, n in self.node_objs.items()) if v is not None}
+        old_pending = set(self.pending)
+        self.pending.clear()
+        self.bound_pods.clear()
+        self._pod_rv.clear()
+        for p in pods:
+            self._classify(p)
+        for k in old_pending - set(self.pending):
+            self._forget_timers(k)
+        self.rebuild()
+        self.wake_all()
+
+    def rebuild(self: SchedulerLoop) -> None:
+        """A fresh ClusterState from the cached node and pod objects."""
+        good = []
+        self.bad_nodes.clear()
+        for name, obj in self.node_objs.items():
+            n = self._node_model(name, obj)
+            if n is not None:
+                good.append(n)
+        self.state = ClusterState(good)
+        self._sync_constraint_objects()
+        self.sched = Scheduler(self.profile, self.state, seed=self.seed)
+        self.gangs = self._new_gangs()
+        self._rebuild_tree()
+        # pods with an exact assignment first: modelled ones take whatever GPUs are left
+        keys = sorted(self.bound_pods, key=lambda k: ann.ASSIGNMENT not in ((self.bound_pods[k].get("metadata") or {}).get("annotations") or {}))
+        for k in keys:
+            self._reserve_bound(k, self.bound_pods[k])
+        for k, (_, a, _) in list(self.binding.items()):
+            if k not in self.state.assignments and a.node in self.state.index and not self.state.check(a):
+                self.state.reserve(a)
+
+    def _rebuild_tree(self: SchedulerLoop) -> None:
+        """The queue tree over the current snapshot; queues with a missing parent are left out (reported)."""
+        qs: list[Queue] = list(self.objects.queues)
+        while True:
+            names = {q.name for q in qs}
+            bad = [q for q in qs if q.parent and q.parent not in names]
+            if not bad:
+                break
+            for q in bad:
+                self.objects.report(f"Queue {q.name}", f"Queue {q.name}: field spec.parent: queue {q.parent!r} does not exist")
+            qs = [q for q in qs if q not in bad]
+        try:
+            self.tree = QueueTree(qs, self.state) if qs else None
+        except ConfigError as exc:  # e.g. a parent loop: no quotas rather than no scheduler
+            log.error("queues left out: %s", exc)
+            self.tree = None
+        if self.quota is not None:
+            self.quota.tree = self.tree
+
+    def _request(self: SchedulerLoop, key: str, pod: dict) -> PodRequest:
+        """The pod as the engine sees it, with its queue and pod group resolved (cached per resourceVersion)."""
+        rv = self._pod_rv.get(key)
+        c = self._req_cache.get(key)
+        if c is not None and rv is not None and c[0] == rv:
+            return c[1]
+        r = parse_pod(pod)
+        if r.pod_group:
+            g = self.objects.groups.get(f"{r.namespace}/{r.pod_group}")
+            if g is not None:
+                r = replace(r, pod_group_min=max(r.pod_group_min, g.min_member), queue=r.queue or g.queue)
+        if self.tree is not None:
+            r = self.objects.namespace_queues.apply(r)
+        self._req_cache[key] = (rv, r)
+        return r
+
+    def _queue_of_bound(self: SchedulerLoop, pod: dict) -> str | None:
+        m = pod.get("metadata") or {}
+        q = (m.get("annotations") or {}).get(ann.QUEUE)
+        if q or self.tree is None:
+            return q
+        return self.objects.namespace_queues.queue_for_namespace(m.get("namespace") or "default")
+
+    def _node_model(self: SchedulerLoop, name: str, obj: dict) -> Node | None:
+        try:
+            n = node_from_json(obj)
+        except GpufleetError as exc:
+            if self.bad_nodes.get(name) != str(exc):
+                log.warning("leaving node out: %s", exc)
+            self.bad_nodes[name] = str(exc)
+            return None
+        if not node_ready(obj) and NOT_READY_TAINT not in n.taints:
+            n = replace(n, taints=n.taints + (NOT_READY_TAINT,))  # what the node lifecycle controller does
+        return n
+
+    def _reserve_bound(self: SchedulerLoop, key: str, pod: dict) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if key in self.state.assignments or node not in self.state.index:
+            return
+        try:
+            a = bound_assignment(pod, self.state)
+        except GpufleetError as exc:
+            # a broken or contradicting assignment annotation: the pod still holds what it requests
+            log.warning("bound pod %s: %s; modelling it from its requests", key, exc)
+            m = pod.get("metadata") or {}
+            bare = {**pod, "metadata": {**m, "annotations": {k: v for k, v in (m.get("annotations") or {}).items() if k != ann.ASSIGNMENT}}}
+            try:
+                a = bound_assignment(bare, self.state)
+            except GpufleetError as exc2:
+                log.warning("bound pod %s: %s", key, exc2)
+                return
+        group = ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.POD_GROUP)
+        queue_ = self._queue_of_bound(pod)
+        if (queue_, group) != (a.queue, a.pod_group):
+            a = replace(a, queue=queue_, pod_group=group)
+        problem = self.state.check(a)
+        if problem:
+            self.stats.double_book_refused += 1
+            log.error("bound pod %s holds resources the snapshot already has taken: %s", key, problem)
+            return
+        self.state.reserve(a)
+
+    def _classify(self: SchedulerLoop, pod: dict) -> None:
+        """Put a live pod object where it belongs (no snapshot changes)."""
+        key = pod_key(pod)
+        rv = _rv(pod)
+        if rv is not None:
+            self._pod_rv[key] = rv
+        if is_terminal(pod):
+            return
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName"):
+            self.bound_pods[key] = slim_pod(pod)
+        elif self._ours(spec) and key not in self.binding:
+            self.pending[key] = pod
+            self._first_seen.setdefault(key, self.clock())
+
+    def _ours(self: SchedulerLoop, spec: dict) -> bool:
+        """Pending for us: our scheduler name and no scheduling gates (pods wait until every gate is removed)."""
+        return spec.get("schedulerName", "default-scheduler") == self.scheduler_name and not spec.get("schedulingGates")
+
+    def _forget_timers(self: SchedulerLoop, key: str) -> None:
+        self._last_failure.pop(key, None)
+        self._backoff.pop(key, None)
+        self._not_before.pop(key, None)
+        self._first_seen.pop(key, None)
+
+    def _drop_pod(self: SchedulerLoop, key: str) -> None:
+        self.pending.pop(key, None)
+        w = self._volume_wait.pop(key, None)
+        if w is not None:  # deleted while its volumes were being bound
+            self._release_assumed(w[0])
+            self._revert_volume_plan(key)
+        self._forget_timers(key)
+        self._req_cache.pop(key, None)
+        self._nominated.pop(key, None)
+        self.evictions.forget(key)
+        freed = False
+        if self.gangs.gangs:
+            freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
+        if self.bound_pods.pop(key, None) is not None:
+            freed = self.sched.forget(key) is not None or freed
+        if self.binding.pop(key, None) is not None:
+            freed = self.sched.forget(key) is not None or freed
+        if freed:
+            self.wake_all()
+
+    def _pod_event(self: SchedulerLoop, type_: str, pod: dict) -> None:
+        key = pod_key(pod)
+        rv, seen = _rv(pod), self._pod_rv.get(key)
+        if rv is not None and seen is not None and rv < seen:
+            return  # older than what we hold (a relist already had it)
+        if type_ == "DELETED":
+            self._pod_rv.pop(key, None)
+            self._drop_pod(key)
+            return
+        if rv is not None:
+            self._pod_rv[key] = rv
+        if is_terminal(pod):
+            self._drop_pod(key)
+            return
+        spec = pod.get("spec") or {}
+        if spec.get("nodeName"):
+            self.pending.pop(key, None)
+            if key not in self.binding:  # the bind result still needs the pod's first-seen time
+                self._forget_timers(key)
+            seen_bound = self.bound_pods.get(key)
+            self.bound_pods[key] = pod = slim_pod(pod)
+            if key not in self.binding:  # our own in-flight binds are already reserved
+                now_a = pod["metadata"]["annotations"].get(ann.ASSIGNMENT)
+                old = None
+                if (seen_bound is not None and now_a and key in self.state.assignments
+                        and now_a != seen_bound["metadata"]["annotations"].get(ann.ASSIGNMENT)):
+                    # the node agent recorded which GPUs kubelet gave a pod another scheduler bound: hold those
+                    old = self.sched.forget(key)
+                self._reserve_bound(key, pod)
+                if old is not None:
+                    if key not in self.state.assignments:
+                        self.state.reserve(old)  # the recorded GPUs clash with the snapshot: keep the model
+                    self.wake_all()
+            return
+        if key in self.binding or key in self.bound_pods:
+            return  # a stale unbound view of a pod we are binding or saw bound
+        if self._ours(spec):
+            self.pending[key] = pod
+            self._first_seen.setdefault(key, self.clock())
+        elif key in self.pending:  # e.g. a scheduling gate was added back
+            self.pending.pop(key, None)
+
+    def _node_event(self: SchedulerLoop, type_: str, node: dict) -> None:
+        name = (node.get("metadata") or {}).get("name", "")
+        rv, seen = _rv(node), self._node_rv.get(name)
+        if rv is not None and seen is not None and rv < seen:
+            return
+        if type_ == "DELETED":
+            self._node_rv.pop(name, None)
+            self.node_objs.pop(name, None)
+            self.bad_nodes.pop(name, None)
+            if name in self.state.index:
+                self.state.remove_node(name)
+            return
+        if rv is not None:
+            self._node_rv[name] = rv
+        self.node_objs[name] = node
+        n = self._node_model(name, node)
+        if n is None:
+            if name in self.state.index:
+                self.state.remove_node(name)
+            return
+        self.bad_nodes.pop(name, None)
+        if name in self.state.index:
+            if self.state.nodes[self.state.index[name]] == n:
+                return  # a heartbeat or status change the engine does not see
+            lost = self.state.update_node(n)
+            for a in lost:
+                log.warning("pod %s no longer fits node %s after its update (GPU gone?)", a.pod_key, name)
+        else:
+            self.state.add_node(n)
+            for k, p in self.bound_pods.items():  # a node that comes back brings its pods back
+                if (p.get("spec") or {}).get("nodeName") == name:
+                    self._reserve_bound(k, p)
+        self.wake_all()
+
+    def handle(self: SchedulerLoop, kind: str, type_: str, obj: dict) -> None:
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv:
+            self.rv[kind] = rv
+        if type_ == "BOOKMARK":
+            return
+        if kind in POLICY_KINDS:
+            self.objects.handle(kind, type_, obj)
+            self._policy_changed(kind)
+            return
+        (self._node_event if kind == "node" else self._pod_event)(type_, obj)
+
+    def _sync_constraint_objects(self: SchedulerLoop, kind: str | None = None) -> None:
+        """Namespace labels and the volume catalog into the snapshot (namespaceSelector, VolumeBinding)."""
+        raw = self.objects.raw
+        if kind in (None, "namespace"):
+            self.state.set_namespace_labels({(o.get("metadata") or {}).get("name", ""): dict((o.get("metadata") or {}).get("labels") or {})
+                                             for o in raw["namespace"].values()})
+        if kind in (None, "pvc", "pv", "storageclass", "csinode"):
+            if "pvc" in self.objects.unserved or "pvc" not in self.policy_kinds:
+                self.state.volumes = None
+                return
+            cat = VolumeCatalog()
+            for o in raw["pvc"].values():
+                c = claim_from_json(o)
+                cat.claims[f"{c.namespace}/{c.name}"] = c
+            for o in raw["pv"].values():
+                pv = pv_from_json(o)
+                cat.volumes[pv.name] = pv
+            for o in raw["storageclass"].values():
+                sc = storageclass_from_json(o)
+                cat.classes[sc.name] = sc
+            cat.assumed = dict(self._assumed_pvs)
+            for o in raw["csinode"].values():
+                name, limits = csinode_limits(o)
+                if limits:
+                    cat.attach_limits[name] = limits
+            self.state.volumes = cat
+
+    def _policy_changed(self: SchedulerLoop, kind: str) -> None:
+        if kind in CONSTRAINT_KINDS:
+            self._sync_constraint_objects(kind)
+            if kind in ("pvc", "pv"):
+                self._check_volume_waits()
+        if kind == "queue":
+            self._rebuild_tree()
+        if kind != "pdb":
+            self._req_cache.clear()
+        self.wake_all()
+
+    def replace(self: SchedulerLoop, kind: str, items: list[dict], resource_version: str) -> None:
+        """A relist of one kind (after 410 Gone): apply the differences as events."""
+        self.rv[kind] = resource_version
+        if kind in POLICY_KINDS:
+            self.objects.replace(kind, items)
+            self._policy_changed(kind)
+            return
+        if kind == "node":
+            names = {(n.get("metadata") or {}).get("name", "") for n in items}
+            for name in list(self.node_objs):
+                if name not in names:
+                    self._node_event("DELETED", self.node_objs[name])
+            for n in items:
+                self._node_event("MODIFIED", n)
+        else:
+            keys = {pod_key(p) for p in items}
+            for k in set(self.pending) | set(self.bound_pods) | set(self.binding):
+                if k not in keys:
+                    self._pod_rv.pop(k, None)
+                    self._drop_pod(k)
+            for p in items:
+                self._pod_event("MODIFIED", p)
+        self.wake_all()
