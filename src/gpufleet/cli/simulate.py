@@ -28,7 +28,6 @@ from ..simulator import trace as tracemod
 if TYPE_CHECKING:
     from ..simulator.packing import PackingRun
     from ..simulator.queues import QueueReplayRun
-    from ..simulator.replay import ReplayRun
 
 PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
 MAX_SEEDS = 1000
@@ -152,7 +151,7 @@ def _load_all(nodes_path: str, pods_path: str, skip: bool) -> tuple[tracemod.Nod
 
 def _run_one(task: dict) -> dict:
     nodes, tr = _load(task["nodes"], task["pods"], task["skip"])
-    r: PackingRun | QueueReplayRun | ReplayRun
+    r: PackingRun | QueueReplayRun
     if task["experiment"] == "packing":
         from ..simulator.packing import run_packing
 
@@ -161,10 +160,8 @@ def _run_one(task: dict) -> dict:
         from ..simulator.queues import run_queue_replay
 
         r = run_queue_replay(nodes, tr.pods, task["policy"], teams=task.get("teams", 3), speedup=task.get("speedup", 1.0), seed=task["seed"])
-    else:
-        from ..simulator.replay import run_replay
-
-        r = run_replay(nodes, tr.pods, task["policy"], seed=task["seed"], trace_name=task["trace"], speedup=task.get("speedup", 1.0))
+    else:  # the replay experiment runs through cli/replay_cli.py, never here
+        raise ValueError(f"unknown experiment {task['experiment']!r}")
     return r.to_json()
 
 
@@ -214,15 +211,6 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
                 "delay_s_mean": {q: float(np.mean([r["delay_s"][q]["mean"] for r in rs])) for q in rs[0]["teams"]},
             }
             continue
-        if rs[0].get("experiment") == "replay":
-            out[pol] = {
-                "runs": len(rs),
-                "queue_delay_s_mean": float(np.mean([r["queue_delay_s"]["mean"] for r in rs])),
-                "queue_delay_s_p99": float(np.mean([r["queue_delay_s"]["p99"] for r in rs])),
-                "pods_never_placed_mean": float(np.mean([r["pods_never_placed"] for r in rs])),
-                "mean_gpu_alloc_pct": float(np.mean([r["mean_gpu_alloc_pct"] for r in rs])),
-            }
-            continue
         u = [r["unallocated_gpu_pct"] for r in rs if r["unallocated_gpu_pct"] is not None]
         out[pol] = {
             "unallocated_gpu_pct_mean": round(float(np.mean(u)), 4) if u else None,
@@ -265,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     trace_name = Path(pods_path).stem
     if args.experiment == "packing" and not any(p.num_gpu for p in tr.pods):
         raise UsageError(f"{Path(pods_path).name}: no pod requests a GPU; the packing experiment has nothing to pack")
-    if args.experiment in ("replay", "queues") and any(p.creation_time is None for p in tr.pods):
+    if args.experiment == "queues" and any(p.creation_time is None for p in tr.pods):
         raise UsageError(f"--experiment {args.experiment}: {Path(pods_path).name} has no creation_time column; "
                          "it needs the 11-column pod list")
     tasks = [
@@ -416,12 +404,6 @@ def _print_table(experiment: str, summary: dict, published: dict, bound: float |
         for pol, s in summary.items():
             d = ", ".join(f"{q} {v:.0f}" for q, v in s["delay_s_mean"].items())
             print(f"{pol:<12} {s['runs']:>4} {s['jain_mean']:>6.3f} {s['preemptions']:>12.1f} {s['mean_gpu_alloc_pct']:>17.2f}  {d}")
-        return
-    if experiment == "replay":
-        print(f"{'policy':<12} {'runs':>4} {'mean GPU alloc %':>17} {'queue delay mean s':>19} {'p99 s':>10} {'never placed':>13}")
-        for pol, s in summary.items():
-            print(f"{pol:<12} {s['runs']:>4} {s['mean_gpu_alloc_pct']:>17.2f} {s['queue_delay_s_mean']:>19.1f} "
-                  f"{s['queue_delay_s_p99']:>10.1f} {s['pods_never_placed_mean']:>13.1f}")
         return
     print(f"{'policy':<12} {'runs':>4} {'unallocated GPU %':>18} {'± std':>7} {'published':>10} {'failed pods':>12} {'wall s':>7}")
     means = {p: s["unallocated_gpu_pct_mean"] for p, s in summary.items() if s["unallocated_gpu_pct_mean"] is not None}

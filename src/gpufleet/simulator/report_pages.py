@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
-from .report import bars_plot, curves_plot, definitions_html, table_html, time_plot, write_report
+from .report import bars_plot, curves_plot, definitions_html, table_html, write_report
 
 PACKING_METRICS = [
     ("unallocated GPU %", "100 minus the share of the cluster's GPUs (in milli-GPU) allocated at the moment the arrived GPU "
@@ -21,11 +21,6 @@ PACKING_METRICS = [
     ("offline bound", "the solver's lower bound of a MIP over node groups (integral pods, per-node CPU/memory/GPU cuts, "
                       "gpu_spec honoured): no placement of the arrived pods, even one knowing the future, leaves fewer GPUs "
                       "unallocated; the solver's own gap is in the headline."),
-]
-REPLAY_METRICS = [
-    ("mean GPU allocation %", "allocated GPU milli as a share of the cluster's GPU capacity, averaged over the simulated time."),
-    ("queueing delay", "seconds from a pod's arrival (creation_time, divided by --speedup) to its placement; mean and 99th percentile."),
-    ("pods never placed", "pods still waiting when the replay ends."),
 ]
 
 
@@ -87,16 +82,6 @@ def write_simulation_report(
             + curves_plot(by, "frag_amount_pct", "fragmented GPUs (% of capacity)", "Fragmentation amount") \
             + curves_plot(by, "frag_rate_pct", "fragmented / idle GPUs (%)", "Fragmentation rate") + "</div>"
         sections.append((f"Curves (mean over {len(seeds)} seeds, band = ±1 std)" if several else f"Curves (seed {seeds[0]})", grid))
-    else:
-        rows = [[p, s["runs"], f"{s['mean_gpu_alloc_pct']:.2f}", f"{s['queue_delay_s_mean']:.1f}", f"{s['queue_delay_s_p99']:.1f}",
-                 f"{s['pods_never_placed_mean']:.1f}"] for p, s in summary.items()]
-        sections.append(("Summary", table_html(
-            ["policy", "runs", "mean GPU allocation %", "queueing delay mean (s)", "p99 (s)", "pods never placed"], rows)
-            + definitions_html(REPLAY_METRICS)))
-        first = {p: rs[0] for p, rs in by.items()}
-        sections.append(("Over time (first seed)", "<div class='grid'>"
-                         + time_plot(first, "gpu_alloc_pct", "allocated GPUs (%)", "GPU allocation over time")
-                         + time_plot(first, "pending_pods", "pods waiting", "Pending pods over time") + "</div>"))
     sections.extend(extra_sections)
     write_report(path, f"gpufleet simulate: {experiment} experiment", sections, params, provenance)
 
