@@ -206,7 +206,7 @@ def _task(kind: str, variant: str, seed: int, policy: str, tune: float, time_lim
 
 
 def policy_config(policy: str):
-    """``default`` or, for tuning runs, ``default:model_weight=4,sliver_weight=8`` (the default profile, args set)."""
+    """``default`` or, for tuning runs, ``default:model_weight=4/sliver_weight=8`` (the default profile, args set; ``/`` or ``,`` between them)."""
     if ":" not in policy:
         return policy
     import copy
@@ -218,7 +218,7 @@ def policy_config(policy: str):
     prof = cfg["profiles"][0]
     plugin = prof["plugins"]["score"][0]["name"]
     prof["name"] = policy
-    prof.setdefault("pluginConfig", {})[plugin] = {k: float(v) for k, v in (kv.split("=") for kv in args.split(","))}
+    prof.setdefault("pluginConfig", {})[plugin] = {k: float(v) for k, v in (kv.split("=") for kv in args.replace("/", ",").split(","))}
     return cfg
 
 

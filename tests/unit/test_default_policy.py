@@ -24,7 +24,14 @@ def cluster() -> ClusterState:
 
 
 def scores(p: StrandAwareFragScore, state: ClusterState, r: PodRequest) -> np.ndarray:
-    return p.score(Cycle(request=r, rng=np.random.default_rng(0)), state, np.arange(len(state)))
+    """What the framework adds up: the cached descent plus the per-cycle part (model pressure)."""
+    c = Cycle(request=r, rng=np.random.default_rng(0))
+    nodes = np.arange(len(state))
+    return p.post_score(c, state, nodes, p.score(c, state, nodes))
+
+
+def cost(p: StrandAwareFragScore, state: ClusterState) -> np.ndarray:
+    return p._pressure_cost(Cycle(request=req("probe"), rng=np.random.default_rng(0)), state)
 
 
 def seen(pinned_share: float) -> list[PodRequest]:
@@ -38,16 +45,59 @@ def seen(pinned_share: float) -> list[PodRequest]:
 def test_pods_with_a_choice_avoid_the_model_pinned_pods_need():
     state = cluster()
     p = StrandAwareFragScore(learn_online=False)
-    p.prime(seen(0.2))  # a fifth of the demand pins T4, which is 1/7 of the GPUs: pressure > 1
-    pressure = p._model_pressure(state)
+    p.prime(seen(0.2))  # a fifth of the demand pins T4, which is 1/7 of the GPUs
+    c = cost(p, state)
     t4 = state.model_names.index(T4)
     a100 = state.model_names.index(A100)
-    assert pressure[t4] > 1.0 and pressure[a100] == 0.0 and pressure[-1] == 0.0
+    assert c[t4] > 0.0 and c[a100] == 0.0 and c[-1] == 0.0
     s = scores(p, state, req("free"))
     assert s[:6].min() > s[6:].max()  # an unpinned pod goes to an A100 node
     # a pod pinned to T4 still scores its only nodes alike (the term is the same on all of them)
     s_pin = scores(p, state, req("pin", allow=(T4,)))
     assert s_pin[6] == s_pin[7]
+
+
+def test_demand_pinned_to_several_models_goes_where_pinned_load_is_lowest():
+    # T4 has its own pinned pods; pods that may use A100 or T4 are counted on A100 (water-filling),
+    # not split by capacity, so they do not make the big model look pressured
+    state = cluster()
+    p = StrandAwareFragScore(learn_online=False)
+    p.prime([req(f"t{i}", allow=(T4,)) for i in range(20)] + [req(f"b{i}", allow=(A100, T4)) for i in range(20)]
+            + [req(f"u{i}") for i in range(160)])
+    r = p._pin_rates(state)
+    t4 = state.model_names.index(T4)
+    a100 = state.model_names.index(A100)
+    assert r[t4] == 0.1  # only its own 20 of 200 pods
+    assert abs(r[a100] - 0.1) < 1e-9
+    # per GPU, T4's pinned load (0.1 of demand on 8 GPUs) is far above A100's (0.1 on 48)
+    c = cost(p, state)
+    assert c[t4] > 5 * c[a100] > 0
+
+
+def test_pressure_rises_as_pods_with_a_choice_use_the_model_up():
+    state = cluster()
+    p = StrandAwareFragScore(learn_online=False)
+    p.prime(seen(0.1))
+    t4 = state.model_names.index(T4)
+    before = cost(p, state)[t4]
+    state.gpu_free_milli[6, :3] = 0  # three of the eight T4 GPUs taken
+    after = cost(p, state)[t4]
+    assert after > before * 1.4
+
+
+def test_a_pod_no_node_fits_is_still_learned_and_a_retried_pod_once():
+    from gpufleet.engine.framework import Scheduler
+    from gpufleet.policies import build_profile
+
+    state = cluster()
+    sched = Scheduler(build_profile("default"), state, seed=1)
+    plug = sched.profile.gpu_selector
+    big = PodRequest(name="huge", cpu_milli=4000, memory_mib=4096, gpu_count=16, gpu_milli=1000,
+                     gpu_models_allow=frozenset({T4}))
+    for _ in range(3):  # retried: learned once
+        assert not sched.schedule(big).ok
+    assert plug._pinned == {frozenset({T4}): 16_000}
+    assert plug._sums[0] == 16_000
 
 
 def test_no_pinned_pods_no_model_term():

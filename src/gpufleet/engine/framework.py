@@ -179,6 +179,13 @@ class Scheduler:
         self._rank: np.ndarray | None = None
         self._cache: OrderedDict[tuple, tuple[np.ndarray, np.ndarray, int]] = OrderedDict()
         self._cache_size = cache_size
+        # plugins that learn the workload see every pod that passes prefilter, also one no node can take:
+        # learning only from pods that reach scoring would hide the demand that fails (pods pinned to a full model)
+        seen: list = []
+        for p in [q for q, _ in profile.scores] + [profile.gpu_selector]:
+            if p is not None and hasattr(p, "observe_pod") and all(p is not q for q in seen):
+                seen.append(p)
+        self._observers = seen
 
     # --- phases -------------------------------------------------------------------
     def _pre_filter(self, cycle: Cycle) -> Status:
@@ -241,6 +248,9 @@ class Scheduler:
                     vals[stale] = p.score(cycle, st, stale)
                     vers[stale] = st.version[stale]
                 raw = vals[cand]
+            post = getattr(p, "post_score", None)  # optional: a per-cycle part that must not be cached
+            if post is not None:
+                raw = post(cycle, st, cand, raw)
             total += w * p.normalize(raw)
         return total
 
@@ -314,6 +324,8 @@ class Scheduler:
         if not st.ok:
             cycle.status = st
             return Decision(r.key, st)
+        for o in self._observers:
+            o.observe_pod(cycle)
         feasible = self._filter(cycle, explain)
         cand = np.flatnonzero(feasible)
         cycle.candidates = cand

@@ -72,6 +72,7 @@ class StrandAwareFragScore(FGDScore):
     quant_milli: float = 40.0
     refresh_growth: float = 1.0  # re-learn the workload at 64, 128, ... 512 pods, then each doubling
     model_weight: float = 16.0
+    pressure_cap: float = 4.0
     strand_quantiles: int = 0  # > 0: stranding averaged over this many quantiles of the pods' CPU-per-GPU ratio; 0: the mean ratio (kept: 4 wins cpu250, loses multigpu30)
     _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
     _rhos: tuple | None = field(default=None, repr=False)
@@ -92,35 +93,6 @@ class StrandAwareFragScore(FGDScore):
                 self._ratios[round(r.cpu_milli / r.total_gpu_milli, 2)] += r.total_gpu_milli
             if r.gpu_models_allow:
                 self._pinned[r.gpu_models_allow] = self._pinned.get(r.gpu_models_allow, 0) + r.total_gpu_milli
-
-    def _model_pressure(self, state: ClusterState) -> np.ndarray:
-        """[model id + 1]: the share of each GPU model's capacity that pods pinned to it ask for.
-
-        A pod pinned to several models counts on each in proportion to its capacity.  The
-        shares are of all GPU demand seen, scaled by the model's share of the cluster's GPUs:
-        1.0 means pinned pods alone would fill that model if the workload filled the cluster.
-        Index -1 (no GPU model) is 0.
-        """
-        key = (self._version, state.epoch)
-        if self._pressure is not None and self._pressure[0] == key:
-            return self._pressure[1]
-        nm = len(state.model_names)
-        models = state.gpu_model[state.gpu_exists & state.gpu_usable] if state.gpu_model.size else np.zeros(0, np.int32)
-        cap = np.bincount(models[models >= 0], minlength=nm).astype(float)[:nm]
-        demand = np.zeros(nm)
-        ids = {m: i for i, m in enumerate(state.model_names)}
-        for allow, milli in self._pinned.items():
-            idx = [ids[m] for m in allow if m in ids]
-            c = cap[idx].sum() if idx else 0.0
-            if c > 0:
-                demand[idx] += milli * cap[idx] / c
-        total = self._rates[1] if self._rates is not None and self._rates[0] == self._version else self._sums[0]
-        p = np.zeros(nm + 1)
-        if total > 0 and cap.sum() > 0:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                p[:nm] = np.where(cap > 0, (demand / total) / (cap / cap.sum()), 0.0)
-        self._pressure = (key, p)
-        return p
 
     def observe(self, r: PodRequest) -> None:
         self._note(r)
@@ -176,14 +148,8 @@ class StrandAwareFragScore(FGDScore):
             out += self.sliver_weight * self._sliver_table()[np.clip(gpu, 0, GPU_MILLI)].sum(axis=-1)
         return out
 
-    def _measure(self, cpu, gpu, mem, model, tw, acc, state: ClusterState | None = None) -> np.ndarray:
-        out = frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
-        if self.model_weight and self._pinned and state is not None:
-            # free GPUs of a model that pinned pods need are worth keeping free: using them costs
-            # model_weight x pressure per milli, so pods that may go elsewhere do
-            p = np.minimum(self._model_pressure(state), 1.0)
-            out -= self.model_weight * p[model] * gpu.sum(axis=-1)
-        return out
+    def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
+        return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
 
     def _before_cache(self, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
         """The measure of nodes as they are, per node version (shared by every pod shape)."""
@@ -213,7 +179,7 @@ class StrandAwareFragScore(FGDScore):
             np.concatenate([left[stale], gpu_after]),
             np.concatenate([mem[stale], mem_after]),
             np.concatenate([model[stale], model[rows]]),
-            tw, acc, state,
+            tw, acc,
         )
         if stale.size:
             vals[nodes[stale]] = m[: stale.size]
@@ -230,6 +196,74 @@ class StrandAwareFragScore(FGDScore):
         mem = state.mem_free[nodes]
         new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
         return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib)
+
+    # --- model pressure, per cycle ----------------------------------------------------------
+    def _pin_rates(self, state: ClusterState) -> np.ndarray:
+        """[model]: the share of all GPU demand seen that pinned pods bring to each model.
+
+        A pod pinned to several models is spread over them so that their pinned
+        load per GPU comes out as even as it can (water-filling in small steps),
+        not by capacity: demand pinned to {big model, scarce model} lands on the
+        big one when the scarce one has its own pinned pods to serve.
+        """
+        key = (self._version, state.epoch, len(self._pinned))
+        if self._pressure is not None and self._pressure[0] == key:
+            return self._pressure[1]
+        nm = len(state.model_names)
+        models = state.gpu_model[state.gpu_exists & state.gpu_usable] if state.gpu_model.size else np.zeros(0, np.int32)
+        cap = np.bincount(models[models >= 0], minlength=nm).astype(float)[:nm] * GPU_MILLI
+        ids = {m: i for i, m in enumerate(state.model_names)}
+        load = np.zeros(nm)
+        sets = []
+        for allow, milli in self._pinned.items():
+            idx = np.array([ids[m] for m in allow if m in ids and cap[ids[m]] > 0], dtype=int)
+            if idx.size:
+                sets.append((idx, float(milli)))
+        steps = 16
+        for _ in range(steps):  # round-robin over the sets, a 1/steps slice each time
+            for idx, milli in sets:
+                j = idx[np.argmin((load[idx] + milli / steps) / cap[idx])]
+                load[j] += milli / steps
+        total = max(self._sums[0], 1.0)
+        r = load / total
+        self._pressure = (key, r)
+        return r
+
+    def _pressure_cost(self, cycle: Cycle, state: ClusterState) -> np.ndarray:
+        """[model id + 1]: cost per milli-GPU used on each model (index -1: no GPU, 0).
+
+        pressure = (pinned share of demand for the model) x (free GPU milli in the cluster) /
+        (free GPU milli of the model): the part of the model's free GPUs that the pinned pods
+        still to come will want, if demand keeps its mix.  It rises as pods with a choice use
+        the model up, which is the feedback a static share lacks.
+        """
+        t = cycle.data.get("pressure_cost")
+        if t is not None:
+            return t
+        nm = len(state.model_names)
+        out = np.zeros(nm + 1)
+        if self.model_weight and self._pinned and nm:
+            r = self._pin_rates(state)
+            ok = state.gpu_exists & state.gpu_usable
+            mid = state.gpu_model[ok]
+            free = np.bincount(mid[mid >= 0], weights=state.gpu_free_milli[ok][mid >= 0], minlength=nm)[:nm]
+            ftot = free.sum()
+            with np.errstate(invalid="ignore", divide="ignore"):
+                p = np.where(free > 0, r * ftot / free, self.pressure_cap)
+            out[:nm] = self.model_weight * np.minimum(p, self.pressure_cap) / max(self.quant_milli, 1.0)
+        cycle.data["pressure_cost"] = out
+        return out
+
+    def _with_pressure(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray, s: np.ndarray) -> np.ndarray:
+        if not self._pinned or not self.model_weight:
+            return s
+        model = node_view(state, nodes)[2]
+        cost = self._pressure_cost(cycle, state)[model] * cycle.request.total_gpu_milli
+        return s - cost
+
+    def post_score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray, raw: np.ndarray) -> np.ndarray:
+        """The per-cycle model pressure on top of the cached descent (it changes with every placement)."""
+        return self._with_pressure(cycle, state, nodes, raw)
 
     # select_gpus: FGDScore's (the best-scoring GPU for a share, best fit otherwise), on this measure
 

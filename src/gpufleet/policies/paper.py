@@ -414,6 +414,9 @@ class BestFitScore(_Plugin):
         return np.floor((raw - lo) * MAX_NODE_SCORE / (hi - lo))
 
 
+SEEN_KEYS_MAX = 200_000  # pod keys remembered for de-duplication (a retried pod is learned once)
+
+
 @dataclass
 class FGDScore(_Plugin):
     """Fragmentation gradient descent (``fgd_score.go``).
@@ -439,6 +442,7 @@ class FGDScore(_Plugin):
     _access: tuple | None = field(default=None, repr=False)
     _version: int = 0  # bumped whenever the target workload changes (part of the score cache key)
     _gsel: OrderedDict = field(default_factory=OrderedDict, repr=False)  # see _gpu_cache
+    _keys: OrderedDict = field(default_factory=OrderedDict, repr=False)  # pod keys already learned from
 
     # the target workload
     def prime(self, requests: Iterable[PodRequest]) -> None:
@@ -470,10 +474,22 @@ class FGDScore(_Plugin):
             self._access = (key, tw.access(state.model_names))
         return tw, self._access[1]
 
+    def observe_pod(self, cycle: Cycle) -> None:
+        """Learn from this cycle's pod once, and from each pod once however often it is retried."""
+        if not self.learn_online or cycle.data.get("fgd_observed"):
+            return
+        cycle.data["fgd_observed"] = True
+        key = cycle.request.key
+        if key:
+            if key in self._keys:
+                return
+            self._keys[key] = None
+            if len(self._keys) > SEEN_KEYS_MAX:
+                self._keys.popitem(last=False)
+        self.observe(cycle.request)
+
     def cache_key(self, cycle: Cycle):
-        if self.learn_online and not cycle.data.get("fgd_observed"):
-            cycle.data["fgd_observed"] = True
-            self.observe(cycle.request)
+        self.observe_pod(cycle)
         return (shape_of(cycle.request), self._version)
 
     def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
