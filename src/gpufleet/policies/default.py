@@ -73,6 +73,7 @@ class StrandAwareFragScore(FGDScore):
     refresh_growth: float = 1.0  # re-learn the workload at 64, 128, ... 512 pods, then each doubling
     model_weight: float = 16.0
     pressure_cap: float = 4.0
+    share_fit: float = 0.0  # < 1: ties between share placements go to the GPU left with the least free milli
     strand_quantiles: int = 0  # > 0: stranding averaged over this many quantiles of the pods' CPU-per-GPU ratio; 0: the mean ratio (kept: 4 wins cpu250, loses multigpu30)
     _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
     _rhos: tuple | None = field(default=None, repr=False)
@@ -264,6 +265,13 @@ class StrandAwareFragScore(FGDScore):
     def post_score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray, raw: np.ndarray) -> np.ndarray:
         """The per-cycle model pressure on top of the cached descent (it changes with every placement)."""
         return self._with_pressure(cycle, state, nodes, raw)
+
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        out = super()._gpu_scores(cycle, state, nodes)
+        if self.share_fit:
+            left = np.where(state.gpu_usable[nodes], state.gpu_free_milli[nodes], 0) - cycle.request.gpu_milli
+            out = out - self.share_fit * np.clip(left, 0, GPU_MILLI) / GPU_MILLI
+        return out
 
     # select_gpus: FGDScore's (the best-scoring GPU for a share, best fit otherwise), on this measure
 
