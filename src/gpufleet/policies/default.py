@@ -73,7 +73,7 @@ class StrandAwareFragScore(FGDScore):
     refresh_growth: float = 1.0  # re-learn the workload at 64, 128, ... 512 pods, then each doubling
     model_weight: float = 16.0
     pressure_cap: float = 4.0
-    share_fit: float = 0.0  # < 1: ties between share placements go to the GPU left with the least free milli
+    share_fit: float = 0.5  # < 1: ties between share placements go to the GPU left with the least free milli
     strand_quantiles: int = 0  # > 0: stranding averaged over this many quantiles of the pods' CPU-per-GPU ratio; 0: the mean ratio (kept: 4 wins cpu250, loses multigpu30)
     _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
     _rhos: tuple | None = field(default=None, repr=False)
