@@ -25,10 +25,22 @@ Two more terms came from the trace variants of issue 14 (``bench/variants.py``,
   the default used to lose to FGD because it filled the scarce models' GPUs
   with pods that could have run anywhere (on a pinned variant, 144 of 265 P100
   GPUs held unpinned pods vs FGD's 66, and 351 GPUs of P100-pinned demand
-  failed vs 282).  The policy now learns, per GPU model, how much of that
-  model's capacity the pinned pods seen ask for (``pressure``, 1.0 = all of
-  it) and charges ``model_weight x pressure`` per milli-GPU used on that
-  model, so pods with a choice go elsewhere while they can.
+  failed vs 282).  The policy learns, from every GPU pod it sees (also the
+  ones no node can take: those are the pinned pods a full model turns away),
+  which share of all GPU demand is pinned to each model.  Demand pinned to
+  several models is spread over them by water-filling, so that it lands where
+  the pinned load per GPU is lowest (not by capacity: that made the big model
+  look pressured and pushed pods with a choice onto the scarce ones).  Each
+  cycle, pressure = that share x the cluster's free GPU milli / the model's
+  free GPU milli, i.e. how much of the model's free GPUs the pinned pods still
+  to come want if demand keeps its mix; a placement pays ``model_weight x
+  pressure`` per milli-GPU it uses there.  Because it is recomputed per cycle
+  it feeds back: as pods with a choice use a model up, its pressure rises.
+  (A static share of capacity, the first version, lost to FGD with 40% of
+  pods pinned: every model looked alike.)  It is added on top of the cached
+  descent (``post_score``), so it costs one lookup per node.
+* **best fit among equals** (``share_fit``): a share's placements that score
+  alike go to the GPU left with the least free milli.
 * **stranding over the ratio distribution** (``strand_quantiles``, off by
   default): GPU left unfed by CPU averaged over quantiles of the pods'
   CPU-per-GPU ratio instead of their mean ratio alone.  On the tuning split it
@@ -39,7 +51,8 @@ Everything a live scheduler could know: the target workload (task shapes and
 frequencies, the CPU/GPU and memory/GPU ratios) is learned online from the pods
 the scheduler has seen, never from the trace.  CPU-only tasks are left out of
 it (they do not use GPUs, so they do not define what a GPU fragment is), and
-like FGD it keeps the most common shapes covering 90% of tasks.  The score is
+like FGD it keeps the most common shapes covering a share of the tasks (85%, chosen
+on the tuning split; FGD uses 90%).  The score is
 quantised (40 milli-GPU steps) and ties go to the first node of a fixed seeded
 order, which consolidates load the way FGD's integer scores do.
 """
