@@ -11,7 +11,15 @@ GPU model:
 * ``used-by-free``: GPU milli of this model taken by pods that could have gone elsewhere
   (no gpu_spec) vs by pods pinned to it;
 * ``failed``: GPU demand of failed pods (which is what unallocated % is at this point), split
-  into pinned and unpinned pods.
+  into pinned and unpinned pods;
+* ``saturation``: the arrived fraction at the first failure.  Nearly every pod that arrives after
+  it fails too, so unallocated % is about 1 - that fraction: what counts is how full the cluster
+  is when it first turns a pod away;
+* ``holes``: the free milli on partly used GPUs by the pods on them (``810`` alone leaves 190 that
+  nothing common fills);
+* ``repack``: the GPUs the policy used for shares against an offline best-fit-decreasing packing of
+  the very same shares (one dimension, GPU milli only).  The difference is all that any better
+  share placement could win back at this point, for the same pods.
 
     python bench/idle_breakdown.py --variant pinskew33 --seeds 42-44 --policies default,fgd
 """
@@ -19,6 +27,7 @@ GPU model:
 from __future__ import annotations
 
 import argparse
+import bisect
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -44,6 +53,7 @@ def breakdown(variant: str, seed: int, policy: str, tune: float = 1.3) -> dict:
     used_by = defaultdict(lambda: [0, 0])  # model -> [unpinned milli, pinned milli]
     failed = defaultdict(int)  # "pinned:<spec>" / "unpinned" -> milli
     shapes = []
+    saturation = None
     for tp, name in workload_order(pods, cap, tune, seed):
         r = tp.request(name)
         if arrived + r.total_gpu_milli > cap:
@@ -58,7 +68,10 @@ def breakdown(variant: str, seed: int, policy: str, tune: float = 1.3) -> dict:
                 used_by[nodes[i].gpus[0].model][1 if r.gpu_models_allow else 0] += r.total_gpu_milli
         else:
             failed["pinned:" + "|".join(sorted(r.gpu_models_allow)) if r.gpu_models_allow else "unpinned"] += r.total_gpu_milli
-    out: dict = {"per_model": {}, "failed": dict(failed), "unallocated_pct": 100.0 * sum(failed.values()) / cap}
+            if saturation is None:
+                saturation = arrived / cap
+    out: dict = {"per_model": {}, "failed": dict(failed), "unallocated_pct": 100.0 * sum(failed.values()) / cap, "capacity": cap,
+                 "saturation": saturation, **_holes_and_repack(state)}
     uniq = {(r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models_allow) for r in shapes}
     for i, n in enumerate(nodes):
         if not n.gpus:
@@ -90,6 +103,25 @@ def breakdown(variant: str, seed: int, policy: str, tune: float = 1.3) -> dict:
     return out
 
 
+def _holes_and_repack(state: ClusterState) -> dict:
+    """Free milli on GPUs holding shares, by what is on them; share GPUs used vs an offline best-fit-decreasing repack."""
+    on_gpu: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for a in state.assignments.values():
+        if 0 < a.gpu_milli < 1000 and len(a.gpu_indices) == 1 and not a.mig:
+            on_gpu[(a.node, a.gpu_indices[0])].append(a.gpu_milli)
+    holes: dict[tuple[int, ...], list[int]] = defaultdict(lambda: [0, 0])  # combination -> [GPUs, free milli]
+    for v in on_gpu.values():
+        h = holes[tuple(sorted(v, reverse=True))]
+        h[0] += 1
+        h[1] += 1000 - sum(v)
+    free: list[int] = []  # best-fit decreasing: free milli of the open bins, kept sorted
+    for m in sorted((m for v in on_gpu.values() for m in v), reverse=True):
+        i = bisect.bisect_left(free, m)
+        f = (free.pop(i) if i < len(free) else 1000) - m
+        bisect.insort(free, f)
+    return {"holes": dict(holes), "share_gpus": len(on_gpu), "repack_gpus": len(free)}
+
+
 def main() -> int:
     from gpufleet.cli.simulate import parse_seeds
 
@@ -108,6 +140,14 @@ def main() -> int:
                       f"{r['cpu_stranded'] / 1000:>7.1f} {r['unfillable'] / 1000:>7.1f} {r['used_unpinned'] / 1000:>9.1f} {r['used_pinned'] / 1000:>9.1f}")
             top = sorted(b["failed"].items(), key=lambda kv: -kv[1])[:6]
             print("failed GPU demand: " + ", ".join(f"{k} {v / 1000:.1f}" for k, v in top))
+            sat = b["saturation"]
+            print(f"saturation: first pod turned away at {sat:.3f} of capacity arrived" if sat is not None else "saturation: none")
+            big = sorted(b["holes"].items(), key=lambda kv: -kv[1][1])[:6]
+            print("holes (GPUs with shares; free GPU-equivalents): "
+                  + ", ".join(f"{'+'.join(map(str, k))}: {n} GPUs, {f / 1000:.1f}" for k, (n, f) in big))
+            print(f"repack: the policy used {b['share_gpus']} GPUs for shares; best-fit decreasing of the same shares needs "
+                  f"{b['repack_gpus']} ({b['share_gpus'] - b['repack_gpus']} fewer, "
+                  f"{100.0 * (b['share_gpus'] - b['repack_gpus']) * 1000 / b['capacity']:.2f} points of capacity)")
     return 0
 
 
