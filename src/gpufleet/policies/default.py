@@ -96,6 +96,7 @@ class StrandAwareFragScore(FGDScore):
     _sliver: tuple | None = field(default=None, repr=False)
     _bcache: tuple | None = field(default=None, repr=False)
     _rates: tuple | None = field(default=None, repr=False)
+    _gpu_index: tuple | None = field(default=None, repr=False)  # (epoch, flat indices of usable GPUs, their model ids)
 
     # --- what is learned -----------------------------------------------------------
     def _note(self, r: PodRequest) -> None:
@@ -258,9 +259,12 @@ class StrandAwareFragScore(FGDScore):
         out = np.zeros(nm + 1)
         if self.model_weight and self._pinned and nm:
             r = self._pin_rates(state)
-            ok = state.gpu_exists & state.gpu_usable
-            mid = state.gpu_model[ok]
-            free = np.bincount(mid[mid >= 0], weights=state.gpu_free_milli[ok][mid >= 0], minlength=nm)[:nm]
+            g = self._gpu_index
+            if g is None or g[0] != state.epoch:
+                ok = (state.gpu_exists & state.gpu_usable & (state.gpu_model >= 0)).ravel()
+                flat = np.flatnonzero(ok)
+                g = self._gpu_index = (state.epoch, flat, state.gpu_model.ravel()[flat])
+            free = np.bincount(g[2], weights=state.gpu_free_milli.ravel()[g[1]], minlength=nm)[:nm]
             ftot = free.sum()
             with np.errstate(invalid="ignore", divide="ignore"):
                 p = np.where(free > 0, r * ftot / free, self.pressure_cap)
@@ -269,9 +273,9 @@ class StrandAwareFragScore(FGDScore):
         return out
 
     def _with_pressure(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray, s: np.ndarray) -> np.ndarray:
-        if not self._pinned or not self.model_weight:
+        if not self._pinned or not self.model_weight or not cycle.request.total_gpu_milli:
             return s
-        model = node_view(state, nodes)[2]
+        model = state.gpu_model[nodes, 0] if state.gpu_model.shape[1] else np.full(nodes.size, -1)
         cost = self._pressure_cost(cycle, state)[model] * cycle.request.total_gpu_milli
         return s - cost
 
