@@ -127,3 +127,47 @@ def test_every_policy_profile_builds():
     for n in names:
         assert build_profile(n).scores
     assert "FGDScore" in registry().names()
+
+
+def test_learning_plugins_see_every_pod_and_post_score_is_never_cached():
+    """observe_pod runs for a pod no node fits; post_score runs every cycle on top of cached raw scores."""
+    import numpy as np
+
+    from gpufleet.engine.framework import Profile
+
+    class Learner:
+        name = "Learner"
+
+        def __init__(self):
+            self.seen: list[str] = []
+            self.scored = 0
+            self.bonus = 0.0
+
+        def observe_pod(self, cycle):
+            self.seen.append(cycle.request.name)
+
+        def cache_key(self, cycle):
+            return "same"
+
+        def score(self, cycle, state, nodes):
+            self.scored += nodes.size
+            return np.zeros(nodes.size)
+
+        def normalize(self, raw):
+            return raw
+
+        def post_score(self, cycle, state, nodes, raw):
+            self.bonus += 1.0
+            return raw + np.where(nodes == 1, self.bonus, 0.0)
+
+    learner = Learner()
+    prof = build_profile("bestfit")
+    prof = Profile(name="t", filters=prof.filters, scores=[(learner, 1)], gpu_selector=prof.gpu_selector)
+    s = Scheduler(prof, ClusterState([gpu_node("a", 2), gpu_node("b", 2)]), seed=0)
+    assert not s.schedule(parse_pod(pod(gpus=4, name="toobig"))).ok
+    assert learner.seen == ["toobig"] and learner.scored == 0  # learned from, never scored
+    d1 = s.decide(s.new_cycle(parse_pod(pod(gpus=1, name="x"))))
+    d2 = s.decide(s.new_cycle(parse_pod(pod(gpus=1, name="y"))))
+    assert d1.assignment.node == d2.assignment.node == "b"
+    assert learner.scored == 2  # the second cycle hit the cache for both nodes
+    assert learner.bonus == 2.0  # but the per-cycle part ran in both
