@@ -274,7 +274,7 @@ def test_real_node_random_stream_with_restarts(real_node):
     assert wait(lambda: gpu_allocatable(node) == 60, 60), f"allocatable nvidia.com/gpu: {gpu_allocatable(node)}"
     timings["agent start -> allocatable (6 GPUs x 10 devices) s"] = round(time.monotonic() - t, 1)
     assert wait(lambda: "gpu_slots" in node.node()["metadata"].get("annotations", {}).get("gpufleet.io/gpu-inventory", ""), 30)
-    policy = os.environ.get("GPUFLEET_E2E_POLICY", "bestfit")
+    policy = os.environ.get("GPUFLEET_E2E_POLICY", "default")
     node.gpufleet("gpufleet-scheduler", ["scheduler", "--kubeconfig", str(node.kubeconfig), "--metrics-addr",
                                          "127.0.0.1:19251", "--no-leader-elect", "--policy", policy])
     report.append(f"seed {seed}, scheduler policy {policy}")
