@@ -479,7 +479,7 @@ class FGDScore(_Plugin):
         if not self.learn_online or cycle.data.get("fgd_observed"):
             return
         cycle.data["fgd_observed"] = True
-        key = cycle.request.key
+        key = cycle.request.uid or cycle.request.key  # a pod recreated under the same name is a new pod
         if key:
             if key in self._keys:
                 return
