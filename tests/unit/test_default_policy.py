@@ -117,9 +117,22 @@ def test_stranding_over_ratio_quantiles_is_smooth_where_the_mean_ratio_is_a_hing
     workload = [req(f"l{i}", cpu=1000) for i in range(50)] + [req(f"h{i}", cpu=15000) for i in range(50)]
     for x in (p, mean_only):
         x.prime(workload)
+    p._use_q = True  # as where CPU binds (see the next test)
     cpu = np.array([32_000.0])
     gpu = np.full((1, 4), 1000)
     mem = np.array([1e9])
     assert mean_only._penalty(cpu, gpu, mem)[0] == 0.0
     assert p._penalty(cpu, gpu, mem)[0] > 0.0
     np.testing.assert_allclose(p._rho_quantiles(), [1.0, 1.0, 15.0, 15.0])
+
+
+def test_ratio_quantiles_apply_only_where_cpu_binds_first():
+    state = ClusterState([make_node(f"a{i}", 8, A100, cpu_milli=64_000, memory_mib=1 << 20) for i in range(4)])
+    light = [req(f"g{i}", cpu=4000) for i in range(50)] + [req(f"x{i}", cpu=8000, milli=1000) for i in range(50)]
+    heavy = light + [PodRequest(name=f"c{i}", cpu_milli=64_000, memory_mib=1024) for i in range(60)]  # CPU-only pods
+    for pods, tight in ((light, False), (heavy, True)):
+        p = StrandAwareFragScore(learn_online=False)
+        p.prime(pods)
+        assert (p._cpu_tight(state) >= 1.0) is tight
+        scores(p, state, req("probe"))
+        assert p._use_q is tight

@@ -41,11 +41,15 @@ Two more terms came from the trace variants of issue 14 (``bench/variants.py``,
   descent (``post_score``), so it costs one lookup per node.
 * **best fit among equals** (``share_fit``): a share's placements that score
   alike go to the GPU left with the least free milli.
-* **stranding over the ratio distribution** (``strand_quantiles``, off by
-  default): GPU left unfed by CPU averaged over quantiles of the pods'
-  CPU-per-GPU ratio instead of their mean ratio alone.  On the tuning split it
-  cut cpu250 from 6.55% to 4.81% but raised multigpu30 from 3.05% to 5.48%
-  (FGD 3.63%), so it stays off until that interaction is understood.
+* **stranding over the ratio distribution, where CPU binds**: GPU left unfed by
+  CPU averaged over quantiles of the pods' CPU-per-GPU ratio instead of their
+  mean ratio alone.  Always on, it cut cpu250 from 6.55% to 4.81% but raised
+  multigpu30 from 3.05% to 5.48% (FGD 3.63%): where GPUs run out first, the
+  CPU-heavy quantiles make the policy keep CPU that no one will need.  So it
+  applies only when the workload seen makes CPU the binding resource: its CPU
+  demand, scaled to fill the GPUs, is at least the cluster's CPU capacity
+  (``quantile_tight`` 1.0, the point where CPU would run out first; measured
+  0.70-0.84 on the default, multi-GPU, pinned and share traces, 1.04 on cpu250).
 
 Everything a live scheduler could know: the target workload (task shapes and
 frequencies, the CPU/GPU and memory/GPU ratios) is learned online from the pods
@@ -87,7 +91,8 @@ class StrandAwareFragScore(FGDScore):
     model_weight: float = 16.0
     pressure_cap: float = 4.0
     share_fit: float = 0.5  # < 1: ties between share placements go to the GPU left with the least free milli
-    strand_quantiles: int = 0  # > 0: stranding averaged over this many quantiles of the pods' CPU-per-GPU ratio; 0: the mean ratio (kept: 4 wins cpu250, loses multigpu30)
+    quantile_tight: float = 1.0  # strand_quantiles apply once CPU binds first: CPU demand / CPU capacity at full GPU demand >= this
+    strand_quantiles: int = 4  # > 0: stranding averaged over this many quantiles of the pods' CPU-per-GPU ratio (where CPU binds); 0: the mean ratio
     _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
     _rhos: tuple | None = field(default=None, repr=False)
     _pinned: dict = field(default_factory=dict, repr=False)  # frozenset(models) -> GPU milli of pods pinned to them
@@ -96,10 +101,14 @@ class StrandAwareFragScore(FGDScore):
     _sliver: tuple | None = field(default=None, repr=False)
     _bcache: tuple | None = field(default=None, repr=False)
     _rates: tuple | None = field(default=None, repr=False)
-    _gpu_index: tuple | None = field(default=None, repr=False)  # (epoch, flat indices of usable GPUs, their model ids)
+    _gpu_index: tuple | None = field(default=None, repr=False)
+    _cpu_all: float = 0.0  # CPU milli of every pod seen, CPU-only ones too
+    _tight: tuple | None = field(default=None, repr=False)
+    _use_q: bool = False  # (epoch, flat indices of usable GPUs, their model ids)
 
     # --- what is learned -----------------------------------------------------------
     def _note(self, r: PodRequest) -> None:
+        self._cpu_all += r.cpu_milli
         if r.gpu_count:
             self._sums[0] += r.total_gpu_milli
             self._sums[1] += r.cpu_milli
@@ -154,7 +163,7 @@ class StrandAwareFragScore(FGDScore):
         total = gpu.sum(axis=-1)
         if self.strand_weight and g_milli > 0:
             stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
-            if self.strand_quantiles > 0:
+            if self.strand_quantiles > 0 and self._use_q:
                 stranded = np.mean([np.maximum(0.0, total - np.maximum(cpu, 0) / rho) for rho in self._rho_quantiles()], axis=0)
             if self.memory_strand and m_mib > 0:
                 stranded = np.maximum(stranded, total - np.maximum(mem, 0) * (g_milli / m_mib))
@@ -185,6 +194,7 @@ class StrandAwareFragScore(FGDScore):
         of the work.
         """
         tw, acc = self._tw(state)
+        self._use_q = self._cpu_tight(state) >= self.quantile_tight
         vals, vers = self._before_cache(state)
         stale = np.flatnonzero(vers[nodes] != state.version[nodes])
         cpu, left, model = node_view(state, nodes)
@@ -211,6 +221,15 @@ class StrandAwareFragScore(FGDScore):
         mem = state.mem_free[nodes]
         new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
         return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib)
+
+    def _cpu_tight(self, state: ClusterState) -> float:
+        """CPU demand over CPU capacity when GPU demand fills the GPUs, at the mix seen (learned per workload refresh)."""
+        key = (self._version, state.epoch)
+        if self._tight is None or self._tight[0] != key:
+            g = max(self._sums[0], 1.0)
+            t = self._cpu_all / g * float(state.gpu_milli_cap.sum()) / max(float(state.cpu_cap.sum()), 1.0)
+            self._tight = (key, t)
+        return self._tight[1]
 
     # --- model pressure, per cycle ----------------------------------------------------------
     def _pin_rates(self, state: ClusterState) -> np.ndarray:
