@@ -1,0 +1,72 @@
+"""The repack yardsticks of ``bench/idle_breakdown.py``, against an exact bin count on small instances.
+
+The README's "where the rest goes" leans on two numbers: best-fit decreasing (a real packing, so never
+below the optimum) and the arc-flow LP bound (never above it).  Both are checked here on random small
+instances whose optimum a brute force finds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import importlib.util
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+_BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load():
+    sys.path.insert(0, str(_BENCH))
+    spec = importlib.util.spec_from_file_location("idle_breakdown", _BENCH / "idle_breakdown.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+ib = _load()
+
+
+def optimum(items: list[int], cap: int = 1000) -> int:
+    """Fewest bins, by exhaustive search over bin contents (small instances only)."""
+    items = sorted(items, reverse=True)
+
+    @lru_cache(maxsize=None)
+    def go(i: int, loads: tuple[int, ...]) -> int:
+        if i == len(items):
+            return len(loads)
+        best = go(i + 1, tuple(sorted(loads + (items[i],))))
+        for k, load in enumerate(loads):
+            if load + items[i] <= cap and (k == 0 or loads[k - 1] != load):
+                nxt = list(loads)
+                nxt[k] += items[i]
+                best = min(best, go(i + 1, tuple(sorted(nxt))))
+        return best
+
+    return go(0, ())
+
+
+def bfd(items: list[int], cap: int = 1000) -> int:
+    free: list[int] = []
+    for m in sorted(items, reverse=True):
+        i = bisect.bisect_left(free, m)
+        f = (free.pop(i) if i < len(free) else cap) - m
+        bisect.insort(free, f)
+    return len(free)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([160, 230, 320, 470, 460, 550, 590, 650, 810]), min_size=1, max_size=9))
+def test_lp_bound_never_above_and_bfd_never_below_the_optimum(items):
+    opt = optimum(items)
+    assert ib._bins_lower_bound(items) <= opt <= bfd(items)
+
+
+def test_known_instances():
+    assert ib._bins_lower_bound([810, 810, 810, 160, 160, 160]) == 3
+    assert ib._bins_lower_bound([470, 470, 470, 470]) == 2
+    assert ib._bins_lower_bound([600, 600, 600]) == 3  # no two fit together: the LP knows (sum alone says 2)
+    assert ib._bins_lower_bound([]) == 0
