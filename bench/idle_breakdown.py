@@ -117,13 +117,18 @@ def _holes_and_repack(state: ClusterState) -> dict:
         h = holes[tuple(sorted(v, reverse=True))]
         h[0] += 1
         h[1] += 1000 - sum(v)
-    free: list[int] = []  # best-fit decreasing: free milli of the open bins, kept sorted
-    for m in sorted((m for v in on_gpu.values() for m in v), reverse=True):
-        i = bisect.bisect_left(free, m)
-        f = (free.pop(i) if i < len(free) else 1000) - m
-        bisect.insort(free, f)
     items = [m for v in on_gpu.values() for m in v]
-    return {"holes": dict(holes), "share_gpus": len(on_gpu), "repack_gpus": len(free), "repack_lower": _bins_lower_bound(items)}
+    return {"holes": dict(holes), "share_gpus": len(on_gpu), "repack_gpus": _best_fit_decreasing(items), "repack_lower": _bins_lower_bound(items)}
+
+
+def _best_fit_decreasing(items: list[int], cap: int = 1000) -> int:
+    """Bins best-fit decreasing opens for ``items`` (a real packing: never fewer than the optimum)."""
+    free: list[int] = []  # free space of the open bins, kept sorted
+    for m in sorted(items, reverse=True):
+        i = bisect.bisect_left(free, m)
+        f = (free.pop(i) if i < len(free) else cap) - m
+        bisect.insort(free, f)
+    return len(free)
 
 
 def _bins_lower_bound(items: list[int], cap: int = 1000) -> int:

@@ -7,7 +7,6 @@ instances whose optimum a brute force finds.
 
 from __future__ import annotations
 
-import bisect
 import importlib.util
 import sys
 from functools import lru_cache
@@ -49,20 +48,11 @@ def optimum(items: list[int], cap: int = 1000) -> int:
     return go(0, ())
 
 
-def bfd(items: list[int], cap: int = 1000) -> int:
-    free: list[int] = []
-    for m in sorted(items, reverse=True):
-        i = bisect.bisect_left(free, m)
-        f = (free.pop(i) if i < len(free) else cap) - m
-        bisect.insort(free, f)
-    return len(free)
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([160, 230, 320, 470, 460, 550, 590, 650, 810]), min_size=1, max_size=9))
 def test_lp_bound_never_above_and_bfd_never_below_the_optimum(items):
     opt = optimum(items)
-    assert ib._bins_lower_bound(items) <= opt <= bfd(items)
+    assert ib._bins_lower_bound(items) <= opt <= ib._best_fit_decreasing(items)
 
 
 def test_known_instances():

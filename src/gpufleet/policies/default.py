@@ -305,7 +305,7 @@ class StrandAwareFragScore(FGDScore):
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         out = super()._gpu_scores(cycle, state, nodes)
         if self.share_fit:
-            left = np.where(state.gpu_usable[nodes], state.gpu_free_milli[nodes], 0) - cycle.request.gpu_milli
+            left = node_view(state, nodes)[1] - cycle.request.gpu_milli
             out = out - self.share_fit * np.clip(left, 0, GPU_MILLI) / GPU_MILLI
         return out
 
