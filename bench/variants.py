@@ -63,8 +63,11 @@ FAMILIES: dict[str, list[str]] = {
     "multigpu": ["multigpu20", "multigpu30", "multigpu40", "multigpu50"],
     "cpu": ["cpu0", "cpu037", "cpu050", "cpu072", "cpu100", "cpu200", "cpu235", "cpu250", "cpu300"],
     "gpushare": ["gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100"],
+    # generated, tuning only (added in the third session, after the split): more CPU-only pods
+    "cpumore": ["cpumore200", "cpumore275", "cpumore350"],
 }
-TUNE = ["default", "pinned10", "pinned30", "pinskew20", "pinskew33", "multigpu30", "cpu050", "cpu250", "gpushare40"]
+TUNE = ["default", "pinned10", "pinned30", "pinskew20", "pinskew33", "multigpu30", "cpu050", "cpu250", "gpushare40",
+        "cpumore200", "cpumore275", "cpumore350"]
 HELDOUT = [v for fam in FAMILIES.values() for v in fam if v not in TUNE]
 SKEW = 0.125  # pinskew*: Dirichlet concentration 8 x capacity share
 # the tuning split also uses its own seeds; the held-out split is reported on seeds 42-51
@@ -143,9 +146,28 @@ def more_multigpu(pods: Sequence[TracePod], share: float, rng: np.random.Generat
     return out
 
 
+def more_cpu_pods(pods: Sequence[TracePod], factor: float, rng: np.random.Generator) -> list[TracePod]:
+    """Add seeded copies of the trace's CPU-only pods until their CPU demand is ``factor`` x the trace's own.
+
+    The Alibaba release's cpu* variants do the same with their own draws; these are ours, for tuning, so
+    that the cpu* family can stay held out.
+    """
+    out = list(pods)
+    cpu_only = [p for p in pods if not p.num_gpu]
+    have = sum(p.cpu_milli for p in cpu_only)
+    target = factor * have
+    k = 0
+    while cpu_only and have < target:
+        src = cpu_only[int(rng.integers(len(cpu_only)))]
+        out.append(replace(src, name=f"{src.name}-c{k}"))
+        have += src.cpu_milli
+        k += 1
+    return out
+
+
 def variant_pods(variant: str, seed: int, nodes: Sequence[Node], base: Sequence[TracePod] | None = None) -> list[TracePod]:
     """The pod list of ``variant`` for simulation seed ``seed``."""
-    if variant.startswith(("cpu", "gpushare")):
+    if variant.startswith(("cpu", "gpushare")) and not variant.startswith("cpumore"):
         path = SHARED_CSV / f"openb_pod_list_{variant}.csv"
         if not path.exists():
             raise FileNotFoundError(f"{path}: the Alibaba release's variants are read from ../shared/traces")
@@ -161,11 +183,13 @@ def variant_pods(variant: str, seed: int, nodes: Sequence[Node], base: Sequence[
         return pin_models(base, nodes, int(variant[len("pinned"):]) / 100.0, rng)
     if variant.startswith("multigpu"):
         return more_multigpu(base, int(variant[len("multigpu"):]) / 100.0, rng)
+    if variant.startswith("cpumore"):
+        return more_cpu_pods(base, int(variant[len("cpumore"):]) / 100.0, rng)
     raise KeyError(f"unknown variant {variant!r}")
 
 
 def available(variants: Sequence[str]) -> list[str]:
-    return [v for v in variants if not v.startswith(("cpu", "gpushare")) or (SHARED_CSV / f"openb_pod_list_{v}.csv").exists()]
+    return [v for v in variants if not v.startswith(("cpu", "gpushare")) or v.startswith("cpumore") or (SHARED_CSV / f"openb_pod_list_{v}.csv").exists()]
 
 
 def write_csv(path: Path, pods: Sequence[TracePod]) -> None:

@@ -117,22 +117,44 @@ def test_stranding_over_ratio_quantiles_is_smooth_where_the_mean_ratio_is_a_hing
     workload = [req(f"l{i}", cpu=1000) for i in range(50)] + [req(f"h{i}", cpu=15000) for i in range(50)]
     for x in (p, mean_only):
         x.prime(workload)
-    p._use_q = True  # as where CPU binds (see the next test)
+    roomy = ClusterState([make_node(f"a{i}", 8, A100, cpu_milli=512_000, memory_mib=1 << 20) for i in range(4)])
+    p._q_rhos = p._rho_quantiles(roomy)  # as where CPU binds (see the next test)
     cpu = np.array([32_000.0])
     gpu = np.full((1, 4), 1000)
     mem = np.array([1e9])
     assert mean_only._penalty(cpu, gpu, mem)[0] == 0.0
     assert p._penalty(cpu, gpu, mem)[0] > 0.0
-    np.testing.assert_allclose(p._rho_quantiles(), [1.0, 1.0, 15.0, 15.0])
+    np.testing.assert_allclose(p._q_rhos, [1.0, 1.0, 15.0, 15.0])
 
 
-def test_ratio_quantiles_apply_only_where_cpu_binds_first():
+def test_ratio_quantiles_apply_only_where_cpu_binds_first_and_not_far_beyond():
+    # 32 GPUs, 256 cores; GPU pods bring 6 cores per GPU of demand (tightness 0.75), CPU-only pods the rest
     state = ClusterState([make_node(f"a{i}", 8, A100, cpu_milli=64_000, memory_mib=1 << 20) for i in range(4)])
     light = [req(f"g{i}", cpu=4000) for i in range(50)] + [req(f"x{i}", cpu=8000, milli=1000) for i in range(50)]
-    heavy = light + [PodRequest(name=f"c{i}", cpu_milli=64_000, memory_mib=1024) for i in range(60)]  # CPU-only pods
-    for pods, tight in ((light, False), (heavy, True)):
+
+    def cpu_only(n: int) -> list[PodRequest]:
+        return [PodRequest(name=f"c{i}", cpu_milli=64_000, memory_mib=1024) for i in range(n)]
+
+    for pods, tight, quantiles in (
+        (light, 0.75, False),  # GPUs run out first: the mean ratio
+        (light + cpu_only(4), 1.07, True),  # CPU runs out first: the ratio quantiles
+        (light + cpu_only(60), 5.55, False),  # CPU far too short: the mean ratio again
+    ):
         p = StrandAwareFragScore(learn_online=False)
         p.prime(pods)
-        assert (p._cpu_tight(state) >= 1.0) is tight
+        assert abs(p._cpu_tight(state) - tight) < 0.01
         scores(p, state, req("probe"))
-        assert p._use_q is tight
+        assert (p._q_rhos is not None) is quantiles, tight
+
+
+def test_ratio_quantiles_leave_out_the_cpu_hungriest_demand_the_cpu_cannot_feed():
+    # half the GPU demand at 1 core per GPU, half at 15; 160 cores for 32 GPUs: 300 cores of the CPU
+    # demand (scaled to the cluster's GPUs) cannot run, and the 15-core pods are the ones to give it up
+    state = ClusterState([make_node(f"a{i}", 8, A100, cpu_milli=40_000, memory_mib=1 << 20) for i in range(4)])
+    workload = [req(f"l{i}", cpu=1000) for i in range(50)] + [req(f"h{i}", cpu=15000) for i in range(50)]
+    trimmed = StrandAwareFragScore(learn_online=False)
+    whole = StrandAwareFragScore(learn_online=False, quantile_trim=False)
+    for x in (trimmed, whole):
+        x.prime(workload)
+    np.testing.assert_allclose(whole._rho_quantiles(state), [1.0, 1.0, 15.0, 15.0])
+    np.testing.assert_allclose(trimmed._rho_quantiles(state), [1.0, 1.0, 1.0, 15.0])
