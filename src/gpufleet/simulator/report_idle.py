@@ -117,17 +117,17 @@ def repack_sentence(policy: str, d: Mapping[str, Any], several: bool) -> str:
 
 
 def idle_section(summary: Mapping[str, Mapping[str, Any]]) -> str:
-    """HTML for the policies whose summary has ``idle`` (all of them, or the section is empty)."""
+    """HTML for the policies whose summary has ``idle``; empty when none has."""
     summ = {p: s for p, s in summary.items() if s.get("idle")}
     if not summ:
         return ""
     several = any(s.get("runs", 1) > 1 for s in summ.values())
     kinds = hole_kinds(summ, 1)
-    lead = ("<p class='note'>At the moment the arrived GPU demand reaches the cluster's capacity"
-            + (" (means over seeds)" if several else "")
-            + ". A policy leaves GPUs idle because it turned pods away early (the saturation point, left), and what is idle then "
-              "is either whole GPUs or slivers beside the pods on partly used GPUs (below)"
-            + (f"; the largest kind of sliver here is beside <b>{html.escape(kinds[0])}</b>" if kinds else "") + ".</p>")
+    lead = ("<p class='note'>Two questions per policy" + (" (means over seeds)" if several else "") + ": how full was the "
+            "cluster when the policy first turned a pod away (the saturation point, first plot), and what is idle at the "
+            "moment the arrived GPU demand reaches the cluster's capacity: whole GPUs, or slivers beside the pods on partly "
+            "used GPUs (second plot)"
+            + (f"; the largest kind of sliver here is the one beside <b>{html.escape(kinds[0])}</b>" if kinds else "") + ".</p>")
     rows = []
     for p, s in summ.items():
         d = s["idle"]
