@@ -1,4 +1,5 @@
-"""The repack yardsticks of ``bench/idle_breakdown.py``, against an exact bin count on small instances.
+"""The repack yardsticks of ``gpufleet.simulator.idle`` (in ``gpufleet simulate``'s report and
+``bench/idle_breakdown.py``), against an exact bin count on small instances.
 
 The README's "where the rest goes" leans on two numbers: best-fit decreasing (a real packing, so never
 below the optimum) and the arc-flow LP bound (never above it).  Both are checked here on random small
@@ -7,26 +8,12 @@ instances whose optimum a brute force finds.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from functools import lru_cache
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-_BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load():
-    sys.path.insert(0, str(_BENCH))
-    spec = importlib.util.spec_from_file_location("idle_breakdown", _BENCH / "idle_breakdown.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
-ib = _load()
+from gpufleet.simulator.idle import best_fit_decreasing, bins_lower_bound
 
 
 def optimum(items: list[int], cap: int = 1000) -> int:
@@ -52,11 +39,11 @@ def optimum(items: list[int], cap: int = 1000) -> int:
 @given(st.lists(st.sampled_from([160, 230, 320, 470, 460, 550, 590, 650, 810]), min_size=1, max_size=9))
 def test_lp_bound_never_above_and_bfd_never_below_the_optimum(items):
     opt = optimum(items)
-    assert ib._bins_lower_bound(items) <= opt <= ib._best_fit_decreasing(items)
+    assert bins_lower_bound(items) <= opt <= best_fit_decreasing(items)
 
 
 def test_known_instances():
-    assert ib._bins_lower_bound([810, 810, 810, 160, 160, 160]) == 3
-    assert ib._bins_lower_bound([470, 470, 470, 470]) == 2
-    assert ib._bins_lower_bound([600, 600, 600]) == 3  # no two fit together: the LP knows (sum alone says 2)
-    assert ib._bins_lower_bound([]) == 0
+    assert bins_lower_bound([810, 810, 810, 160, 160, 160]) == 3
+    assert bins_lower_bound([470, 470, 470, 470]) == 2
+    assert bins_lower_bound([600, 600, 600]) == 3  # no two fit together: the LP knows (sum alone says 2)
+    assert bins_lower_bound([]) == 0

@@ -219,6 +219,10 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
             "pods_failed_mean": float(np.mean([r["pods_failed"] for r in rs])),
             "wall_s_mean": round(float(np.mean([r["wall_s"] for r in rs])), 3),
         }
+        if all("idle" in r for r in rs):
+            from ..simulator.idle import summarize_idle
+
+            out[pol]["idle"] = summarize_idle([r["idle"] for r in rs])
     return out
 
 

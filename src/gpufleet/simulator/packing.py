@@ -26,6 +26,7 @@ from ..engine.model import Node, PodRequest
 from ..engine.state import ClusterState
 from ..policies import build_profile
 from ..policies.paper import TargetWorkload, frag_amount, node_view
+from .idle import IdleBreakdown, IdleRecorder
 from .trace import TracePod
 
 ARRIVED_POINTS = np.arange(0, 131)
@@ -79,12 +80,15 @@ class PackingRun:
     failed_reasons: dict[str, int] = field(default_factory=dict)
     decision_ms: list[float] = field(default_factory=list, repr=False)
     wall_s: float = 0.0
+    idle: IdleBreakdown | None = field(default=None, repr=False)  # where the idle GPUs are at the 100%-arrived point
 
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in (
             "policy", "seed", "trace", "tune", "total_gpus", "arrived_pct", "allocation_pct", "frag_amount_pct",
             "frag_rate_pct", "unallocated_gpu_pct", "pods_arrived", "pods_failed", "failed_reasons", "wall_s")}
         d["experiment"] = "packing"
+        if self.idle is not None:
+            d["idle"] = self.idle.to_json()
         if self.decision_ms:
             a = np.asarray(self.decision_ms)
             d["decision_ms_p50"] = float(np.percentile(a, 50))
@@ -155,10 +159,14 @@ def run_packing(
     failed = 0
     reasons: dict[str, int] = {}
     dms: list[float] = []
+    rec = IdleRecorder(capacity)
+    snap: IdleBreakdown | None = None
     frag_sum = float(node_frag.sum())
     idle_sum = float(idle.sum())
     for k, (tp, name) in enumerate(order):
         req = tp.request(name)
+        if snap is None and arrived_milli + req.total_gpu_milli > capacity:  # the 100%-arrived point
+            snap = rec.snapshot(state)
         arrived_milli += req.total_gpu_milli
         if time_decisions:
             t1 = time.perf_counter()
@@ -177,7 +185,9 @@ def run_packing(
             li = float(lft.sum())
             idle_sum += li - idle[i]
             idle[i] = li
+            rec.observe(state, req, i)
         else:
+            rec.observe(state, req, None)
             failed += 1
             msg = dec.status.message if hasattr(dec.status, "message") else str(dec.status)
             diag = dec.diagnosis
@@ -204,5 +214,7 @@ def run_packing(
     run.pods_failed = failed
     run.failed_reasons = dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
     run.decision_ms = dms
+    run.idle = snap if snap is not None else rec.snapshot(state)
+    run.idle.saturation = rec.saturation  # the first pod turned away may come after the 100% point
     run.wall_s = round(time.perf_counter() - t0, 3)
     return run

@@ -6,6 +6,7 @@ import html
 from typing import Any, Mapping, Sequence
 
 from .report import bars_plot, curves_plot, definitions_html, table_html, write_report
+from .report_idle import idle_section
 
 PACKING_METRICS = [
     ("unallocated GPU %", "100 minus the share of the cluster's GPUs (in milli-GPU) allocated at the moment the arrived GPU "
@@ -78,6 +79,9 @@ def write_simulation_report(
         sections.append(("Summary", note + table_html(headers, rows, marked) + definitions_html(defs)))
         sections.append(("Unallocated GPUs", bars_plot(
             {p: s for p, s in summary.items() if s["unallocated_gpu_pct_mean"] is not None}, published, bound)))
+        idle = idle_section(summary)
+        if idle:
+            sections.append(("Where the idle GPUs are", idle))
         grid = "<div class='grid'>" + curves_plot(by, "allocation_pct", "GPU allocation ratio (%)", "Allocated GPUs vs arrived demand") \
             + curves_plot(by, "frag_amount_pct", "fragmented GPUs (% of capacity)", "Fragmentation amount") \
             + curves_plot(by, "frag_rate_pct", "fragmented / idle GPUs (%)", "Fragmentation rate") + "</div>"

@@ -1,0 +1,277 @@
+"""Where the idle GPUs are when the arrived demand equals the cluster's capacity, and why.
+
+Unallocated GPU % says *how much* a policy leaves idle at the 100%-arrived point of the packing
+experiment; a platform engineer also needs *why*, because the causes call for different fixes.
+This module records, from the packing run itself (no second simulation):
+
+* ``saturation``: the arrived fraction (arrived GPU demand / capacity, the turned-away pod included)
+  when the first pod is turned away, over the whole run (above 1 when the cluster takes every pod up to
+  the 100% point; None when it never turns one away).  With a policy that packs well nearly every pod
+  arriving after it fails too, so unallocated % at 100% is about ``1 - saturation``: what counts is how
+  full the cluster is when it first says no (a careless policy, such as random, says no early and still
+  places many pods after);
+* the idle GPU milli per GPU model, split into ``whole`` idle GPUs and ``sliver`` (free milli on
+  partly used GPUs); ``cpu_stranded`` (idle milli on nodes where some GPU shape of the arrived
+  workload would fit the GPUs but not the node's CPU/memory) and ``unfillable`` (no arrived shape
+  fits the free GPUs at all);
+* ``holes``: the free milli on GPUs holding shares, by what is on them (a lone 810-milli pod leaves
+  190 that nothing common fills: that hole is set by the trace more than by the policy);
+* the repack yardstick: the GPUs the policy used for shares against an offline best-fit-decreasing
+  packing of the very same shares (a real packing, so never below the optimum) and the arc-flow LP
+  lower bound (no packing of them uses fewer GPUs).  The gap between the policy and the LP bound is
+  all that any better share placement could win back at this point, for the same pods.
+
+``run_packing`` feeds an :class:`IdleRecorder` every decision and takes the snapshot just before the
+first pod whose GPU demand would take the arrived total over capacity (or at the end of a run that
+never gets there); ``bench/idle_breakdown.py`` prints the same breakdown for the trace variants.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..engine.model import GPU_MILLI, PodRequest
+from ..engine.state import ClusterState
+
+MODEL_FIELDS = ("gpus", "idle", "whole", "sliver", "cpu_stranded", "unfillable", "used_unpinned", "used_pinned")
+
+
+def hole_name(content: tuple[int, ...]) -> str:
+    """``(470, 460)`` -> ``"470+460"``: the shares on one GPU, largest first."""
+    return "+".join(map(str, content))
+
+
+@dataclass
+class IdleBreakdown:
+    """The idle GPUs at one point of a packing run; amounts in GPU milli."""
+
+    capacity: int
+    arrived: int
+    allocated: int
+    saturation: float | None
+    failed: dict[str, int]  # "unpinned" / "pinned:<models>" -> GPU milli of pods turned away
+    per_model: dict[str, dict[str, int]]  # model -> MODEL_FIELDS
+    holes: dict[tuple[int, ...], tuple[int, int]]  # shares on a GPU (largest first) -> (GPUs, free milli)
+    share_gpus: int  # GPUs holding shares
+    repack_gpus: int  # best-fit decreasing of the same shares
+    repack_lower: int  # arc-flow LP bound: no packing of the shares uses fewer GPUs
+
+    def total(self, key: str) -> int:
+        return sum(row[key] for row in self.per_model.values())
+
+    @property
+    def unallocated_pct(self) -> float:
+        return 100.0 * (self.capacity - self.allocated) / self.capacity if self.capacity else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """GPU-equivalents (milli / 1000), holes largest first."""
+
+        def g(milli: float) -> float:
+            return round(milli / GPU_MILLI, 3)
+
+        holes = sorted(self.holes.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        return {
+            "arrived_fraction": round(self.arrived / self.capacity, 4) if self.capacity else None,
+            "saturation": None if self.saturation is None else round(self.saturation, 4),
+            "unallocated_gpu_pct": round(self.unallocated_pct, 4),
+            "idle_gpus": g(self.total("idle")),
+            "whole_idle_gpus": g(self.total("whole")),
+            "sliver_gpus": g(self.total("sliver")),
+            "cpu_stranded_gpus": g(self.total("cpu_stranded")),
+            "unfillable_gpus": g(self.total("unfillable")),
+            "holes": {hole_name(k): {"gpus": n, "idle_gpus": g(f)} for k, (n, f) in holes},
+            "share_gpus": self.share_gpus,
+            "repack_bfd_gpus": self.repack_gpus,
+            "repack_lower_gpus": self.repack_lower,
+            "repack_bfd_saves_gpus": self.share_gpus - self.repack_gpus,
+            "repack_saves_at_most_gpus": self.share_gpus - self.repack_lower,
+            "failed_gpus": {k: g(v) for k, v in sorted(self.failed.items(), key=lambda kv: -kv[1])},
+            "per_model": {m: {k: (v if k == "gpus" else g(v)) for k, v in row.items()}
+                          for m, row in sorted(self.per_model.items(), key=lambda kv: -kv[1]["gpus"])},
+        }
+
+
+@dataclass
+class IdleRecorder:
+    """Watches a packing run decision by decision; :meth:`snapshot` breaks the idle GPUs down."""
+
+    capacity: int
+    arrived: int = 0
+    allocated: int = 0
+    saturation: float | None = None
+    failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    used_by: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # model -> [unpinned, pinned]
+    shapes: set[tuple] = field(default_factory=set)  # GPU shapes of the arrived pods
+
+    def observe(self, state: ClusterState, req: PodRequest, node: int | None) -> None:
+        """One arrival: ``node`` is the index it was placed on, or None when it was turned away."""
+        milli = req.total_gpu_milli
+        self.arrived += milli
+        if req.gpu_count:
+            self.shapes.add((req.cpu_milli, req.memory_mib, req.gpu_count, req.gpu_milli, req.gpu_models_allow))
+        if node is not None:
+            self.allocated += milli
+            gpus = state.nodes[node].gpus
+            if gpus:
+                self.used_by[gpus[0].model][1 if req.gpu_models_allow else 0] += milli
+        else:
+            allow = req.gpu_models_allow
+            self.failed["pinned:" + "|".join(sorted(allow)) if allow else "unpinned"] += milli
+            if self.saturation is None:
+                self.saturation = self.arrived / self.capacity if self.capacity else None
+
+    def snapshot(self, state: ClusterState) -> IdleBreakdown:
+        per_model = _per_model(state, self.shapes)
+        for m, row in per_model.items():
+            row["used_unpinned"], row["used_pinned"] = self.used_by.get(m, (0, 0))
+        holes, items = share_holes(state)
+        return IdleBreakdown(
+            capacity=self.capacity, arrived=self.arrived, allocated=self.allocated, saturation=self.saturation,
+            failed=dict(self.failed), per_model=per_model, holes=holes, share_gpus=sum(n for n, _ in holes.values()),
+            repack_gpus=best_fit_decreasing(items), repack_lower=bins_lower_bound(items))
+
+
+def _per_model(state: ClusterState, shapes: set[tuple]) -> dict[str, dict[str, int]]:
+    """Idle milli per GPU model: whole / sliver, and CPU-stranded / unfillable against the arrived GPU shapes.
+
+    A node's idle milli is CPU-stranded when some shape allowed on its model fits its free GPUs but no such
+    shape also fits its free CPU and memory, unfillable when no allowed shape fits its free GPUs at all.
+    """
+    out: dict[str, dict[str, int]] = {}
+    rows = [i for i, n in enumerate(state.nodes) if n.gpus]
+    if not rows:
+        return out
+    idx = np.array(rows)
+    ngpu = np.array([len(state.nodes[i].gpus) for i in rows])
+    models = [state.nodes[i].gpus[0].model for i in rows]
+    free = state.gpu_free_milli[idx].astype(np.int64)
+    free[np.arange(free.shape[1])[None, :] >= ngpu[:, None]] = -1  # columns past a node's GPUs
+    idle = np.where(free > 0, free, 0).sum(axis=1)
+    whole = np.where(free == GPU_MILLI, free, 0).sum(axis=1)
+    stranded = np.zeros(len(rows), dtype=bool)
+    unfillable = idle > 0
+    if shapes:
+        sh = sorted(shapes, key=lambda t: (t[:4], sorted(t[4] or ())))
+        cpu, mem, count, milli = (np.array([t[k] for t in sh], dtype=np.int64) for k in range(4))
+        names = sorted(set(models))
+        allowed = np.array([[t[4] is None or not t[4] or m in t[4] for t in sh] for m in names])  # model x shape
+        allowed = allowed[[names.index(m) for m in models]]  # node x shape
+        sizes, inv = np.unique(milli, return_inverse=True)
+        fits = (free[:, :, None] >= sizes[None, None, :]).sum(axis=1)[:, inv] >= count[None, :]  # node x shape: GPUs fit
+        gpu_fit = fits & allowed
+        cpu_fit = gpu_fit & (state.cpu_free[idx][:, None] >= cpu[None, :]) & (state.mem_free[idx][:, None] >= mem[None, :])
+        gpu_ok, cpu_ok = gpu_fit.any(axis=1), cpu_fit.any(axis=1)
+        stranded = (idle > 0) & gpu_ok & ~cpu_ok
+        unfillable = (idle > 0) & ~gpu_ok
+    for k, m in enumerate(models):
+        row = out.setdefault(m, dict.fromkeys(MODEL_FIELDS, 0))
+        row["gpus"] += int(ngpu[k])
+        row["idle"] += int(idle[k])
+        row["whole"] += int(whole[k])
+        row["sliver"] += int(idle[k] - whole[k])
+        row["cpu_stranded"] += int(idle[k]) if stranded[k] else 0
+        row["unfillable"] += int(idle[k]) if unfillable[k] else 0
+    return out
+
+
+def share_holes(state: ClusterState) -> tuple[dict[tuple[int, ...], tuple[int, int]], list[int]]:
+    """(shares on a GPU, largest first -> (GPUs, free milli on them); every share's milli) over the GPUs holding shares.
+
+    A share is a single-GPU pod of less than a whole GPU (MIG instances are not shares).
+    """
+    on_gpu: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for a in state.assignments.values():
+        if 0 < a.gpu_milli < GPU_MILLI and len(a.gpu_indices) == 1 and not a.mig:
+            on_gpu[(a.node, a.gpu_indices[0])].append(a.gpu_milli)
+    holes: dict[tuple[int, ...], list[int]] = defaultdict(lambda: [0, 0])
+    for v in on_gpu.values():
+        h = holes[tuple(sorted(v, reverse=True))]
+        h[0] += 1
+        h[1] += GPU_MILLI - sum(v)
+    return {k: (n, f) for k, (n, f) in holes.items()}, [m for v in on_gpu.values() for m in v]
+
+
+def best_fit_decreasing(items: list[int], cap: int = GPU_MILLI) -> int:
+    """Bins best-fit decreasing opens for ``items`` (a real packing: never fewer than the optimum)."""
+    free: list[int] = []  # free space of the open bins, kept sorted
+    for m in sorted(items, reverse=True):
+        i = bisect.bisect_left(free, m)
+        f = (free.pop(i) if i < len(free) else cap) - m
+        bisect.insort(free, f)
+    return len(free)
+
+
+def bins_lower_bound(items: list[int], cap: int = GPU_MILLI) -> int:
+    """No packing of ``items`` into bins of ``cap`` uses fewer bins: the arc-flow LP (Valerio de Carvalho), rounded up.
+
+    Positions 0..cap in steps of the sizes' common divisor; a bin is a path from 0 to cap made of
+    item arcs (i -> i + size) and loss arcs (i -> i + 1 step).  Minimise the flow out of 0 such that
+    every size has as many arcs as items.  Its LP bound is known to be within one bin of the optimum
+    on practically every instance, so it is the honest yardstick for "how much better could these
+    shares be packed".
+    """
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_matrix
+
+    if not items:
+        return 0
+    step = math.gcd(cap, *items)
+    n = cap // step
+    count = Counter(x // step for x in items)
+    sizes = sorted(count)
+    arcs = [(i, i + w, w) for w in sizes for i in range(0, n - w + 1)] + [(i, i + 1, 0) for i in range(n)]
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for j, (u, v, _) in enumerate(arcs):  # flow conservation at 1..n-1: in - out = 0
+        if 0 < u < n:
+            rows.append(u - 1)
+            cols.append(j)
+            vals.append(-1.0)
+        if 0 < v < n:
+            rows.append(v - 1)
+            cols.append(j)
+            vals.append(1.0)
+    a_eq = csr_matrix((vals, (rows, cols)), shape=(n - 1, len(arcs)))
+    pos = {w: k for k, w in enumerate(sizes)}
+    d_rows = [pos[w] for _, _, w in arcs if w]
+    d_cols = [j for j, (_, _, w) in enumerate(arcs) if w]
+    a_ub = csr_matrix((np.full(len(d_cols), -1.0), (d_rows, d_cols)), shape=(len(sizes), len(arcs)))
+    b_ub = -np.array([count[w] for w in sizes], dtype=float)
+    c = np.array([1.0 if u == 0 else 0.0 for u, _, _ in arcs])
+    res = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.zeros(n - 1), bounds=(0, None), method="highs")
+    if res.status != 0:  # pragma: no cover - the LP always has a solution (one bin per item)
+        return -(-sum(items) // cap)
+    return int(math.ceil(res.fun - 1e-6))
+
+
+SUMMARY_FIELDS = ("arrived_fraction", "saturation", "unallocated_gpu_pct", "idle_gpus", "whole_idle_gpus", "sliver_gpus",
+                  "cpu_stranded_gpus", "unfillable_gpus", "share_gpus", "repack_bfd_gpus", "repack_lower_gpus",
+                  "repack_bfd_saves_gpus", "repack_saves_at_most_gpus")
+
+
+def summarize_idle(idles: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over seeds of ``IdleBreakdown.to_json()`` dicts (``<field>_mean``; ``_std`` for saturation and idle GPUs).
+
+    ``saturation`` is averaged over the seeds that turned a pod away (``saturation_runs`` says how many);
+    ``holes_mean`` is the idle GPU-equivalents per GPU content, 0 for a seed without it, largest first.
+    """
+    out: dict[str, Any] = {}
+    for k in SUMMARY_FIELDS:
+        vals = [d[k] for d in idles if d.get(k) is not None]
+        out[f"{k}_mean"] = round(float(np.mean(vals)), 4) if vals else None
+        if k in ("saturation", "idle_gpus"):
+            out[f"{k}_std"] = round(float(np.std(vals)), 4) if vals else None
+    out["saturation_runs"] = sum(d.get("saturation") is not None for d in idles)
+    holes: dict[str, float] = defaultdict(float)
+    for d in idles:
+        for name, h in d["holes"].items():
+            holes[name] += h["idle_gpus"] / len(idles)
+    out["holes_mean"] = {k: round(v, 3) for k, v in sorted(holes.items(), key=lambda kv: (-kv[1], kv[0]))}
+    return out
