@@ -68,7 +68,7 @@ class BinderMixin:
         annotations = {ann.ASSIGNMENT: assignment_to_json(a, {g.index: g.uuid for g in gpus})}
         if a.queue and ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.QUEUE) != a.queue:
             annotations[ann.QUEUE] = a.queue  # the queue it was admitted to: a restart counts it there again
-        self.pending.pop(key, None)
+        self.queue.remove(key)
         self.binding[key] = (pod, a, t0)
         if self._bind_volumes(key, pod, a, annotations):
             return  # the Binding goes out once its claims are bound (_check_volume_waits)
@@ -120,12 +120,10 @@ class BinderMixin:
                 p["spec"] = {**(pod.get("spec") or {}), "nodeName": a.node}
                 p["metadata"] = {**pod["metadata"], "annotations": {**(pod["metadata"].get("annotations") or {}), **annotations}}
                 self.bound_pods[key] = slim_pod(p)
-            self._backoff.pop(key, None)
-            self._not_before.pop(key, None)
-            self._last_failure.pop(key, None)
+            first = self.queue.scheduled(key, t0)
             self.stats.binds += 1
             self._count("scheduled", t0)
-            self.stats.e2e_s.append(self.clock() - self._first_seen.pop(key, t0))
+            self.stats.e2e_s.append(self.clock() - first)
             gpus = f" GPUs {list(a.gpu_indices)}" if a.gpu_indices else ""
             share = f" ({a.gpu_milli} milli each)" if a.gpu_indices and a.gpu_milli < 1000 else ""
             mig = f" MIG {a.mig_profile} {list(a.mig)}" if a.mig else ""
@@ -141,14 +139,14 @@ class BinderMixin:
                 self.bound_pods[key] = slim_pod(seen)
             if key in self.bound_pods:
                 self._reserve_bound(key, self.bound_pods[key])
-            self._forget_timers(key)
+            self.queue.forget(key)
         elif outcome == "gone":
-            self._forget_timers(key)
+            self.queue.forget(key)
         else:
             log.warning("binding %s to %s failed: %s", key, a.node, detail)
             if key not in self.bound_pods:
-                self.pending[key] = pod
-                self._defer(key)
+                self.queue.put_back(key, pod)
+                self.queue.defer(key)
                 self.events.send(pod, "Warning", "FailedScheduling", f"binding to {a.node} failed: {detail}")
 
     def close(self: SchedulerLoop, timeout_s: float = 10.0) -> None:

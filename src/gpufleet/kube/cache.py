@@ -94,7 +94,7 @@ class CacheMixin:
         for p in pods:
             self._classify(p)
         for k in old_pending - set(self.pending):
-            self._forget_timers(k)
+            self.queue.forget(k)
         self.rebuild()
         self.wake_all()
 
@@ -212,18 +212,11 @@ class CacheMixin:
         if spec.get("nodeName"):
             self.bound_pods[key] = slim_pod(pod)
         elif self._ours(spec) and key not in self.binding:
-            self.pending[key] = pod
-            self._first_seen.setdefault(key, self.clock())
+            self.queue.add(key, pod)
 
     def _ours(self: SchedulerLoop, spec: dict) -> bool:
         """Pending for us: our scheduler name and no scheduling gates (pods wait until every gate is removed)."""
         return spec.get("schedulerName", "default-scheduler") == self.scheduler_name and not spec.get("schedulingGates")
-
-    def _forget_timers(self: SchedulerLoop, key: str) -> None:
-        self._last_failure.pop(key, None)
-        self._backoff.pop(key, None)
-        self._not_before.pop(key, None)
-        self._first_seen.pop(key, None)
 
     def _drop_pod(self: SchedulerLoop, key: str) -> None:
         self.pending.pop(key, None)
@@ -231,7 +224,7 @@ class CacheMixin:
         if w is not None:  # deleted while its volumes were being bound
             self._release_assumed(w[0])
             self._revert_volume_plan(key)
-        self._forget_timers(key)
+        self.queue.forget(key)
         self._req_cache.pop(key, None)
         self._nominated.pop(key, None)
         self.evictions.forget(key)
@@ -263,7 +256,7 @@ class CacheMixin:
         if spec.get("nodeName"):
             self.pending.pop(key, None)
             if key not in self.binding:  # the bind result still needs the pod's first-seen time
-                self._forget_timers(key)
+                self.queue.forget(key)
             seen_bound = self.bound_pods.get(key)
             self.bound_pods[key] = pod = slim_pod(pod)
             if key not in self.binding:  # our own in-flight binds are already reserved
@@ -282,8 +275,7 @@ class CacheMixin:
         if key in self.binding or key in self.bound_pods:
             return  # a stale unbound view of a pod we are binding or saw bound
         if self._ours(spec):
-            self.pending[key] = pod
-            self._first_seen.setdefault(key, self.clock())
+            self.queue.add(key, pod)
         elif key in self.pending:  # e.g. a scheduling gate was added back
             self.pending.pop(key, None)
 

@@ -61,7 +61,7 @@ from ..engine.model import Assignment, PodRequest
 from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
 from ..engine.queues import QueueQuota, QueueTree
-from ..engine.schedqueue import QueuedPod, next_backoff_s, order_pending
+from ..engine.schedqueue import QueuedPod, order_pending
 from ..engine.schedqueue import plan_room as plan_room  # the live loop's and the replay's shared planner (tests check)
 from ..engine.state import ClusterState
 from .api import (
@@ -77,6 +77,7 @@ from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, _created_s, 
 from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
 from .policy_objects import PolicyObjects
 from .preemption import PreemptionMixin
+from .scheduling_queue import SchedulingQueue
 from .volume_binding import VolumeBindingMixin
 
 log = logging.getLogger(__name__)
@@ -111,9 +112,8 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         self._plan_last: float = time.monotonic()
         self.scheduler_name = scheduler_name
         self.seed: int = seed
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
         self.clock = clock
+        self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s)
         self.on_attempt = on_attempt
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
@@ -122,15 +122,10 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         self.sched = Scheduler(profile, self.state, seed=seed)
         self.node_objs: dict[str, dict] = {}
         self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
-        self.pending: dict[str, dict] = {}  # key -> pod JSON, waiting for us
         self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
         self.binding: dict[str, tuple[dict, Assignment, float]] = {}  # our binds in flight
         self._pod_rv: dict[str, int] = {}
         self._node_rv: dict[str, int] = {}
-        self._backoff: dict[str, float] = {}
-        self._not_before: dict[str, float] = {}
-        self._first_seen: dict[str, float] = {}
-        self._last_failure: dict[str, tuple[str, float]] = {}
         self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
         self.max_in_flight = max_in_flight
         self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
@@ -150,9 +145,14 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         """A time on the loop's clock as people read it (UTC, to the second)."""
         return time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + (t - now)))
 
+    @property
+    def pending(self) -> dict[str, dict]:
+        """Pods waiting for us (key -> pod JSON): the scheduling queue's."""
+        return self.queue.pending
+
     def wake_all(self) -> None:
         """The cluster changed: every waiting pod may fit now."""
-        self._not_before.clear()
+        self.queue.wake_all()
 
     # --- scheduling -------------------------------------------------------------------
     def _in_gang(self, pod: dict) -> bool:
@@ -166,8 +166,8 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         """
         now = self.clock()
         pods = []
-        for k, p in self.pending.items():
-            if self._not_before.get(k, 0.0) > now or self._in_gang(p):
+        for k, p in self.queue.ready(now):
+            if self._in_gang(p):
                 continue
             req = None
             if self.tree is not None:
@@ -175,28 +175,18 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
                     req = self._request(k, p)
                 except GpufleetError:
                     pass  # invalid: tried first, schedule_one reports it
-            pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self._first_seen.get(k, 0.0), req))
+            pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self.queue.first_seen(k), req))
         return order_pending(pods, self.tree, self._nominated)
 
     def due_gang_members(self) -> list[str]:
-        now = self.clock()
-        return [k for k in self.pending if self._not_before.get(k, 0.0) <= now and self._in_gang(self.pending[k])]
+        return [k for k, p in self.queue.ready(self.clock()) if self._in_gang(p)]
 
     def has_due(self) -> bool:
-        now = self.clock()
-        nb = self._not_before
-        return any(nb.get(k, 0.0) <= now for k in self.pending)
+        return self.queue.has_due()
 
     def next_wakeup(self) -> float | None:
-        times = [self._not_before.get(k, 0.0) for k in self.pending] + [w[1] for w in self._volume_wait.values()]
+        times = self.queue.wakeups() + [w[1] for w in self._volume_wait.values()]
         return min(times) if times else None
-
-    def _defer(self, key: str, until: float | None = None) -> None:
-        """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
-        b = next_backoff_s(self._backoff.get(key), self.backoff_initial_s, self.backoff_max_s)
-        self._backoff[key] = b
-        t = self.clock() + b
-        self._not_before[key] = t if until is None else min(t, max(until, self.clock()))
 
     def schedule_due(self, budget_s: float | None = None, should_continue: Callable[[], bool] | None = None) -> int:
         """Run one cycle for each pod that is due; returns how many were tried.
@@ -236,7 +226,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             for k in keys:
                 if k in self.pending:
                     self._failed_event(k, self.pending[k], f"internal error placing its pod group: {exc}")
-                    self._defer(k)
+                    self.queue.defer(k)
             self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
             return len(keys)
 
@@ -266,7 +256,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
                     self.gangs.remove(d.pod_key)
                     continue
-                self._start_bind(d.pod_key, pod, d.assignment, self._first_seen.get(d.pod_key, now))
+                self._start_bind(d.pod_key, pod, d.assignment, self.queue.first_seen(d.pod_key, now))
             if not res.ok:
                 gang = self.gangs.gangs.get(res.group)
                 # held members wait too (not retried in a spin), and are looked at again when the hold times out
@@ -274,7 +264,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
                 for k in list(gang.members) if gang else []:
                     if k in self.pending:
                         self._failed_event(k, self.pending[k], reason_text(res.status))
-                        self._defer(k, until)
+                        self.queue.defer(k, until)
                 if self.preemption:
                     self._make_room_for_gang(res.group)
         return len(keys)
@@ -287,7 +277,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         except GpufleetError as exc:
             self._count("invalid", t0)
             self._failed_event(key, pod, f"invalid pod spec: {exc}")
-            self._defer(key)
+            self.queue.defer(key)
             return "invalid"
         try:
             dec = self.sched.schedule(req)
@@ -295,7 +285,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             log.exception("engine error on %s", key)
             self._count("error", t0)
             self.events.send(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
-            self._defer(key)
+            self.queue.defer(key)
             return "error"
         if not dec.ok and self.gangs.held:
             dec, why = self._past_a_hold(req, dec)
@@ -304,7 +294,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         if not dec.ok:
             self._count("unschedulable", t0)
             self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
-            self._defer(key, self.gangs.hold_deadline() if why else None)
+            self.queue.defer(key, self.gangs.hold_deadline() if why else None)
             if self.preemption:
                 try:
                     self._make_room(key, pod, req)
@@ -333,12 +323,8 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
 
     def _failed_event(self, key: str, pod: dict, message: str) -> None:
         """FailedScheduling, but not the same words again within ``backoff_max_s`` (a pod retried every minute)."""
-        now = self.clock()
-        last = self._last_failure.get(key)
-        if last is not None and last[0] == message and now - last[1] < self.backoff_max_s:
-            return
-        self._last_failure[key] = (message, now)
-        self.events.send(pod, "Warning", "FailedScheduling", message)
+        if self.queue.should_report(key, message):
+            self.events.send(pod, "Warning", "FailedScheduling", message)
 
     def replay_gangs(self) -> None:
         """For a fresh snapshot (``gpufleet explain``): hold and place the pending gang members as the
