@@ -154,6 +154,13 @@ class CacheMixin:
         self._req_cache[key] = (rv, r)
         return r
 
+    def pod_labels(self: SchedulerLoop) -> dict[str, dict[str, str]]:
+        return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
+
+    def age_rank(self: SchedulerLoop) -> dict[str, int]:
+        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
+        return {k: self._pod_rv.get(k, 0) for k in self.state.assignments}
+
     def _queue_of_bound(self: SchedulerLoop, pod: dict) -> str | None:
         m = pod.get("metadata") or {}
         q = (m.get("annotations") or {}).get(ann.QUEUE)
@@ -226,7 +233,7 @@ class CacheMixin:
             self._revert_volume_plan(key)
         self.queue.forget(key)
         self._req_cache.pop(key, None)
-        self._nominated.pop(key, None)
+        self.preemptor.forget(key)
         self.evictions.forget(key)
         freed = False
         if self.gangs.gangs:

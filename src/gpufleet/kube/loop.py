@@ -76,15 +76,14 @@ from .evictor import Evictions
 from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, _created_s, reason_text, without_plugins
 from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
 from .policy_objects import PolicyObjects
-from .preemption import PreemptionMixin
+from .preemption import Preemptor
 from .scheduling_queue import SchedulingQueue
 from .volume_binding import VolumeBindingMixin
 
 log = logging.getLogger(__name__)
 
 
-class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin):
-    PLAN_SHARE = 0.25  # of the loop's time that preemption planning may use on average
+class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
@@ -104,12 +103,8 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
         self.preemption = preemption
         self.eviction_grace_s = eviction_grace_s
-        self.nominated_timeout_s = nominated_timeout_s
         self.tree: QueueTree | None = None
-        self._nominated: dict[str, tuple[set[str], float]] = {}  # pod -> victims being deleted for it, until
         self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
-        self._plan_debt_s: float = 0.0  # preemption planning time not yet paid back (see _planning_allowed)
-        self._plan_last: float = time.monotonic()
         self.scheduler_name = scheduler_name
         self.seed: int = seed
         self.clock = clock
@@ -118,6 +113,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
         self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
+        self.preemptor = Preemptor(api, self, self.queue, self.events, self.evictions, clock, nominated_timeout_s)
         self.state = ClusterState()
         self.sched = Scheduler(profile, self.state, seed=seed)
         self.node_objs: dict[str, dict] = {}
@@ -176,7 +172,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
                 except GpufleetError:
                     pass  # invalid: tried first, schedule_one reports it
             pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self.queue.first_seen(k), req))
-        return order_pending(pods, self.tree, self._nominated)
+        return order_pending(pods, self.tree, self.preemptor.nominated)
 
     def due_gang_members(self) -> list[str]:
         return [k for k, p in self.queue.ready(self.clock()) if self._in_gang(p)]
@@ -197,7 +193,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         self._check_volume_waits()
         n = 0
         gang_keys = self.due_gang_members()
-        gangs_first = any(k in self._nominated for k in gang_keys)
+        gangs_first = any(k in self.preemptor.nominated for k in gang_keys)
         if gangs_first:
             n += self._safe_gang_round(gang_keys)
         end = None if budget_s is None else time.monotonic() + budget_s
@@ -266,7 +262,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
                         self._failed_event(k, self.pending[k], reason_text(res.status))
                         self.queue.defer(k, until)
                 if self.preemption:
-                    self._make_room_for_gang(res.group)
+                    self.preemptor.make_room_for_gang(res.group, self.gangs)
         return len(keys)
 
     def schedule_one(self, pod: dict) -> str:
@@ -297,12 +293,12 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             self.queue.defer(key, self.gangs.hold_deadline() if why else None)
             if self.preemption:
                 try:
-                    self._make_room(key, pod, req)
+                    self.preemptor.make_room(key, pod, req, self.gangs)
                 except Exception:  # a planning bug must not stop the loop
                     log.exception("making room for %s failed", key)
             return "unschedulable"
         assert dec.assignment is not None
-        self._nominated.pop(key, None)
+        self.preemptor.forget(key)
         self._start_bind(key, pod, dec.assignment, t0)
         return "binding"
 
@@ -366,16 +362,31 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             return fits + (f"\n  {gang}" if gang else ""), by_node
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
         if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req, exclude=self._leaving())
+            rp = self.tree.plan_reclaim(self.sched, req, exclude=self.preemptor.leaving())
             if rp is not None:
                 msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
         if req.preempt_never:
             msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
         elif any(a.priority < req.priority for a in self.state.assignments.values()):
-            lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                       age_rank=self._age_rank(), exclude=self._leaving())
+            lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self.pod_labels(),
+                                       age_rank=self.age_rank(), exclude=self.preemptor.leaving())
             msg += "\n  " + "\n  ".join(lines)
         return msg, by_node
+
+    def _gang_line(self, req: PodRequest) -> str:
+        """Where a gang member's pod group stands: members waiting and running against its minimum."""
+        k = group_key(req)
+        if k is None:
+            return ""
+
+        def in_group(p: dict) -> bool:
+            m = p.get("metadata") or {}
+            return (m.get("namespace") or "default") == req.namespace and (m.get("annotations") or {}).get(ann.POD_GROUP) == req.pod_group
+        waiting = sum(1 for p in self.pending.values() if in_group(p))
+        running = sum(1 for p in self.bound_pods.values() if in_group(p))
+        need = max(req.pod_group_min, 1)
+        what = "places all-or-nothing" if running < need else "is running; extra members go one by one"
+        return f"pod group {k}: {waiting} member(s) waiting, {running} running, minMember {need} -- the gang {what}"
 
 
 __all__ = ["SchedulerLoop", "Stats", "bind_job"]

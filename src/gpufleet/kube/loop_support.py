@@ -13,6 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
 from ..engine import annotations as ann
 from ..engine.framework import Profile
@@ -21,6 +22,12 @@ from ..engine.podspec import pod_key
 from .api import (
     SchedulerApi,
 )
+
+if TYPE_CHECKING:
+    from ..engine.framework import Scheduler
+    from ..engine.queues import QueueTree
+    from ..engine.state import ClusterState
+    from .policy_objects import PolicyObjects
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
 
@@ -37,6 +44,30 @@ class Stats:
     preempted: int = 0  # pods deleted to make room for higher priority
     reclaimed: int = 0  # borrowed pods deleted to give a queue its quota back
     already_gone: int = 0  # victims whose DELETE found them gone (404): not evictions of ours
+
+
+class ClusterView(Protocol):
+    """What the cache shows the loop's other parts: the snapshot (rebuilt on a relist: read it
+    through this view each time, never keep it) and the objects it was built from."""
+
+    @property
+    def state(self) -> ClusterState: ...
+    @property
+    def sched(self) -> Scheduler: ...
+    @property
+    def tree(self) -> QueueTree | None: ...
+    @property
+    def objects(self) -> PolicyObjects: ...
+    @property
+    def bound_pods(self) -> dict[str, dict]: ...
+
+    def pod_labels(self) -> dict[str, dict[str, str]]:
+        """Bound pods' labels (PodDisruptionBudget selectors)."""
+        ...
+
+    def age_rank(self) -> dict[str, int]:
+        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
+        ...
 
 
 def slim_pod(pod: dict) -> dict:
