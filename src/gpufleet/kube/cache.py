@@ -114,7 +114,7 @@ class CacheMixin:
         # pods with an exact assignment first: modelled ones take whatever GPUs are left
         keys = sorted(self.bound_pods, key=lambda k: ann.ASSIGNMENT not in ((self.bound_pods[k].get("metadata") or {}).get("annotations") or {}))
         for k in keys:
-            self._reserve_bound(k, self.bound_pods[k])
+            self.reserve_bound(k, self.bound_pods[k])
         for k, (_, a, _) in list(self.binding.items()):
             if k not in self.state.assignments and a.node in self.state.index and not self.state.check(a):
                 self.state.reserve(a)
@@ -180,7 +180,7 @@ class CacheMixin:
             n = replace(n, taints=n.taints + (NOT_READY_TAINT,))  # what the node lifecycle controller does
         return n
 
-    def _reserve_bound(self: SchedulerLoop, key: str, pod: dict) -> None:
+    def reserve_bound(self: SchedulerLoop, key: str, pod: dict) -> None:
         node = (pod.get("spec") or {}).get("nodeName")
         if key in self.state.assignments or node not in self.state.index:
             return
@@ -240,7 +240,7 @@ class CacheMixin:
             freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
         if self.bound_pods.pop(key, None) is not None:
             freed = self.sched.forget(key) is not None or freed
-        if self.binding.pop(key, None) is not None:
+        if self.binder.forget(key):
             freed = self.sched.forget(key) is not None or freed
         if freed:
             self.wake_all()
@@ -273,7 +273,7 @@ class CacheMixin:
                         and now_a != seen_bound["metadata"]["annotations"].get(ann.ASSIGNMENT)):
                     # the node agent recorded which GPUs kubelet gave a pod another scheduler bound: hold those
                     old = self.sched.forget(key)
-                self._reserve_bound(key, pod)
+                self.reserve_bound(key, pod)
                 if old is not None:
                     if key not in self.state.assignments:
                         self.state.reserve(old)  # the recorded GPUs clash with the snapshot: keep the model
@@ -317,7 +317,7 @@ class CacheMixin:
             self.state.add_node(n)
             for k, p in self.bound_pods.items():  # a node that comes back brings its pods back
                 if (p.get("spec") or {}).get("nodeName") == name:
-                    self._reserve_bound(k, p)
+                    self.reserve_bound(k, p)
         self.wake_all()
 
     def handle(self: SchedulerLoop, kind: str, type_: str, obj: dict) -> None:

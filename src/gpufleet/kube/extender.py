@@ -573,7 +573,7 @@ class Extender:
                 if outcome == "taken" and seen is not None:
                     loop.bound_pods.setdefault(key, slim_pod(seen))
                 if outcome == "taken" and key in loop.bound_pods:
-                    loop._reserve_bound(key, loop.bound_pods[key])
+                    loop.reserve_bound(key, loop.bound_pods[key])
         if outcome != "bound":
             return refuse(f"binding {key} to {node} failed: {outcome} {detail}".strip(), "error")
         dt = self.metrics.observe("bind", "bound", t0)

@@ -47,9 +47,7 @@ what they share.  This module keeps the scheduling queue and the cycle.
 from __future__ import annotations
 
 import logging
-import queue
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable
 
@@ -69,7 +67,7 @@ from .api import (
     POLICY_KINDS,
     SchedulerApi,
 )
-from .binder import BinderMixin
+from .binder import Binder
 from .binder import bind_job as bind_job  # re-exported: kube/extender.py imports it from here
 from .cache import CacheMixin
 from .evictor import Evictions
@@ -83,7 +81,7 @@ from .volume_binding import VolumeBindingMixin
 log = logging.getLogger(__name__)
 
 
-class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
+class SchedulerLoop(CacheMixin, VolumeBindingMixin):
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
@@ -119,13 +117,11 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
         self.node_objs: dict[str, dict] = {}
         self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
         self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
-        self.binding: dict[str, tuple[dict, Assignment, float]] = {}  # our binds in flight
         self._pod_rv: dict[str, int] = {}
         self._node_rv: dict[str, int] = {}
         self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
         self.max_in_flight = max_in_flight
-        self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
-        self._results: queue.Queue = queue.Queue()
+        self.binder = Binder(api, self, self.queue, self.events, self.stats, clock, self, bind_workers)
         self.gangs = self._new_gangs()
         self.volume_bind_timeout_s = volume_bind_timeout_s
         self._volume_wait: dict[str, tuple[list[str], float, dict[str, str]]] = {}  # pod -> claims, deadline, annotations
@@ -145,6 +141,42 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
     def pending(self) -> dict[str, dict]:
         """Pods waiting for us (key -> pod JSON): the scheduling queue's."""
         return self.queue.pending
+
+    @property
+    def binding(self) -> dict[str, tuple[dict, Assignment, float]]:
+        """Our binds in flight (key -> pod JSON, assumed assignment, cycle start): the binder's."""
+        return self.binder.binding
+
+    # --- binding (the binder's; these keep the loop's interface) -------------------------------
+    def drain(self, block_s: float = 0.0) -> int:
+        """Apply finished binds (async mode); returns how many."""
+        return self.binder.drain(block_s)
+
+    def next_result(self, timeout_s: float) -> tuple | None:
+        """Wait for a finished bind without touching the snapshot (call ``apply_result`` with it)."""
+        return self.binder.next_result(timeout_s)
+
+    def apply_result(self, item: tuple) -> None:
+        self.binder.apply_result(item)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait for binds in flight and flush events."""
+        end = time.monotonic() + timeout_s
+        self.binder.close(timeout_s)
+        self.events.flush(max(0.0, end - time.monotonic()))
+
+    # --- what the binder asks of the loop (BinderHooks) ------------------------------------
+    def prebind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
+        return self._bind_volumes(key, pod, a, annotations)
+
+    def count_attempt(self, result: str, t0: float) -> None:
+        self.stats.attempts[result] = self.stats.attempts.get(result, 0) + 1
+        if self.on_attempt:
+            self.on_attempt(result, self.clock() - t0)
+
+    def unassume(self, key: str) -> None:
+        if self.gangs.gangs:
+            self.gangs.remove(key)
 
     def wake_all(self) -> None:
         """The cluster changed: every waiting pod may fit now."""
@@ -252,7 +284,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
                     self.gangs.remove(d.pod_key)
                     continue
-                self._start_bind(d.pod_key, pod, d.assignment, self.queue.first_seen(d.pod_key, now))
+                self.binder.start(d.pod_key, pod, d.assignment, self.queue.first_seen(d.pod_key, now))
             if not res.ok:
                 gang = self.gangs.gangs.get(res.group)
                 # held members wait too (not retried in a spin), and are looked at again when the hold times out
@@ -271,7 +303,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
         try:
             req = self._request(key, pod)
         except GpufleetError as exc:
-            self._count("invalid", t0)
+            self.count_attempt("invalid", t0)
             self._failed_event(key, pod, f"invalid pod spec: {exc}")
             self.queue.defer(key)
             return "invalid"
@@ -279,7 +311,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
             dec = self.sched.schedule(req)
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("engine error on %s", key)
-            self._count("error", t0)
+            self.count_attempt("error", t0)
             self.events.send(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
             self.queue.defer(key)
             return "error"
@@ -288,7 +320,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
         else:
             why = ""
         if not dec.ok:
-            self._count("unschedulable", t0)
+            self.count_attempt("unschedulable", t0)
             self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
             self.queue.defer(key, self.gangs.hold_deadline() if why else None)
             if self.preemption:
@@ -299,7 +331,7 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin):
             return "unschedulable"
         assert dec.assignment is not None
         self.preemptor.forget(key)
-        self._start_bind(key, pod, dec.assignment, t0)
+        self.binder.start(key, pod, dec.assignment, t0)
         return "binding"
 
     def _past_a_hold(self, req: PodRequest, dec: Decision) -> tuple[Decision, str]:

@@ -61,6 +61,10 @@ class ClusterView(Protocol):
     @property
     def bound_pods(self) -> dict[str, dict]: ...
 
+    def reserve_bound(self, key: str, pod: dict) -> None:
+        """Hold a bound pod's resources in the snapshot (unless they clash with what it holds)."""
+        ...
+
     def pod_labels(self) -> dict[str, dict[str, str]]:
         """Bound pods' labels (PodDisruptionBudget selectors)."""
         ...

@@ -7,7 +7,7 @@ provision on; the pod is bound once the claims are, or fails (and the plan is re
 
 Why a module of its own: it is a step of the bind pipeline with its own state (claims waited
 for, PVs assumed) and its own API writes.  A mixin of ``SchedulerLoop`` because it hands off to
-the binder (``_send_bind`` / ``_bind_done``) and reads the snapshot's volume catalog.
+the binder (``Binder.send`` / ``Binder.done``) and reads the snapshot's volume catalog.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class VolumeBindingMixin:
         if plan is not None and not plan:
             return False
         if plan is None:
-            self._bind_done(key, "failed", f"no volume can be bound for its claims on {a.node} any more", None, annotations)
+            self.binder.done(key, "failed", f"no volume can be bound for its claims on {a.node} any more", None, annotations)
             return True
         try:
             for claim, pv in plan:
@@ -63,7 +63,7 @@ class VolumeBindingMixin:
                     self.api.patch_object("pvc", claim.namespace, claim.name,
                                           {"metadata": {"annotations": {SELECTED_NODE: a.node}}})
         except Exception as exc:  # noqa: BLE001 - any API failure sends the pod back to the queue
-            self._bind_done(key, "failed", f"binding its volumes failed: {exc}", None, annotations)
+            self.binder.done(key, "failed", f"binding its volumes failed: {exc}", None, annotations)
             return True
         claims = [f"{c.namespace}/{c.name}" for c, _ in plan]
         self._volume_plans[key] = [(f"{c.namespace}/{c.name}", pv) for c, pv in plan]
@@ -102,7 +102,7 @@ class VolumeBindingMixin:
         cat = self.state.volumes
         now = self.clock()
         for key, (claims, deadline, bind_ann) in list(self._volume_wait.items()):
-            entry = self.binding.get(key)
+            entry = self.binder.binding.get(key)
             if entry is None or cat is None:
                 self._volume_wait.pop(key, None)
                 self._release_assumed(claims)
@@ -118,12 +118,12 @@ class VolumeBindingMixin:
                 self._release_assumed(claims)
                 self._volume_plans.pop(key, None)
                 if bad is not None:
-                    self._bind_done(key, "failed", f"volume {bad.name} was bound but cannot be used on {a.node}", None, bind_ann)
+                    self.binder.done(key, "failed", f"volume {bad.name} was bound but cannot be used on {a.node}", None, bind_ann)
                 else:
-                    self._send_bind(key, pod, a, bind_ann)
+                    self.binder.send(key, pod, a, bind_ann)
             elif now >= deadline:
                 self._volume_wait.pop(key, None)
                 self._release_assumed(claims)
                 self._revert_volume_plan(key)
-                self._bind_done(key, "failed", f"timed out after {self.volume_bind_timeout_s:.0f} s waiting for "
+                self.binder.done(key, "failed", f"timed out after {self.volume_bind_timeout_s:.0f} s waiting for "
                                 f"PersistentVolumeClaims {', '.join(claims)} to be bound", None, bind_ann)
