@@ -227,10 +227,7 @@ class CacheMixin:
 
     def _drop_pod(self: SchedulerLoop, key: str) -> None:
         self.pending.pop(key, None)
-        w = self._volume_wait.pop(key, None)
-        if w is not None:  # deleted while its volumes were being bound
-            self._release_assumed(w[0])
-            self._revert_volume_plan(key)
+        self.volume_binder.forget(key)
         self.queue.forget(key)
         self._req_cache.pop(key, None)
         self.preemptor.forget(key)
@@ -352,7 +349,7 @@ class CacheMixin:
             for o in raw["storageclass"].values():
                 sc = storageclass_from_json(o)
                 cat.classes[sc.name] = sc
-            cat.assumed = dict(self._assumed_pvs)
+            cat.assumed = self.volume_binder.assumed_pvs()
             for o in raw["csinode"].values():
                 name, limits = csinode_limits(o)
                 if limits:
@@ -363,7 +360,7 @@ class CacheMixin:
         if kind in CONSTRAINT_KINDS:
             self._sync_constraint_objects(kind)
             if kind in ("pvc", "pv"):
-                self._check_volume_waits()
+                self.volume_binder.check_waits()
         if kind == "queue":
             self._rebuild_tree()
         if kind != "pdb":

@@ -76,12 +76,12 @@ from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
 from .policy_objects import PolicyObjects
 from .preemption import Preemptor
 from .scheduling_queue import SchedulingQueue
-from .volume_binding import VolumeBindingMixin
+from .volume_binding import VolumeBinder
 
 log = logging.getLogger(__name__)
 
 
-class SchedulerLoop(CacheMixin, VolumeBindingMixin):
+class SchedulerLoop(CacheMixin):
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
@@ -123,10 +123,7 @@ class SchedulerLoop(CacheMixin, VolumeBindingMixin):
         self.max_in_flight = max_in_flight
         self.binder = Binder(api, self, self.queue, self.events, self.stats, clock, self, bind_workers)
         self.gangs = self._new_gangs()
-        self.volume_bind_timeout_s = volume_bind_timeout_s
-        self._volume_wait: dict[str, tuple[list[str], float, dict[str, str]]] = {}  # pod -> claims, deadline, annotations
-        self._assumed_pvs: dict[str, str] = {}  # PV -> claim we set its claimRef for, until the claim is bound
-        self._volume_plans: dict[str, list[tuple[str, str]]] = {}  # pod -> (claim, PV or "" = provision) it asked for
+        self.volume_binder = VolumeBinder(api, self, self.binder, clock, volume_bind_timeout_s)
 
     def _new_gangs(self) -> GangScheduler:
         gs = GangScheduler(self.sched)
@@ -167,7 +164,7 @@ class SchedulerLoop(CacheMixin, VolumeBindingMixin):
 
     # --- what the binder asks of the loop (BinderHooks) ------------------------------------
     def prebind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
-        return self._bind_volumes(key, pod, a, annotations)
+        return self.volume_binder.prebind(key, pod, a, annotations)
 
     def count_attempt(self, result: str, t0: float) -> None:
         self.stats.attempts[result] = self.stats.attempts.get(result, 0) + 1
@@ -213,7 +210,7 @@ class SchedulerLoop(CacheMixin, VolumeBindingMixin):
         return self.queue.has_due()
 
     def next_wakeup(self) -> float | None:
-        times = self.queue.wakeups() + [w[1] for w in self._volume_wait.values()]
+        times = self.queue.wakeups() + self.volume_binder.deadlines()
         return min(times) if times else None
 
     def schedule_due(self, budget_s: float | None = None, should_continue: Callable[[], bool] | None = None) -> int:
@@ -222,7 +219,7 @@ class SchedulerLoop(CacheMixin, VolumeBindingMixin):
         Gang members go in one gang round, after the single pods -- or before them
         when a gang had victims deleted for it, so the room it made is its own.
         """
-        self._check_volume_waits()
+        self.volume_binder.check_waits()
         n = 0
         gang_keys = self.due_gang_members()
         gangs_first = any(k in self.preemptor.nominated for k in gang_keys)
