@@ -91,8 +91,11 @@ class Binder:
         self._results: queue.Queue = queue.Queue()
 
     def forget(self, key: str) -> bool:
-        """The pod is gone: drop its bind in flight (its result will be ignored); True if there was one."""
-        return self.binding.pop(key, None) is not None
+        """The pod is gone: drop its bind in flight (its result will be ignored) and the assumption;
+        True if that freed room in the snapshot."""
+        if self.binding.pop(key, None) is None:
+            return False
+        return self.cache.sched.forget(key) is not None
 
     def start(self, key: str, pod: dict, a: Assignment, t0: float) -> None:
         """An assumed decision: out of the queue, in flight; the Binding goes out now or after PreBind."""

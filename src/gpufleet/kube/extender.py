@@ -211,11 +211,10 @@ class ExtenderLoop(SchedulerLoop):
         if gpus:
             self.stuck[key] = ((pod.get("metadata") or {}).get("uid"), msg)
 
-    def _classify(self, pod: dict) -> None:
+    def on_pod_listed(self, pod: dict) -> None:
         self._note_stuck("ADDED", pod)
-        super()._classify(pod)
 
-    def _pod_event(self, type_: str, pod: dict) -> None:
+    def on_pod_event(self, type_: str, pod: dict) -> None:
         self._note_stuck(type_, pod)
         key = pod_key(pod)
         meta = pod.get("metadata") or {}
@@ -232,7 +231,6 @@ class ExtenderLoop(SchedulerLoop):
         done = type_ == "DELETED" or is_terminal(pod) or (pod.get("spec") or {}).get("nodeName")
         if done and key not in self.binding:
             self.first_filter.pop(key, None)
-        super()._pod_event(type_, pod)
 
 
 def extender_error(message: str) -> bool:
@@ -573,7 +571,7 @@ class Extender:
                 if outcome == "taken" and seen is not None:
                     loop.bound_pods.setdefault(key, slim_pod(seen))
                 if outcome == "taken" and key in loop.bound_pods:
-                    loop.reserve_bound(key, loop.bound_pods[key])
+                    loop.cache.reserve_bound(key, loop.bound_pods[key])
         if outcome != "bound":
             return refuse(f"binding {key} to {node} failed: {outcome} {detail}".strip(), "error")
         dt = self.metrics.observe("bind", "bound", t0)

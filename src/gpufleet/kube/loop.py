@@ -37,17 +37,31 @@ an eviction (event, counter, nomination); a 404 counts as ``already_gone``.
 A gang's hold (see ``engine.gang``) is named in the reason of every pod it
 alone keeps out.
 
-The loop is cut along kube-scheduler's lines, each part a mixin of ``SchedulerLoop`` in its own
-module (they share the loop's state and run on its thread): ``cache`` (relist, rebuild, watch
-events), ``binder`` (Bindings and their results), ``volume_binding`` (WaitForFirstConsumer
-claims before the Binding), ``preemption`` (reclaim, preempt, evict); ``loop_support`` holds
-what they share.  This module keeps the scheduling queue and the cycle.
+The loop is cut along kube-scheduler's lines, each part an object in its own module that owns
+its state, built here with its dependencies passed in (all run on the loop's thread):
+
+- ``scheduling_queue.SchedulingQueue``: pending pods, backoff, first-seen times, last failure;
+- ``cache.SchedulerCache``: objects as listed and watched (nodes, bound pods, policy objects),
+  resourceVersions, and the snapshot built from them (``state``, ``sched``, the queue tree);
+- ``binder.Binder``: binds in flight, the worker pool and their results;
+- ``volume_binding.VolumeBinder``: WaitForFirstConsumer claims before the Binding;
+- ``preemption.Preemptor``: reclaim and preemption plans, nominations, planning time;
+- ``evictor.Evictions``: victims' DELETEs until the watch shows them gone.
+
+The others read the cache through ``loop_support.ClusterView`` (a relist replaces the snapshot, so
+they look it up each time, never keep it); where a part needs the loop or a part built after it,
+it asks through a small Protocol the loop implements (``CacheHooks``, ``BinderHooks``).  This class keeps the cycle
+(``schedule_due``, ``schedule_one``, the gang round with its ``GangScheduler``, which a rebuild
+replaces), ``explain``, and the wiring: when a pod is gone every part forgets it
+(``drop_pod``).  The parts' state stays readable as the loop's (``loop.state``, ``loop.pending``,
+``loop.binding``, ...): properties that delegate to the part that owns it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Callable
 
@@ -69,7 +83,7 @@ from .api import (
 )
 from .binder import Binder
 from .binder import bind_job as bind_job  # re-exported: kube/extender.py imports it from here
-from .cache import CacheMixin
+from .cache import SchedulerCache
 from .evictor import Evictions
 from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, _created_s, reason_text, without_plugins
 from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
@@ -81,7 +95,10 @@ from .volume_binding import VolumeBinder
 log = logging.getLogger(__name__)
 
 
-class SchedulerLoop(CacheMixin):
+class SchedulerLoop:
+    """The scheduling queue, the cache, the binder, volume binding and preemption, each its own object
+    (see the module docstring); this class runs the cycle and wires them together."""
+
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
@@ -97,42 +114,74 @@ class SchedulerLoop(CacheMixin):
             self.quota = QueueQuota()
             profile = replace(profile, pre_filters=[self.quota, *profile.pre_filters], reserves=[self.quota, *profile.reserves])
         self.profile = profile
-        self.objects = PolicyObjects()
-        self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
+        kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
         self.preemption = preemption
         self.eviction_grace_s = eviction_grace_s
-        self.tree: QueueTree | None = None
-        self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
         self.scheduler_name = scheduler_name
         self.seed: int = seed
         self.clock = clock
-        self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s)
         self.on_attempt = on_attempt
+        self.max_in_flight = max_in_flight
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
+        self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s)
+        self.cache = SchedulerCache(api, profile, self.queue, self.stats, self, scheduler_name, seed, kinds, self.quota)
+        self.binder = Binder(api, self.cache, self.queue, self.events, self.stats, clock, self, bind_workers)
+        self.volume_binder = VolumeBinder(api, self.cache, self.binder, clock, volume_bind_timeout_s)
         self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
-        self.preemptor = Preemptor(api, self, self.queue, self.events, self.evictions, clock, nominated_timeout_s)
-        self.state = ClusterState()
-        self.sched = Scheduler(profile, self.state, seed=seed)
-        self.node_objs: dict[str, dict] = {}
-        self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
-        self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
-        self._pod_rv: dict[str, int] = {}
-        self._node_rv: dict[str, int] = {}
-        self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
-        self.max_in_flight = max_in_flight
-        self.binder = Binder(api, self, self.queue, self.events, self.stats, clock, self, bind_workers)
+        self.preemptor = Preemptor(api, self.cache, self.queue, self.events, self.evictions, clock, nominated_timeout_s)
         self.gangs = self._new_gangs()
-        self.volume_binder = VolumeBinder(api, self, self.binder, clock, volume_bind_timeout_s)
 
     def _new_gangs(self) -> GangScheduler:
-        gs = GangScheduler(self.sched)
+        gs = GangScheduler(self.cache.sched)
         gs.when = self._wall_clock
         return gs
 
     def _wall_clock(self, t: float, now: float) -> str:
         """A time on the loop's clock as people read it (UTC, to the second)."""
         return time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + (t - now)))
+
+    # --- the parts' state, as the loop's (other modules and tests read these) ------------------
+    @property
+    def state(self) -> ClusterState:
+        return self.cache.state
+
+    @property
+    def sched(self) -> Scheduler:
+        return self.cache.sched
+
+    @property
+    def tree(self) -> QueueTree | None:
+        return self.cache.tree
+
+    @property
+    def objects(self) -> PolicyObjects:
+        return self.cache.objects
+
+    @property
+    def bound_pods(self) -> dict[str, dict]:
+        return self.cache.bound_pods
+
+    @property
+    def bound(self) -> set[str]:
+        return self.cache.bound
+
+    @property
+    def bad_nodes(self) -> dict[str, str]:
+        return self.cache.bad_nodes
+
+    @property
+    def node_objs(self) -> dict[str, dict]:
+        return self.cache.node_objs
+
+    @property
+    def rv(self) -> dict[str, str]:
+        """kind -> resourceVersion to watch from."""
+        return self.cache.rv
+
+    @property
+    def policy_kinds(self) -> list[str]:
+        return self.cache.policy_kinds
 
     @property
     def pending(self) -> dict[str, dict]:
@@ -143,6 +192,63 @@ class SchedulerLoop(CacheMixin):
     def binding(self) -> dict[str, tuple[dict, Assignment, float]]:
         """Our binds in flight (key -> pod JSON, assumed assignment, cycle start): the binder's."""
         return self.binder.binding
+
+    # --- the cache's (these keep the loop's interface) ------------------------------------------
+    @property
+    def watch_kinds(self) -> list[str]:
+        """Kinds to watch: nodes, pods, and the policy kinds the API serves."""
+        return self.cache.watch_kinds
+
+    def list_kind(self, kind: str) -> tuple[list[dict], str]:
+        return self.cache.list_kind(kind)
+
+    def resync(self) -> None:
+        """Full relist of every kind and a rebuilt snapshot (start-up, becoming leader)."""
+        self.cache.resync()
+
+    def rebuild(self) -> None:
+        """A fresh snapshot from the cached objects (our binds in flight kept), and a fresh gang scheduler on it."""
+        self.cache.rebuild()
+        self.gangs = self._new_gangs()
+
+    def handle(self, kind: str, type_: str, obj: dict) -> None:
+        """A watch event."""
+        self.cache.handle(kind, type_, obj)
+
+    def replace(self, kind: str, items: list[dict], resource_version: str) -> None:
+        """A relist of one kind (after 410 Gone): apply the differences as events."""
+        self.cache.replace(kind, items, resource_version)
+
+    # --- what the cache asks of the loop (CacheHooks) -------------------------------------------
+    def in_flight(self) -> Mapping[str, tuple[dict, Assignment, float]]:
+        return self.binder.binding
+
+    def drop_pod(self, key: str) -> None:
+        """A pod is gone: every part forgets it; waiting pods wake if that freed room."""
+        self.queue.remove(key)
+        self.volume_binder.forget(key)
+        self.queue.forget(key)
+        self.preemptor.forget(key)
+        self.evictions.forget(key)
+        freed = False
+        if self.gangs.gangs:
+            freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
+        freed = self.cache.forget_pod(key) or freed
+        freed = self.binder.forget(key) or freed
+        if freed:
+            self.queue.wake_all()
+
+    def assumed_pvs(self) -> dict[str, str]:
+        return self.volume_binder.assumed_pvs()
+
+    def volumes_changed(self) -> None:
+        self.volume_binder.check_waits()
+
+    def on_pod_listed(self, pod: dict) -> None:
+        """Nothing here; the extender tracks pods."""
+
+    def on_pod_event(self, type_: str, pod: dict) -> None:
+        """Nothing here; the extender releases reservations."""
 
     # --- binding (the binder's; these keep the loop's interface) -------------------------------
     def drain(self, block_s: float = 0.0) -> int:
@@ -195,13 +301,13 @@ class SchedulerLoop(CacheMixin):
             if self._in_gang(p):
                 continue
             req = None
-            if self.tree is not None:
+            if self.cache.tree is not None:
                 try:
-                    req = self._request(k, p)
+                    req = self.cache.request(k, p)
                 except GpufleetError:
                     pass  # invalid: tried first, schedule_one reports it
             pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self.queue.first_seen(k), req))
-        return order_pending(pods, self.tree, self.preemptor.nominated)
+        return order_pending(pods, self.cache.tree, self.preemptor.nominated)
 
     def due_gang_members(self) -> list[str]:
         return [k for k, p in self.queue.ready(self.clock()) if self._in_gang(p)]
@@ -231,11 +337,11 @@ class SchedulerLoop(CacheMixin):
                 break
             if end is not None and time.monotonic() > end:
                 break
-            if len(self.binding) >= self.max_in_flight:
+            if len(self.binder.binding) >= self.max_in_flight:
                 self.drain(block_s=1.0)
-                if len(self.binding) >= self.max_in_flight:
+                if len(self.binder.binding) >= self.max_in_flight:
                     break
-            pod = self.pending.get(key)
+            pod = self.queue.pending.get(key)
             if pod is not None:
                 self.schedule_one(pod)
                 n += 1
@@ -249,8 +355,8 @@ class SchedulerLoop(CacheMixin):
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("gang round failed")
             for k in keys:
-                if k in self.pending:
-                    self._failed_event(k, self.pending[k], f"internal error placing its pod group: {exc}")
+                if k in self.queue.pending:
+                    self._failed_event(k, self.queue.pending[k], f"internal error placing its pod group: {exc}")
                     self.queue.defer(k)
             self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
             return len(keys)
@@ -259,15 +365,15 @@ class SchedulerLoop(CacheMixin):
         """Hand arrived gang members to the GangScheduler, step it, bind what it placed."""
         now = self.clock()
         for k in keys:
-            pod = self.pending.get(k)
+            pod = self.queue.pending.get(k)
             if pod is None:
                 continue
             try:
-                r = self._request(k, pod)
+                r = self.cache.request(k, pod)
             except GpufleetError:
                 self.schedule_one(pod)  # reports the invalid spec
                 continue
-            g = self.objects.groups.get(group_key(r) or "")
+            g = self.cache.objects.groups.get(group_key(r) or "")
             if g is not None:
                 self.gangs.add_group(g, now)
             self.gangs.add(r, now)
@@ -277,7 +383,7 @@ class SchedulerLoop(CacheMixin):
             self.wake_all()  # a hold ended: what it kept out may fit now
         for res in results:
             for d in res.placed:
-                pod = self.pending.get(d.pod_key)
+                pod = self.queue.pending.get(d.pod_key)
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
                     self.gangs.remove(d.pod_key)
                     continue
@@ -287,8 +393,8 @@ class SchedulerLoop(CacheMixin):
                 # held members wait too (not retried in a spin), and are looked at again when the hold times out
                 until = self.gangs.hold_deadline() if self.gangs.holder == res.group else None
                 for k in list(gang.members) if gang else []:
-                    if k in self.pending:
-                        self._failed_event(k, self.pending[k], reason_text(res.status))
+                    if k in self.queue.pending:
+                        self._failed_event(k, self.queue.pending[k], reason_text(res.status))
                         self.queue.defer(k, until)
                 if self.preemption:
                     self.preemptor.make_room_for_gang(res.group, self.gangs)
@@ -298,14 +404,14 @@ class SchedulerLoop(CacheMixin):
         key = pod_key(pod)
         t0 = self.clock()
         try:
-            req = self._request(key, pod)
+            req = self.cache.request(key, pod)
         except GpufleetError as exc:
             self.count_attempt("invalid", t0)
             self._failed_event(key, pod, f"invalid pod spec: {exc}")
             self.queue.defer(key)
             return "invalid"
         try:
-            dec = self.sched.schedule(req)
+            dec = self.cache.sched.schedule(req)
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("engine error on %s", key)
             self.count_attempt("error", t0)
@@ -343,7 +449,7 @@ class SchedulerLoop(CacheMixin):
             log.info("%s (priority %d) ends the hold of pod group %s (priority %d)", req.key, req.priority,
                      holder.group.key, holder.group.priority)
             self.gangs.release_hold("preempted")
-            return self.sched.schedule(req), ""
+            return self.cache.sched.schedule(req), ""
         return dec, why
 
     def _failed_event(self, key: str, pod: dict, message: str) -> None:
@@ -357,17 +463,17 @@ class SchedulerLoop(CacheMixin):
         A hold is taken to have started when its gang's first member was created."""
         now, wall = self.clock(), time.time()
         first: list[float] = []
-        for k, p in list(self.pending.items()):
+        for k, p in list(self.queue.pending.items()):
             if not self._in_gang(p):
                 continue
             try:
-                r = self._request(k, p)
+                r = self.cache.request(k, p)
             except GpufleetError:
                 continue
             created = _created_s(p)
             t = now - max(0.0, wall - created) if created is not None else now
             first.append(t)
-            g = self.objects.groups.get(group_key(r) or "")
+            g = self.cache.objects.groups.get(group_key(r) or "")
             if g is not None:
                 self.gangs.add_group(g, t)
             self.gangs.add(r, t)
@@ -377,10 +483,10 @@ class SchedulerLoop(CacheMixin):
 
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
-        req = self._request(pod_key(pod), pod)
-        dec = self.sched.explain(req)
+        req = self.cache.request(pod_key(pod), pod)
+        dec = self.cache.sched.explain(req)
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
-        for name, why in self.bad_nodes.items():
+        for name, why in self.cache.bad_nodes.items():
             by_node[name] = f"left out: {why}"
         gang = self._gang_line(req)
         why = self.gangs.blocked_by_hold(req, self.clock()) if not dec.ok and self.gangs.held else ""
@@ -390,15 +496,15 @@ class SchedulerLoop(CacheMixin):
             fits = f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)"  # type: ignore[union-attr]
             return fits + (f"\n  {gang}" if gang else ""), by_node
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
-        if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req, exclude=self.preemptor.leaving())
+        if self.cache.tree is not None:
+            rp = self.cache.tree.plan_reclaim(self.cache.sched, req, exclude=self.preemptor.leaving())
             if rp is not None:
                 msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
         if req.preempt_never:
             msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
-        elif any(a.priority < req.priority for a in self.state.assignments.values()):
-            lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self.pod_labels(),
-                                       age_rank=self.age_rank(), exclude=self.preemptor.leaving())
+        elif any(a.priority < req.priority for a in self.cache.state.assignments.values()):
+            lines = explain_preemption(self.cache.sched, req, pdbs=self.cache.objects.budgets, pod_labels=self.cache.pod_labels(),
+                                       age_rank=self.cache.age_rank(), exclude=self.preemptor.leaving())
             msg += "\n  " + "\n  ".join(lines)
         return msg, by_node
 
@@ -411,8 +517,8 @@ class SchedulerLoop(CacheMixin):
         def in_group(p: dict) -> bool:
             m = p.get("metadata") or {}
             return (m.get("namespace") or "default") == req.namespace and (m.get("annotations") or {}).get(ann.POD_GROUP) == req.pod_group
-        waiting = sum(1 for p in self.pending.values() if in_group(p))
-        running = sum(1 for p in self.bound_pods.values() if in_group(p))
+        waiting = sum(1 for p in self.queue.pending.values() if in_group(p))
+        running = sum(1 for p in self.cache.bound_pods.values() if in_group(p))
         need = max(req.pod_group_min, 1)
         what = "places all-or-nothing" if running < need else "is running; extra members go one by one"
         return f"pod group {k}: {waiting} member(s) waiting, {running} running, minMember {need} -- the gang {what}"

@@ -1,5 +1,5 @@
 """Small types and helpers shared by the scheduler loop and its parts (cache, binder, volume
-binding, preemption).
+binding, preemption), and ``ClusterView``, the cache as the other parts read it.
 
 Why a module of its own: the parts live in their own modules and ``loop.py`` imports them, so
 what they all use sits here, below both, with no import cycle.  ``loop.py`` re-exports the

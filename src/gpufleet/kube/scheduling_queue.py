@@ -40,6 +40,12 @@ class SchedulingQueue:
         """Out of the queue (binding, bound, gone); its timers stay until ``forget``."""
         return self.pending.pop(key, None)
 
+    def clear(self) -> set[str]:
+        """Empty the queue for a relist (timers stay); returns the keys that were pending."""
+        keys = set(self.pending)
+        self.pending.clear()
+        return keys
+
     def forget(self, key: str) -> None:
         """Drop the pod's timers and first-seen time (bound by someone else, gone)."""
         self._last_failure.pop(key, None)
