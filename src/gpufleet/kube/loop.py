@@ -163,25 +163,13 @@ class SchedulerLoop:
         return self.cache.bound_pods
 
     @property
-    def bound(self) -> set[str]:
-        return self.cache.bound
-
-    @property
     def bad_nodes(self) -> dict[str, str]:
         return self.cache.bad_nodes
-
-    @property
-    def node_objs(self) -> dict[str, dict]:
-        return self.cache.node_objs
 
     @property
     def rv(self) -> dict[str, str]:
         """kind -> resourceVersion to watch from."""
         return self.cache.rv
-
-    @property
-    def policy_kinds(self) -> list[str]:
-        return self.cache.policy_kinds
 
     @property
     def pending(self) -> dict[str, dict]:

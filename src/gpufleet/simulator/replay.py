@@ -472,7 +472,7 @@ def run_replay(
         r = reqs[i]
         a = state.assignments.get(r.key)
         if gangs is not None and r.pod_group:
-            gangs.remove(r.key)  # as the live loop's _drop_pod: forgets its devices too
+            gangs.remove(r.key)  # as the live loop's drop_pod: forgets its devices too
         else:
             sched.forget(r.key)
         if a is not None:
