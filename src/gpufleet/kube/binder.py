@@ -26,7 +26,7 @@ from .api import (
     NotFound,
     SchedulerApi,
 )
-from .loop_support import ClusterView, EventSink, Stats, slim_pod
+from .loop_support import ClusterView, EventSink, Stats
 from .scheduling_queue import SchedulingQueue
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
@@ -157,7 +157,7 @@ class Binder:
                 p = dict(pod)
                 p["spec"] = {**(pod.get("spec") or {}), "nodeName": a.node}
                 p["metadata"] = {**pod["metadata"], "annotations": {**(pod["metadata"].get("annotations") or {}), **annotations}}
-                cache.bound_pods[key] = slim_pod(p)
+                cache.add_bound(key, p)
             first = self.queue.scheduled(key, t0)
             self.stats.binds += 1
             self.hooks.count_attempt("scheduled", t0)
@@ -172,10 +172,9 @@ class Binder:
         self.hooks.count_attempt("error", t0)
         if outcome == "taken":
             log.info("pod %s was bound to %s by someone else", key, detail)
-            if key not in cache.bound_pods and seen is not None:
-                cache.bound_pods[key] = slim_pod(seen)
-            if key in cache.bound_pods:
-                cache.reserve_bound(key, cache.bound_pods[key])
+            held = cache.add_bound(key, seen) if seen is not None else cache.bound_pods.get(key)
+            if held is not None:
+                cache.reserve_bound(key, held)
             self.queue.forget(key)
         elif outcome == "gone":
             self.queue.forget(key)

@@ -284,6 +284,14 @@ class SchedulerCache:
         """Pending for us: our scheduler name and no scheduling gates (pods wait until every gate is removed)."""
         return spec.get("schedulerName", "default-scheduler") == self.scheduler_name and not spec.get("schedulingGates")
 
+    def add_bound(self, key: str, pod: dict) -> dict:
+        """A pod seen bound (our bind's result, or another's bind read back): held as bound unless the watch
+        already showed it; returns what is held.  Its resources are reserved separately (``reserve_bound``)."""
+        held = self.bound_pods.get(key)
+        if held is None:
+            held = self.bound_pods[key] = slim_pod(pod)
+        return held
+
     def forget_pod(self, key: str) -> bool:
         """A pod gone: drop it as bound (and its resources from the snapshot); True if that freed room."""
         self._req_cache.pop(key, None)

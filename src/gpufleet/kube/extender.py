@@ -561,17 +561,17 @@ class Extender:
                 p["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
                 meta = pod.get("metadata") or {}
                 p["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
-                loop.bound_pods.setdefault(key, slim_pod(p))
+                loop.cache.add_bound(key, p)
                 loop.pending.pop(key, None)
                 loop.stats.binds += 1
                 first = loop.first_filter.pop(key, None)
             else:
                 if loop.state.assignments.get(key) == a:
                     loop.sched.forget(key)
-                if outcome == "taken" and seen is not None:
-                    loop.bound_pods.setdefault(key, slim_pod(seen))
-                if outcome == "taken" and key in loop.bound_pods:
-                    loop.cache.reserve_bound(key, loop.bound_pods[key])
+                if outcome == "taken":
+                    held = loop.cache.add_bound(key, seen) if seen is not None else loop.bound_pods.get(key)
+                    if held is not None:
+                        loop.cache.reserve_bound(key, held)
         if outcome != "bound":
             return refuse(f"binding {key} to {node} failed: {outcome} {detail}".strip(), "error")
         dt = self.metrics.observe("bind", "bound", t0)

@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -48,7 +49,8 @@ class Stats:
 
 class ClusterView(Protocol):
     """What the cache shows the loop's other parts: the snapshot (rebuilt on a relist: read it
-    through this view each time, never keep it) and the objects it was built from."""
+    through this view each time, never keep it) and the objects it was built from; and the two
+    writes a bind result makes (the pod held as bound, its resources reserved)."""
 
     @property
     def state(self) -> ClusterState: ...
@@ -59,7 +61,11 @@ class ClusterView(Protocol):
     @property
     def objects(self) -> PolicyObjects: ...
     @property
-    def bound_pods(self) -> dict[str, dict]: ...
+    def bound_pods(self) -> Mapping[str, dict]: ...
+
+    def add_bound(self, key: str, pod: dict) -> dict:
+        """Hold a pod seen bound (unless the watch already showed it); returns what is held."""
+        ...
 
     def reserve_bound(self, key: str, pod: dict) -> None:
         """Hold a bound pod's resources in the snapshot (unless they clash with what it holds)."""
