@@ -125,8 +125,9 @@ class SchedulerLoop:
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
         self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s)
-        self.cache = SchedulerCache(api, profile, self.queue, self.stats, self, scheduler_name, seed, kinds, self.quota)
-        self.binder = Binder(api, self.cache, self.queue, self.events, self.stats, clock, self, bind_workers)
+        self.cache = SchedulerCache(api, profile, self.queue, self.stats, hooks=self, scheduler_name=scheduler_name, seed=seed,
+                                    policy_kinds=kinds, quota=self.quota)
+        self.binder = Binder(api, self.cache, self.queue, self.events, self.stats, clock, hooks=self, workers=bind_workers)
         self.volume_binder = VolumeBinder(api, self.cache, self.binder, clock, volume_bind_timeout_s)
         self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
         self.preemptor = Preemptor(api, self.cache, self.queue, self.events, self.evictions, clock, nominated_timeout_s)
