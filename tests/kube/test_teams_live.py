@@ -311,11 +311,11 @@ def test_preemption_planning_has_a_time_budget():
     loop = make(api, clock)
     api.add_pod(pod("low", ns="ml", priority=1))
     run(api, loop, clock)
-    loop._plan_debt_s = 50.0  # as if planning had just used a lot of time
+    loop.preemptor.plan_debt_s = 50.0  # as if planning had just used a lot of time
     api.add_pod(pod("urgent", ns="ml", priority=100))
     run(api, loop, clock, rounds=2)
     assert not api.evicted  # skipped, retried later
-    loop._plan_debt_s = 0.0
+    loop.preemptor.plan_debt_s = 0.0
     run(api, loop, clock)
     assert [k for k, _ in api.evicted] == ["ml/low"] and "ml/urgent" in bound(api)
 

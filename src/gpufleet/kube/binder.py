@@ -1,12 +1,13 @@
-# mypy: disable-error-code="misc"
-# (methods take ``self: SchedulerLoop``, the class that mixes them in; mypy wants a supertype there)
 """The bind pipeline, as kube-scheduler's binding cycle: an assumed decision's Binding goes out (on
 a worker thread when ``bind_workers`` > 0), results come back through ``drain()`` on the loop's
 thread, and a failure drops the assumption and sends the pod back to the queue.
 
 Why a module of its own: binding is the one place the loop writes pods to the API server, and
-its results must be applied on the loop's thread alone.  A mixin of ``SchedulerLoop`` because
-it updates the loop's snapshot and queue on each result.
+its results must be applied on the loop's thread alone.  ``Binder`` owns the binds in flight
+(pod -> (pod JSON, assumed assignment, cycle start)), the worker pool and the result queue; on
+each result it updates the cache (``ClusterView``: the pod bound, or the assumption dropped) and
+the scheduling queue (the pod's timers, or the pod back to wait).  What it needs from the loop
+(the PreBind step, the attempt counter, the gang scheduler) comes through ``BinderHooks``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Protocol
 
 from ..engine import annotations as ann
 from ..engine.inventory import assignment_to_json
@@ -24,10 +26,8 @@ from .api import (
     NotFound,
     SchedulerApi,
 )
-from .loop_support import slim_pod
-
-if TYPE_CHECKING:
-    from .loop import SchedulerLoop
+from .loop_support import ClusterView, EventSink, Stats
+from .scheduling_queue import SchedulingQueue
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
 
@@ -58,27 +58,63 @@ def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotation
         return ("bound", "", p) if bound_to == node and mine else ("taken", bound_to, p)
 
 
+class BinderHooks(Protocol):
+    """What the binder asks of the loop."""
+
+    def prebind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
+        """Before the Binding (volume binding): True when the pod must wait (or has failed) instead of being bound now."""
+        ...
+
+    def count_attempt(self, result: str, t0: float) -> None:
+        """One scheduling attempt ended (``scheduled``, ``error``, ...), started at ``t0`` on the loop's clock."""
+        ...
+
+    def unassume(self, key: str) -> None:
+        """A bind failed: the gang scheduler gives the pod's room back (the binder then forgets the assumption)."""
+        ...
 
 
-class BinderMixin:
-    """Methods of ``SchedulerLoop``; see the module docstring."""
+class Binder:
+    """Sends Bindings and applies their results; see the module docstring."""
 
-    def _start_bind(self: SchedulerLoop, key: str, pod: dict, a: Assignment, t0: float) -> None:
-        gpus = self.state.nodes[self.state.index[a.node]].gpus
+    def __init__(self, api: SchedulerApi, cache: ClusterView, queue_: SchedulingQueue, events: EventSink, stats: Stats,
+                 clock: Callable[[], float], hooks: BinderHooks, workers: int = 0) -> None:
+        self.api = api
+        self.cache = cache
+        self.queue = queue_
+        self.events = events
+        self.stats = stats
+        self.clock = clock
+        self.hooks = hooks
+        self.binding: dict[str, tuple[dict, Assignment, float]] = {}  # our binds in flight
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bind") if workers > 0 else None
+        self._results: queue.Queue = queue.Queue()
+
+    def forget(self, key: str) -> bool:
+        """The pod is gone: drop its bind in flight (its result will be ignored) and the assumption;
+        True if that freed room in the snapshot."""
+        if self.binding.pop(key, None) is None:
+            return False
+        return self.cache.sched.forget(key) is not None
+
+    def start(self, key: str, pod: dict, a: Assignment, t0: float) -> None:
+        """An assumed decision: out of the queue, in flight; the Binding goes out now or after PreBind."""
+        state = self.cache.state
+        gpus = state.nodes[state.index[a.node]].gpus
         annotations = {ann.ASSIGNMENT: assignment_to_json(a, {g.index: g.uuid for g in gpus})}
         if a.queue and ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.QUEUE) != a.queue:
             annotations[ann.QUEUE] = a.queue  # the queue it was admitted to: a restart counts it there again
-        self.pending.pop(key, None)
+        self.queue.remove(key)
         self.binding[key] = (pod, a, t0)
-        if self._bind_volumes(key, pod, a, annotations):
-            return  # the Binding goes out once its claims are bound (_check_volume_waits)
-        self._send_bind(key, pod, a, annotations)
+        if self.hooks.prebind(key, pod, a, annotations):
+            return  # the Binding goes out once its claims are bound (volume binding)
+        self.send(key, pod, a, annotations)
 
-    def _send_bind(self: SchedulerLoop, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> None:
+    def send(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> None:
         m = pod["metadata"]
         ns, name = m.get("namespace") or "default", m["name"]
         if self._pool is None:
-            self._bind_done(key, *bind_job(self.api, ns, name, a.node, annotations), annotations)
+            self.done(key, *bind_job(self.api, ns, name, a.node, annotations), annotations)
         else:
             fut = self._pool.submit(bind_job, self.api, ns, name, a.node, annotations)
 
@@ -87,80 +123,72 @@ class BinderMixin:
 
             fut.add_done_callback(done)
 
-    def next_result(self: SchedulerLoop, timeout_s: float) -> tuple | None:
+    def next_result(self, timeout_s: float) -> tuple | None:
         """Wait for a finished bind without touching the snapshot (call ``apply_result`` with it)."""
         try:
             return self._results.get(timeout=timeout_s)
         except queue.Empty:
             return None
 
-    def apply_result(self: SchedulerLoop, item: tuple) -> None:
-        self._bind_done(*item)
+    def apply_result(self, item: tuple) -> None:
+        self.done(*item)
 
-    def drain(self: SchedulerLoop, block_s: float = 0.0) -> int:
+    def drain(self, block_s: float = 0.0) -> int:
         """Apply finished binds (async mode); returns how many."""
         n = 0
         try:
             item = self._results.get(timeout=block_s) if block_s > 0 else self._results.get_nowait()
             while True:
-                self._bind_done(*item)
+                self.done(*item)
                 n += 1
                 item = self._results.get_nowait()
         except queue.Empty:
             return n
 
-    def _bind_done(self: SchedulerLoop, key: str, outcome: str, detail: str, seen: dict | None, annotations: dict[str, str]) -> None:
+    def done(self, key: str, outcome: str, detail: str, seen: dict | None, annotations: dict[str, str]) -> None:
+        """A bind's result (on the loop's thread)."""
         entry = self.binding.pop(key, None)
         if entry is None:
             return  # deleted meanwhile; its reservation is already gone
         pod, a, t0 = entry
+        cache = self.cache
         if outcome == "bound":
-            if key not in self.bound_pods:
+            if key not in cache.bound_pods:
                 p = dict(pod)
                 p["spec"] = {**(pod.get("spec") or {}), "nodeName": a.node}
                 p["metadata"] = {**pod["metadata"], "annotations": {**(pod["metadata"].get("annotations") or {}), **annotations}}
-                self.bound_pods[key] = slim_pod(p)
-            self._backoff.pop(key, None)
-            self._not_before.pop(key, None)
-            self._last_failure.pop(key, None)
+                cache.add_bound(key, p)
+            first = self.queue.scheduled(key, t0)
             self.stats.binds += 1
-            self._count("scheduled", t0)
-            self.stats.e2e_s.append(self.clock() - self._first_seen.pop(key, t0))
+            self.hooks.count_attempt("scheduled", t0)
+            self.stats.e2e_s.append(self.clock() - first)
             gpus = f" GPUs {list(a.gpu_indices)}" if a.gpu_indices else ""
             share = f" ({a.gpu_milli} milli each)" if a.gpu_indices and a.gpu_milli < 1000 else ""
             mig = f" MIG {a.mig_profile} {list(a.mig)}" if a.mig else ""
             self.events.send(pod, "Normal", "Scheduled", f"Successfully assigned {key} to {a.node}{gpus}{share}{mig}")
             return
-        if self.gangs.gangs:
-            self.gangs.remove(key)
-        self.sched.forget(key)  # our assumption was wrong
-        self._count("error", t0)
+        self.hooks.unassume(key)
+        cache.sched.forget(key)  # our assumption was wrong
+        self.hooks.count_attempt("error", t0)
         if outcome == "taken":
             log.info("pod %s was bound to %s by someone else", key, detail)
-            if key not in self.bound_pods and seen is not None:
-                self.bound_pods[key] = slim_pod(seen)
-            if key in self.bound_pods:
-                self._reserve_bound(key, self.bound_pods[key])
-            self._forget_timers(key)
+            held = cache.add_bound(key, seen) if seen is not None else cache.bound_pods.get(key)
+            if held is not None:
+                cache.reserve_bound(key, held)
+            self.queue.forget(key)
         elif outcome == "gone":
-            self._forget_timers(key)
+            self.queue.forget(key)
         else:
             log.warning("binding %s to %s failed: %s", key, a.node, detail)
-            if key not in self.bound_pods:
-                self.pending[key] = pod
-                self._defer(key)
+            if key not in cache.bound_pods:
+                self.queue.put_back(key, pod)
+                self.queue.defer(key)
                 self.events.send(pod, "Warning", "FailedScheduling", f"binding to {a.node} failed: {detail}")
 
-    def close(self: SchedulerLoop, timeout_s: float = 10.0) -> None:
-        """Wait for binds in flight and flush events."""
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait up to ``timeout_s`` for binds in flight, then stop the workers."""
         end = time.monotonic() + timeout_s
         while self.binding and time.monotonic() < end:
             self.drain(block_s=0.1)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
-        self.events.flush(max(0.0, end - time.monotonic()))
-
-    def _count(self: SchedulerLoop, result: str, t0: float) -> None:
-        self.stats.attempts[result] = self.stats.attempts.get(result, 0) + 1
-        if self.on_attempt:
-            self.on_attempt(result, self.clock() - t0)

@@ -1,27 +1,31 @@
-# mypy: disable-error-code="misc"
-# (methods take ``self: SchedulerLoop``, the class that mixes them in; mypy wants a supertype there)
 """The loop's view of the cluster, as kube-scheduler's scheduler cache: relist and rebuild of the
 snapshot, and watch events for nodes, pods and policy / constraint objects (namespaces, Queues,
 PodGroups, PDBs, volumes) applied to it.
 
 Why a module of its own: keeping state in step with the API server is one responsibility,
-separate from queueing, the cycle and binding (see ``loop.py``).  It is a mixin of
-``SchedulerLoop`` because it reads and writes the same state the cycle uses (``state``,
-``pending``, ``bound_pods``, timers); all of it runs on the loop's thread.
+separate from queueing, the cycle and binding (see ``loop.py``).  ``SchedulerCache`` owns the
+objects as last seen (nodes, bound pods, policy objects), their resourceVersions, the nodes left
+out and the snapshot built from them (``state``, the engine's ``sched``, the queue tree); the
+other parts read it through ``ClusterView``.  It puts pods waiting for us into the
+``SchedulingQueue``; what it needs from the loop's other parts (binds in flight, a pod gone from
+every part, a full rebuild, volume-binding state) comes through ``CacheHooks``.  All of it runs
+on the loop's thread.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..engine import annotations as ann
 from ..engine.errors import ConfigError, GpufleetError
 from ..engine.framework import Scheduler
-from ..engine.model import Node, PodRequest
+from ..engine.framework import Profile
+from ..engine.model import Assignment, Node, PodRequest
 from ..engine.podspec import parse_pod, pod_key
-from ..engine.queues import Queue, QueueTree
+from ..engine.queues import Queue, QueueQuota, QueueTree
 from ..engine.state import ClusterState
 from ..engine.volumes import (
     VolumeCatalog,
@@ -35,29 +39,85 @@ from .api import (
     POLICY_KINDS,
     ApiError,
     NotFound,
+    SchedulerApi,
 )
 from .convert import bound_assignment, is_terminal, node_from_json, node_ready
-from .loop_support import NOT_READY_TAINT, _rv, slim_pod
-
-if TYPE_CHECKING:
-    from .loop import SchedulerLoop
+from .loop_support import NOT_READY_TAINT, Stats, _rv, slim_pod
+from .policy_objects import PolicyObjects
+from .scheduling_queue import SchedulingQueue
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
 
 
-class CacheMixin:
-    """Methods of ``SchedulerLoop``; see the module docstring."""
+class CacheHooks(Protocol):
+    """What the cache asks of the loop."""
+
+    def in_flight(self) -> Mapping[str, tuple[dict, Assignment, float]]:
+        """Our binds in flight (the binder's): assumed, not bound yet."""
+        ...
+
+    def rebuild(self) -> None:
+        """Rebuild the snapshot (``SchedulerCache.rebuild``) and what the loop keeps on it."""
+        ...
+
+    def drop_pod(self, key: str) -> None:
+        """A pod is gone (deleted, terminal): every part forgets it."""
+        ...
+
+    def assumed_pvs(self) -> dict[str, str]:
+        """PV -> claim the volume binder set the claimRef for, not completed yet."""
+        ...
+
+    def volumes_changed(self) -> None:
+        """Claims or PVs changed: pods waiting for their volumes may go on."""
+        ...
+
+    def on_pod_listed(self, pod: dict) -> None:
+        """A pod seen in a relist, before the cache files it (the extender tracks pods here)."""
+        ...
+
+    def on_pod_event(self, type_: str, pod: dict) -> None:
+        """A pod watch event (or a relist's difference), before the cache applies it."""
+        ...
+
+
+class SchedulerCache:
+    """The loop's view of the cluster; see the module docstring."""
+
+    def __init__(self, api: SchedulerApi, profile: Profile, queue_: SchedulingQueue, stats: Stats, hooks: CacheHooks,
+                 scheduler_name: str = "gpufleet", seed: int = 0, policy_kinds: list[str] | None = None,
+                 quota: QueueQuota | None = None) -> None:
+        self.api = api
+        self.profile = profile
+        self.queue = queue_
+        self.stats = stats
+        self.hooks = hooks
+        self.scheduler_name = scheduler_name
+        self.seed = seed
+        self.policy_kinds: list[str] = list(policy_kinds or [])
+        self.quota = quota
+        self.objects = PolicyObjects()
+        self.state = ClusterState()
+        self.sched = Scheduler(profile, self.state, seed=seed)
+        self.tree: QueueTree | None = None
+        self.node_objs: dict[str, dict] = {}
+        self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
+        self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
+        self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
+        self._pod_rv: dict[str, int] = {}
+        self._node_rv: dict[str, int] = {}
+        self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
 
     @property
-    def bound(self: SchedulerLoop) -> set[str]:
+    def bound(self) -> set[str]:
         return set(self.bound_pods)
 
     @property
-    def watch_kinds(self: SchedulerLoop) -> list[str]:
+    def watch_kinds(self) -> list[str]:
         """Kinds to watch: nodes, pods, and the policy kinds the API serves."""
         return ["node", "pod"] + [k for k in self.policy_kinds if k not in self.objects.unserved]
 
-    def list_kind(self: SchedulerLoop, kind: str) -> tuple[list[dict], str]:
+    def list_kind(self, kind: str) -> tuple[list[dict], str]:
         if kind == "node":
             return self.api.list_nodes()
         if kind == "pod":
@@ -65,7 +125,7 @@ class CacheMixin:
         return self.api.list_kind(kind)
 
     # --- snapshot ---------------------------------------------------------------------
-    def resync(self: SchedulerLoop) -> None:
+    def resync(self) -> None:
         """Full relist of both kinds and a rebuilt snapshot (start-up, becoming leader)."""
         for kind in self.policy_kinds:  # first: bound pods' queues come from namespaces
             try:
@@ -87,19 +147,18 @@ class CacheMixin:
         self.rv.update({"node": node_rv, "pod": pod_rv})
         self.node_objs = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
         self._node_rv = {k: v for k, v in ((k, _rv(n)) for k, n in self.node_objs.items()) if v is not None}
-        old_pending = set(self.pending)
-        self.pending.clear()
+        old_pending = self.queue.clear()
         self.bound_pods.clear()
         self._pod_rv.clear()
         for p in pods:
             self._classify(p)
-        for k in old_pending - set(self.pending):
-            self._forget_timers(k)
-        self.rebuild()
-        self.wake_all()
+        for k in old_pending - set(self.queue.pending):
+            self.queue.forget(k)
+        self.hooks.rebuild()
+        self.queue.wake_all()
 
-    def rebuild(self: SchedulerLoop) -> None:
-        """A fresh ClusterState from the cached node and pod objects."""
+    def rebuild(self) -> None:
+        """A fresh ClusterState from the cached node and pod objects, our binds in flight still assumed in it."""
         good = []
         self.bad_nodes.clear()
         for name, obj in self.node_objs.items():
@@ -109,17 +168,16 @@ class CacheMixin:
         self.state = ClusterState(good)
         self._sync_constraint_objects()
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
-        self.gangs = self._new_gangs()
         self._rebuild_tree()
         # pods with an exact assignment first: modelled ones take whatever GPUs are left
         keys = sorted(self.bound_pods, key=lambda k: ann.ASSIGNMENT not in ((self.bound_pods[k].get("metadata") or {}).get("annotations") or {}))
         for k in keys:
-            self._reserve_bound(k, self.bound_pods[k])
-        for k, (_, a, _) in list(self.binding.items()):
+            self.reserve_bound(k, self.bound_pods[k])
+        for k, (_, a, _) in list(self.hooks.in_flight().items()):
             if k not in self.state.assignments and a.node in self.state.index and not self.state.check(a):
                 self.state.reserve(a)
 
-    def _rebuild_tree(self: SchedulerLoop) -> None:
+    def _rebuild_tree(self) -> None:
         """The queue tree over the current snapshot; queues with a missing parent are left out (reported)."""
         qs: list[Queue] = list(self.objects.queues)
         while True:
@@ -138,7 +196,7 @@ class CacheMixin:
         if self.quota is not None:
             self.quota.tree = self.tree
 
-    def _request(self: SchedulerLoop, key: str, pod: dict) -> PodRequest:
+    def request(self, key: str, pod: dict) -> PodRequest:
         """The pod as the engine sees it, with its queue and pod group resolved (cached per resourceVersion)."""
         rv = self._pod_rv.get(key)
         c = self._req_cache.get(key)
@@ -154,14 +212,21 @@ class CacheMixin:
         self._req_cache[key] = (rv, r)
         return r
 
-    def _queue_of_bound(self: SchedulerLoop, pod: dict) -> str | None:
+    def pod_labels(self) -> dict[str, dict[str, str]]:
+        return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
+
+    def age_rank(self) -> dict[str, int]:
+        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
+        return {k: self._pod_rv.get(k, 0) for k in self.state.assignments}
+
+    def _queue_of_bound(self, pod: dict) -> str | None:
         m = pod.get("metadata") or {}
         q = (m.get("annotations") or {}).get(ann.QUEUE)
         if q or self.tree is None:
             return q
         return self.objects.namespace_queues.queue_for_namespace(m.get("namespace") or "default")
 
-    def _node_model(self: SchedulerLoop, name: str, obj: dict) -> Node | None:
+    def _node_model(self, name: str, obj: dict) -> Node | None:
         try:
             n = node_from_json(obj)
         except GpufleetError as exc:
@@ -173,7 +238,7 @@ class CacheMixin:
             n = replace(n, taints=n.taints + (NOT_READY_TAINT,))  # what the node lifecycle controller does
         return n
 
-    def _reserve_bound(self: SchedulerLoop, key: str, pod: dict) -> None:
+    def reserve_bound(self, key: str, pod: dict) -> None:
         node = (pod.get("spec") or {}).get("nodeName")
         if key in self.state.assignments or node not in self.state.index:
             return
@@ -200,8 +265,9 @@ class CacheMixin:
             return
         self.state.reserve(a)
 
-    def _classify(self: SchedulerLoop, pod: dict) -> None:
+    def _classify(self, pod: dict) -> None:
         """Put a live pod object where it belongs (no snapshot changes)."""
+        self.hooks.on_pod_listed(pod)
         key = pod_key(pod)
         rv = _rv(pod)
         if rv is not None:
@@ -211,83 +277,72 @@ class CacheMixin:
         spec = pod.get("spec") or {}
         if spec.get("nodeName"):
             self.bound_pods[key] = slim_pod(pod)
-        elif self._ours(spec) and key not in self.binding:
-            self.pending[key] = pod
-            self._first_seen.setdefault(key, self.clock())
+        elif self._ours(spec) and key not in self.hooks.in_flight():
+            self.queue.add(key, pod)
 
-    def _ours(self: SchedulerLoop, spec: dict) -> bool:
+    def _ours(self, spec: dict) -> bool:
         """Pending for us: our scheduler name and no scheduling gates (pods wait until every gate is removed)."""
         return spec.get("schedulerName", "default-scheduler") == self.scheduler_name and not spec.get("schedulingGates")
 
-    def _forget_timers(self: SchedulerLoop, key: str) -> None:
-        self._last_failure.pop(key, None)
-        self._backoff.pop(key, None)
-        self._not_before.pop(key, None)
-        self._first_seen.pop(key, None)
+    def add_bound(self, key: str, pod: dict) -> dict:
+        """A pod seen bound (our bind's result, or another's bind read back): held as bound unless the watch
+        already showed it; returns what is held.  Its resources are reserved separately (``reserve_bound``)."""
+        held = self.bound_pods.get(key)
+        if held is None:
+            held = self.bound_pods[key] = slim_pod(pod)
+        return held
 
-    def _drop_pod(self: SchedulerLoop, key: str) -> None:
-        self.pending.pop(key, None)
-        w = self._volume_wait.pop(key, None)
-        if w is not None:  # deleted while its volumes were being bound
-            self._release_assumed(w[0])
-            self._revert_volume_plan(key)
-        self._forget_timers(key)
+    def forget_pod(self, key: str) -> bool:
+        """A pod gone: drop it as bound (and its resources from the snapshot); True if that freed room."""
         self._req_cache.pop(key, None)
-        self._nominated.pop(key, None)
-        self.evictions.forget(key)
-        freed = False
-        if self.gangs.gangs:
-            freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
         if self.bound_pods.pop(key, None) is not None:
-            freed = self.sched.forget(key) is not None or freed
-        if self.binding.pop(key, None) is not None:
-            freed = self.sched.forget(key) is not None or freed
-        if freed:
-            self.wake_all()
+            return self.sched.forget(key) is not None
+        return False
 
-    def _pod_event(self: SchedulerLoop, type_: str, pod: dict) -> None:
+    def _pod_event(self, type_: str, pod: dict) -> None:
+        self.hooks.on_pod_event(type_, pod)
         key = pod_key(pod)
+        in_flight = self.hooks.in_flight()
         rv, seen = _rv(pod), self._pod_rv.get(key)
         if rv is not None and seen is not None and rv < seen:
             return  # older than what we hold (a relist already had it)
         if type_ == "DELETED":
             self._pod_rv.pop(key, None)
-            self._drop_pod(key)
+            self.hooks.drop_pod(key)
             return
         if rv is not None:
             self._pod_rv[key] = rv
         if is_terminal(pod):
-            self._drop_pod(key)
+            self.hooks.drop_pod(key)
             return
         spec = pod.get("spec") or {}
         if spec.get("nodeName"):
-            self.pending.pop(key, None)
-            if key not in self.binding:  # the bind result still needs the pod's first-seen time
-                self._forget_timers(key)
+            self.queue.remove(key)
+            if key not in in_flight:  # the bind result still needs the pod's first-seen time
+                self.queue.forget(key)
             seen_bound = self.bound_pods.get(key)
             self.bound_pods[key] = pod = slim_pod(pod)
-            if key not in self.binding:  # our own in-flight binds are already reserved
+            if key not in in_flight:  # our own in-flight binds are already reserved
                 now_a = pod["metadata"]["annotations"].get(ann.ASSIGNMENT)
                 old = None
                 if (seen_bound is not None and now_a and key in self.state.assignments
                         and now_a != seen_bound["metadata"]["annotations"].get(ann.ASSIGNMENT)):
                     # the node agent recorded which GPUs kubelet gave a pod another scheduler bound: hold those
                     old = self.sched.forget(key)
-                self._reserve_bound(key, pod)
+                self.reserve_bound(key, pod)
                 if old is not None:
                     if key not in self.state.assignments:
                         self.state.reserve(old)  # the recorded GPUs clash with the snapshot: keep the model
-                    self.wake_all()
+                    self.queue.wake_all()
             return
-        if key in self.binding or key in self.bound_pods:
+        if key in in_flight or key in self.bound_pods:
             return  # a stale unbound view of a pod we are binding or saw bound
         if self._ours(spec):
-            self.pending[key] = pod
-            self._first_seen.setdefault(key, self.clock())
-        elif key in self.pending:  # e.g. a scheduling gate was added back
-            self.pending.pop(key, None)
+            self.queue.add(key, pod)
+        elif key in self.queue.pending:  # e.g. a scheduling gate was added back
+            self.queue.remove(key)
 
-    def _node_event(self: SchedulerLoop, type_: str, node: dict) -> None:
+    def _node_event(self, type_: str, node: dict) -> None:
         name = (node.get("metadata") or {}).get("name", "")
         rv, seen = _rv(node), self._node_rv.get(name)
         if rv is not None and seen is not None and rv < seen:
@@ -318,10 +373,11 @@ class CacheMixin:
             self.state.add_node(n)
             for k, p in self.bound_pods.items():  # a node that comes back brings its pods back
                 if (p.get("spec") or {}).get("nodeName") == name:
-                    self._reserve_bound(k, p)
-        self.wake_all()
+                    self.reserve_bound(k, p)
+        self.queue.wake_all()
 
-    def handle(self: SchedulerLoop, kind: str, type_: str, obj: dict) -> None:
+    def handle(self, kind: str, type_: str, obj: dict) -> None:
+        """A watch event of one kind."""
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if rv:
             self.rv[kind] = rv
@@ -333,7 +389,7 @@ class CacheMixin:
             return
         (self._node_event if kind == "node" else self._pod_event)(type_, obj)
 
-    def _sync_constraint_objects(self: SchedulerLoop, kind: str | None = None) -> None:
+    def _sync_constraint_objects(self, kind: str | None = None) -> None:
         """Namespace labels and the volume catalog into the snapshot (namespaceSelector, VolumeBinding)."""
         raw = self.objects.raw
         if kind in (None, "namespace"):
@@ -353,25 +409,25 @@ class CacheMixin:
             for o in raw["storageclass"].values():
                 sc = storageclass_from_json(o)
                 cat.classes[sc.name] = sc
-            cat.assumed = dict(self._assumed_pvs)
+            cat.assumed = self.hooks.assumed_pvs()
             for o in raw["csinode"].values():
                 name, limits = csinode_limits(o)
                 if limits:
                     cat.attach_limits[name] = limits
             self.state.volumes = cat
 
-    def _policy_changed(self: SchedulerLoop, kind: str) -> None:
+    def _policy_changed(self, kind: str) -> None:
         if kind in CONSTRAINT_KINDS:
             self._sync_constraint_objects(kind)
             if kind in ("pvc", "pv"):
-                self._check_volume_waits()
+                self.hooks.volumes_changed()
         if kind == "queue":
             self._rebuild_tree()
         if kind != "pdb":
             self._req_cache.clear()
-        self.wake_all()
+        self.queue.wake_all()
 
-    def replace(self: SchedulerLoop, kind: str, items: list[dict], resource_version: str) -> None:
+    def replace(self, kind: str, items: list[dict], resource_version: str) -> None:
         """A relist of one kind (after 410 Gone): apply the differences as events."""
         self.rv[kind] = resource_version
         if kind in POLICY_KINDS:
@@ -387,10 +443,10 @@ class CacheMixin:
                 self._node_event("MODIFIED", n)
         else:
             keys = {pod_key(p) for p in items}
-            for k in set(self.pending) | set(self.bound_pods) | set(self.binding):
+            for k in set(self.queue.pending) | set(self.bound_pods) | set(self.hooks.in_flight()):
                 if k not in keys:
                     self._pod_rv.pop(k, None)
-                    self._drop_pod(k)
+                    self.hooks.drop_pod(k)
             for p in items:
                 self._pod_event("MODIFIED", p)
-        self.wake_all()
+        self.queue.wake_all()

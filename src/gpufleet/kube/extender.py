@@ -211,11 +211,10 @@ class ExtenderLoop(SchedulerLoop):
         if gpus:
             self.stuck[key] = ((pod.get("metadata") or {}).get("uid"), msg)
 
-    def _classify(self, pod: dict) -> None:
+    def on_pod_listed(self, pod: dict) -> None:
         self._note_stuck("ADDED", pod)
-        super()._classify(pod)
 
-    def _pod_event(self, type_: str, pod: dict) -> None:
+    def on_pod_event(self, type_: str, pod: dict) -> None:
         self._note_stuck(type_, pod)
         key = pod_key(pod)
         meta = pod.get("metadata") or {}
@@ -232,7 +231,6 @@ class ExtenderLoop(SchedulerLoop):
         done = type_ == "DELETED" or is_terminal(pod) or (pod.get("spec") or {}).get("nodeName")
         if done and key not in self.binding:
             self.first_filter.pop(key, None)
-        super()._pod_event(type_, pod)
 
 
 def extender_error(message: str) -> bool:
@@ -563,17 +561,17 @@ class Extender:
                 p["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
                 meta = pod.get("metadata") or {}
                 p["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
-                loop.bound_pods.setdefault(key, slim_pod(p))
+                loop.cache.add_bound(key, p)
                 loop.pending.pop(key, None)
                 loop.stats.binds += 1
                 first = loop.first_filter.pop(key, None)
             else:
                 if loop.state.assignments.get(key) == a:
                     loop.sched.forget(key)
-                if outcome == "taken" and seen is not None:
-                    loop.bound_pods.setdefault(key, slim_pod(seen))
-                if outcome == "taken" and key in loop.bound_pods:
-                    loop._reserve_bound(key, loop.bound_pods[key])
+                if outcome == "taken":
+                    held = loop.cache.add_bound(key, seen) if seen is not None else loop.bound_pods.get(key)
+                    if held is not None:
+                        loop.cache.reserve_bound(key, held)
         if outcome != "bound":
             return refuse(f"binding {key} to {node} failed: {outcome} {detail}".strip(), "error")
         dt = self.metrics.observe("bind", "bound", t0)

@@ -37,19 +37,31 @@ an eviction (event, counter, nomination); a 404 counts as ``already_gone``.
 A gang's hold (see ``engine.gang``) is named in the reason of every pod it
 alone keeps out.
 
-The loop is cut along kube-scheduler's lines, each part a mixin of ``SchedulerLoop`` in its own
-module (they share the loop's state and run on its thread): ``cache`` (relist, rebuild, watch
-events), ``binder`` (Bindings and their results), ``volume_binding`` (WaitForFirstConsumer
-claims before the Binding), ``preemption`` (reclaim, preempt, evict); ``loop_support`` holds
-what they share.  This module keeps the scheduling queue and the cycle.
+The loop is cut along kube-scheduler's lines, each part an object in its own module that owns
+its state, built here with its dependencies passed in (all run on the loop's thread):
+
+- ``scheduling_queue.SchedulingQueue``: pending pods, backoff, first-seen times, last failure;
+- ``cache.SchedulerCache``: objects as listed and watched (nodes, bound pods, policy objects),
+  resourceVersions, and the snapshot built from them (``state``, ``sched``, the queue tree);
+- ``binder.Binder``: binds in flight, the worker pool and their results;
+- ``volume_binding.VolumeBinder``: WaitForFirstConsumer claims before the Binding;
+- ``preemption.Preemptor``: reclaim and preemption plans, nominations, planning time;
+- ``evictor.Evictions``: victims' DELETEs until the watch shows them gone.
+
+The others read the cache through ``loop_support.ClusterView`` (a relist replaces the snapshot, so
+they look it up each time, never keep it); where a part needs the loop or a part built after it,
+it asks through a small Protocol the loop implements (``CacheHooks``, ``BinderHooks``).  This class keeps the cycle
+(``schedule_due``, ``schedule_one``, the gang round with its ``GangScheduler``, which a rebuild
+replaces), ``explain``, and the wiring: when a pod is gone every part forgets it
+(``drop_pod``).  The parts' state stays readable as the loop's (``loop.state``, ``loop.pending``,
+``loop.binding``, ...): properties that delegate to the part that owns it.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Callable
 
@@ -61,7 +73,7 @@ from ..engine.model import Assignment, PodRequest
 from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
 from ..engine.queues import QueueQuota, QueueTree
-from ..engine.schedqueue import QueuedPod, next_backoff_s, order_pending
+from ..engine.schedqueue import QueuedPod, order_pending
 from ..engine.schedqueue import plan_room as plan_room  # the live loop's and the replay's shared planner (tests check)
 from ..engine.state import ClusterState
 from .api import (
@@ -69,21 +81,24 @@ from .api import (
     POLICY_KINDS,
     SchedulerApi,
 )
-from .binder import BinderMixin
+from .binder import Binder
 from .binder import bind_job as bind_job  # re-exported: kube/extender.py imports it from here
-from .cache import CacheMixin
+from .cache import SchedulerCache
 from .evictor import Evictions
 from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, _created_s, reason_text, without_plugins
 from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
 from .policy_objects import PolicyObjects
-from .preemption import PreemptionMixin
-from .volume_binding import VolumeBindingMixin
+from .preemption import Preemptor
+from .scheduling_queue import SchedulingQueue
+from .volume_binding import VolumeBinder
 
 log = logging.getLogger(__name__)
 
 
-class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin):
-    PLAN_SHARE = 0.25  # of the loop's time that preemption planning may use on average
+class SchedulerLoop:
+    """The scheduling queue, the cache, the binder, volume binding and preemption, each its own object
+    (see the module docstring); this class runs the cycle and wires them together."""
+
     def __init__(self, api: SchedulerApi, profile: Profile, scheduler_name: str = "gpufleet", seed: int = 0,
                  backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
@@ -99,50 +114,27 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             self.quota = QueueQuota()
             profile = replace(profile, pre_filters=[self.quota, *profile.pre_filters], reserves=[self.quota, *profile.reserves])
         self.profile = profile
-        self.objects = PolicyObjects()
-        self.policy_kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
+        kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
         self.preemption = preemption
         self.eviction_grace_s = eviction_grace_s
-        self.nominated_timeout_s = nominated_timeout_s
-        self.tree: QueueTree | None = None
-        self._nominated: dict[str, tuple[set[str], float]] = {}  # pod -> victims being deleted for it, until
-        self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
-        self._plan_debt_s: float = 0.0  # preemption planning time not yet paid back (see _planning_allowed)
-        self._plan_last: float = time.monotonic()
         self.scheduler_name = scheduler_name
         self.seed: int = seed
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
         self.clock = clock
         self.on_attempt = on_attempt
+        self.max_in_flight = max_in_flight
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
+        self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s)
+        self.cache = SchedulerCache(api, profile, self.queue, self.stats, hooks=self, scheduler_name=scheduler_name, seed=seed,
+                                    policy_kinds=kinds, quota=self.quota)
+        self.binder = Binder(api, self.cache, self.queue, self.events, self.stats, clock, hooks=self, workers=bind_workers)
+        self.volume_binder = VolumeBinder(api, self.cache, self.binder, clock, volume_bind_timeout_s)
         self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
-        self.state = ClusterState()
-        self.sched = Scheduler(profile, self.state, seed=seed)
-        self.node_objs: dict[str, dict] = {}
-        self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
-        self.pending: dict[str, dict] = {}  # key -> pod JSON, waiting for us
-        self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
-        self.binding: dict[str, tuple[dict, Assignment, float]] = {}  # our binds in flight
-        self._pod_rv: dict[str, int] = {}
-        self._node_rv: dict[str, int] = {}
-        self._backoff: dict[str, float] = {}
-        self._not_before: dict[str, float] = {}
-        self._first_seen: dict[str, float] = {}
-        self._last_failure: dict[str, tuple[str, float]] = {}
-        self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
-        self.max_in_flight = max_in_flight
-        self._pool = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind") if bind_workers > 0 else None
-        self._results: queue.Queue = queue.Queue()
+        self.preemptor = Preemptor(api, self.cache, self.queue, self.events, self.evictions, clock, nominated_timeout_s)
         self.gangs = self._new_gangs()
-        self.volume_bind_timeout_s = volume_bind_timeout_s
-        self._volume_wait: dict[str, tuple[list[str], float, dict[str, str]]] = {}  # pod -> claims, deadline, annotations
-        self._assumed_pvs: dict[str, str] = {}  # PV -> claim we set its claimRef for, until the claim is bound
-        self._volume_plans: dict[str, list[tuple[str, str]]] = {}  # pod -> (claim, PV or "" = provision) it asked for
 
     def _new_gangs(self) -> GangScheduler:
-        gs = GangScheduler(self.sched)
+        gs = GangScheduler(self.cache.sched)
         gs.when = self._wall_clock
         return gs
 
@@ -150,9 +142,137 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         """A time on the loop's clock as people read it (UTC, to the second)."""
         return time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + (t - now)))
 
+    # --- the parts' state, as the loop's (other modules and tests read these) ------------------
+    @property
+    def state(self) -> ClusterState:
+        return self.cache.state
+
+    @property
+    def sched(self) -> Scheduler:
+        return self.cache.sched
+
+    @property
+    def tree(self) -> QueueTree | None:
+        return self.cache.tree
+
+    @property
+    def objects(self) -> PolicyObjects:
+        return self.cache.objects
+
+    @property
+    def bound_pods(self) -> dict[str, dict]:
+        return self.cache.bound_pods
+
+    @property
+    def bad_nodes(self) -> dict[str, str]:
+        return self.cache.bad_nodes
+
+    @property
+    def rv(self) -> dict[str, str]:
+        """kind -> resourceVersion to watch from."""
+        return self.cache.rv
+
+    @property
+    def pending(self) -> dict[str, dict]:
+        """Pods waiting for us (key -> pod JSON): the scheduling queue's."""
+        return self.queue.pending
+
+    @property
+    def binding(self) -> dict[str, tuple[dict, Assignment, float]]:
+        """Our binds in flight (key -> pod JSON, assumed assignment, cycle start): the binder's."""
+        return self.binder.binding
+
+    # --- the cache's (these keep the loop's interface) ------------------------------------------
+    @property
+    def watch_kinds(self) -> list[str]:
+        """Kinds to watch: nodes, pods, and the policy kinds the API serves."""
+        return self.cache.watch_kinds
+
+    def list_kind(self, kind: str) -> tuple[list[dict], str]:
+        return self.cache.list_kind(kind)
+
+    def resync(self) -> None:
+        """Full relist of every kind and a rebuilt snapshot (start-up, becoming leader)."""
+        self.cache.resync()
+
+    def rebuild(self) -> None:
+        """A fresh snapshot from the cached objects (our binds in flight kept), and a fresh gang scheduler on it."""
+        self.cache.rebuild()
+        self.gangs = self._new_gangs()
+
+    def handle(self, kind: str, type_: str, obj: dict) -> None:
+        """A watch event."""
+        self.cache.handle(kind, type_, obj)
+
+    def replace(self, kind: str, items: list[dict], resource_version: str) -> None:
+        """A relist of one kind (after 410 Gone): apply the differences as events."""
+        self.cache.replace(kind, items, resource_version)
+
+    # --- what the cache asks of the loop (CacheHooks) -------------------------------------------
+    def in_flight(self) -> Mapping[str, tuple[dict, Assignment, float]]:
+        return self.binder.binding
+
+    def drop_pod(self, key: str) -> None:
+        """A pod is gone: every part forgets it; waiting pods wake if that freed room."""
+        self.queue.remove(key)
+        self.volume_binder.forget(key)
+        self.queue.forget(key)
+        self.preemptor.forget(key)
+        self.evictions.forget(key)
+        freed = False
+        if self.gangs.gangs:
+            freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
+        freed = self.cache.forget_pod(key) or freed
+        freed = self.binder.forget(key) or freed
+        if freed:
+            self.queue.wake_all()
+
+    def assumed_pvs(self) -> dict[str, str]:
+        return self.volume_binder.assumed_pvs()
+
+    def volumes_changed(self) -> None:
+        self.volume_binder.check_waits()
+
+    def on_pod_listed(self, pod: dict) -> None:
+        """Nothing here; the extender tracks pods."""
+
+    def on_pod_event(self, type_: str, pod: dict) -> None:
+        """Nothing here; the extender releases reservations."""
+
+    # --- binding (the binder's; these keep the loop's interface) -------------------------------
+    def drain(self, block_s: float = 0.0) -> int:
+        """Apply finished binds (async mode); returns how many."""
+        return self.binder.drain(block_s)
+
+    def next_result(self, timeout_s: float) -> tuple | None:
+        """Wait for a finished bind without touching the snapshot (call ``apply_result`` with it)."""
+        return self.binder.next_result(timeout_s)
+
+    def apply_result(self, item: tuple) -> None:
+        self.binder.apply_result(item)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait for binds in flight and flush events."""
+        end = time.monotonic() + timeout_s
+        self.binder.close(timeout_s)
+        self.events.flush(max(0.0, end - time.monotonic()))
+
+    # --- what the binder asks of the loop (BinderHooks) ------------------------------------
+    def prebind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
+        return self.volume_binder.prebind(key, pod, a, annotations)
+
+    def count_attempt(self, result: str, t0: float) -> None:
+        self.stats.attempts[result] = self.stats.attempts.get(result, 0) + 1
+        if self.on_attempt:
+            self.on_attempt(result, self.clock() - t0)
+
+    def unassume(self, key: str) -> None:
+        if self.gangs.gangs:
+            self.gangs.remove(key)
+
     def wake_all(self) -> None:
         """The cluster changed: every waiting pod may fit now."""
-        self._not_before.clear()
+        self.queue.wake_all()
 
     # --- scheduling -------------------------------------------------------------------
     def _in_gang(self, pod: dict) -> bool:
@@ -166,37 +286,27 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         """
         now = self.clock()
         pods = []
-        for k, p in self.pending.items():
-            if self._not_before.get(k, 0.0) > now or self._in_gang(p):
+        for k, p in self.queue.ready(now):
+            if self._in_gang(p):
                 continue
             req = None
-            if self.tree is not None:
+            if self.cache.tree is not None:
                 try:
-                    req = self._request(k, p)
+                    req = self.cache.request(k, p)
                 except GpufleetError:
                     pass  # invalid: tried first, schedule_one reports it
-            pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self._first_seen.get(k, 0.0), req))
-        return order_pending(pods, self.tree, self._nominated)
+            pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self.queue.first_seen(k), req))
+        return order_pending(pods, self.cache.tree, self.preemptor.nominated)
 
     def due_gang_members(self) -> list[str]:
-        now = self.clock()
-        return [k for k in self.pending if self._not_before.get(k, 0.0) <= now and self._in_gang(self.pending[k])]
+        return [k for k, p in self.queue.ready(self.clock()) if self._in_gang(p)]
 
     def has_due(self) -> bool:
-        now = self.clock()
-        nb = self._not_before
-        return any(nb.get(k, 0.0) <= now for k in self.pending)
+        return self.queue.has_due()
 
     def next_wakeup(self) -> float | None:
-        times = [self._not_before.get(k, 0.0) for k in self.pending] + [w[1] for w in self._volume_wait.values()]
+        times = self.queue.wakeups() + self.volume_binder.deadlines()
         return min(times) if times else None
-
-    def _defer(self, key: str, until: float | None = None) -> None:
-        """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
-        b = next_backoff_s(self._backoff.get(key), self.backoff_initial_s, self.backoff_max_s)
-        self._backoff[key] = b
-        t = self.clock() + b
-        self._not_before[key] = t if until is None else min(t, max(until, self.clock()))
 
     def schedule_due(self, budget_s: float | None = None, should_continue: Callable[[], bool] | None = None) -> int:
         """Run one cycle for each pod that is due; returns how many were tried.
@@ -204,10 +314,10 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         Gang members go in one gang round, after the single pods -- or before them
         when a gang had victims deleted for it, so the room it made is its own.
         """
-        self._check_volume_waits()
+        self.volume_binder.check_waits()
         n = 0
         gang_keys = self.due_gang_members()
-        gangs_first = any(k in self._nominated for k in gang_keys)
+        gangs_first = any(k in self.preemptor.nominated for k in gang_keys)
         if gangs_first:
             n += self._safe_gang_round(gang_keys)
         end = None if budget_s is None else time.monotonic() + budget_s
@@ -216,11 +326,11 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
                 break
             if end is not None and time.monotonic() > end:
                 break
-            if len(self.binding) >= self.max_in_flight:
+            if len(self.binder.binding) >= self.max_in_flight:
                 self.drain(block_s=1.0)
-                if len(self.binding) >= self.max_in_flight:
+                if len(self.binder.binding) >= self.max_in_flight:
                     break
-            pod = self.pending.get(key)
+            pod = self.queue.pending.get(key)
             if pod is not None:
                 self.schedule_one(pod)
                 n += 1
@@ -234,9 +344,9 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("gang round failed")
             for k in keys:
-                if k in self.pending:
-                    self._failed_event(k, self.pending[k], f"internal error placing its pod group: {exc}")
-                    self._defer(k)
+                if k in self.queue.pending:
+                    self._failed_event(k, self.queue.pending[k], f"internal error placing its pod group: {exc}")
+                    self.queue.defer(k)
             self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
             return len(keys)
 
@@ -244,15 +354,15 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         """Hand arrived gang members to the GangScheduler, step it, bind what it placed."""
         now = self.clock()
         for k in keys:
-            pod = self.pending.get(k)
+            pod = self.queue.pending.get(k)
             if pod is None:
                 continue
             try:
-                r = self._request(k, pod)
+                r = self.cache.request(k, pod)
             except GpufleetError:
                 self.schedule_one(pod)  # reports the invalid spec
                 continue
-            g = self.objects.groups.get(group_key(r) or "")
+            g = self.cache.objects.groups.get(group_key(r) or "")
             if g is not None:
                 self.gangs.add_group(g, now)
             self.gangs.add(r, now)
@@ -262,58 +372,58 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             self.wake_all()  # a hold ended: what it kept out may fit now
         for res in results:
             for d in res.placed:
-                pod = self.pending.get(d.pod_key)
+                pod = self.queue.pending.get(d.pod_key)
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
                     self.gangs.remove(d.pod_key)
                     continue
-                self._start_bind(d.pod_key, pod, d.assignment, self._first_seen.get(d.pod_key, now))
+                self.binder.start(d.pod_key, pod, d.assignment, self.queue.first_seen(d.pod_key, now))
             if not res.ok:
                 gang = self.gangs.gangs.get(res.group)
                 # held members wait too (not retried in a spin), and are looked at again when the hold times out
                 until = self.gangs.hold_deadline() if self.gangs.holder == res.group else None
                 for k in list(gang.members) if gang else []:
-                    if k in self.pending:
-                        self._failed_event(k, self.pending[k], reason_text(res.status))
-                        self._defer(k, until)
+                    if k in self.queue.pending:
+                        self._failed_event(k, self.queue.pending[k], reason_text(res.status))
+                        self.queue.defer(k, until)
                 if self.preemption:
-                    self._make_room_for_gang(res.group)
+                    self.preemptor.make_room_for_gang(res.group, self.gangs)
         return len(keys)
 
     def schedule_one(self, pod: dict) -> str:
         key = pod_key(pod)
         t0 = self.clock()
         try:
-            req = self._request(key, pod)
+            req = self.cache.request(key, pod)
         except GpufleetError as exc:
-            self._count("invalid", t0)
+            self.count_attempt("invalid", t0)
             self._failed_event(key, pod, f"invalid pod spec: {exc}")
-            self._defer(key)
+            self.queue.defer(key)
             return "invalid"
         try:
-            dec = self.sched.schedule(req)
+            dec = self.cache.sched.schedule(req)
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("engine error on %s", key)
-            self._count("error", t0)
+            self.count_attempt("error", t0)
             self.events.send(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
-            self._defer(key)
+            self.queue.defer(key)
             return "error"
         if not dec.ok and self.gangs.held:
             dec, why = self._past_a_hold(req, dec)
         else:
             why = ""
         if not dec.ok:
-            self._count("unschedulable", t0)
+            self.count_attempt("unschedulable", t0)
             self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
-            self._defer(key, self.gangs.hold_deadline() if why else None)
+            self.queue.defer(key, self.gangs.hold_deadline() if why else None)
             if self.preemption:
                 try:
-                    self._make_room(key, pod, req)
+                    self.preemptor.make_room(key, pod, req, self.gangs)
                 except Exception:  # a planning bug must not stop the loop
                     log.exception("making room for %s failed", key)
             return "unschedulable"
         assert dec.assignment is not None
-        self._nominated.pop(key, None)
-        self._start_bind(key, pod, dec.assignment, t0)
+        self.preemptor.forget(key)
+        self.binder.start(key, pod, dec.assignment, t0)
         return "binding"
 
     def _past_a_hold(self, req: PodRequest, dec: Decision) -> tuple[Decision, str]:
@@ -328,17 +438,13 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             log.info("%s (priority %d) ends the hold of pod group %s (priority %d)", req.key, req.priority,
                      holder.group.key, holder.group.priority)
             self.gangs.release_hold("preempted")
-            return self.sched.schedule(req), ""
+            return self.cache.sched.schedule(req), ""
         return dec, why
 
     def _failed_event(self, key: str, pod: dict, message: str) -> None:
         """FailedScheduling, but not the same words again within ``backoff_max_s`` (a pod retried every minute)."""
-        now = self.clock()
-        last = self._last_failure.get(key)
-        if last is not None and last[0] == message and now - last[1] < self.backoff_max_s:
-            return
-        self._last_failure[key] = (message, now)
-        self.events.send(pod, "Warning", "FailedScheduling", message)
+        if self.queue.should_report(key, message):
+            self.events.send(pod, "Warning", "FailedScheduling", message)
 
     def replay_gangs(self) -> None:
         """For a fresh snapshot (``gpufleet explain``): hold and place the pending gang members as the
@@ -346,17 +452,17 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
         A hold is taken to have started when its gang's first member was created."""
         now, wall = self.clock(), time.time()
         first: list[float] = []
-        for k, p in list(self.pending.items()):
+        for k, p in list(self.queue.pending.items()):
             if not self._in_gang(p):
                 continue
             try:
-                r = self._request(k, p)
+                r = self.cache.request(k, p)
             except GpufleetError:
                 continue
             created = _created_s(p)
             t = now - max(0.0, wall - created) if created is not None else now
             first.append(t)
-            g = self.objects.groups.get(group_key(r) or "")
+            g = self.cache.objects.groups.get(group_key(r) or "")
             if g is not None:
                 self.gangs.add_group(g, t)
             self.gangs.add(r, t)
@@ -366,10 +472,10 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
 
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
-        req = self._request(pod_key(pod), pod)
-        dec = self.sched.explain(req)
+        req = self.cache.request(pod_key(pod), pod)
+        dec = self.cache.sched.explain(req)
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
-        for name, why in self.bad_nodes.items():
+        for name, why in self.cache.bad_nodes.items():
             by_node[name] = f"left out: {why}"
         gang = self._gang_line(req)
         why = self.gangs.blocked_by_hold(req, self.clock()) if not dec.ok and self.gangs.held else ""
@@ -379,17 +485,32 @@ class SchedulerLoop(CacheMixin, BinderMixin, VolumeBindingMixin, PreemptionMixin
             fits = f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)"  # type: ignore[union-attr]
             return fits + (f"\n  {gang}" if gang else ""), by_node
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
-        if self.tree is not None:
-            rp = self.tree.plan_reclaim(self.sched, req, exclude=self._leaving())
+        if self.cache.tree is not None:
+            rp = self.cache.tree.plan_reclaim(self.cache.sched, req, exclude=self.preemptor.leaving())
             if rp is not None:
                 msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
         if req.preempt_never:
             msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
-        elif any(a.priority < req.priority for a in self.state.assignments.values()):
-            lines = explain_preemption(self.sched, req, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                       age_rank=self._age_rank(), exclude=self._leaving())
+        elif any(a.priority < req.priority for a in self.cache.state.assignments.values()):
+            lines = explain_preemption(self.cache.sched, req, pdbs=self.cache.objects.budgets, pod_labels=self.cache.pod_labels(),
+                                       age_rank=self.cache.age_rank(), exclude=self.preemptor.leaving())
             msg += "\n  " + "\n  ".join(lines)
         return msg, by_node
+
+    def _gang_line(self, req: PodRequest) -> str:
+        """Where a gang member's pod group stands: members waiting and running against its minimum."""
+        k = group_key(req)
+        if k is None:
+            return ""
+
+        def in_group(p: dict) -> bool:
+            m = p.get("metadata") or {}
+            return (m.get("namespace") or "default") == req.namespace and (m.get("annotations") or {}).get(ann.POD_GROUP) == req.pod_group
+        waiting = sum(1 for p in self.queue.pending.values() if in_group(p))
+        running = sum(1 for p in self.cache.bound_pods.values() if in_group(p))
+        need = max(req.pod_group_min, 1)
+        what = "places all-or-nothing" if running < need else "is running; extra members go one by one"
+        return f"pod group {k}: {waiting} member(s) waiting, {running} running, minMember {need} -- the gang {what}"
 
 
 __all__ = ["SchedulerLoop", "Stats", "bind_job"]

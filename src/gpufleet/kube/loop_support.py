@@ -1,5 +1,5 @@
 """Small types and helpers shared by the scheduler loop and its parts (cache, binder, volume
-binding, preemption).
+binding, preemption), and ``ClusterView``, the cache as the other parts read it.
 
 Why a module of its own: the parts live in their own modules and ``loop.py`` imports them, so
 what they all use sits here, below both, with no import cycle.  ``loop.py`` re-exports the
@@ -12,7 +12,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
 from ..engine import annotations as ann
 from ..engine.framework import Profile
@@ -21,6 +23,12 @@ from ..engine.podspec import pod_key
 from .api import (
     SchedulerApi,
 )
+
+if TYPE_CHECKING:
+    from ..engine.framework import Scheduler
+    from ..engine.queues import QueueTree
+    from ..engine.state import ClusterState
+    from .policy_objects import PolicyObjects
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
 
@@ -37,6 +45,39 @@ class Stats:
     preempted: int = 0  # pods deleted to make room for higher priority
     reclaimed: int = 0  # borrowed pods deleted to give a queue its quota back
     already_gone: int = 0  # victims whose DELETE found them gone (404): not evictions of ours
+
+
+class ClusterView(Protocol):
+    """What the cache shows the loop's other parts: the snapshot (rebuilt on a relist: read it
+    through this view each time, never keep it) and the objects it was built from; and the two
+    writes a bind result makes (the pod held as bound, its resources reserved)."""
+
+    @property
+    def state(self) -> ClusterState: ...
+    @property
+    def sched(self) -> Scheduler: ...
+    @property
+    def tree(self) -> QueueTree | None: ...
+    @property
+    def objects(self) -> PolicyObjects: ...
+    @property
+    def bound_pods(self) -> Mapping[str, dict]: ...
+
+    def add_bound(self, key: str, pod: dict) -> dict:
+        """Hold a pod seen bound (unless the watch already showed it); returns what is held."""
+        ...
+
+    def reserve_bound(self, key: str, pod: dict) -> None:
+        """Hold a bound pod's resources in the snapshot (unless they clash with what it holds)."""
+        ...
+
+    def pod_labels(self) -> dict[str, dict[str, str]]:
+        """Bound pods' labels (PodDisruptionBudget selectors)."""
+        ...
+
+    def age_rank(self) -> dict[str, int]:
+        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
+        ...
 
 
 def slim_pod(pod: dict) -> dict:

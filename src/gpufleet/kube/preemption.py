@@ -1,77 +1,95 @@
-# mypy: disable-error-code="misc"
-# (methods take ``self: SchedulerLoop``, the class that mixes them in; mypy wants a supertype there)
 """Reclaim and preemption in the live loop: when a pod (or a gang) does not fit, reclaim quota
 its queue lent out, else preempt lower-priority pods within PodDisruptionBudgets; victims are
 deleted through the API (``evictor.Evictions``) and the pod is nominated until they are gone.
 
 Why a module of its own: making room is kube-scheduler's PostFilter, a step apart from the
-cycle that finds no node.  A mixin of ``SchedulerLoop`` because it plans on the loop's snapshot
-and its nominations feed the loop's queue order.  Planning time is capped (``PLAN_SHARE``).
+cycle that finds no node.  ``Preemptor`` owns what it decides: the nominations (pod -> victims
+being deleted for it; the queue tries nominated pods first) and its planning debt (planning
+time is capped at ``PLAN_SHARE`` of the loop's).  It plans on the cache's snapshot
+(``ClusterView``) and is handed the loop's ``GangScheduler`` per call (a relist replaces it).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
-from ..engine import annotations as ann
-from ..engine.gang import group_key
+from ..engine.gang import GangScheduler
 from ..engine.model import Assignment, PodRequest
 from ..engine.preemption import find_gang_victims
 from ..engine.schedqueue import plan_room
-from .loop_support import _names_any
-
-if TYPE_CHECKING:
-    from .loop import SchedulerLoop
+from .api import SchedulerApi
+from .evictor import Evictions
+from .loop_support import ClusterView, EventSink, _names_any
+from .scheduling_queue import SchedulingQueue
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
 
 
-class PreemptionMixin:
-    """Methods of ``SchedulerLoop``; see the module docstring."""
+class Preemptor:
+    """Makes room for pods that do not fit; see the module docstring.  Runs on the loop's thread."""
 
-    # --- reclaim and preemption -----------------------------------------------------------
-    def _planning_allowed(self: SchedulerLoop) -> bool:
+    PLAN_SHARE = 0.25  # of the loop's time that preemption planning may use on average
+
+    def __init__(self, api: SchedulerApi, cache: ClusterView, queue: SchedulingQueue, events: EventSink,
+                 evictions: Evictions, clock: Callable[[], float], nominated_timeout_s: float = 120.0) -> None:
+        self.api = api
+        self.cache = cache
+        self.queue = queue
+        self.events = events
+        self.evictions = evictions
+        self.clock = clock
+        self.nominated_timeout_s = nominated_timeout_s
+        self.nominated: dict[str, tuple[set[str], float]] = {}  # pod -> victims being deleted for it, until
+        self.plan_debt_s: float = 0.0  # planning time not yet paid back (see planning_allowed)
+        self._plan_last: float = time.monotonic()
+
+    def forget(self, key: str) -> None:
+        """The pod is placed or gone: no room is being made for it any more."""
+        self.nominated.pop(key, None)
+
+    def planning_allowed(self) -> bool:
         """Preemption planning may take ``PLAN_SHARE`` of the loop's time on average (1 s bursts):
         a flood of pods nothing can make room for must not stall the binds of pods that fit.
         A pod skipped here plans again at its next retry."""
         now = time.monotonic()
-        self._plan_debt_s = max(0.0, self._plan_debt_s - (now - self._plan_last) * self.PLAN_SHARE)
+        self.plan_debt_s = max(0.0, self.plan_debt_s - (now - self._plan_last) * self.PLAN_SHARE)
         self._plan_last = now
-        return self._plan_debt_s < 1.0
+        return self.plan_debt_s < 1.0
 
-    def _planned(self: SchedulerLoop, t0: float) -> None:
-        self._plan_debt_s += time.monotonic() - t0
+    def _planned(self, t0: float) -> None:
+        self.plan_debt_s += time.monotonic() - t0
 
-    def _make_room(self: SchedulerLoop, key: str, pod: dict, req: PodRequest) -> None:
+    def make_room(self, key: str, pod: dict, req: PodRequest, gangs: GangScheduler) -> None:
         """Reclaim lent quota, else preempt lower-priority pods; delete the victims through the API."""
         now = self.clock()
-        nom = self._nominated.get(key)
+        nom = self.nominated.get(key)
         if nom is not None and self._still_leaving(nom, now):
             return  # victims already on their way out
-        if not self._planning_allowed():
+        if not self.planning_allowed():
             return
         t0 = time.monotonic()
         try:
-            self._plan_and_evict(key, pod, req, now)
+            self._plan_and_evict(key, pod, req, now, gangs)
         finally:
             self._planned(t0)
 
-    def _still_leaving(self: SchedulerLoop, nom: tuple[set[str], float], now: float) -> bool:
+    def _still_leaving(self, nom: tuple[set[str], float], now: float) -> bool:
         """Is room already on its way for a nominated pod?  While its victims are still there and either
         the nomination is fresh or they are still leaving (in flight, terminating), it plans nothing more."""
-        there = [v for v in nom[0] if v in self.state.assignments]
-        return bool(there) and (now < nom[1] or bool(set(there) & self._leaving()))
+        there = [v for v in nom[0] if v in self.cache.state.assignments]
+        return bool(there) and (now < nom[1] or bool(set(there) & self.leaving()))
 
-    def _leaving(self: SchedulerLoop) -> set[str]:
+    def leaving(self) -> set[str]:
         """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
-        return self.evictions.leaving(self.bound_pods)
+        return self.evictions.leaving(self.cache.bound_pods)
 
-    def _plan_and_evict(self: SchedulerLoop, key: str, pod: dict, req: PodRequest, now: float) -> None:
-        leaving = self._leaving() | set(self.gangs.held)  # held pods are not running: nothing to evict
-        rp = plan_room(self.sched, self.tree, req, lambda: dict(
-            pdbs=self.objects.budgets, pod_labels=self._pod_labels(), age_rank=self._age_rank(), **self._candidate_bound()),
+    def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float, gangs: GangScheduler) -> None:
+        leaving = self.leaving() | set(gangs.held)  # held pods are not running: nothing to evict
+        cache = self.cache
+        rp = plan_room(cache.sched, cache.tree, req, lambda: dict(
+            pdbs=cache.objects.budgets, pod_labels=cache.pod_labels(), age_rank=cache.age_rank(), **self._candidate_bound()),
             exclude=leaving)
         if rp is None or not rp.victims:
             return
@@ -82,7 +100,7 @@ class PreemptionMixin:
         evicted, gone = done
         if not evicted and not gone:
             return  # nothing happened (every DELETE failed): plan again at the next retry
-        self._nominated[key] = (evicted | gone, now + self.nominated_timeout_s)
+        self.nominated[key] = (evicted | gone, now + self.nominated_timeout_s)
         if not evicted:
             return  # the victims were gone already: their room frees without us
         what = [ln for ln in (lines or []) if not _names_any(ln, gone)]
@@ -96,15 +114,15 @@ class PreemptionMixin:
             except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
                 log.info("could not set nominatedNodeName on %s: %s", key, exc)
 
-    def _make_room_for_gang(self: SchedulerLoop, group: str) -> None:
+    def make_room_for_gang(self, group: str, gangs: GangScheduler) -> None:
         """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
-        g = self.gangs.gangs.get(group)
+        g = gangs.gangs.get(group)
         if g is None:
             return
         need = max(g.group.min_member - len(g.running), 1)
         if len(g.members) < need:
             return  # not all there yet: nothing to make room for
-        held = set(self.gangs.held) if self.gangs.holder == group else set()
+        held = set(gangs.held) if gangs.holder == group else set()
         members = [r for r in g.members.values() if r.key not in held]  # held ones already have their room
         if any(r.preempt_never for r in members):
             return  # preemptionPolicy: Never on a member: the gang waits
@@ -112,17 +130,17 @@ class PreemptionMixin:
         if need <= 0 or not members:
             return
         now = self.clock()
-        noms = [self._nominated.get(r.key) for r in members]
+        noms = [self.nominated.get(r.key) for r in members]
         if any(n is not None and self._still_leaving(n, now) for n in noms):
             return
         prio = min(r.priority for r in members)
-        if not any(a.priority < prio for a in self.state.assignments.values()) or not self._planning_allowed():
+        if not any(a.priority < prio for a in self.cache.state.assignments.values()) or not self.planning_allowed():
             return
         t0 = time.monotonic()
         try:
-            plan = find_gang_victims(self.sched, group, members, need, pdbs=self.objects.budgets, pod_labels=self._pod_labels(),
-                                     age_rank=self._age_rank(), exclude=self._leaving() | set(self.gangs.held),
-                                     **self._candidate_bound())
+            plan = find_gang_victims(self.cache.sched, group, members, need, pdbs=self.cache.objects.budgets,
+                                     pod_labels=self.cache.pod_labels(), age_rank=self.cache.age_rank(),
+                                     exclude=self.leaving() | set(gangs.held), **self._candidate_bound())
         finally:
             self._planned(t0)
         if plan is None:
@@ -132,39 +150,18 @@ class PreemptionMixin:
             return
         evicted, gone = done
         for r in members:
-            self._nominated[r.key] = (evicted | gone, now + self.nominated_timeout_s)
-            if evicted and r.key in self.pending:
-                self.events.send(self.pending[r.key], "Normal", "Preempting",
+            self.nominated[r.key] = (evicted | gone, now + self.nominated_timeout_s)
+            if evicted and r.key in self.queue.pending:
+                self.events.send(self.queue.pending[r.key], "Normal", "Preempting",
                                  "; ".join([ln for ln in plan.explanation if not _names_any(ln, gone)]
                                            + ([f"already gone: {', '.join(sorted(gone))}"] if gone else [])))
 
-    def _evict(self: SchedulerLoop, victims: list[Assignment], reason: str, kind: str, for_: str) -> tuple[set[str], set[str]] | None:
+    def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> tuple[set[str], set[str]] | None:
         """(evicted, already gone), or None if a victim is not bound yet (see ``Evictions.evict``)."""
-        return self.evictions.evict(victims, self.bound_pods, reason, kind, for_)
+        return self.evictions.evict(victims, self.cache.bound_pods, reason, kind, for_)
 
-    def _gang_line(self: SchedulerLoop, req: PodRequest) -> str:
-        """Where a gang member's pod group stands: members waiting and running against its minimum."""
-        k = group_key(req)
-        if k is None:
-            return ""
-
-        def in_group(p: dict) -> bool:
-            m = p.get("metadata") or {}
-            return (m.get("namespace") or "default") == req.namespace and (m.get("annotations") or {}).get(ann.POD_GROUP) == req.pod_group
-        waiting = sum(1 for p in self.pending.values() if in_group(p))
-        running = sum(1 for p in self.bound_pods.values() if in_group(p))
-        need = max(req.pod_group_min, 1)
-        what = "places all-or-nothing" if running < need else "is running; extra members go one by one"
-        return f"pod group {k}: {waiting} member(s) waiting, {running} running, minMember {need} -- the gang {what}"
-
-    def _candidate_bound(self: SchedulerLoop) -> dict:
+    def _candidate_bound(self) -> dict:
         """Like kube-scheduler: look for preemption candidates on max(100, 10% of nodes), from a random node on."""
-        n = len(self.state)
-        return {"max_candidates": max(100, n // 10), "start": int(self.sched.rng.integers(n)) if n else 0}
+        n = len(self.cache.state)
+        return {"max_candidates": max(100, n // 10), "start": int(self.cache.sched.rng.integers(n)) if n else 0}
 
-    def _pod_labels(self: SchedulerLoop) -> dict[str, dict[str, str]]:
-        return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
-
-    def _age_rank(self: SchedulerLoop) -> dict[str, int]:
-        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
-        return {k: self._pod_rv.get(k, 0) for k in self.state.assignments}

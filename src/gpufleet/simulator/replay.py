@@ -23,7 +23,7 @@ controller's re-created pod, and keep their first arrival time.  Members of a
 pod group go through the live loop's ``GangScheduler`` (all or nothing, one
 holder at a time) after the single pods, as in ``SchedulerLoop.schedule_due``,
 and a gang that does not fit preempts lower-priority pods for all its members
-at once (``find_gang_victims``, as the loop's ``_make_room_for_gang``).
+at once (``find_gang_victims``, as the loop's ``Preemptor.make_room_for_gang``).
 
 Load (``load=X``): the arrival times are scaled so that the time-averaged
 offered GPU demand is X of the cluster's GPU capacity:
@@ -385,7 +385,7 @@ def run_replay(
     quota_blocked: set[tuple] = set()  # shapes whose last failure was their queue's quota
     # A failed reclaim/preemption plan is planned again only once something it could take came
     # (a pod placed beyond its queue's quota, or of lower priority) and PLAN_INTERVAL_S later: the
-    # live loop bounds its planning time too (PLAN_SHARE); replanning every round would cost hours.
+    # live loop bounds its planning time too (Preemptor.PLAN_SHARE); replanning every round would cost hours.
     room_failed: dict[tuple, tuple] = {}
     lent = [0]
     placed_by_prio: dict[int, int] = {}
@@ -472,7 +472,7 @@ def run_replay(
         r = reqs[i]
         a = state.assignments.get(r.key)
         if gangs is not None and r.pod_group:
-            gangs.remove(r.key)  # as the live loop's _drop_pod: forgets its devices too
+            gangs.remove(r.key)  # as the live loop's drop_pod: forgets its devices too
         else:
             sched.forget(r.key)
         if a is not None:
@@ -527,7 +527,7 @@ def run_replay(
             run.preemptions += len(victims)
 
     def make_room_for_gang(group: str, now: float) -> bool:
-        """The loop's ``_make_room_for_gang``: lower-priority victims for the whole gang at once."""
+        """The loop's ``Preemptor.make_room_for_gang``: lower-priority victims for the whole gang at once."""
         g = gangs.gangs.get(group) if gangs is not None else None
         if g is None or not preemption:
             return False

@@ -1,0 +1,98 @@
+"""The loop's scheduling queue, as kube-scheduler's: the pods waiting for us, when each may be
+tried again (exponential backoff, ``engine.schedqueue.Backoff``), when it was first seen (e2e
+latency, first-come order) and the last FailedScheduling words it was told (not repeated).
+
+Why a module of its own: the queue is one responsibility of the loop (see ``loop.py``), with
+state no other part writes: the cache adds and removes pods as the watch shows them, the cycle
+takes due pods from it, the binder puts a pod back after a failed bind.  Which pod goes first
+among the due ones is ``engine.schedqueue.order_pending``'s call (the cycle asks it).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..engine.schedqueue import Backoff
+
+
+class SchedulingQueue:
+    """Pending pods (key -> pod JSON) and their timers; runs on the loop's thread."""
+
+    def __init__(self, clock: Callable[[], float], backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0) -> None:
+        self.clock = clock
+        self.backoff_max_s = backoff_max_s
+        self.pending: dict[str, dict] = {}  # key -> pod JSON, waiting for us
+        self._timers = Backoff(backoff_initial_s, backoff_max_s)
+        self._first_seen: dict[str, float] = {}
+        self._last_failure: dict[str, tuple[str, float]] = {}
+
+    # --- pods in and out ------------------------------------------------------------------
+    def add(self, key: str, pod: dict) -> None:
+        """A pod waiting for us (new, or a newer version of one); its first-seen time stays."""
+        self.pending[key] = pod
+        self._first_seen.setdefault(key, self.clock())
+
+    def put_back(self, key: str, pod: dict) -> None:
+        """A pod whose bind failed: pending again, with the timers it had."""
+        self.pending[key] = pod
+
+    def remove(self, key: str) -> dict | None:
+        """Out of the queue (binding, bound, gone); its timers stay until ``forget``."""
+        return self.pending.pop(key, None)
+
+    def clear(self) -> set[str]:
+        """Empty the queue for a relist (timers stay); returns the keys that were pending."""
+        keys = set(self.pending)
+        self.pending.clear()
+        return keys
+
+    def forget(self, key: str) -> None:
+        """Drop the pod's timers and first-seen time (bound by someone else, gone)."""
+        self._last_failure.pop(key, None)
+        self._timers.forget(key)
+        self._first_seen.pop(key, None)
+
+    def scheduled(self, key: str, default: float) -> float:
+        """Our bind of the pod succeeded: drop its timers; returns when it was first seen (``default`` if unknown)."""
+        self._timers.forget(key)
+        self._last_failure.pop(key, None)
+        return self._first_seen.pop(key, default)
+
+    # --- timers ---------------------------------------------------------------------------
+    def first_seen(self, key: str, default: float = 0.0) -> float:
+        return self._first_seen.get(key, default)
+
+    def defer(self, key: str, until: float | None = None) -> None:
+        """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
+        now = self.clock()
+        t = self._timers.defer(key, now)
+        if until is not None:
+            self._timers.not_before[key] = min(t, max(until, now))
+
+    def wake_all(self) -> None:
+        """The cluster changed: every waiting pod may fit now."""
+        self._timers.wake_all()
+
+    def ready(self, now: float) -> list[tuple[str, dict]]:
+        """Pending pods not backing off at ``now``, in insertion order."""
+        nb = self._timers.not_before
+        return [(k, p) for k, p in self.pending.items() if nb.get(k, 0.0) <= now]
+
+    def has_due(self) -> bool:
+        now = self.clock()
+        nb = self._timers.not_before
+        return any(nb.get(k, 0.0) <= now for k in self.pending)
+
+    def wakeups(self) -> list[float]:
+        """When each pending pod may be tried next (0.0: now)."""
+        nb = self._timers.not_before
+        return [nb.get(k, 0.0) for k in self.pending]
+
+    def should_report(self, key: str, message: str) -> bool:
+        """Tell the pod this FailedScheduling message?  Not the same words again within ``backoff_max_s``."""
+        now = self.clock()
+        last = self._last_failure.get(key)
+        if last is not None and last[0] == message and now - last[1] < self.backoff_max_s:
+            return False
+        self._last_failure[key] = (message, now)
+        return True

@@ -1,0 +1,82 @@
+"""The loop's scheduling queue on its own: pending pods, backoff, first-seen times, repeated failure words."""
+
+from __future__ import annotations
+
+from gpufleet.kube.scheduling_queue import SchedulingQueue
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_backoff_doubles_to_its_maximum_and_wake_all_ends_it():
+    clock = Clock()
+    q = SchedulingQueue(clock, backoff_initial_s=1.0, backoff_max_s=4.0)
+    q.add("ml/a", {"x": 1})
+    assert q.has_due() and [k for k, _ in q.ready(0.0)] == ["ml/a"]
+    waits = []
+    for _ in range(4):
+        q.defer("ml/a")
+        waits.append(q.wakeups()[0] - clock.t)
+    assert waits == [1.0, 2.0, 4.0, 4.0] and not q.has_due()
+    clock.t = 3.9
+    assert not q.ready(clock.t)
+    q.wake_all()
+    assert q.has_due() and q.wakeups() == [0.0]
+
+
+def test_defer_until_retries_no_later_than_asked_and_never_in_the_past():
+    clock = Clock()
+    clock.t = 10.0
+    q = SchedulingQueue(clock, backoff_initial_s=8.0, backoff_max_s=60.0)
+    q.add("ml/a", {})
+    q.defer("ml/a", until=12.0)
+    assert q.wakeups() == [12.0]
+    q.defer("ml/a", until=5.0)  # a hold that already timed out: now, not before
+    assert q.wakeups() == [10.0]
+
+
+def test_first_seen_is_kept_across_updates_and_returned_when_scheduled():
+    clock = Clock()
+    q = SchedulingQueue(clock)
+    clock.t = 1.0
+    q.add("ml/a", {"v": 1})
+    clock.t = 5.0
+    q.add("ml/a", {"v": 2})  # a newer version of the pod
+    assert q.pending["ml/a"] == {"v": 2} and q.first_seen("ml/a") == 1.0
+    q.remove("ml/a")
+    q.put_back("ml/a", {"v": 2})  # a failed bind: its first-seen time stays
+    assert q.first_seen("ml/a") == 1.0
+    q.defer("ml/a")
+    assert q.remove("ml/a") == {"v": 2} and q.scheduled("ml/a", 99.0) == 1.0
+    assert q.first_seen("ml/a", -1.0) == -1.0 and q.scheduled("ml/a", 99.0) == 99.0
+
+
+def test_clear_keeps_timers_and_forget_drops_them():
+    clock = Clock()
+    q = SchedulingQueue(clock)
+    q.add("ml/a", {})
+    q.add("ml/b", {})
+    q.defer("ml/a")
+    assert q.clear() == {"ml/a", "ml/b"} and not q.pending
+    q.add("ml/a", {})
+    assert not q.has_due()  # still backing off after a relist
+    q.forget("ml/a")
+    assert q.has_due() and q.first_seen("ml/a", -1.0) == -1.0
+
+
+def test_the_same_failure_words_are_not_repeated_within_the_maximum_backoff():
+    clock = Clock()
+    q = SchedulingQueue(clock, backoff_max_s=60.0)
+    assert q.should_report("ml/a", "no room")
+    clock.t = 30.0
+    assert not q.should_report("ml/a", "no room")
+    assert q.should_report("ml/a", "other words") and q.should_report("ml/b", "no room")
+    clock.t = 95.0
+    assert q.should_report("ml/a", "other words")
+    q.forget("ml/a")
+    assert q.should_report("ml/a", "other words")
