@@ -128,6 +128,20 @@ def test_restart_rebuilds_state_and_never_double_books():
     assert all(json.loads(api.pods[k]["metadata"]["annotations"]["gpufleet.io/assignment"]) == v for k, v in before.items())
 
 
+def test_a_restarted_scheduler_serves_pending_pods_in_creation_order_not_by_name():
+    # found on the real node: after a restart every pending pod is seen at once; whole-12 (newer) took
+    # the one free GPU from whole-9 because "whole-12" < "whole-9"
+    api = FakeApi()
+    api.add_node(node("n1", gpus=1, inventory=True))
+    for name, ts in (("whole-9", "2026-01-01T00:00:01Z"), ("whole-12", "2026-01-01T00:00:05Z")):
+        p = pod(name)
+        p["metadata"]["creationTimestamp"] = ts
+        api.add_pod(p)
+    loop = make(api)  # a fresh process: both pods first seen now
+    loop.schedule_due()
+    assert api.binds == [("ml/whole-9", "n1")]
+
+
 def test_pods_bound_by_others_hold_their_gpus():
     api = FakeApi()
     api.add_node(node("n1", gpus=2))

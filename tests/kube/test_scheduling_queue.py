@@ -80,3 +80,30 @@ def test_the_same_failure_words_are_not_repeated_within_the_maximum_backoff():
     assert q.should_report("ml/a", "other words")
     q.forget("ml/a")
     assert q.should_report("ml/a", "other words")
+
+
+def test_first_come_is_by_creation_time_also_for_pods_first_seen_together():
+    # after a restart every pending pod is seen at once: the older pod still comes first, whatever the names
+    clock = Clock()
+    clock.t = 100.0
+    q = SchedulingQueue(clock, wall=lambda: 1_000_000.0)
+
+    def pod(name: str, created_ago_s: float | None) -> dict:
+        meta: dict = {"name": name}
+        if created_ago_s is not None:
+            import datetime
+
+            ts = datetime.datetime.fromtimestamp(1_000_000.0 - created_ago_s, tz=datetime.timezone.utc)
+            meta["creationTimestamp"] = ts.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"metadata": meta}
+
+    q.add("ns/whole-9", pod("whole-9", 47))
+    q.add("ns/whole-12", pod("whole-12", 44))
+    q.add("ns/no-timestamp", pod("no-timestamp", None))
+    assert q.arrival("ns/whole-9") == 53.0 and q.arrival("ns/whole-12") == 56.0
+    assert q.arrival("ns/no-timestamp") == 100.0  # first sight
+    assert q.first_seen("ns/whole-9") == q.first_seen("ns/whole-12") == 100.0  # latency still counts from first sight
+    q.add("ns/whole-9", pod("whole-9", 1))  # a newer version of the pod keeps its place
+    assert q.arrival("ns/whole-9") == 53.0
+    q.forget("ns/whole-9")
+    assert q.arrival("ns/whole-9", -1.0) == -1.0

@@ -295,7 +295,7 @@ class SchedulerLoop:
                     req = self.cache.request(k, p)
                 except GpufleetError:
                     pass  # invalid: tried first, schedule_one reports it
-            pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self.queue.first_seen(k), req))
+            pods.append(QueuedPod(k, int((p.get("spec") or {}).get("priority") or 0), self.queue.arrival(k), req))
         return order_pending(pods, self.cache.tree, self.preemptor.nominated)
 
     def due_gang_members(self) -> list[str]:

@@ -1,6 +1,12 @@
 """The loop's scheduling queue, as kube-scheduler's: the pods waiting for us, when each may be
 tried again (exponential backoff, ``engine.schedqueue.Backoff``), when it was first seen (e2e
-latency, first-come order) and the last FailedScheduling words it was told (not repeated).
+latency), when it arrived (first-come order) and the last FailedScheduling words it was told (not
+repeated).
+
+First come is by the pod's ``creationTimestamp``, mapped onto the loop's clock, not by when this
+process first saw it: after a restart or a relist every pending pod is "seen" at once, and an
+order by first sight would fall back to names (``whole-12`` before ``whole-9``, found on the real
+node when the scheduler restarted mid-stream).
 
 Why a module of its own: the queue is one responsibility of the loop (see ``loop.py``), with
 state no other part writes: the cache adds and removes pods as the watch shows them, the cycle
@@ -10,27 +16,36 @@ among the due ones is ``engine.schedqueue.order_pending``'s call (the cycle asks
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from ..engine.schedqueue import Backoff
+from .loop_support import _created_s
 
 
 class SchedulingQueue:
     """Pending pods (key -> pod JSON) and their timers; runs on the loop's thread."""
 
-    def __init__(self, clock: Callable[[], float], backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0) -> None:
+    def __init__(self, clock: Callable[[], float], backoff_initial_s: float = 1.0, backoff_max_s: float = 60.0,
+                 wall: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self.wall = wall  # seconds since the epoch, to read creationTimestamp against
         self.backoff_max_s = backoff_max_s
         self.pending: dict[str, dict] = {}  # key -> pod JSON, waiting for us
         self._timers = Backoff(backoff_initial_s, backoff_max_s)
         self._first_seen: dict[str, float] = {}
+        self._arrival: dict[str, float] = {}  # creation time on the loop's clock (first sight without one)
         self._last_failure: dict[str, tuple[str, float]] = {}
 
     # --- pods in and out ------------------------------------------------------------------
     def add(self, key: str, pod: dict) -> None:
         """A pod waiting for us (new, or a newer version of one); its first-seen time stays."""
         self.pending[key] = pod
-        self._first_seen.setdefault(key, self.clock())
+        now = self.clock()
+        self._first_seen.setdefault(key, now)
+        if key not in self._arrival:
+            created = _created_s(pod)
+            self._arrival[key] = now - max(0.0, self.wall() - created) if created is not None else now
 
     def put_back(self, key: str, pod: dict) -> None:
         """A pod whose bind failed: pending again, with the timers it had."""
@@ -51,16 +66,22 @@ class SchedulingQueue:
         self._last_failure.pop(key, None)
         self._timers.forget(key)
         self._first_seen.pop(key, None)
+        self._arrival.pop(key, None)
 
     def scheduled(self, key: str, default: float) -> float:
         """Our bind of the pod succeeded: drop its timers; returns when it was first seen (``default`` if unknown)."""
         self._timers.forget(key)
         self._last_failure.pop(key, None)
+        self._arrival.pop(key, None)
         return self._first_seen.pop(key, default)
 
     # --- timers ---------------------------------------------------------------------------
     def first_seen(self, key: str, default: float = 0.0) -> float:
         return self._first_seen.get(key, default)
+
+    def arrival(self, key: str, default: float = 0.0) -> float:
+        """When the pod was created, on the loop's clock: its place in first-come order."""
+        return self._arrival.get(key, default)
 
     def defer(self, key: str, until: float | None = None) -> None:
         """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
