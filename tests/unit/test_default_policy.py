@@ -158,3 +158,19 @@ def test_ratio_quantiles_leave_out_the_cpu_hungriest_demand_the_cpu_cannot_feed(
         x.prime(workload)
     np.testing.assert_allclose(whole._rho_quantiles(state), [1.0, 1.0, 15.0, 15.0])
     np.testing.assert_allclose(trimmed._rho_quantiles(state), [1.0, 1.0, 1.0, 15.0])
+
+
+def test_a_fresh_scheduler_relearns_its_target_at_each_doubling_while_little_is_known():
+    # found on the real node: the target learned from the first pod alone was kept for 64 pods, so a fresh
+    # scheduler judged every early placement against one shape
+    p = StrandAwareFragScore()
+    shapes = [req("a", milli=500), req("b", milli=250), req("c", milli=300), req("d", milli=1000)] * 40
+    sizes_after, refreshed, nxt = {}, [], 0
+    for i, r in enumerate(shapes, 1):
+        p.observe(r)
+        sizes_after[i] = len(p.workload.gpu_milli)
+        if p._next_refresh != nxt:
+            refreshed.append(i)
+            nxt = p._next_refresh
+    assert refreshed == [1, 2, 4, 8, 16, 32, 64, 128]  # each doubling, then every 64 pods as before
+    assert [sizes_after[i] for i in (1, 2, 3, 4)] == [1, 2, 2, 4]  # not at every pod: a refresh re-scores every node

@@ -464,8 +464,11 @@ class FGDScore(_Plugin):
                 self.workload = new
                 self._access = None
                 self._version += 1  # every cached score is stale now
-            grow = self.refresh_every if self._seen < 8 * self.refresh_every else int(self._seen * self.refresh_growth)
-            self._next_refresh = self._seen + max(self.refresh_every, grow)
+            if self._seen < self.refresh_every:  # at 1, 2, 4, ... pods: a target learned from the first pod alone
+                self._next_refresh = 2 * self._seen  # misjudged every placement of a fresh scheduler (real node)
+            else:
+                grow = self.refresh_every if self._seen < 8 * self.refresh_every else int(self._seen * self.refresh_growth)
+                self._next_refresh = self._seen + max(self.refresh_every, grow)
 
     def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
         tw = self.workload or TargetWorkload.from_counts(Counter())
