@@ -57,7 +57,7 @@ Two more terms came from the trace variants of issue 14 (``bench/variants.py``,
   cpumore350 the quantiles lost to FGD and the mean ratio beat it), the mean
   ratio again.  Both came from the generated cpumore* tuning variants (more of
   the trace's CPU-only pods, seeded), so that the release's cpu* variants stay
-  held out: cpu300 went from 13.27% to 12.62% (FGD 14.05%).
+  held out: cpu300 went from 13.27% to 12.6% (FGD 14.05%).
 
 Everything a live scheduler could know: the target workload (task shapes and
 frequencies, the CPU/GPU and memory/GPU ratios) is learned online from the pods
