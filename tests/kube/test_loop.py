@@ -142,6 +142,25 @@ def test_a_restarted_scheduler_serves_pending_pods_in_creation_order_not_by_name
     assert api.binds == [("ml/whole-9", "n1")]
 
 
+def test_a_fresh_default_scheduler_learns_from_the_waiting_pods_before_placing_any():
+    # found on the real node: with a backlog, the default placed the first shares against a workload of
+    # the few pods it had tried (no whole-GPU pod yet) and spread them over fresh GPUs; a whole pod went pending
+    api = FakeApi()
+    api.add_node(node("n1", gpus=8, inventory=True))
+    pods = [pod("memory-1", annotations={"gpufleet.io/gpu-memory": "10Gi"}), pod("memory-4", annotations={"gpufleet.io/gpu-memory": "40Gi"}),
+            pod("memory-6", annotations={"gpufleet.io/gpu-memory": "10Gi"}), pod("milli-0", milli=500), pod("milli-2", milli=250),
+            pod("milli-3", milli=300)] + [pod(f"whole-{i}") for i in range(5)]
+    for i, p in enumerate(pods):
+        p["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:{i:02d}Z"
+        api.add_pod(p)
+    loop = make(api, policy="default")
+    loop.schedule_due()
+    assert len(api.binds) == len(pods)
+    share_gpus = {g["index"] for k, p in api.pods.items() if "whole" not in k
+                  for g in json.loads(p["metadata"]["annotations"]["gpufleet.io/assignment"])["gpus"]}
+    assert len(share_gpus) <= 2, share_gpus  # 1,050 milli and 60 GiB of shares: two GPUs hold them, six stay whole
+
+
 def test_pods_bound_by_others_hold_their_gpus():
     api = FakeApi()
     api.add_node(node("n1", gpus=2))

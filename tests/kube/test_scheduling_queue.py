@@ -107,3 +107,14 @@ def test_first_come_is_by_creation_time_also_for_pods_first_seen_together():
     assert q.arrival("ns/whole-9") == 53.0
     q.forget("ns/whole-9")
     assert q.arrival("ns/whole-9", -1.0) == -1.0
+
+
+def test_take_new_hands_each_arrival_over_once():
+    q = SchedulingQueue(Clock())
+    q.add("ns/a", {"x": 1})
+    q.add("ns/b", {"x": 1})
+    q.add("ns/a", {"x": 2})  # a newer version is not a new pod
+    assert q.take_new() == ["ns/a", "ns/b"] and q.take_new() == []
+    q.forget("ns/a")
+    q.add("ns/a", {"x": 3})  # gone and back (recreated): new again
+    assert q.take_new() == ["ns/a"]

@@ -317,6 +317,18 @@ class Scheduler:
     def new_cycle(self, request: PodRequest) -> Cycle:
         return Cycle(request=request, rng=self.rng)
 
+    def observe(self, request: PodRequest) -> None:
+        """Show a pod to the plugins that learn the workload before it is tried (one waiting in the queue).
+
+        A fresh scheduler with a backlog otherwise places the first pods against a workload of the
+        few it has tried: small shares went to fresh GPUs because no whole-GPU pod had been seen yet,
+        though several were waiting.  Each plugin learns from a pod once, however often it is shown.
+        """
+        if self._observers:
+            cycle = self.new_cycle(request)
+            for o in self._observers:
+                o.observe_pod(cycle)
+
     def decide(self, cycle: Cycle, explain: bool = False) -> Decision:
         """Prefilter, filter, score, pick a node and its GPUs.  Changes nothing."""
         r = cycle.request

@@ -315,6 +315,7 @@ class SchedulerLoop:
         when a gang had victims deleted for it, so the room it made is its own.
         """
         self.volume_binder.check_waits()
+        self._learn_waiting()
         n = 0
         gang_keys = self.due_gang_members()
         gangs_first = any(k in self.preemptor.nominated for k in gang_keys)
@@ -337,6 +338,19 @@ class SchedulerLoop:
         if gang_keys and not gangs_first and (should_continue is None or should_continue()):
             n += self._safe_gang_round(gang_keys)
         return n
+
+    def _learn_waiting(self) -> None:
+        """The pods that joined the queue are shown to the learning plugins before any is tried."""
+        for k in self.queue.take_new():
+            pod = self.queue.pending.get(k)
+            if pod is None:
+                continue
+            try:
+                self.cache.sched.observe(self.cache.request(k, pod))
+            except GpufleetError:
+                pass  # invalid: schedule_one reports it
+            except Exception:  # a learning bug must not stop the loop
+                log.exception("learning from pod %s failed", k)
 
     def _safe_gang_round(self, keys: list[str]) -> int:
         try:

@@ -35,6 +35,7 @@ class SchedulingQueue:
         self._timers = Backoff(backoff_initial_s, backoff_max_s)
         self._first_seen: dict[str, float] = {}
         self._arrival: dict[str, float] = {}  # creation time on the loop's clock (first sight without one)
+        self._new: dict[str, None] = {}  # pods added since ``take_new`` (in order)
         self._last_failure: dict[str, tuple[str, float]] = {}
 
     # --- pods in and out ------------------------------------------------------------------
@@ -44,6 +45,7 @@ class SchedulingQueue:
         now = self.clock()
         self._first_seen.setdefault(key, now)
         if key not in self._arrival:
+            self._new[key] = None
             created = _created_s(pod)
             self._arrival[key] = now - max(0.0, self.wall() - created) if created is not None else now
 
@@ -67,6 +69,7 @@ class SchedulingQueue:
         self._timers.forget(key)
         self._first_seen.pop(key, None)
         self._arrival.pop(key, None)
+        self._new.pop(key, None)
 
     def scheduled(self, key: str, default: float) -> float:
         """Our bind of the pod succeeded: drop its timers; returns when it was first seen (``default`` if unknown)."""
@@ -74,6 +77,12 @@ class SchedulingQueue:
         self._last_failure.pop(key, None)
         self._arrival.pop(key, None)
         return self._first_seen.pop(key, default)
+
+    def take_new(self) -> list[str]:
+        """The pods that joined the queue since the last call (for the plugins that learn the workload)."""
+        keys = list(self._new)
+        self._new.clear()
+        return keys
 
     # --- timers ---------------------------------------------------------------------------
     def first_seen(self, key: str, default: float = 0.0) -> float:

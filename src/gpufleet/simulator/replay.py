@@ -710,6 +710,8 @@ def run_replay(
         if left_any:
             backoff.wake_all()
             retry(now)
+        for i in arrivals:  # as the live loop: every pod that arrived is learned from before any is tried
+            sched.observe(reqs[i])
         for i in arrivals:
             run.pods_arrived += 1
             arrived_at[i] = now
