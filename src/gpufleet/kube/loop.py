@@ -85,7 +85,7 @@ from .binder import Binder
 from .binder import bind_job as bind_job  # re-exported: kube/extender.py imports it from here
 from .cache import SchedulerCache
 from .evictor import Evictions
-from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, _created_s, reason_text, without_plugins
+from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, reason_text, without_plugins
 from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
 from .policy_objects import PolicyObjects
 from .preemption import Preemptor
@@ -464,7 +464,7 @@ class SchedulerLoop:
         """For a fresh snapshot (``gpufleet explain``): hold and place the pending gang members as the
         scheduler's gang round does, binding nothing, so that a pod only a hold keeps out is told so.
         A hold is taken to have started when its gang's first member was created."""
-        now, wall = self.clock(), time.time()
+        now = self.clock()
         first: list[float] = []
         for k, p in list(self.queue.pending.items()):
             if not self._in_gang(p):
@@ -473,8 +473,7 @@ class SchedulerLoop:
                 r = self.cache.request(k, p)
             except GpufleetError:
                 continue
-            created = _created_s(p)
-            t = now - max(0.0, wall - created) if created is not None else now
+            t = self.queue.arrival(k, now)  # its creation time on the loop's clock
             first.append(t)
             g = self.cache.objects.groups.get(group_key(r) or "")
             if g is not None:
