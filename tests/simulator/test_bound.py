@@ -1,13 +1,15 @@
-"""The offline bound: a MIP over node groups with per-node and per-GPU integrality cuts."""
+"""The offline bound: a MIP over node groups with per-GPU packing patterns and per-node integrality cuts."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from gpufleet.engine.gpu_models import lookup
 from gpufleet.engine.model import Gpu, Node
 from gpufleet.simulator import packing
-from gpufleet.simulator.bound import lp_bound, offline_bound
+from gpufleet.simulator.bound import bound_placing_first, lp_bound, offline_bound
 from gpufleet.simulator.trace import TracePod
 
 
@@ -52,6 +54,51 @@ def test_per_gpu_shares_and_multi_gpu_pods():
     assert offline_bound(two, [pod(0, 1_000, ngpu=2)], seed=1, tune=0).unallocated_gpu_pct == pytest.approx(100.0)
 
 
+def test_a_share_cannot_pool_its_idle_milli_with_another_gpu():
+    # 4 GPUs, 4,000 milli asked: three 810s, two 470s and a 630. Pooled per node they "fit" and the LP says 0%;
+    # per GPU each 810 and the 630 need a GPU of their own, so the best placement puts the 470s together and
+    # leaves the 630 out: 15.75% idle
+    nodes = [node("a", 64_000, 2), node("b", 64_000, 2)]
+    pods = [pod(i, 1_000, milli=m) for i, m in enumerate([810, 810, 810, 470, 470, 630])]
+    b = offline_bound(nodes, pods, seed=1, tune=0, lp=True)
+    assert b.pods == 6 and b.lp_pct == pytest.approx(0.0, abs=1e-6)
+    assert b.unallocated_gpu_pct == pytest.approx(15.75, abs=1e-6) and b.optimal
+    assert b.left_out == {"630 milli": [1, 1]}
+    assert b.method == "mip-node-groups+gpu-patterns"
+
+
+def test_keeping_the_pods_placed_first_can_cost_more_than_the_offline_bound():
+    # the same 4 GPUs; a scheduler that placed the 630 and the three 810s as they came has no GPU left for the 470s
+    # (23.5% idle), while the offline bound leaves the 630 out (15.75%)
+    nodes = [node("a", 64_000, 2), node("b", 64_000, 2)]
+    pods = [pod(i, 1_000, milli=m) for i, m in enumerate([630, 810, 810, 810, 470, 470])]
+    assert bound_placing_first(nodes, pods, [], 4000) == pytest.approx(15.75, abs=1e-6)
+    assert bound_placing_first(nodes, pods, pods[:1], 4000) == pytest.approx(20.25, abs=1e-6)  # 630 kept: an 810 goes
+    assert bound_placing_first(nodes, pods, pods[:4], 4000) == pytest.approx(23.5, abs=1e-6)
+    assert bound_placing_first(nodes, pods, pods, 4000) is None  # not all of them fit
+
+
+def test_small_shares_fill_the_holes_beside_large_ones():
+    # 2 GPUs: 810 + 190 and 600 + 250 + 150 pack exactly (any order of arrival): the bound says 0% and places all.
+    # Five pods on a 2-GPU node: a per-node cut that counted each share as a GPU of its own allowed two.
+    nodes = [node("a", 64_000, 2)]
+    pods = [pod(i, 1_000, milli=m) for i, m in enumerate([150, 810, 250, 190, 600])]
+    b = offline_bound(nodes, pods, seed=5, tune=0)
+    assert b.unallocated_gpu_pct == pytest.approx(0.0, abs=1e-6) and b.left_out == {}
+
+
+def test_shares_off_the_milli_grid_are_rounded_down_and_the_bound_stays_below_every_policy():
+    # sizes with gcd 1 (333, 667, 401, ...): the pattern graph rounds them down to 5 milli, a looser model
+    nodes = [node(f"n{i}", 64_000, 4) for i in range(3)]
+    sizes = [333, 667, 401, 599, 251, 749, 1000, 123, 877]
+    pods = [pod(i, 1_000, milli=sizes[i % len(sizes)]) for i in range(40)]
+    b = offline_bound(nodes, pods, seed=7, tune=1.3)
+    for pol in ("fgd", "bestfit", "default"):
+        u = packing.run_packing(nodes, pods, pol, seed=7, tune=1.3).unallocated_gpu_pct
+        if u is not None:
+            assert b.unallocated_gpu_pct <= u + 1e-6
+
+
 def test_bound_is_at_most_every_policy_and_at_least_the_lp():
     nodes = [node(f"n{i}", 32_000, g, m) for i, (g, m) in enumerate([(8, "V100M32")] * 6 + [(2, "T4")] * 9 + [(4, "P100")] * 6)]
     shapes = [(4000, 1, 500), (8000, 1, 1000), (2000, 1, 250), (16000, 2, 1000), (3000, 1, 700), (12000, 1, 300)]
@@ -60,9 +107,25 @@ def test_bound_is_at_most_every_policy_and_at_least_the_lp():
     assert b.unallocated_gpu_pct >= lp_bound(nodes, pods, seed=42).unallocated_gpu_pct - 1e-6
     seen = 0
     for pol in ("fgd", "bestfit", "default"):
-        u = packing.run_packing(nodes, pods, pol, seed=42).unallocated_gpu_pct
+        run = packing.run_packing(nodes, pods, pol, seed=42)
+        u = run.unallocated_gpu_pct
         if u is not None:  # None: no sample near 100% arrived on so small a cluster
             assert b.unallocated_gpu_pct <= u + 1e-6
+            # the run keeps its own first pods, so it is one of the placements the second bound ranges over (an LP:
+            # on so small a cluster it can sit below the MIP's offline bound)
+            assert run.idle is not None and run.idle.bound_placing_first_pct is not None
+            assert run.idle.bound_placing_first_pct <= run.idle.unallocated_pct + 1e-6
             seen += 1
     assert seen
     assert b.solve_s < 30 and b.best_found_pct is not None and b.best_found_pct >= b.unallocated_gpu_pct
+
+
+def test_solver_chatter_on_the_file_descriptors_is_dropped_and_they_are_restored(capfd):
+    from gpufleet.simulator.bound import _quiet_solver
+
+    with _quiet_solver():
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
+        os.write(2, b"chatter\n")
+    os.write(2, b"after\n")
+    out, err = capfd.readouterr()
+    assert out == "" and err == "after\n"

@@ -92,6 +92,21 @@ def test_cli_json_and_report(tiny, capsys):
     assert "unallocated GPU %" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("left_out,tail", [
+    ({}, "(mip, solver gap <= 0.005 points, 2 s)"),
+    ({"810 milli": [238.0, 1104.0]}, "; the best placement found leaves out 238 of the 1,104 810-milli pods"),
+    ({"810 milli": [238.0, 1104.0], "230 milli": [1.0, 145.0]}, "810-milli pods (and 1 other)"),
+    ({"1 GPU": [3.0, 40.0], "810 milli": [0.2, 9.0], "100 milli": [2.0, 9.0]}, "3 of the 40 1-GPU pods (and 2 others)"),
+])
+def test_bound_headline_says_which_pods_the_bound_leaves_out(left_out, tail):
+    from gpufleet.cli.simulate import _headline
+
+    summary = {"fgd": {"unallocated_gpu_pct_mean": 4.67}, "default": {"unallocated_gpu_pct_mean": 3.88}, "bestfit": {"unallocated_gpu_pct_mean": 7.0}}
+    line = _headline(summary, 3.11, {"method": "mip", "gap_pct_max": 0.005, "solve_s_max": 2.0, "left_out_mean": left_out})
+    assert line.startswith("fgd leaves 4.67%, default leaves 3.88%; no placement can leave fewer than 3.11% (mip,")
+    assert line.endswith(tail)
+
+
 def test_cli_replay(tiny):
     out = tiny / "r.json"
     assert main(["simulate", "--experiment", "replay", "--nodes", str(tiny / "nodes.csv"), "--pods", str(tiny / "pods.csv"),

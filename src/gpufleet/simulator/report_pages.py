@@ -19,9 +19,11 @@ PACKING_METRICS = [
     ("fragmentation amount", "free GPU capacity that the typical task sizes (the target workload) could not use, "
                              "as a share of the cluster's GPU capacity (the FGD paper's fragmentation measure)."),
     ("fragmentation rate", "that fragmented capacity as a share of all free (idle) GPU capacity."),
-    ("offline bound", "the solver's lower bound of a MIP over node groups (integral pods, per-node CPU/memory/GPU cuts, "
-                      "gpu_spec honoured): no placement of the arrived pods, even one knowing the future, leaves fewer GPUs "
-                      "unallocated; the solver's own gap is in the headline."),
+    ("offline bound", "the solver's lower bound of a MIP over node groups (integral pods, each GPU's shares packed within "
+                      "its 1000 milli, per-node CPU/memory/GPU cuts, gpu_spec honoured): no placement of the arrived pods, "
+                      "even one knowing the future, leaves fewer GPUs unallocated; the solver's own gap is in the headline, "
+                      "and which pods its best placement leaves out (a scheduler that places every pod that fits cannot "
+                      "leave those out)."),
 ]
 
 
