@@ -225,8 +225,10 @@ def _task(kind: str, variant: str, seed: int, policy: str, tune: float, time_lim
     from gpufleet.simulator.packing import run_packing
 
     r = run_packing(nodes, pods, policy_config(policy), seed=seed, tune=tune, trace_name=variant)
+    idle = r.idle
     return {"kind": kind, "variant": variant, "seed": seed, "policy": policy, "unallocated_gpu_pct": r.unallocated_gpu_pct,
-            "pods_failed": r.pods_failed, "wall_s": r.wall_s}
+            "pods_failed": r.pods_failed, "wall_s": r.wall_s, "saturation": None if idle is None else idle.saturation,
+            "bound_placing_first_pct": None if idle is None else idle.bound_placing_first_pct}
 
 
 def policy_config(policy: str):
@@ -262,12 +264,22 @@ def sweep(variants: Sequence[str], seeds: Sequence[int], policies: Sequence[str]
     return out
 
 
+KEEP = "default keeps its first pods"  # column: the bound for placements keeping what the default placed before its first refusal
+
+
 def _by(results: Sequence[dict]) -> dict[tuple[str, str], dict[int, float]]:
     by: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for r in results:
         if r["unallocated_gpu_pct"] is not None:
             by[(r["variant"], r["policy"])][r["seed"]] = r["unallocated_gpu_pct"]
+        if r["policy"] == "default" and r.get("bound_placing_first_pct") is not None:
+            by[(r["variant"], KEEP)][r["seed"]] = r["bound_placing_first_pct"]
     return by
+
+
+def _columns(results: Sequence[dict], policies: Sequence[str]) -> list[str]:
+    cols = [p for p in policies if p != "bound"] + (["bound"] if any(r["kind"] == "bound" for r in results) else [])
+    return cols + ([KEEP] if any(r["policy"] == "default" and r.get("bound_placing_first_pct") is not None for r in results) else [])
 
 
 def _cell(xs: Sequence[float]) -> str:
@@ -283,7 +295,7 @@ def _rel(d: Sequence[float], f: Sequence[float]) -> str:
 def table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str]) -> str:
     """Per variant: mean +- std over seeds per policy (and the bound), default vs FGD, the seeds where default lost."""
     by = _by(results)
-    cols = [p for p in policies if p != "bound"] + (["bound"] if any(r["kind"] == "bound" for r in results) else [])
+    cols = _columns(results, policies)
     present = {v for v, _ in by}
     variants = [v for fam in FAMILIES.values() for v in fam if v in present] + sorted(present - set().union(*FAMILIES.values()))
     lines = ["| variant | split | " + " | ".join(cols) + " | default vs fgd | seeds where default > fgd |",
@@ -299,7 +311,7 @@ def table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str
 
 def family_table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str]) -> str:
     """Per family and split: mean +- std over all (variant, seed) runs, and default vs FGD."""
-    cols = [p for p in policies if p != "bound"] + (["bound"] if any(r["kind"] == "bound" for r in results) else [])
+    cols = _columns(results, policies)
     cells: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for (v, pol), xs in _by(results).items():
         cells[(family_of(v), split.get(v, "?"), pol)] += list(xs.values())
@@ -337,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--bound", action="store_true", help="also the offline MIP bound per (variant, seed)")
     s.add_argument("--time-limit", type=float, default=50.0, help="bound: MIP time limit per solve (s)")
     s.add_argument("--json", help="write every run as JSON here")
-    t = sub.add_parser("table", help="one table from the JSON files of several sweeps")
+    t = sub.add_parser("table", help="one table from the JSON files of several sweeps (the last file with a bound gives it)")
     t.add_argument("files", nargs="+")
     a = ap.parse_args(argv)
     split = {v: "tune" for v in TUNE} | {v: "held-out" for v in HELDOUT}
@@ -346,8 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         pols: list[str] = []
         for f in a.files:
             doc = json.loads(Path(f).read_text())
+            if any(r["kind"] == "bound" for r in doc["results"]):  # a later file's bound replaces an earlier one's
+                res = [r for r in res if r["kind"] != "bound"]
             res += doc["results"]
-            pols += [p for p in doc["params"]["policies"].split(",") if p not in pols]
+            pols += [p for p in doc["params"]["policies"].split(",") if p and p not in pols]
             if doc["params"].get("bound") and "bound" not in pols:
                 pols.append("bound")
         print(table(res, pols, split))

@@ -61,6 +61,7 @@ class IdleBreakdown:
     share_gpus: int  # GPUs holding shares
     repack_gpus: int  # best-fit decreasing of the same shares
     repack_lower: int  # arc-flow LP bound: no packing of the shares uses fewer GPUs
+    bound_placing_first_pct: float | None = None  # no placement keeping the pods placed before the first refusal leaves less
 
     def total(self, key: str) -> int:
         return sum(row[key] for row in self.per_model.values())
@@ -91,6 +92,7 @@ class IdleBreakdown:
             "repack_lower_gpus": self.repack_lower,
             "repack_bfd_saves_gpus": self.share_gpus - self.repack_gpus,
             "repack_saves_at_most_gpus": self.share_gpus - self.repack_lower,
+            "bound_placing_first_pct": self.bound_placing_first_pct,
             "failed_gpus": {k: g(v) for k, v in sorted(self.failed.items(), key=lambda kv: -kv[1])},
             "per_model": {m: {k: (v if k == "gpus" else g(v)) for k, v in row.items()}
                           for m, row in sorted(self.per_model.items(), key=lambda kv: -kv[1]["gpus"])},
@@ -105,6 +107,8 @@ class IdleRecorder:
     arrived: int = 0
     allocated: int = 0
     saturation: float | None = None
+    first_refusal: int | None = None  # arrivals before the first pod turned away (all of them were placed)
+    arrivals: int = 0
     failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     used_by: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # model -> [unpinned, pinned]
     shapes: set[tuple] = field(default_factory=set)  # GPU shapes of the arrived pods
@@ -113,6 +117,7 @@ class IdleRecorder:
         """One arrival: ``node`` is the index it was placed on, or None when it was turned away."""
         milli = req.total_gpu_milli
         self.arrived += milli
+        self.arrivals += 1
         if req.gpu_count:
             self.shapes.add((req.cpu_milli, req.memory_mib, req.gpu_count, req.gpu_milli, req.gpu_models_allow))
         if node is not None:
@@ -125,6 +130,7 @@ class IdleRecorder:
             self.failed["pinned:" + "|".join(sorted(allow)) if allow else "unpinned"] += milli
             if self.saturation is None:
                 self.saturation = self.arrived / self.capacity if self.capacity else None
+                self.first_refusal = self.arrivals - 1
 
     def snapshot(self, state: ClusterState) -> IdleBreakdown:
         per_model = _per_model(state, self.shapes)
@@ -253,7 +259,7 @@ def bins_lower_bound(items: list[int], cap: int = GPU_MILLI) -> int:
 
 SUMMARY_FIELDS = ("arrived_fraction", "saturation", "unallocated_gpu_pct", "idle_gpus", "whole_idle_gpus", "sliver_gpus",
                   "cpu_stranded_gpus", "unfillable_gpus", "share_gpus", "repack_bfd_gpus", "repack_lower_gpus",
-                  "repack_bfd_saves_gpus", "repack_saves_at_most_gpus")
+                  "repack_bfd_saves_gpus", "repack_saves_at_most_gpus", "bound_placing_first_pct")
 
 
 def summarize_idle(idles: list[dict[str, Any]]) -> dict[str, Any]:

@@ -26,6 +26,10 @@ IDLE_METRICS = [
                      "node's free CPU/memory."),
     ("repack", "the GPUs holding shares (pods of less than one GPU) against an offline best-fit-decreasing packing of the same "
                "shares (a real packing) and the arc-flow LP bound (no packing of them needs fewer GPUs), GPU milli only."),
+    ("bound keeping its first pods", "the least unallocated GPU % of any placement of the arrived pods that places every GPU pod "
+                                     "this policy placed before it first turned one away (the offline bound's program, LP "
+                                     "relaxation). A scheduler places what fits, so this is how far a better packing could have "
+                                     "gone from the same start; the offline bound above may leave out pods that fit when they came."),
 ]
 
 
@@ -113,9 +117,14 @@ def repack_sentence(policy: str, d: Mapping[str, Any], several: bool) -> str:
     """'fgd: of the 1,963 GPUs holding shares, best-fit decreasing of the same shares would save 39 GPUs; ...'."""
     if not d.get("share_gpus_mean"):
         return f"{policy}: no GPU holds shares at this point; nothing to repack."
+    keep = d.get("bound_placing_first_pct_mean")
+    sat = d.get("saturation_mean")
+    kept = ("" if keep is None else
+            f" Keeping every pod it placed before it first turned one away{'' if sat is None else f' (at {100 * sat:.1f}% arrived)'}, "
+            f"no placement leaves fewer than {keep:.2f}% unallocated.")
     return (f"{policy}: of the {_num(d['share_gpus_mean'], several)} GPUs holding shares, best-fit decreasing of the same "
             f"shares would save {_num(d['repack_bfd_saves_gpus_mean'], several)} GPUs; no packing of them saves more than "
-            f"{_num(d['repack_saves_at_most_gpus_mean'], several)} (arc-flow LP bound).")
+            f"{_num(d['repack_saves_at_most_gpus_mean'], several)} (arc-flow LP bound).{kept}")
 
 
 def idle_section(summary: Mapping[str, Mapping[str, Any]]) -> str:
@@ -139,9 +148,10 @@ def idle_section(summary: Mapping[str, Mapping[str, Any]]) -> str:
                      _num(d["idle_gpus_mean"], True), _num(d["whole_idle_gpus_mean"], True), _num(d["sliver_gpus_mean"], True),
                      _num(d["cpu_stranded_gpus_mean"], True),
                      f"{top[0]}: {top[1]:.1f}" if top else "-",
-                     _num(d["share_gpus_mean"], several), _num(d["repack_bfd_gpus_mean"], several), _num(d["repack_lower_gpus_mean"], several)])
+                     _num(d["share_gpus_mean"], several), _num(d["repack_bfd_gpus_mean"], several), _num(d["repack_lower_gpus_mean"], several),
+                     "-" if d.get("bound_placing_first_pct_mean") is None else f"{d['bound_placing_first_pct_mean']:.2f}"])
     table = table_html(["policy", "first pod turned away", "unallocated GPU %", "idle GPUs", "whole idle", "slivers", "CPU-stranded",
-                        "largest sliver kind", "GPUs holding shares", "BFD repack", "LP bound"], rows)
+                        "largest sliver kind", "GPUs holding shares", "BFD repack", "LP bound", "bound keeping its first pods %"], rows)
     sentences = "<ul>" + "".join(f"<li>{html.escape(repack_sentence(p, s['idle'], several))}</li>" for p, s in summ.items()) + "</ul>"
     return (lead + saturation_plot(summ) + holes_plot(summ)
             + "<p><b>Repack yardstick</b> (could a better placement of the same shares free GPUs?)</p>" + sentences
