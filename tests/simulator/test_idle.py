@@ -59,29 +59,31 @@ def test_repack_yardsticks(items, bfd, lower):
 
 # --- the breakdown a packing run records at the 100%-arrived point -------------------------------
 
-# (nodes, pods, expected fields of run.idle.to_json()); every pod of a case is alike, so the seeded order does not matter
+# (nodes, pods, expected fields of run.idle.to_json()); every pod of a case is alike, so the seeded order does not matter.
+# bound_placing_first_pct: each run here is the best placement that keeps the pods it placed before its first refusal
 RUNS = [
     # capacity 2000: two 810s take one GPU each; a third would bring arrived to 2430 > 2000, so the snapshot is before it
     # (1620 arrived, 380 idle on two 810-alone GPUs); the third is turned away at 2430 / 2000 = 1.215
     pytest.param([node("a", 64_000, 1), node("b", 64_000, 1)], [pod(i, 1000, milli=810) for i in range(3)],
                  {"arrived_fraction": 0.81, "saturation": 1.215, "idle_gpus": 0.38, "whole_idle_gpus": 0.0, "sliver_gpus": 0.38,
                   "holes": {"810": {"gpus": 2, "idle_gpus": 0.38}}, "share_gpus": 2, "repack_bfd_gpus": 2, "repack_lower_gpus": 2,
-                  "failed_gpus": {}, "unallocated_gpu_pct": 19.0}, id="810s-before-capacity"),
+                  "failed_gpus": {}, "unallocated_gpu_pct": 19.0, "bound_placing_first_pct": 19.0}, id="810s-before-capacity"),
     # capacity 3000: 600s go one per GPU; the 4th finds 400 free everywhere and fails at 2400 / 3000 = 0.8, the 5th
     # (3000, not over capacity) fails too; 1800 allocated, 1200 idle as three 400 holes
     pytest.param([node("a", 64_000, 3)], [pod(i, 1000, milli=600) for i in range(5)],
                  {"arrived_fraction": 1.0, "saturation": 0.8, "idle_gpus": 1.2, "whole_idle_gpus": 0.0,
                   "holes": {"600": {"gpus": 3, "idle_gpus": 1.2}}, "share_gpus": 3, "repack_bfd_gpus": 3, "repack_lower_gpus": 3,
-                  "failed_gpus": {"unpinned": 1.2}, "unallocated_gpu_pct": 40.0, "cpu_stranded_gpus": 0.0}, id="600s-saturate-at-0.8"),
+                  "failed_gpus": {"unpinned": 1.2}, "unallocated_gpu_pct": 40.0, "cpu_stranded_gpus": 0.0,
+                  "bound_placing_first_pct": 40.0}, id="600s-saturate-at-0.8"),
     # a 2-GPU node with one core: the first whole-GPU pod takes the core, the second is turned away at 2000 / 2000;
     # the other GPU is whole, idle and stranded by CPU
     pytest.param([node("a", 1000, 2)], [pod(i, 1000) for i in range(2)],
                  {"saturation": 1.0, "idle_gpus": 1.0, "whole_idle_gpus": 1.0, "cpu_stranded_gpus": 1.0, "unfillable_gpus": 0.0,
-                  "holes": {}, "share_gpus": 0, "failed_gpus": {"unpinned": 1.0}}, id="cpu-stranded-whole-gpu"),
+                  "holes": {}, "share_gpus": 0, "failed_gpus": {"unpinned": 1.0}, "bound_placing_first_pct": 50.0}, id="cpu-stranded-whole-gpu"),
     # pods pinned to P100: the T4 stays idle and no arrived shape may use it (unfillable, not CPU-stranded)
     pytest.param([node("t", 64_000, 1, "T4"), node("p", 64_000, 1, "P100")], [pod(i, 1000, spec=("P100",)) for i in range(2)],
                  {"saturation": 1.0, "whole_idle_gpus": 1.0, "unfillable_gpus": 1.0, "cpu_stranded_gpus": 0.0,
-                  "failed_gpus": {"pinned:P100": 1.0}}, id="pinned-leaves-other-model-unfillable"),
+                  "failed_gpus": {"pinned:P100": 1.0}, "bound_placing_first_pct": 50.0}, id="pinned-leaves-other-model-unfillable"),
 ]
 
 

@@ -223,7 +223,7 @@ def run_packing(
     run.decision_ms = dms
     run.idle = snap if snap is not None else rec.snapshot(state)
     run.idle.saturation = rec.saturation  # the first pod turned away may come after the 100% point
-    if placing_bound and snap is not None:
+    if placing_bound:
         from .bound import bound_placing_first  # bound.py imports this module
 
         arrived100 = [tp for tp, _ in order[:snap_at]]
