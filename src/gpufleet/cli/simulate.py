@@ -397,8 +397,10 @@ def provenance(nodes_path: str, pods_path: str, seeds: list[int], bound_status: 
 def _left_out_mean(bounds: list[dict]) -> dict[str, list[float]]:
     """GPU request -> [pods left out, pods arrived], means over the seeds, of the bound's best placements."""
     labels = {k for b in bounds for k in b.get("left_out") or {}}
-    out = {k: [round(float(np.mean([(b.get("left_out") or {}).get(k, [0, 0])[i] for b in bounds])), 1) for i in (0, 1)]
-           for k in labels}
+    out = {}
+    for k in labels:  # left out: 0 in a seed that kept them all; arrived: over the seeds that say
+        seen = [(b.get("left_out") or {})[k] for b in bounds if k in (b.get("left_out") or {})]
+        out[k] = [round(sum(v[0] for v in seen) / len(bounds), 1), round(float(np.mean([v[1] for v in seen])), 1)]
     from ..simulator.bound import label_milli
 
     return dict(sorted(out.items(), key=lambda kv: -kv[1][0] * label_milli(kv[0])))
