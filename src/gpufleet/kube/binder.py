@@ -153,11 +153,7 @@ class Binder:
         pod, a, t0 = entry
         cache = self.cache
         if outcome == "bound":
-            if key not in cache.bound_pods:
-                p = dict(pod)
-                p["spec"] = {**(pod.get("spec") or {}), "nodeName": a.node}
-                p["metadata"] = {**pod["metadata"], "annotations": {**(pod["metadata"].get("annotations") or {}), **annotations}}
-                cache.add_bound(key, p)
+            self._add_bound(key, pod, a, annotations)
             first = self.queue.scheduled(key, t0)
             self.stats.binds += 1
             self.hooks.count_attempt("scheduled", t0)
@@ -172,9 +168,7 @@ class Binder:
         self.hooks.count_attempt("error", t0)
         if outcome == "taken":
             log.info("pod %s was bound to %s by someone else", key, detail)
-            held = cache.add_bound(key, seen) if seen is not None else cache.bound_pods.get(key)
-            if held is not None:
-                cache.reserve_bound(key, held)
+            self._hold_taken(key, seen)
             self.queue.forget(key)
         elif outcome == "gone":
             self.queue.forget(key)
@@ -184,6 +178,24 @@ class Binder:
                 self.queue.put_back(key, pod)
                 self.queue.defer(key)
                 self.events.send(pod, "Warning", "FailedScheduling", f"binding to {a.node} failed: {detail}")
+
+    def _add_bound(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> None:
+        """The Binding went through: the pod held as bound on ``a.node`` with the annotations it wrote
+        (unless the watch already showed it bound)."""
+        if key in self.cache.bound_pods:
+            return
+        meta = pod.get("metadata") or {}
+        p = dict(pod)
+        p["spec"] = {**(pod.get("spec") or {}), "nodeName": a.node}
+        p["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
+        self.cache.add_bound(key, p)
+
+    def _hold_taken(self, key: str, seen: dict | None) -> None:
+        """Someone else bound the pod: hold it where it is (``seen``: the pod as read back, else as watched)."""
+        cache = self.cache
+        held = cache.add_bound(key, seen) if seen is not None else cache.bound_pods.get(key)
+        if held is not None:
+            cache.reserve_bound(key, held)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait up to ``timeout_s`` for binds in flight, then stop the workers."""
