@@ -8,6 +8,12 @@ its results must be applied on the loop's thread alone.  ``Binder`` owns the bin
 each result it updates the cache (``ClusterView``: the pod bound, or the assumption dropped) and
 the scheduling queue (the pod's timers, or the pod back to wait).  What it needs from the loop
 (the PreBind step, the attempt counter, the gang scheduler) comes through ``BinderHooks``.
+
+The scheduler extender sends its Bindings itself when kube-scheduler calls its /bind (on HTTP
+threads, under the extender's lock, like all its use of the loop).  It records them here
+(``begin_external`` / ``end_external``) rather than writing the map, so they are in flight like
+ours: a relist keeps their assumption, a deleted pod drops it, and the result updates the cache as
+ours do, less what kube-scheduler does for its own pods (attempts, events, retries).
 """
 
 from __future__ import annotations
@@ -89,6 +95,10 @@ class Binder:
         self.binding: dict[str, tuple[dict, Assignment, float]] = {}  # our binds in flight
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bind") if workers > 0 else None
         self._results: queue.Queue = queue.Queue()
+
+    def is_in_flight(self, key: str) -> bool:
+        """A bind of the pod is out (ours or an external one) and its result not applied yet."""
+        return key in self.binding
 
     def forget(self, key: str) -> bool:
         """The pod is gone: drop its bind in flight (its result will be ignored) and the assumption;
@@ -196,6 +206,34 @@ class Binder:
         held = cache.add_bound(key, seen) if seen is not None else cache.bound_pods.get(key)
         if held is not None:
             cache.reserve_bound(key, held)
+
+    # --- binds the scheduler extender sends itself ---------------------------------------
+    def begin_external(self, key: str, pod: dict, a: Assignment, t0: float) -> None:
+        """The caller sends the pod's Binding itself (``a`` already assumed): in flight until ``end_external``.
+        ``t0`` is kept with the entry, never read for an external bind."""
+        self.binding[key] = (pod, a, t0)
+
+    def end_external(self, key: str, outcome: str, seen: dict | None, annotations: dict[str, str]) -> bool:
+        """Apply an external bind's result (``bind_job``'s outcome and pod read back); False, and nothing
+        applied, when the pod was deleted meanwhile (``forget`` dropped the bind).
+
+        Bound: held as bound, out of the queue, counted in ``stats.binds``.  Otherwise the assumption is
+        dropped if the snapshot still holds exactly it, and a pod someone else bound is held where it is.
+        No attempt count, event, log line or retry: kube-scheduler does those for its pods."""
+        entry = self.binding.pop(key, None)
+        if entry is None:
+            return False
+        pod, a, _ = entry
+        if outcome == "bound":
+            self._add_bound(key, pod, a, annotations)
+            self.queue.remove(key)
+            self.stats.binds += 1
+            return True
+        if self.cache.state.assignments.get(key) == a:
+            self.cache.sched.forget(key)
+        if outcome == "taken":
+            self._hold_taken(key, seen)
+        return True
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait up to ``timeout_s`` for binds in flight, then stop the workers."""
