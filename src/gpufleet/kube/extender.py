@@ -226,10 +226,10 @@ class ExtenderLoop(SchedulerLoop):
                     self.release(key, "deleted")
             elif type_ == "DELETED" or is_terminal(pod):
                 self.release(key, "deleted")
-            elif (pod.get("spec") or {}).get("nodeName") and key not in self.binding:
+            elif (pod.get("spec") or {}).get("nodeName") and not self.binder.is_in_flight(key):
                 self.release(key, "bound_elsewhere")  # then the loop takes the placement it has
         done = type_ == "DELETED" or is_terminal(pod) or (pod.get("spec") or {}).get("nodeName")
-        if done and key not in self.binding:
+        if done and not self.binder.is_in_flight(key):
             self.first_filter.pop(key, None)
 
 
@@ -393,7 +393,7 @@ class Extender:
             loop.expire()
             loop.first_filter.setdefault(key, time.monotonic())
             loop.release(key, "refiltered")  # kube-scheduler is placing it again: what it was offered last is stale
-            if key in loop.binding or key in loop.state.assignments:
+            if loop.binder.is_in_flight(key) or key in loop.state.assignments:
                 where = loop.state.assignments[key].node if key in loop.state.assignments else "a node"
                 dt = self.metrics.observe("filter", "error", t0)
                 log.info("filter %s: the pod is already bound or being bound to %s (%s)", key, where, _ms(dt))
@@ -513,7 +513,7 @@ class Extender:
                 else:
                     loop.reservations.pop(key)
                     a, pod = r.assignment, r.pod
-                    loop.binding[key] = (pod, a, t0)
+                    loop.binder.begin_external(key, pod, a, t0)
         how = "reserved at filter"
         if a is None:  # no reservation: the extender restarted after filter, or it expired; decide on that node now
             how = "decided at bind (no reservation)"
@@ -530,7 +530,7 @@ class Extender:
             except GpufleetError as exc:
                 return refuse(f"invalid pod spec: {exc}")
             with self.lock:
-                if key in loop.binding or key in loop.state.assignments:
+                if loop.binder.is_in_flight(key) or key in loop.state.assignments:
                     return refuse(f"pod {key} is already bound or being bound")
                 sched = loop.sched
                 cycle = sched.new_cycle(req)
@@ -544,7 +544,7 @@ class Extender:
                 a = dec.assignment
                 assert a is not None
                 pod = slim_pod(pod)
-                loop.binding[key] = (pod, a, t0)
+                loop.binder.begin_external(key, pod, a, t0)
         assert a is not None and pod is not None
         with self.lock:
             uuids = {g.index: g.uuid for g in loop.state.nodes[loop.state.index[node]].gpus} if node in loop.state.index else {}
@@ -554,24 +554,10 @@ class Extender:
         outcome, detail, seen = bind_job(loop.api, ns, name, node, annotations)
         self.metrics.bind_call.observe(time.perf_counter() - tb)
         with self.lock:
-            if loop.binding.pop(key, None) is None:
+            if not loop.binder.end_external(key, outcome, seen, annotations):
                 return refuse(f"pod {key} was deleted while binding")
             if outcome == "bound":
-                p = dict(pod)
-                p["spec"] = {**(pod.get("spec") or {}), "nodeName": node}
-                meta = pod.get("metadata") or {}
-                p["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
-                loop.cache.add_bound(key, p)
-                loop.pending.pop(key, None)
-                loop.stats.binds += 1
                 first = loop.first_filter.pop(key, None)
-            else:
-                if loop.state.assignments.get(key) == a:
-                    loop.sched.forget(key)
-                if outcome == "taken":
-                    held = loop.cache.add_bound(key, seen) if seen is not None else loop.bound_pods.get(key)
-                    if held is not None:
-                        loop.cache.reserve_bound(key, held)
         if outcome != "bound":
             return refuse(f"binding {key} to {node} failed: {outcome} {detail}".strip(), "error")
         dt = self.metrics.observe("bind", "bound", t0)
