@@ -66,11 +66,19 @@ def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, 
     if w < 0.5:
         ax.bar(x + w / 2, pub, w, label="FGD paper (published)", color=PALETTE[1])
     top = max([v for v in ours + pub if not np.isnan(v)] + [bound or 0.0, 1.0])
-    if bound is not None:  # often ~0: lift the axis floor so the line is not hidden by the x axis
+    if bound is not None:  # can be ~0 (pods that all fit): lift the axis floor so the line is not hidden by the x axis
         ax.set_ylim(-0.06 * top, top * 1.15)
         ax.axhline(bound, color="#d62728", ls="--", lw=2, label=f"offline bound ({bound:.2f}%)", zorder=5)
         ax.text(-0.45, bound + 0.02 * top, f"offline bound {bound:.2f}%", color="#d62728", ha="left", va="bottom", fontsize=8,
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+    keep = [(summary[p].get("idle") or {}).get("bound_placing_first_pct_mean") for p in pols]
+    labelled = False
+    for xi, k in zip(x, keep):  # per policy: the least any placement keeping its first pods could leave
+        if k is not None:
+            c = xi - (w / 2 if w < 0.5 else 0)
+            ax.hlines(k, c - w / 2, c + w / 2, colors="black", lw=2, linestyles=":", zorder=6,
+                      label="_nolegend_" if labelled else "bound keeping the policy's first pods")
+            labelled = True
     best = int(np.nanargmin(ours)) if ours else -1
     for xi, v in zip(x, ours):
         ax.text(xi - (w / 2 if w < 0.5 else 0), v + 0.01 * top, f"{v:.2f}" + (" best" if xi == best else ""), ha="center",
@@ -79,7 +87,7 @@ def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, 
     ax.set_ylabel("unallocated GPU % at 100% arrived")
     ax.set_title("GPUs left unallocated when the workload equals cluster capacity (lower is better)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)  # below: bars stay readable
     return _svg(fig)
 
 
