@@ -12,6 +12,9 @@ PACKING_METRICS = [
     ("unallocated GPU %", "100 minus the share of the cluster's GPUs (in milli-GPU) allocated at the moment the arrived GPU "
                           "demand equals the cluster's GPU capacity; the FGD paper's headline metric, lower is better."),
     ("± std", "standard deviation of that figure over the seeds (shown only with several seeds)."),
+    ("keep-first bound %", "the least unallocated GPU % of any placement that keeps every pod this policy placed before it "
+                           "first turned one away (LP; a scheduler places what fits, so this is how far its own start "
+                           "allowed; see \"Where the idle GPUs are\")."),
     ("published", "the FGD paper's figure for the same trace (mean over the same seeds where published)."),
     ("failed pods", "pods (of all arrivals, up to the --tune x capacity demand) for which no node had room when they arrived."),
     ("wall s / run", "seconds one run took on this machine."),
@@ -58,22 +61,25 @@ def write_simulation_report(
         rows = []
         for pol, s in summary.items():
             pub = published.get(pol)
+            keep = (s.get("idle") or {}).get("bound_placing_first_pct_mean")
             rows.append([
                 pol + (" (best)" if pol == best else ""), s["runs"],
                 f"{s['unallocated_gpu_pct_mean']:.2f}" if s["unallocated_gpu_pct_mean"] is not None else "-",
                 *([f"{s['unallocated_gpu_pct_std']:.2f}" if s["unallocated_gpu_pct_std"] is not None else "-"] if several else []),
+                f"{keep:.2f}" if keep is not None else "-",
                 f"{pub:.2f}" if pub is not None else "-", f"{s['pods_failed_mean']:.0f}", f"{s['wall_s_mean']:.1f}",
             ])
         bound_status = "offline bound: not computed (--no-bound)"
         if bound is not None:
-            rows.append(["offline bound", "", f"{bound:.2f}", *([""] if several else []), "", "", ""])
+            rows.append(["offline bound", "", f"{bound:.2f}", *([""] if several else []), "", "", "", ""])
             bound_status = f"offline bound: {bound:.2f}% (no placement of the arrived pods can leave fewer GPUs unallocated)"
         seeds = sorted({r["seed"] for r in runs})
         note = (f"<p class='note'>{'Mean over ' + str(len(seeds)) + ' seeds' if several else 'One seed (' + str(seeds[0]) + ')'}; "
                 f"{html.escape(bound_status)}. Lower is better; the best policy is marked."
                 + ("" if several else " One seed's figures differ from a mean over seeds by a few tenths: "
                    "<code>gpufleet simulate --seeds 42-51</code> gives the README's table.") + "</p>")
-        headers = ["policy", "runs", "unallocated GPU %", *(["± std"] if several else []), "published", "failed pods", "wall s / run"]
+        headers = ["policy", "runs", "unallocated GPU %", *(["± std"] if several else []), "keep-first bound %", "published",
+                   "failed pods", "wall s / run"]
         marked = [i for i, p in enumerate(summary) if p == best]
         defs = [d for d in PACKING_METRICS if several or d[0] != "± std"]
         if bound_note:
