@@ -166,10 +166,10 @@ def _arcs(sizes: Sequence[int]) -> tuple[list[tuple[int, int, int]], list[int]]:
     """Arc-flow graph of one GPU (0 -> 1000 milli): (tail, head, share size; 0 for the idle rest), and its positions.
 
     Shares are taken in non-increasing size, so a position only gets arcs of sizes up to the largest share
-    that can end there; sizes must be multiples of ``step``."""
+    that can end there.  ``sizes``: largest first; positions step by their common divisor with 1000."""
     best_last = {0: GPU_MILLI}  # position -> the largest share that can be the last one to reach it
     arcs: list[tuple[int, int, int]] = []
-    for p in sorted(set(range(0, GPU_MILLI + 1, _step(sizes)))):
+    for p in range(0, GPU_MILLI + 1, _step(sizes)):
         last = best_last.get(p)
         if last is None:
             continue
@@ -183,6 +183,7 @@ def _arcs(sizes: Sequence[int]) -> tuple[list[tuple[int, int, int]], list[int]]:
 
 
 def _step(sizes: Sequence[int]) -> int:
+    """The sizes' common divisor with 1000 milli, at least 1000 / PATTERN_STEPS."""
     from math import gcd
 
     g = GPU_MILLI
