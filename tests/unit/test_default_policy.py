@@ -1,13 +1,17 @@
-"""The default policy's terms learned online: GPU-model pressure from pinned pods, stranding over ratio quantiles."""
+"""The default policy's terms learned online: GPU-model pressure from pinned pods, stranding over ratio quantiles,
+share patterns from the share-packing LP."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
+import pytest
 
 from gpufleet.engine.framework import Cycle
-from gpufleet.engine.model import PodRequest
+from gpufleet.engine.model import Assignment, PodRequest
 from gpufleet.engine.state import ClusterState
-from gpufleet.policies.default import StrandAwareFragScore
+from gpufleet.policies.default import StrandAwareFragScore, pattern_loads
 from tests.builders import A100, T4, make_node
 
 
@@ -174,3 +178,52 @@ def test_a_fresh_scheduler_relearns_its_target_at_each_doubling_while_little_is_
             nxt = p._next_refresh
     assert refreshed == [1, 2, 4, 8, 16, 32, 64, 128]  # each doubling, then every 64 pods as before
     assert [sizes_after[i] for i in (1, 2, 3, 4)] == [1, 2, 2, 4]  # not at every pod: a refresh re-scores every node
+
+
+# --- share patterns --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "sizes, size, ok, not_ok",
+    [
+        # two 810s and one 160 (10-milli units): (810, 160) + (810)
+        ({81: 2, 16: 1}, 16, [16, 97], [32, 81]),
+        ({81: 2, 16: 1}, 81, [81, 97], [16]),
+        # the only 2-GPU packing of 470, 470, 650, 320 is (470, 470) + (650, 320): a 320 joins a 650, not a 470
+        ({47: 2, 65: 1, 32: 1}, 32, [32, 97], [79, 65]),
+        ({47: 2, 65: 1, 32: 1}, 47, [47, 94], [79, 97]),
+        ({50: 2}, 50, [50, 100], [0]),
+    ],
+)
+def test_pattern_loads_are_the_partial_sums_of_the_lp_patterns(sizes, size, ok, not_ok):
+    table = pattern_loads(Counter(sizes))
+    assert set(table) == set(sizes)
+    assert all(table[size][load] for load in ok)
+    assert not any(table[size][load] for load in not_ok)
+
+
+def test_pattern_loads_of_nothing():
+    assert pattern_loads(Counter()) == {}
+
+
+def share_cluster() -> ClusterState:
+    # three one-GPU nodes: one holds a 600 share, one a 330 share, one is empty
+    state = ClusterState([make_node(n, 1, A100, cpu_milli=64_000, memory_mib=262_144) for n in ("six", "three30", "fresh")])
+    state.reserve(Assignment("default/a", "six", 1000, 1024, gpu_indices=(0,), gpu_milli=600, gpu_memory_mib=(1024,)))
+    state.reserve(Assignment("default/b", "three30", 1000, 1024, gpu_indices=(0,), gpu_milli=330, gpu_memory_mib=(1024,)))
+    return state
+
+
+def test_a_share_joins_the_gpu_whose_lp_pattern_it_continues():
+    # shares seen: 600, 400 and 330 alike; the fewest GPUs pack them as (600, 400) and (330, 330, 330),
+    # so a 330 belongs beside a 330 (load 660), not in the 400 left beside a 600 (load 930)
+    learned = [req(f"s{i}-{m}", cpu=1000, milli=m) for i in range(30) for m in (600, 400, 330)]
+    state = share_cluster()
+    p = StrandAwareFragScore(learn_online=False)
+    p.prime(learned)
+    s = scores(p, state, req("new", cpu=1000, milli=330))
+    assert int(np.argmax(s)) == state.node_index("three30")
+    assert s[state.node_index("six")] < s[state.node_index("fresh")]
+    off = StrandAwareFragScore(learn_online=False, pattern_weight=0.0, pattern_penalty=0.0)
+    off.prime(learned)
+    s_off = scores(off, state, req("new", cpu=1000, milli=330))
+    assert int(np.argmax(s_off)) != state.node_index("three30")  # without patterns the descent alone goes elsewhere
