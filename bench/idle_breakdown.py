@@ -68,8 +68,8 @@ def main() -> int:
             print("holes (GPUs with shares; free GPU-equivalents): "
                   + ", ".join(f"{hole_name(k)}: {n} GPUs, {f / 1000:.1f}" for k, (n, f) in big))
             print(f"repack: the policy used {b.share_gpus} GPUs for shares; best-fit decreasing of the same shares needs "
-                  f"{b.repack_gpus} ({b.share_gpus - b.repack_gpus} fewer, "
-                  f"{100.0 * (b.share_gpus - b.repack_gpus) * 1000 / b.capacity:.2f} points of capacity); "
+                  f"{b.repack_gpus} ({abs(b.share_gpus - b.repack_gpus)} {'fewer' if b.share_gpus >= b.repack_gpus else 'more'}, "
+                  f"{100.0 * abs(b.share_gpus - b.repack_gpus) * 1000 / b.capacity:.2f} points of capacity); "
                   f"no packing of them needs fewer than {b.repack_lower} (arc-flow LP bound: at most "
                   f"{100.0 * (b.share_gpus - b.repack_lower) * 1000 / b.capacity:.2f} points to win back)")
     return 0

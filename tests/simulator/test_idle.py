@@ -12,6 +12,7 @@ from gpufleet.engine.model import Assignment
 from gpufleet.engine.state import ClusterState
 from gpufleet.simulator import packing
 from gpufleet.simulator.idle import best_fit_decreasing, bins_lower_bound, share_holes, summarize_idle
+from gpufleet.simulator.report_idle import repack_sentence
 
 from .test_bound import node, pod
 from .test_packing_and_cli import NODES, pods_csv
@@ -147,3 +148,13 @@ def test_simulate_reports_where_the_idle_gpus_are(tmp_path):
     for pol in ("fgd", "bestfit"):
         assert f"<li>{pol}: of the " in section and "best-fit decreasing of the same shares would save" in section
     assert "no packing of them saves more than" in section
+
+
+@pytest.mark.parametrize("saves, phrase", [
+    (39.0, "best-fit decreasing of the same shares would save 39 GPUs"),
+    (-7.0, "best-fit decreasing of the same shares would need 7 more GPUs than this placement"),
+])
+def test_repack_sentence_says_which_way_the_repack_goes(saves, phrase):
+    d = {"share_gpus_mean": 1943.0, "repack_bfd_saves_gpus_mean": saves, "repack_saves_at_most_gpus_mean": 4.0}
+    s = repack_sentence("default", d, several=False)
+    assert phrase in s and "no packing of them saves more than 4 (arc-flow LP bound)" in s

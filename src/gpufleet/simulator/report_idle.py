@@ -122,9 +122,11 @@ def repack_sentence(policy: str, d: Mapping[str, Any], several: bool) -> str:
     kept = ("" if keep is None else
             f" Keeping every pod it placed before it first turned one away{'' if sat is None else f' (at {100 * sat:.1f}% arrived)'}, "
             f"no placement leaves fewer than {keep:.2f}% unallocated.")
-    return (f"{policy}: of the {_num(d['share_gpus_mean'], several)} GPUs holding shares, best-fit decreasing of the same "
-            f"shares would save {_num(d['repack_bfd_saves_gpus_mean'], several)} GPUs; no packing of them saves more than "
-            f"{_num(d['repack_saves_at_most_gpus_mean'], several)} (arc-flow LP bound).{kept}")
+    saves = d["repack_bfd_saves_gpus_mean"]
+    bfd = (f"best-fit decreasing of the same shares would save {_num(saves, several)} GPUs" if saves >= 0 else
+           f"best-fit decreasing of the same shares would need {_num(-saves, several)} more GPUs than this placement")
+    return (f"{policy}: of the {_num(d['share_gpus_mean'], several)} GPUs holding shares, {bfd}; no packing of them saves "
+            f"more than {_num(d['repack_saves_at_most_gpus_mean'], several)} (arc-flow LP bound).{kept}")
 
 
 def idle_section(summary: Mapping[str, Mapping[str, Any]]) -> str:
