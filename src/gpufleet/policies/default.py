@@ -138,7 +138,7 @@ class StrandAwareFragScore(FGDScore):
     _tight: tuple | None = field(default=None, repr=False)
     _q_rhos: np.ndarray | None = field(default=None, repr=False)  # this cycle's ratio quantiles, None: the mean ratio
     _share_sizes: Counter = field(default_factory=Counter, repr=False)  # single-GPU share size (PATTERN_STEP units) -> pods
-    _patterns: tuple | None = field(default=None, repr=False)  # (version, {size: bool[load]})
+    _patterns: tuple | None = field(default=None, repr=False)  # (version, {size: bool[load]}, the sizes it was solved for)
 
     # --- what is learned -----------------------------------------------------------
     def _note(self, r: PodRequest) -> None:
@@ -359,9 +359,11 @@ class StrandAwareFragScore(FGDScore):
 
     def _pattern_table(self) -> dict[int, np.ndarray]:
         """{share size: ok[load]}: loads (PATTERN_STEP units, the share included) that some pattern of the LP takes."""
-        if self._patterns is None or self._patterns[0] != self._version:
-            self._patterns = (self._version, pattern_loads(self._share_sizes))
-        return self._patterns[1]
+        p = self._patterns
+        if p is None or p[0] != self._version:  # the same sizes as last time: the same LP
+            table = p[1] if p is not None and p[2] == self._share_sizes else pattern_loads(self._share_sizes)
+            p = self._patterns = (self._version, table, Counter(self._share_sizes))
+        return p[1]
 
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         out = super()._gpu_scores(cycle, state, nodes)
@@ -395,51 +397,49 @@ def pattern_loads(sizes: Counter) -> dict[int, np.ndarray]:
     from scipy.sparse import csr_matrix
 
     n = GPU_MILLI // PATTERN_STEP
-    ws = sorted(w for w in sizes if 0 < w < n)
-    if not ws:
+    ws = np.array(sorted(w for w in sizes if 0 < w < n), dtype=np.int64)
+    if not ws.size:
         return {}
-    arcs = [(u, u + w, w) for w in ws for u in range(0, n - w + 1)] + [(u, u + 1, 0) for u in range(n)]
-    src = np.array([a[0] for a in arcs])
-    dst = np.array([a[1] for a in arcs])
-    wid = np.array([a[2] for a in arcs])
-    j = np.arange(len(arcs))
+    src = np.concatenate([np.arange(n - w + 1) for w in ws] + [np.arange(n)])  # share arcs, then idle arcs
+    wid = np.concatenate([np.full(n - w + 1, w) for w in ws] + [np.zeros(n, dtype=np.int64)])
+    dst = src + np.maximum(wid, 1)
+    j = np.arange(src.size)
     inner_out, inner_in = (src > 0) & (src < n), (dst > 0) & (dst < n)
     a_eq = csr_matrix((np.r_[-np.ones(inner_out.sum()), np.ones(inner_in.sum())],
-                       (np.r_[src[inner_out] - 1, dst[inner_in] - 1], np.r_[j[inner_out], j[inner_in]])), shape=(n - 1, len(arcs)))
-    pos = {w: k for k, w in enumerate(ws)}
+                       (np.r_[src[inner_out] - 1, dst[inner_in] - 1], np.r_[j[inner_out], j[inner_in]])), shape=(n - 1, src.size))
     item = wid > 0
-    a_ub = csr_matrix((-np.ones(item.sum()), ([pos[w] for w in wid[item]], j[item])), shape=(len(ws), len(arcs)))
+    a_ub = csr_matrix((-np.ones(item.sum()), (np.searchsorted(ws, wid[item]), j[item])), shape=(ws.size, src.size))
     cost = np.where(src == 0, 1.0, 0.0) + np.where(wid == 0, 1e-6, 0.0)  # fewest GPUs; then no idle arcs to spare
-    res = linprog(cost, A_ub=a_ub, b_ub=-np.array([sizes[w] for w in ws], dtype=float), A_eq=a_eq, b_eq=np.zeros(n - 1),
-                  bounds=(0, None), method="highs")
+    res = linprog(cost, A_ub=a_ub, b_ub=-np.array([sizes[int(w)] for w in ws], dtype=float), A_eq=a_eq,
+                  b_eq=np.zeros(n - 1), bounds=(0, None), method="highs")
     if res.status != 0:  # pragma: no cover - one GPU per share is always feasible
         return {}
     flow: dict[int, list[list]] = {}
-    for k in np.flatnonzero(res.x > 1e-9):
+    used = np.flatnonzero(res.x > 1e-9)
+    for k in used:
         flow.setdefault(int(src[k]), []).append([int(dst[k]), int(wid[k]), float(res.x[k])])
-    ok = {w: np.zeros(n + 1, dtype=bool) for w in ws}
+    ok = {int(w): np.zeros(n + 1, dtype=bool) for w in ws}
     seen: set[tuple[int, ...]] = set()
-    while flow.get(0):  # peel paths off the flow: each is one pattern
+    for _ in range(used.size):  # peel paths off the flow, each one pattern; each peel empties an arc
         path, u = [], 0
-        while u < n:
+        while u < n and flow.get(u):
             arc = max(flow[u], key=lambda a: a[2])
-            path.append(arc)
+            path.append((u, arc))
             u = arc[0]
-        f = min(a[2] for a in path)
-        for a in path:
+        if u < n:  # nothing left from 0, or a rounding leftover that leads nowhere
+            break
+        f = min(a[2] for _, a in path)
+        for v, a in path:
             a[2] -= f
-        for key in list(flow):
-            flow[key] = [a for a in flow[key] if a[2] > 1e-9]
-            if not flow[key]:
-                del flow[key]
-        pattern = tuple(sorted(a[1] for a in path if a[1]))
+            if a[2] <= 1e-9:
+                flow[v] = [b for b in flow[v] if b is not a]
+        pattern = tuple(sorted(a[1] for _, a in path if a[1]))
         if pattern in seen:
             continue
         seen.add(pattern)
         for i, w in enumerate(pattern):  # sub-multisets holding pattern[i]: sums of it and any subset of the rest
-            rest = pattern[:i] + pattern[i + 1:]
             sums = {0}
-            for x in rest:
+            for x in pattern[:i] + pattern[i + 1:]:
                 sums |= {t + x for t in sums}
             for t in sums:
                 ok[w][t + w] = True
