@@ -1,4 +1,5 @@
-"""Property: the share-pattern table of the default policy is a packing's partial sums, whatever the sizes seen.
+"""Property: the arc-flow LP's patterns carry its whole solution, and the default policy's share-pattern table is
+their partial sums, whatever the sizes seen.
 
 Every share size seen is in some pattern (so a share alone on a GPU is on course), a load the table accepts
 holds the share and is never past a whole GPU, and where one size is all there is, the LP's one pattern is as
@@ -13,6 +14,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpufleet.policies import arcflow
 from gpufleet.policies.default import pattern_loads
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
@@ -46,3 +48,15 @@ def test_a_load_is_accepted_only_with_the_share_in_it(sizes, w):
 def test_one_size_packs_as_many_per_gpu_as_fit(w, count):
     ok = pattern_loads(Counter({w: count}))[w]
     assert set(np.flatnonzero(ok)) == {i * w for i in range(1, 100 // w + 1)}
+
+
+@SETTINGS
+@given(SIZES)
+def test_the_patterns_carry_the_whole_lp_and_each_fits_a_bin(sizes):
+    lp = arcflow.solve(sizes, 100)
+    assert lp is not None
+    found = lp.patterns()
+    assert abs(sum(f for _, f in found) - lp.bins) < 1e-6
+    assert all(sum(p) <= 100 for p, _ in found)
+    for w, c in sizes.items():  # every item is covered by the patterns' flow
+        assert sum(f * p.count(w) for p, f in found) >= c - 1e-6

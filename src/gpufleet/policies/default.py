@@ -100,6 +100,7 @@ from ..engine.config import Registry
 from ..engine.framework import Cycle
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.state import ClusterState
+from . import arcflow
 from .paper import FGDScore, _take_packed, frag_amount, node_view
 
 
@@ -367,16 +368,16 @@ class StrandAwareFragScore(FGDScore):
 
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         out = super()._gpu_scores(cycle, state, nodes)
+        milli = cycle.request.gpu_milli
+        left = node_view(state, nodes)[1]
         if (self.pattern_weight or self.pattern_penalty) and self._cpu_tight(state) < self.quantile_tight:
-            ok = self._pattern_table().get(max(1, round(cycle.request.gpu_milli / PATTERN_STEP)))
+            ok = self._pattern_table().get(max(1, round(milli / PATTERN_STEP)))
             if ok is not None:
-                left = node_view(state, nodes)[1]
                 used = GPU_MILLI - left
-                load = np.clip(np.rint((used + cycle.request.gpu_milli) / PATTERN_STEP).astype(np.int64), 0, ok.size - 1)
-                out = out + np.where((used > 0) & (left < GPU_MILLI), np.where(ok[load], self.pattern_weight, -self.pattern_penalty), 0.0)
+                load = np.clip(np.rint((used + milli) / PATTERN_STEP).astype(np.int64), 0, ok.size - 1)
+                out = out + np.where(used > 0, np.where(ok[load], self.pattern_weight, -self.pattern_penalty), 0.0)
         if self.share_fit:
-            left = node_view(state, nodes)[1] - cycle.request.gpu_milli
-            out = out - self.share_fit * np.clip(left, 0, GPU_MILLI) / GPU_MILLI
+            out = out - self.share_fit * np.clip(left - milli, 0, GPU_MILLI) / GPU_MILLI
         return out
 
     # select_gpus: FGDScore's (the best-scoring GPU for a share, best fit otherwise), on this measure
@@ -393,50 +394,13 @@ def pattern_loads(sizes: Counter) -> dict[int, np.ndarray]:
     sum to ``load``: a share of that size that brings a GPU to that load keeps the GPU on course
     to become one of the LP's patterns.
     """
-    from scipy.optimize import linprog
-    from scipy.sparse import csr_matrix
-
     n = GPU_MILLI // PATTERN_STEP
-    ws = np.array(sorted(w for w in sizes if 0 < w < n), dtype=np.int64)
-    if not ws.size:
+    ws = sorted(w for w in sizes if 0 < w < n)
+    lp = arcflow.solve({w: sizes[w] for w in ws}, n, idle_cost=1e-6) if ws else None  # fewest GPUs, no idle step to spare
+    if lp is None:
         return {}
-    src = np.concatenate([np.arange(n - w + 1) for w in ws] + [np.arange(n)])  # share arcs, then idle arcs
-    wid = np.concatenate([np.full(n - w + 1, w) for w in ws] + [np.zeros(n, dtype=np.int64)])
-    dst = src + np.maximum(wid, 1)
-    j = np.arange(src.size)
-    inner_out, inner_in = (src > 0) & (src < n), (dst > 0) & (dst < n)
-    a_eq = csr_matrix((np.r_[-np.ones(inner_out.sum()), np.ones(inner_in.sum())],
-                       (np.r_[src[inner_out] - 1, dst[inner_in] - 1], np.r_[j[inner_out], j[inner_in]])), shape=(n - 1, src.size))
-    item = wid > 0
-    a_ub = csr_matrix((-np.ones(item.sum()), (np.searchsorted(ws, wid[item]), j[item])), shape=(ws.size, src.size))
-    cost = np.where(src == 0, 1.0, 0.0) + np.where(wid == 0, 1e-6, 0.0)  # fewest GPUs; then no idle arcs to spare
-    res = linprog(cost, A_ub=a_ub, b_ub=-np.array([sizes[int(w)] for w in ws], dtype=float), A_eq=a_eq,
-                  b_eq=np.zeros(n - 1), bounds=(0, None), method="highs")
-    if res.status != 0:  # pragma: no cover - one GPU per share is always feasible
-        return {}
-    flow: dict[int, list[list]] = {}
-    used = np.flatnonzero(res.x > 1e-9)
-    for k in used:
-        flow.setdefault(int(src[k]), []).append([int(dst[k]), int(wid[k]), float(res.x[k])])
-    ok = {int(w): np.zeros(n + 1, dtype=bool) for w in ws}
-    seen: set[tuple[int, ...]] = set()
-    for _ in range(used.size):  # peel paths off the flow, each one pattern; each peel empties an arc
-        path, u = [], 0
-        while u < n and flow.get(u):
-            arc = max(flow[u], key=lambda a: a[2])
-            path.append((u, arc))
-            u = arc[0]
-        if u < n:  # nothing left from 0, or a rounding leftover that leads nowhere
-            break
-        f = min(a[2] for _, a in path)
-        for v, a in path:
-            a[2] -= f
-            if a[2] <= 1e-9:
-                flow[v] = [b for b in flow[v] if b is not a]
-        pattern = tuple(sorted(a[1] for _, a in path if a[1]))
-        if pattern in seen:
-            continue
-        seen.add(pattern)
+    ok = {w: np.zeros(n + 1, dtype=bool) for w in ws}
+    for pattern in {p for p, _ in lp.patterns()}:
         for i, w in enumerate(pattern):  # sub-multisets holding pattern[i]: sums of it and any subset of the rest
             sums = {0}
             for x in pattern[:i] + pattern[i + 1:]:

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.state import ClusterState
+from ..policies import arcflow
 
 MODEL_FIELDS = ("gpus", "idle", "whole", "sliver", "cpu_stranded", "unfillable", "used_unpinned", "used_pinned")
 
@@ -222,39 +223,13 @@ def bins_lower_bound(items: list[int], cap: int = GPU_MILLI) -> int:
     on practically every instance, so it is the honest yardstick for "how much better could these
     shares be packed".
     """
-    from scipy.optimize import linprog
-    from scipy.sparse import csr_matrix
-
     if not items:
         return 0
     step = math.gcd(cap, *items)
-    n = cap // step
-    count = Counter(x // step for x in items)
-    sizes = sorted(count)
-    arcs = [(i, i + w, w) for w in sizes for i in range(0, n - w + 1)] + [(i, i + 1, 0) for i in range(n)]
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    for j, (u, v, _) in enumerate(arcs):  # flow conservation at 1..n-1: in - out = 0
-        if 0 < u < n:
-            rows.append(u - 1)
-            cols.append(j)
-            vals.append(-1.0)
-        if 0 < v < n:
-            rows.append(v - 1)
-            cols.append(j)
-            vals.append(1.0)
-    a_eq = csr_matrix((vals, (rows, cols)), shape=(n - 1, len(arcs)))
-    pos = {w: k for k, w in enumerate(sizes)}
-    d_rows = [pos[w] for _, _, w in arcs if w]
-    d_cols = [j for j, (_, _, w) in enumerate(arcs) if w]
-    a_ub = csr_matrix((np.full(len(d_cols), -1.0), (d_rows, d_cols)), shape=(len(sizes), len(arcs)))
-    b_ub = -np.array([count[w] for w in sizes], dtype=float)
-    c = np.array([1.0 if u == 0 else 0.0 for u, _, _ in arcs])
-    res = linprog(c, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.zeros(n - 1), bounds=(0, None), method="highs")
-    if res.status != 0:  # pragma: no cover - the LP always has a solution (one bin per item)
+    lp = arcflow.solve(Counter(x // step for x in items), cap // step)
+    if lp is None:  # pragma: no cover - the LP always has a solution (one bin per item)
         return -(-sum(items) // cap)
-    return int(math.ceil(res.fun - 1e-6))
+    return int(math.ceil(lp.bins - 1e-6))
 
 
 SUMMARY_FIELDS = ("arrived_fraction", "saturation", "unallocated_gpu_pct", "idle_gpus", "whole_idle_gpus", "sliver_gpus",
