@@ -61,8 +61,9 @@ Two more terms came from the trace variants of issue 14 (``bench/variants.py``,
 
 The fifth term came from the bound (``simulator/bound.py``) and the repack yardstick of
 ``bench/idle_breakdown.py``: at 100% arrived on the default trace every idle GPU-milli of the
-default sat on GPUs holding shares, and an arc-flow LP packed the same shares into 10-12 fewer
-GPUs (0.16-0.24 points of capacity), more than an offline best-fit-decreasing repack found.
+default sat on GPUs holding shares, and an arc-flow LP packed the same shares into 9-15 fewer
+GPUs (0.14-0.24 points of capacity, seeds 42-51), where an offline best-fit-decreasing repack
+found at most 5.
 Local measures cannot see this: a 230 beside a 590 fills the GPU as well as a 230 beside a 550
 today, but only the second leaves room for the 220 that completes it.  So:
 
@@ -74,8 +75,8 @@ today, but only the second leaves room for the 220 that completes it.  So:
   neutral.  Both are large (50 quant steps): among used GPUs, following the LP's patterns
   outranks the descent, which then decides among the GPUs alike.  Idea after pattern-based
   online stochastic bin packing (Gupta and Radovanovic; Banerjee and Freund).  On the tuning
-  seeds it left 3.74% of the default trace idle against 3.86% (the used GPUs came within 2-4
-  of the LP bound for their shares, where best-fit-decreasing offline needs 6 more), and the
+  seeds it left 3.74% of the default trace idle against 3.86% (its shares on 2-4 GPUs more
+  than the LP bound for them, where best-fit-decreasing offline needs 6-8 more), and the
   pinned variants 3.7-4.0% against 4.1-4.3%.  Where CPU binds first (``quantile_tight``) GPU
   stranding is the leading loss and the term stays off: on cpu250 it cost 0.1 point.
 
