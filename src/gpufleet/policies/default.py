@@ -397,7 +397,7 @@ def pattern_loads(sizes: Counter) -> dict[int, np.ndarray]:
     """
     n = GPU_MILLI // PATTERN_STEP
     ws = sorted(w for w in sizes if 0 < w < n)
-    lp = arcflow.solve({w: sizes[w] for w in ws}, n, idle_cost=1e-6) if ws else None  # fewest GPUs, no idle step to spare
+    lp = arcflow.solve({w: sizes[w] for w in ws}, n) if ws else None
     if lp is None:
         return {}
     ok = {w: np.zeros(n + 1, dtype=bool) for w in ws}
