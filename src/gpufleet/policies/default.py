@@ -75,9 +75,9 @@ today, but only the second leaves room for the 220 that completes it.  So:
   neutral.  Both are large (50 quant steps): among used GPUs, following the LP's patterns
   outranks the descent, which then decides among the GPUs alike.  Idea after pattern-based
   online stochastic bin packing (Gupta and Radovanovic; Banerjee and Freund).  On the tuning
-  seeds it left 3.74% of the default trace idle against 3.86% (its shares on 2-4 GPUs more
-  than the LP bound for them, where best-fit-decreasing offline needs 6-8 more), and the
-  pinned variants 3.7-4.0% against 4.1-4.3%.  Where CPU binds first (``quantile_tight``) GPU
+  seeds it left 3.73% of the default trace idle against 3.86% (its shares on 3 GPUs more than
+  the LP bound for them, where best-fit-decreasing offline needs 6-8 more); over 10 seeds the
+  tuning split's pinned variants went to 3.75-3.87% from 4.08-4.22%.  Where CPU binds first (``quantile_tight``) GPU
   stranding is the leading loss and the term stays off: on cpu250 it cost 0.1 point.
 
 Everything a live scheduler could know: the target workload (task shapes and
