@@ -154,7 +154,7 @@ class StrandAwareFragScore(FGDScore):
             if r.gpu_models_allow:
                 self._pinned[r.gpu_models_allow] = self._pinned.get(r.gpu_models_allow, 0) + r.total_gpu_milli
             if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
-                self._share_sizes[max(1, round(r.gpu_milli / PATTERN_STEP))] += 1
+                self._share_sizes[pattern_units(r.gpu_milli)] += 1
 
     def observe(self, r: PodRequest) -> None:
         self._note(r)
@@ -372,7 +372,7 @@ class StrandAwareFragScore(FGDScore):
         milli = cycle.request.gpu_milli
         left = node_view(state, nodes)[1]
         if (self.pattern_weight or self.pattern_penalty) and self._cpu_tight(state) < self.quantile_tight:
-            ok = self._pattern_table().get(max(1, round(milli / PATTERN_STEP)))
+            ok = self._pattern_table().get(pattern_units(milli))
             if ok is not None:
                 used = GPU_MILLI - left
                 load = np.clip(np.rint((used + milli) / PATTERN_STEP).astype(np.int64), 0, ok.size - 1)
@@ -385,6 +385,11 @@ class StrandAwareFragScore(FGDScore):
 
 
 PATTERN_STEP = 10  # milli-GPU grid of the share-packing LP
+
+
+def pattern_units(milli: int) -> int:
+    """A share's size on the LP's grid (at least one step): what is learned and what is looked up."""
+    return max(1, round(milli / PATTERN_STEP))
 
 
 def pattern_loads(sizes: Counter) -> dict[int, np.ndarray]:
