@@ -78,6 +78,35 @@ def test_demand_pinned_to_several_models_goes_where_pinned_load_is_lowest():
     assert c[t4] > 5 * c[a100] > 0
 
 
+
+_PIN_RATES = """
+from gpufleet.engine.state import ClusterState
+from tests.builders import A100, T4, V100, make_node
+from tests.unit.test_default_policy import StrandAwareFragScore, req
+# three models with as many GPUs each, and demand that may use any of them: 16 water-filling slices over
+# three models give one of them a slice more, and which one is a tie
+state = ClusterState([make_node(m, 4, m, cpu_milli=64_000, memory_mib=262_144) for m in (A100, T4, V100)])
+p = StrandAwareFragScore(learn_online=False)
+p.prime([req(f"b{i}", allow=(A100, T4, V100)) for i in range(7)] + [req(f"u{i}") for i in range(20)])
+print(p._pin_rates(state).round(6).tolist())
+"""
+
+
+def test_pinned_demand_is_spread_the_same_in_every_process():
+    # a frozenset of model names iterates in hash order, which Python randomises per process: the spread
+    # (and so the placements of pinned variants) once depended on PYTHONHASHSEED
+    import os
+    import subprocess
+    import sys
+
+    out = set()
+    for hash_seed in range(6):
+        env = dict(os.environ, PYTHONHASHSEED=str(hash_seed))
+        run = subprocess.run([sys.executable, "-c", _PIN_RATES], env=env, capture_output=True, text=True, check=True)
+        out.add(run.stdout.strip())
+    assert len(out) == 1, out
+
+
 def test_pressure_rises_as_pods_with_a_choice_use_the_model_up():
     state = cluster()
     p = StrandAwareFragScore(learn_online=False)

@@ -307,7 +307,8 @@ class StrandAwareFragScore(FGDScore):
         load = np.zeros(nm)
         sets = []
         for allow, milli in self._pinned.items():
-            idx = np.array([ids[m] for m in allow if m in ids and cap[ids[m]] > 0], dtype=int)
+            # sorted: a frozenset of names iterates in hash order, which differs per process (ties in argmin below)
+            idx = np.array(sorted(ids[m] for m in allow if m in ids and cap[ids[m]] > 0), dtype=int)
             if idx.size:
                 sets.append((idx, float(milli)))
         steps = 16
