@@ -209,6 +209,54 @@ def test_a_fresh_scheduler_relearns_its_target_at_each_doubling_while_little_is_
     assert [sizes_after[i] for i in (1, 2, 3, 4)] == [1, 2, 2, 4]  # not at every pod: a refresh re-scores every node
 
 
+
+def refreshes(p: StrandAwareFragScore, pods: list[PodRequest]) -> list[int]:
+    out, nxt = [], p._next_refresh
+    for i, r in enumerate(pods, 1):
+        p.observe(r)
+        if p._next_refresh != nxt:
+            out.append(i)
+            nxt = p._next_refresh
+    return out
+
+
+def test_a_long_running_scheduler_relearns_at_least_every_refresh_max_pods():
+    pods = [req(f"p{i}", milli=500) for i in range(1000)]
+    capped = refreshes(StrandAwareFragScore(refresh_max_pods=100, memory_pods=0), pods)
+    doubling = refreshes(StrandAwareFragScore(refresh_max_pods=0, memory_pods=0), pods)
+    assert [i for i in doubling if i >= 512] == [512]  # the next doubling, 1024, is past the end
+    assert [i for i in capped if i >= 512] == [512, 612, 712, 812, 912]
+
+
+@pytest.mark.parametrize("memory_pods, share_b_min, share_b_max", [(400, 0.95, 1.0), (0, 0.45, 0.55)])
+def test_the_learned_target_follows_a_drifting_mix_only_with_a_memory(memory_pods, share_b_min, share_b_max):
+    # 2,000 pods of 500-milli shares, then 2,000 of 250-milli ones with twice the CPU per GPU
+    p = StrandAwareFragScore(refresh_max_pods=200, memory_pods=memory_pods)
+    for i in range(2000):
+        p.observe(req(f"a{i}", cpu=4000, milli=500))
+    for i in range(2000):
+        p.observe(req(f"b{i}", cpu=4000, milli=250))
+    tw = p.workload
+    assert share_b_min <= float(tw.freq[tw.gpu_milli == 250].sum()) <= share_b_max
+    b = p._share_sizes[25] / (p._share_sizes[25] + p._share_sizes[50])
+    assert share_b_min <= b <= share_b_max  # the share patterns learn from the same faded counts
+    cpu_per_gpu = p._sums[1] / p._sums[0]
+    assert (cpu_per_gpu > 14.0) == bool(memory_pods)  # 16 for the 250s, 8 for the 500s
+    assert set(p._pattern_table()) == {25, 50}
+
+
+def test_forgetting_keeps_the_learned_state_bounded_however_many_shapes_come_and_go():
+    pods = [req(f"p{i}", cpu=1000 + i, milli=500) for i in range(3000)]  # every pod a new shape
+    remember = StrandAwareFragScore(refresh_max_pods=50, memory_pods=0)
+    forget = StrandAwareFragScore(refresh_max_pods=50, memory_pods=100)
+    for r in pods:
+        remember.observe(r)
+        forget.observe(r)
+    assert len(remember._counts) == 3000
+    assert len(forget._counts) < 700
+    assert sum(forget._counts.values()) <= 100 + 50
+
+
 # --- share patterns --------------------------------------------------------------------------
 
 @pytest.mark.parametrize(

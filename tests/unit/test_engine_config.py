@@ -88,6 +88,12 @@ CONFIG_ERRORS = [
     ("pluginConfig for unknown plugin", {"name": "p", "pluginConfig": {"FGDx": {}}}, "pluginConfig for unknown plugin 'FGDx'"),
     ("bad pluginConfig argument", {"name": "p", "pluginConfig": {"LeastAllocated": {"bogus": 1}}, "plugins": {"score": ["LeastAllocated"]}}, "plugin 'LeastAllocated': bad pluginConfig"),
     ("profile not a mapping", ["GpuFit"], "a profile must be a mapping"),
+    ("negative memory_pods", {"name": "p", "pluginConfig": {"StrandAwareFragScore": {"memory_pods": -1}}, "plugins": {"score": ["StrandAwareFragScore"]}},
+     "plugin 'StrandAwareFragScore': memory_pods must be an integer >= 0, got -1"),
+    ("string refresh_max_pods", {"name": "p", "pluginConfig": {"FGDScore": {"refresh_max_pods": "8k"}}, "plugins": {"score": ["FGDScore"]}},
+     "plugin 'FGDScore': refresh_max_pods must be an integer >= 0, got '8k'"),
+    ("threshold above 1", {"name": "p", "pluginConfig": {"FGDScore": {"threshold": 90}}, "plugins": {"score": ["FGDScore"]}},
+     "plugin 'FGDScore': threshold must be a number in [0.0, 1.0], got 90"),
 ]
 
 

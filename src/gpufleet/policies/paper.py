@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..engine.config import Registry
+from ..engine.errors import ConfigError
 from ..engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.plugins.filters import eligible_gpus
@@ -415,6 +416,17 @@ class BestFitScore(_Plugin):
 
 
 SEEN_KEYS_MAX = 200_000  # pod keys remembered for de-duplication (a retried pod is learned once)
+FORGET_BELOW = 0.01  # pods: a learned shape weighing less is dropped (see FGDScore._forget)
+
+
+def fade(weights: dict, keep: float, below: float) -> None:
+    """Scale learned weights by ``keep``, dropping those that fall under ``below``."""
+    for k in list(weights):
+        w = weights[k] * keep
+        if w < below:
+            del weights[k]
+        else:
+            weights[k] = w
 
 
 @dataclass
@@ -432,6 +444,8 @@ class FGDScore(_Plugin):
     learn_online: bool = False
     refresh_every: int = 64
     refresh_growth: float = 0.1  # after refresh_every * 8 pods, refresh when the count grew by this fraction
+    refresh_max_pods: int = 8192  # ... but at least every this many pods (0: no limit)
+    memory_pods: int = 16384  # at a refresh, older pods fade so that the pods seen weigh this many: the target follows a drifting mix (0: never forget)
     min_change: float = 0.0  # keep the current workload unless shape frequencies moved more than this (L1)
     threshold: float = POPULARITY_THRESHOLD
     include_cpu_pods: bool = True
@@ -443,6 +457,16 @@ class FGDScore(_Plugin):
     _version: int = 0  # bumped whenever the target workload changes (part of the score cache key)
     _gsel: OrderedDict = field(default_factory=OrderedDict, repr=False)  # see _gpu_cache
     _keys: OrderedDict = field(default_factory=OrderedDict, repr=False)  # pod keys already learned from
+
+    def __post_init__(self) -> None:
+        for f, low in (("refresh_every", 1), ("refresh_max_pods", 0), ("memory_pods", 0)):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigError(f"plugin {self.name!r}: {f} must be an integer >= {low}, got {v!r}")
+        for f, lo, hi in (("refresh_growth", 0.0, math.inf), ("min_change", 0.0, 2.0), ("threshold", 0.0, 1.0)):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
+                raise ConfigError(f"plugin {self.name!r}: {f} must be a number in [{lo}, {hi}], got {v!r}")
 
     # the target workload
     def prime(self, requests: Iterable[PodRequest]) -> None:
@@ -459,6 +483,9 @@ class FGDScore(_Plugin):
         self._seen += 1
         # refresh often while little is known, then every ~10% growth: each refresh re-scores all nodes
         if self.workload is None or self._seen >= self._next_refresh:
+            weight = float(sum(self._counts.values()))
+            if self.memory_pods and weight > self.memory_pods:
+                self._forget(self.memory_pods / weight)
             new = TargetWorkload.from_counts(self._counts, self.threshold)
             if self.workload is None or _distance(self.workload, new) > self.min_change:
                 self.workload = new
@@ -468,7 +495,16 @@ class FGDScore(_Plugin):
                 self._next_refresh = 2 * self._seen  # misjudged every placement of a fresh scheduler (real node)
             else:
                 grow = self.refresh_every if self._seen < 8 * self.refresh_every else int(self._seen * self.refresh_growth)
-                self._next_refresh = self._seen + max(self.refresh_every, grow)
+                step = max(self.refresh_every, grow)
+                self._next_refresh = self._seen + (min(step, self.refresh_max_pods) if self.refresh_max_pods > 0 else step)
+
+    def _forget(self, keep: float) -> None:
+        """Weigh everything learned so far by ``keep`` (< 1): a long-running scheduler's old pods fade.
+
+        Shapes left weighing under a hundredth of a pod are dropped, so the learned state stays bounded
+        however many distinct shapes a cluster sees over its life.
+        """
+        fade(self._counts, keep, FORGET_BELOW)
 
     def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
         tw = self.workload or TargetWorkload.from_counts(Counter())
