@@ -224,6 +224,34 @@ def test_runner_relists_after_410_gone_and_keeps_scheduling():
         t.join(5)
 
 
+
+class CutWatchApi(FakeApi):
+    """Every watch is cut mid-stream; ``stop`` is set first when the cut is the scheduler shutting down."""
+
+    def __init__(self, stop: threading.Event, shutting_down: bool):
+        super().__init__()
+        self.stop, self.shutting_down, self.watches = stop, shutting_down, 0
+
+    def watch(self, kind, rv, timeout_s=None):
+        self.watches += 1
+        if self.shutting_down or self.watches > 1:
+            self.stop.set()
+        raise ConnectionError("Response ended prematurely")
+        yield  # a generator, like the real watch
+
+
+@pytest.mark.parametrize("shutting_down, warned", [(False, True), (True, False)])
+def test_a_watch_cut_by_shutdown_is_not_reported_as_a_failure(caplog, shutting_down, warned):
+    # seen in the apiserver tier: watches cut when the test apiserver went away after the scheduler had
+    # stopped logged "watch failed ... reconnecting" from threads that were already on their way out
+    stop = threading.Event()
+    api = CutWatchApi(stop, shutting_down)
+    r = Runner(api, SchedulerLoop(api, build_profile("bestfit")), watch_timeout_s=1)
+    r._reflect("node", "0", stop)  # returns once stop is set
+    failed = [m for m in caplog.messages if "watch failed" in m]
+    assert bool(failed) == warned
+
+
 def test_runner_only_the_leader_binds_and_a_standby_takes_over():
     api = FakeApi()
     api.add_node(node("n1", gpus=4))

@@ -72,6 +72,8 @@ class Runner:
                     stop.wait(delay)
                     delay = min(delay * 2, 30.0)
             except Exception as exc:  # lost connection, apiserver restart: back off and reconnect
+                if stop.is_set():  # shutting down: a watch cut under it is no news
+                    return
                 log.warning("%s watch failed: %s; reconnecting in %.1fs", kind, exc, delay)
                 stop.wait(delay)
                 delay = min(delay * 2, 30.0)
