@@ -165,8 +165,9 @@ class StrandAwareFragScore(FGDScore):
 
     def _forget(self, keep: float) -> None:
         super()._forget(keep)
-        fade(self._ratios, keep, FORGET_BELOW * GPU_MILLI)
-        fade(self._pinned, keep, FORGET_BELOW * GPU_MILLI)
+        # the same floor in every map's unit (pods, GPU milli): nothing a hundredth of a pod still weighs is dropped
+        fade(self._ratios, keep, FORGET_BELOW)
+        fade(self._pinned, keep, FORGET_BELOW)
         fade(self._share_sizes, keep, FORGET_BELOW)
         self._sums = [x * keep for x in self._sums]
         self._cpu_all *= keep
