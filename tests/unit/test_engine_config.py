@@ -92,6 +92,10 @@ CONFIG_ERRORS = [
      "plugin 'StrandAwareFragScore': memory_pods must be an integer >= 0, got -1"),
     ("string refresh_max_pods", {"name": "p", "pluginConfig": {"FGDScore": {"refresh_max_pods": "8k"}}, "plugins": {"score": ["FGDScore"]}},
      "plugin 'FGDScore': refresh_max_pods must be an integer >= 0, got '8k'"),
+    ("negative pattern_weight", {"name": "p", "pluginConfig": {"StrandAwareFragScore": {"pattern_weight": -1}}, "plugins": {"score": ["StrandAwareFragScore"]}},
+     "plugin 'StrandAwareFragScore': pattern_weight must be a number >= 0, got -1"),
+    ("string learn_online", {"name": "p", "pluginConfig": {"StrandAwareFragScore": {"learn_online": "yes"}}, "plugins": {"score": ["StrandAwareFragScore"]}},
+     "plugin 'StrandAwareFragScore': learn_online must be true or false, got 'yes'"),
     ("threshold above 1", {"name": "p", "pluginConfig": {"FGDScore": {"threshold": 90}}, "plugins": {"score": ["FGDScore"]}},
      "plugin 'FGDScore': threshold must be a number in [0.0, 1.0], got 90"),
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -459,14 +459,21 @@ class FGDScore(_Plugin):
     _keys: OrderedDict = field(default_factory=OrderedDict, repr=False)  # pod keys already learned from
 
     def __post_init__(self) -> None:
-        for f, low in (("refresh_every", 1), ("refresh_max_pods", 0), ("memory_pods", 0)):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ConfigError(f"plugin {self.name!r}: {f} must be an integer >= {low}, got {v!r}")
-        for f, lo, hi in (("refresh_growth", 0.0, math.inf), ("min_change", 0.0, 2.0), ("threshold", 0.0, 1.0)):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= v <= hi:
-                raise ConfigError(f"plugin {self.name!r}: {f} must be a number in [{lo}, {hi}], got {v!r}")
+        """Check every numeric and boolean argument (this class's and a subclass's) once, at start."""
+        ranges = {"refresh_every": (1, math.inf), "min_change": (0.0, 2.0), "threshold": (0.0, 1.0)}
+        for f in fields(self):
+            if f.name.startswith("_") or not isinstance(f.default, (bool, int, float)):
+                continue
+            v = getattr(self, f.name)
+            if isinstance(f.default, bool):
+                if not isinstance(v, bool):
+                    raise ConfigError(f"plugin {self.name!r}: {f.name} must be true or false, got {v!r}")
+                continue
+            whole = isinstance(f.default, int)
+            lo, hi = ranges.get(f.name, (0, math.inf))
+            if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not lo <= v <= hi:
+                what = f"an integer >= {lo}" if whole else (f"a number in [{lo}, {hi}]" if hi < math.inf else f"a number >= {lo}")
+                raise ConfigError(f"plugin {self.name!r}: {f.name} must be {what}, got {v!r}")
 
     # the target workload
     def prime(self, requests: Iterable[PodRequest]) -> None:
