@@ -176,3 +176,54 @@ def test_pod_source_takes_the_pod_kubelet_is_admitting_from_its_pod_list():
     assert pick(pods, "n1", "nvidia.com/gpu", 1, set(), admitting={("ml", "b")}).pod_key == "ml/b"
     # kubelet is admitting a pod another scheduler bound (no assignment): none of ours, kubelet's choice stands
     assert pick(pods, "n1", "nvidia.com/gpu", 1, set(), admitting={("ml", "foreign")}) is None
+
+
+class _Refused(Exception):
+    """What the kubernetes client raises with no API server to answer (urllib3's MaxRetryError has no status)."""
+
+
+class _ApiError(Exception):
+    def __init__(self, status):
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class FlakyCore:
+    """``list_pod_for_all_namespaces`` raises the given errors in turn, then answers with ``pods``."""
+
+    def __init__(self, errors, pods):
+        self.errors, self.pods, self.calls = list(errors), pods, 0
+        self.api_client = type("C", (), {"sanitize_for_serialization": staticmethod(lambda x: x)})()
+
+    def list_pod_for_all_namespaces(self, field_selector):
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return type("L", (), {"items": self.pods})()
+
+
+@pytest.mark.parametrize("errors, api_wait_s, found, calls", [
+    ([], 30.0, True, 1),
+    # a kube-apiserver restart while kubelet admits the pod: wait for it, then the scheduler's GPUs
+    ([_Refused("connection refused")] * 3, 30.0, True, 4),
+    ([_ApiError(503), _ApiError(429)], 30.0, True, 3),
+    # away for longer than the wait: kubelet's choice stands (None), after about api_wait_s
+    ([_Refused("connection refused")] * 100, 5.0, False, None),
+    # refused for good (403): nothing to wait for
+    ([_ApiError(403)], 30.0, False, 1),
+    ([_Refused("connection refused")], 0.0, False, 1),
+])
+def test_pod_source_waits_for_an_api_server_that_does_not_answer(errors, api_wait_s, found, calls):
+    from gpufleet.agent.podsource import KubePodSource
+
+    a = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
+    now = [0.0]
+    core = FlakyCore(errors, [pod("a", a)])
+    src = KubePodSource(core, "n1", api_wait_s=api_wait_s, sleep=lambda s: now.__setitem__(0, now[0] + s),
+                        clock=lambda: now[0])
+    pa = src.pending_assignment("nvidia.com/gpu", 1, set())
+    assert (pa is not None and pa.pod_key == "ml/a") == found
+    if calls is not None:
+        assert core.calls == calls
+    else:
+        assert now[0] == pytest.approx(api_wait_s) and core.calls > 3  # backed off up to the limit, not beyond

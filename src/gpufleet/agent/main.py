@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-addr", type=host_port, default="0.0.0.0:9400", help="HOST:PORT for Prometheus /metrics (dcgm-exporter names); '' to disable")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="kubelet's PodResources socket, to attribute GPU metrics to pods")
+    p.add_argument("--api-wait-s", type=float_range(0, 600), default=30.0,
+                   help="while kubelet admits a pod and the API server does not answer, wait this long for it before "
+                        "letting kubelet's device choice stand (default 30)")
     p.add_argument("--stop-drain-seconds", type=float_range(0, 600), default=5.0,
                    help="on SIGTERM: taint the node NoSchedule (gpufleet.io/agent-restarting), wait this long for pods "
                         "already bound to be admitted, then stop; the taint is removed once the plugins are registered again")
@@ -263,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
         from .labels import NodeLabeller
         from .podsource import KubePodSource
 
-        pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None)
+        pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None, api_wait_s=args.api_wait_s)
         labeller = None if args.no_labels else NodeLabeller(core, args.node_name)
     try:
         os.makedirs(args.state_dir, exist_ok=True)

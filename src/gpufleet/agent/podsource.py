@@ -7,11 +7,23 @@ same profile for ``nvidia.com/mig-<profile>``) with as many devices as kubelet
 asks for, is not running yet, and was not served before (the checkpoint's
 keys).  A malformed annotation is logged with the pod and the field, that pod
 is skipped, and Allocate falls back to kubelet's choice.
+
+When the API server cannot be reached (a restart, a lost connection), the
+lookup waits for it, up to ``api_wait_s``, rather than let kubelet's choice
+stand: kubelet took the pod from the API server a moment ago, already bound
+and annotated, so it is usually back within seconds, and a pod started on
+GPUs the scheduler did not choose may share them with another (seen on the
+real node: a pod admitted during a kube-apiserver restart ran on GPU 2, its
+assignment said GPU 3).  kubelet calls Allocate with no deadline, so waiting
+holds only its admissions meanwhile.  An HTTP error other than a server-side
+one is not waited for.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
@@ -121,17 +133,39 @@ def kubelet_waiting(socket: str, resource: str, timeout_s: float = 2.0) -> set[t
     return out
 
 
+def api_unreachable(exc: Exception) -> bool:
+    """Worth waiting for: no answer at all, or a server-side HTTP error (an ApiException's ``status``)."""
+    status = getattr(exc, "status", None)
+    return not isinstance(status, int) or status == 0 or status == 429 or status >= 500
+
+
 class KubePodSource:
-    def __init__(self, core_v1, node: str, pod_resources_socket: str | None = None) -> None:
+    def __init__(self, core_v1, node: str, pod_resources_socket: str | None = None, api_wait_s: float = 30.0,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         self.core, self.node, self.pod_resources_socket = core_v1, node, pod_resources_socket
+        self.api_wait_s, self._sleep, self._clock = api_wait_s, sleep, clock
+
+    def _node_pods(self) -> list[dict]:
+        """The pods bound to this node, waiting up to ``api_wait_s`` for an API server that does not answer."""
+        end, delay = self._clock() + self.api_wait_s, 0.25
+        while True:
+            try:
+                items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
+                return [self.core.api_client.sanitize_for_serialization(x) for x in items]
+            except Exception as exc:
+                left = end - self._clock()
+                if not api_unreachable(exc) or left <= 0:
+                    raise
+                log.warning("cannot list pods on %s: %s; retrying for up to %.0f s more", self.node, exc, left)
+                self._sleep(min(delay, left))
+                delay = min(delay * 2, 4.0)
 
     def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
         waiting = kubelet_waiting(self.pod_resources_socket, resource) if self.pod_resources_socket else None
         try:
-            items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
-            pods = [self.core.api_client.sanitize_for_serialization(x) for x in items]
-        except Exception as exc:  # API away: kubelet's choice still works
-            log.warning("cannot list pods on %s: %s", self.node, exc)
+            pods = self._node_pods()
+        except Exception as exc:  # API away for longer than api_wait_s, or it refuses us: kubelet's choice stands
+            log.error("cannot list pods on %s: %s; kubelet's device choice stands", self.node, exc)
             return None
         return pick(pods, self.node, resource, count, exclude, waiting)
 
