@@ -7,6 +7,8 @@ Asserted: no pod fails kubelet admission; every bound pod runs; each container's
 /dev/nvidia* and kubelet's PodResources name exactly its ``gpufleet.io/assignment``; no GPU is over-committed (milli,
 memory, MIG instance); at least 90% of the GPU capacity the stream asked for is placed.  The report (also written
 to $E2E_LOGS/gpufleet-e2e-report.txt) gives creation->Running per request kind and the restart timings.
+
+Also: a pod kubelet admits while the agent's path to the API server is cut runs on the GPU its assignment names.
 """
 
 from __future__ import annotations
@@ -463,3 +465,141 @@ def test_real_prometheus_scrapes_the_agent_and_gpufleet_queries_it(real_node):
         with open(node.logs / "gpufleet-e2e-report.txt", "a") as f:
             f.write(text + "\n")
         print("\n" + text)
+
+
+class CuttableProxy:
+    """A TCP forwarder to the API server that the test can cut: while cut, connections are closed as soon as they
+    are accepted and the open ones are dropped, as in an API server restart or a lost network path."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        import socket
+        import threading
+
+        self._socket, self.target = socket, target
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.cut, self.refused = threading.Event(), 0
+        self.lock, self.conns = threading.Lock(), set()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.cut.is_set():
+                self.refused += 1
+                c.close()
+                continue
+            try:
+                u = self._socket.create_connection(self.target, timeout=5)
+            except OSError:
+                c.close()
+                continue
+            with self.lock:
+                self.conns |= {c, u}
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._drop(a, b)
+
+    def _drop(self, *socks) -> None:
+        for s in socks:
+            try:
+                s.shutdown(self._socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def set_cut(self, on: bool) -> None:
+        if not on:
+            self.cut.clear()
+            return
+        self.cut.set()
+        with self.lock:
+            self._drop(*self.conns)
+            self.conns.clear()
+
+    def close(self) -> None:
+        self.set_cut(True)
+        self.sock.close()
+
+
+def test_a_pod_admitted_while_the_agent_cannot_reach_the_api_server_runs_on_its_assigned_gpu(real_node):
+    """Found on this tier: a pod kubelet admitted during a kube-apiserver restart ran on GPU 2 while its assignment
+    said GPU 3 (the agent could not read the assignment and let kubelet's choice stand).  Here the agent's own path
+    to the API server is cut while kubelet admits a pod bound with an assignment, and restored 6 s later: the agent
+    waits for it (``--api-wait-s``), and the pod runs on the GPU the assignment names."""
+    import re
+
+    node = real_node
+    fakedev = node.data / "fakedev"
+    fakedev.mkdir(exist_ok=True)
+    for i in range(len(GPUS)):
+        if not (fakedev / f"nvidia{i}").exists():
+            os.mknod(fakedev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
+    if not (fakedev / "nvidiactl").exists():
+        os.mknod(fakedev / "nvidiactl", 0o666 | 0o020000, os.makedev(195, 255))
+    text = node.kubeconfig.read_text()
+    m = re.search(r"server:\s*https://([\d.]+):(\d+)", text)
+    assert m, "no https server in the kubeconfig"
+    proxy = CuttableProxy((m[1], int(m[2])))
+    cut_kubeconfig = node.data / "kubeconfig-cuttable"
+    cut_kubeconfig.write_text(text.replace(m[0], f"server: https://{m[1]}:{proxy.port}"))
+    if node.pid_of("gpufleet-agent"):
+        node.stop("gpufleet-agent")
+    cfg = node.data / "agent.yaml"  # the config the stream test left the agent with, if it ran
+    start_agent(node, (["--config", str(cfg)] if cfg.exists() else []) + ["--kubeconfig", str(cut_kubeconfig)])  # last wins
+    name = "cut-api"
+    try:
+        assert wait(lambda: gpu_allocatable(node) > 0, 60), "the agent did not register"
+        # the GPU: the busiest whole A100 that still takes a 100-milli share (highest index on a tie), so that
+        # kubelet's own choice (GPUs nobody uses, lowest index first; else the least loaded) is another one
+        milli = {g.index: 0 for g in GPUS if not g.mig_enabled}
+        held = {g: 0 for g in milli}
+        for p in node.pods():
+            if p["spec"].get("nodeName") != NODE or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            a = json.loads((p["metadata"].get("annotations") or {}).get("gpufleet.io/assignment", "{}") or "{}")
+            for g in a.get("gpus") or []:
+                if g["index"] in milli:
+                    milli[g["index"]] += a.get("gpu_milli", 1000)
+                    held[g["index"]] += 1
+        room = [g for g in milli if milli[g] <= 900]
+        assert room, f"no A100 with 100 milli free: {milli}"
+        gpu = max(room, key=lambda g: (held[g], g))
+        uuid = next(g.uuid for g in GPUS if g.index == gpu)
+        pm = pod_manifest(name, "milli", 100, scheduler="nobody")
+        pm["spec"]["nodeName"] = NODE
+        pm["metadata"]["annotations"]["gpufleet.io/assignment"] = json.dumps(
+            {"node": NODE, "gpus": [{"index": gpu, "uuid": uuid}], "gpu_milli": 100, "gpu_memory_mib": [0]})
+        proxy.set_cut(True)
+        node.kubectl("create", "-f", "-", input=json.dumps(pm))  # straight to the API server, not through the proxy
+        time.sleep(6)
+        assert proxy.refused > 0, "the agent did not try the API server while it was cut"
+        proxy.set_cut(False)
+        assert wait(lambda: ((node.get_json("pod", name).get("status") or {}).get("containerStatuses") or [{}])[0].get("ready"), 90), \
+            f"{name} not running: {json.dumps(node.get_json('pod', name).get('status'))[:600]}"
+        out = node.pod_logs("default", name)
+        env = dict(line.split("=", 1) for line in out.split("DEVS")[0].splitlines() if "=" in line)
+        ids = node.pod_resources().get(("default", name), [])
+        print(f"\n{name}: assigned GPU {gpu}; NVIDIA_VISIBLE_DEVICES {env.get('NVIDIA_VISIBLE_DEVICES')}, kubelet {ids}; "
+              f"the proxy turned away {proxy.refused} connection(s) while cut")
+        assert env.get("NVIDIA_VISIBLE_DEVICES") == uuid
+        assert ids and all(i.split("::")[0] == uuid for i in ids), ids
+    finally:
+        proxy.close()
+        node.kubectl("delete", "pod", name, "--grace-period=0", "--wait=false", check=False)
+        node.stop("gpufleet-agent")
