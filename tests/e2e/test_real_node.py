@@ -561,10 +561,14 @@ def test_a_pod_admitted_while_the_agent_cannot_reach_the_api_server_runs_on_its_
     if node.pid_of("gpufleet-agent"):
         node.stop("gpufleet-agent")
     cfg = node.data / "agent.yaml"  # the config the stream test left the agent with, if it ran
+    before = node.log_size("kubelet")
     start_agent(node, (["--config", str(cfg)] if cfg.exists() else []) + ["--kubeconfig", str(cut_kubeconfig)])  # last wins
     name = "cut-api"
     try:
-        assert wait(lambda: gpu_allocatable(node) > 0, 60), "the agent did not register"
+        # the Node's allocatable may still show the last agent's devices: wait for kubelet to take this one's
+        assert wait(lambda: node.kubelet_log_has('Got registration request from device plugin with resource" '
+                                                 'resourceName="nvidia.com/gpu"', before), 60, 0.2), "the agent did not register"
+        time.sleep(3)  # its first ListAndWatch: kubelet marks the devices healthy
         # the GPU: the busiest whole A100 that still takes a 100-milli share (highest index on a tie), so that
         # kubelet's own choice (GPUs nobody uses, lowest index first; else the least loaded) is another one
         milli = {g.index: 0 for g in GPUS if not g.mig_enabled}
