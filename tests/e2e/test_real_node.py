@@ -245,6 +245,16 @@ def real_node():
             lock.close()
 
 
+def make_fakedev(node: RealNode) -> None:
+    """Fake device nodes in a private dir (not /dev): the agent hands containers /dev/nvidiaN from there."""
+    fakedev = node.data / "fakedev"
+    fakedev.mkdir(exist_ok=True)
+    names = [(f"nvidia{i}", i) for i in range(len(GPUS))] + [("nvidiactl", 255)]  # nvidia-uvm left out: spec skipped
+    for name, minor in names:
+        if not (fakedev / name).exists():
+            os.mknod(fakedev / name, 0o666 | 0o020000, os.makedev(195, minor))
+
+
 def start_agent(node: RealNode, extra: list[str]) -> None:
     node.gpufleet("gpufleet-agent", ["agent", "--nvml", f"fake:{PROFILE}", "--node-name", NODE,
                                      "--kubeconfig", str(node.kubeconfig), "--device-plugin-dir", "/var/lib/kubelet/device-plugins",
@@ -262,12 +272,7 @@ def test_real_node_random_stream_with_restarts(real_node):
     report: list[str] = []
     problems: list[str] = []
     t_start = time.monotonic()
-    # fake device nodes in a private dir (not /dev): the agent hands containers /dev/nvidiaN from there
-    fakedev = node.data / "fakedev"
-    fakedev.mkdir(exist_ok=True)
-    for i in range(len(GPUS)):
-        os.mknod(fakedev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
-    os.mknod(fakedev / "nvidiactl", 0o666 | 0o020000, os.makedev(195, 255))  # nvidia-uvm left out: device spec skipped
+    make_fakedev(node)
     seed = int(os.environ.get("GPUFLEET_E2E_SEED", "12"))
 
     # the agent, DEFAULT configuration
@@ -545,13 +550,7 @@ def test_a_pod_admitted_while_the_agent_cannot_reach_the_api_server_runs_on_its_
     import re
 
     node = real_node
-    fakedev = node.data / "fakedev"
-    fakedev.mkdir(exist_ok=True)
-    for i in range(len(GPUS)):
-        if not (fakedev / f"nvidia{i}").exists():
-            os.mknod(fakedev / f"nvidia{i}", 0o666 | 0o020000, os.makedev(195, i))
-    if not (fakedev / "nvidiactl").exists():
-        os.mknod(fakedev / "nvidiactl", 0o666 | 0o020000, os.makedev(195, 255))
+    make_fakedev(node)
     text = node.kubeconfig.read_text()
     m = re.search(r"server:\s*https://([\d.]+):(\d+)", text)
     assert m, "no https server in the kubeconfig"
