@@ -35,6 +35,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -44,6 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from gpufleet.engine.model import Node
 from gpufleet.simulator import trace as tracemod
@@ -165,31 +167,57 @@ def more_cpu_pods(pods: Sequence[TracePod], factor: float, rng: np.random.Genera
     return out
 
 
+_RELEASE = re.compile(r"(cpu|gpushare)\d+")
+_GENERATED = re.compile(r"(pinskew|pinned|multigpu|cpumore)(\d+)")
+
+
+def check_variant(variant: str) -> None:
+    """ValueError naming ``variant`` unless ``variant_pods`` can build it (the release's files aside)."""
+    if variant == "default" or _RELEASE.fullmatch(variant):
+        return
+    m = _GENERATED.fullmatch(variant)
+    if not m:
+        raise ValueError(f"unknown variant {variant!r} (default, pinnedNN, pinskewNN, multigpuNN, cpumoreNNN, "
+                         "or one of the release's cpuNNN/gpushareNN)")
+    kind, amount = m.group(1), int(m.group(2))
+    if kind == "cpumore" and amount < 100:
+        raise ValueError(f"variant {variant!r}: cpumoreNNN takes the CPU-only pods' CPU in percent of the trace's own, "
+                         "at least 100")
+    if kind != "cpumore" and not 0 < amount <= 100:
+        raise ValueError(f"variant {variant!r}: {kind}NN takes a share of the GPU pods in percent, 1 to 100")
+
+
 def variant_pods(variant: str, seed: int, nodes: Sequence[Node], base: Sequence[TracePod] | None = None) -> list[TracePod]:
-    """The pod list of ``variant`` for simulation seed ``seed``."""
-    if variant.startswith(("cpu", "gpushare")) and not variant.startswith("cpumore"):
-        path = SHARED_CSV / f"openb_pod_list_{variant}.csv"
+    """The pod list of ``variant`` for simulation seed ``seed`` (ValueError for a name ``check_variant`` refuses)."""
+    check_variant(variant)
+    path = release_path(variant)
+    if path is not None:
         if not path.exists():
             raise FileNotFoundError(f"{path}: the Alibaba release's variants are read from ../shared/traces")
         return tracemod.load_pods(path).pods
     if base is None:
         base = tracemod.load_pods(tracemod.bundled(tracemod.DEFAULT_PODS)).pods
-    if variant == "default":
+    m = _GENERATED.fullmatch(variant)
+    if m is None:  # "default"
         return list(base)
+    kind, share = m.group(1), int(m.group(2)) / 100.0
     rng = _rng(variant, seed)
-    if variant.startswith("pinskew"):
-        return pin_models(base, nodes, int(variant[len("pinskew"):]) / 100.0, rng, skew=SKEW)
-    if variant.startswith("pinned"):
-        return pin_models(base, nodes, int(variant[len("pinned"):]) / 100.0, rng)
-    if variant.startswith("multigpu"):
-        return more_multigpu(base, int(variant[len("multigpu"):]) / 100.0, rng)
-    if variant.startswith("cpumore"):
-        return more_cpu_pods(base, int(variant[len("cpumore"):]) / 100.0, rng)
-    raise KeyError(f"unknown variant {variant!r}")
+    if kind == "pinskew":
+        return pin_models(base, nodes, share, rng, skew=SKEW)
+    if kind == "pinned":
+        return pin_models(base, nodes, share, rng)
+    if kind == "multigpu":
+        return more_multigpu(base, share, rng)
+    return more_cpu_pods(base, share, rng)
+
+
+def release_path(variant: str) -> Path | None:
+    """Where a release variant's pod list is read from (None for a generated one)."""
+    return SHARED_CSV / f"openb_pod_list_{variant}.csv" if _RELEASE.fullmatch(variant) else None
 
 
 def available(variants: Sequence[str]) -> list[str]:
-    return [v for v in variants if not v.startswith(("cpu", "gpushare")) or v.startswith("cpumore") or (SHARED_CSV / f"openb_pod_list_{v}.csv").exists()]
+    return [v for v in variants if (path := release_path(v)) is None or path.exists()]
 
 
 def write_csv(path: Path, pods: Sequence[TracePod]) -> None:
@@ -244,8 +272,17 @@ def policy_config(policy: str):
     prof = cfg["profiles"][0]
     plugin = prof["plugins"]["score"][0]["name"]
     prof["name"] = policy
-    prof.setdefault("pluginConfig", {})[plugin] = {k: float(v) for k, v in (kv.split("=") for kv in args.replace("/", ",").split(","))}
+    prof.setdefault("pluginConfig", {})[plugin] = dict(_plugin_arg(kv) for kv in args.replace("/", ",").split(","))
     return cfg
+
+
+def _plugin_arg(text: str) -> tuple[str, int | float | bool]:
+    """``name=4``, ``name=0.5`` or ``name=true`` (YAML's scalars, as in a pluginConfig)."""
+    name, eq, raw = (x.strip() for x in text.partition("="))
+    value = yaml.safe_load(raw) if eq and raw else None
+    if not name or isinstance(value, str) or not isinstance(value, (int, float, bool)):
+        raise ValueError(f"want NAME:ARG=VALUE/ARG=VALUE with a number or true/false, got {text!r}")
+    return name, value
 
 
 def sweep(variants: Sequence[str], seeds: Sequence[int], policies: Sequence[str], jobs: int, tune: float = 1.3,
@@ -331,10 +368,43 @@ def family_table(results: Sequence[dict], policies: Sequence[str], split: dict[s
     return "\n".join(lines)
 
 
+def _read_sweep(path: str) -> dict:
+    """A ``sweep --json`` file; ValueError naming the file and what is wrong with it."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+    if not (isinstance(doc, dict) and isinstance(doc.get("results"), list) and isinstance(doc.get("params"), dict)
+            and isinstance(doc["params"].get("policies"), str)):
+        raise ValueError(f"{path}: not a sweep file (want 'params' with 'policies' and a list of 'results', "
+                         "as `sweep --json` writes)")
+    for k, r in enumerate(doc["results"]):
+        missing = [f for f in ("kind", "variant", "seed", "policy") if not isinstance(r, dict) or f not in r]
+        if missing:
+            raise ValueError(f"{path}: results[{k}]: missing {', '.join(missing)}")
+    return doc
+
+
+def _check_policy(policy: str) -> None:
+    """ValueError naming ``policy`` unless a sweep can run it (a name, or ``name:arg=value/...``)."""
+    from gpufleet.engine.errors import GpufleetError
+    from gpufleet.policies import build_profile
+
+    try:
+        build_profile(policy_config(policy))
+    except (GpufleetError, KeyError, ValueError) as exc:
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        raise ValueError(f"--policies: {policy!r}: {text}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from gpufleet.cli.main import Parser
     from gpufleet.cli.simulate import parse_seeds
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(prog="variants.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--debug", action="store_true", help="show the traceback of a runtime failure (default: one line)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write", help="write the generated variants as openb CSVs")
     w.add_argument("out")
@@ -352,12 +422,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     t = sub.add_parser("table", help="one table from the JSON files of several sweeps (the last file with a bound gives it)")
     t.add_argument("files", nargs="+")
     a = ap.parse_args(argv)
+    try:
+        return _run(a)
+    except ValueError as exc:  # bad input, found before any work starts
+        print(f"variants.py {a.cmd}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a runtime failure: one line, the traceback with --debug
+        if a.debug:
+            raise
+        where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+        print(f"variants.py {a.cmd}: {where}{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc} "
+              "(--debug shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _run(a: argparse.Namespace) -> int:
     split = {v: "tune" for v in TUNE} | {v: "held-out" for v in HELDOUT}
     if a.cmd == "table":
         res: list[dict] = []
         pols: list[str] = []
-        for f in a.files:
-            doc = json.loads(Path(f).read_text())
+        for doc in [_read_sweep(f) for f in a.files]:
             if any(r["kind"] == "bound" for r in doc["results"]):  # a later file's bound replaces an earlier one's
                 res = [r for r in res if r["kind"] != "bound"]
             res += doc["results"]
@@ -370,18 +454,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if a.cmd == "write":
         out = Path(a.out)
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"{out}: not a folder")
         out.mkdir(parents=True, exist_ok=True)
-        for fam in ("pinned", "pinskew", "multigpu"):
+        for fam in ("pinned", "pinskew", "multigpu", "cpumore"):
             for v in FAMILIES[fam]:
                 write_csv(out / f"openb_pod_list_{v}.csv", variant_pods(v, a.seed, _nodes()))
         print(f"wrote {out}")
         return 0
+    for flag, value, ok in (("--jobs", a.jobs, a.jobs >= 1), ("--tune", a.tune, a.tune > 0),
+                            ("--time-limit", a.time_limit, a.time_limit > 0)):
+        if not ok:
+            raise ValueError(f"{flag}: must be {'at least 1' if flag == '--jobs' else 'positive'}, got {value}")
     if a.variants:
         variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+        if not variants:
+            raise ValueError("--variants: no variant named")
+        for v in variants:
+            check_variant(v)
+            path = release_path(v)
+            if path is not None and not path.exists():
+                raise ValueError(f"--variants: {v}: {path} does not exist (the release's variants are read from ../shared/traces)")
     else:
         variants = {"tune": TUNE, "heldout": HELDOUT, "all": TUNE + HELDOUT}[a.split]
-    variants = available(variants)
+        skipped = [v for v in variants if v not in available(variants)]
+        if skipped:
+            print(f"variants.py sweep: skipping {', '.join(skipped)}: the release's files are not in {SHARED_CSV}", file=sys.stderr)
+        variants = available(variants)
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    if not policies:
+        raise ValueError("--policies: no policy named")
+    for p in policies:
+        _check_policy(p)
     res = sweep(variants, a.seeds, policies, a.jobs, a.tune, a.bound, a.time_limit)
     if a.json:
         Path(a.json).write_text(json.dumps({"params": vars(a) | {"variants": variants}, "results": res}, indent=1))
