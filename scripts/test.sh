@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
-python3 -m ruff check src tests
+python3 -m ruff check src tests bench
 python3 -m mypy
 python3 -m pytest "$@"
