@@ -26,13 +26,12 @@ capacity (``gpufleet simulate`` reports the same for the bundled trace, in its J
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from variants import _nodes, variant_pods
+from variants import _nodes, check_policy, check_variant, variant_pods
 
 from gpufleet.simulator.idle import IdleBreakdown, hole_name
 from gpufleet.simulator.packing import run_packing
@@ -44,14 +43,22 @@ def breakdown(variant: str, seed: int, policy: str, tune: float = 1.3) -> IdleBr
     assert run.idle is not None
     return run.idle
 
+
 def main() -> int:
+    from gpufleet.cli.main import Parser
     from gpufleet.cli.simulate import parse_seeds
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = Parser(prog="idle_breakdown.py", description=__doc__.splitlines()[0])
     ap.add_argument("--variant", default="pinskew33")
     ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-44"))
     ap.add_argument("--policies", default="default,fgd")
     a = ap.parse_args()
+    try:
+        check_variant(a.variant)
+        for pol in a.policies.split(","):
+            check_policy(pol)
+    except ValueError as exc:
+        ap.error(str(exc))
     for s in a.seeds:
         for pol in a.policies.split(","):
             b = breakdown(a.variant, s, pol)

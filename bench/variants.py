@@ -387,7 +387,7 @@ def _read_sweep(path: str) -> dict:
     return doc
 
 
-def _check_policy(policy: str) -> None:
+def check_policy(policy: str) -> None:
     """ValueError naming ``policy`` unless a sweep can run it (a name, or ``name:arg=value/...``)."""
     from gpufleet.engine.errors import GpufleetError
     from gpufleet.policies import build_profile
@@ -485,7 +485,7 @@ def _run(a: argparse.Namespace) -> int:
     if not policies:
         raise ValueError("--policies: no policy named")
     for p in policies:
-        _check_policy(p)
+        check_policy(p)
     res = sweep(variants, a.seeds, policies, a.jobs, a.tune, a.bound, a.time_limit)
     if a.json:
         Path(a.json).write_text(json.dumps({"params": vars(a) | {"variants": variants}, "results": res}, indent=1))
