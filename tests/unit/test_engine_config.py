@@ -43,7 +43,7 @@ def test_every_policy_profile_builds_and_schedules(name):
 
 
 def test_unknown_policy_name():
-    with pytest.raises(KeyError, match="unknown policy 'nope'; known: .*bestfit"):
+    with pytest.raises(ConfigError, match="unknown policy 'nope'; known: .*bestfit"):
         build_profile("nope")
 
 

@@ -57,6 +57,7 @@ def add_log_level(p: argparse.ArgumentParser) -> None:
 def load_profile(policy: str, config: str | None):
     """A profile from --config YAML, else by policy name; 'default' falls back to a builtin that exists."""
     from ..engine.config import load_config
+    from ..engine.errors import ConfigError
     from ..policies import build_profile, policy_names, registry
 
     if config:
@@ -65,7 +66,7 @@ def load_profile(policy: str, config: str | None):
     if policy == "default" and "default" not in names:
         fallback = next((n for n in ("strandfrag", "fgd", "bestfit") if n in names), names[0] if names else None)
         if fallback is None:
-            raise KeyError("no policy profiles installed")
+            raise ConfigError("no policy profiles installed")
         log.warning("policy 'default' is not installed; using %r", fallback)
         policy = fallback
     return build_profile(policy)
@@ -80,8 +81,8 @@ def start(args: argparse.Namespace, command: str, component: str, pool_size: int
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # a no-op under cli.main, which configured it
     try:
         profile = load_profile(args.policy, args.config)
-    except (ConfigError, KeyError, OSError) as exc:
-        print(f"gpufleet {command}: bad configuration: {' '.join(str(exc).strip(chr(34)).split())}", file=sys.stderr)
+    except (ConfigError, OSError) as exc:
+        print(f"gpufleet {command}: bad configuration: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     # bad --kubeconfig/--context: UsageError (2); no cluster configured: RuntimeFailure (1); cli.main prints it
     return profile, KubernetesApi(args.kubeconfig, args.context, component=component, pool_size=pool_size)

@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         profile = load_profile(args.policy, args.config)
-    except (ConfigError, KeyError, OSError) as exc:
-        print(f"gpufleet explain: bad configuration: {' '.join(str(exc).strip(chr(34)).split())}", file=sys.stderr)
+    except (ConfigError, OSError) as exc:
+        print(f"gpufleet explain: bad configuration: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     # credentials and an unreachable API server raise typed/urllib3 errors: cli.main makes them one line, exit 1 or 2
     api = KubernetesApi(args.kubeconfig, args.context, component="gpufleet-explain")

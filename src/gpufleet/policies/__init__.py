@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..engine.config import Registry, load_config
+from ..engine.errors import ConfigError
 from ..engine.framework import Profile
 from ..engine.plugins import filters, gpuselect, scores
 from ..engine.plugins.interpodaffinity import InterPodAffinity
@@ -58,7 +59,7 @@ def profile_config(name: str) -> dict[str, Any]:
     p = CONFIG_DIR / f"{name}.yaml"
     if not p.exists():
         known = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(known)}")
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(known)}")
     return yaml.safe_load(p.read_text())
 
 
