@@ -14,8 +14,9 @@ them alike; quote ratios and medians.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -40,13 +41,21 @@ def decision_times(policy: str, nodes, pods) -> np.ndarray:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from gpufleet.argtypes import int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_engine.py", description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default=",".join(policy_names()))
-    ap.add_argument("--repeat", type=int, default=3, help="rounds; each round runs every policy once (default 3)")
+    ap.add_argument("--repeat", type=int_range(1), default=3, help="rounds; each round runs every policy once (default 3)")
     ap.add_argument("--no-packing", action="store_true", help="skip the full packing-run timing")
     ap.add_argument("--pods", help="pod list CSV instead of the bundled default (e.g. one written by bench/variants.py write)")
     args = ap.parse_args()
     pols = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in pols if p not in policy_names()]
+    if unknown or not pols:
+        ap.error(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(policy_names())}" if unknown else "--policies: none named")
+    if args.pods and not Path(args.pods).is_file():
+        ap.error(f"--pods: {args.pods}: no such file")
     nodes = trace.load_nodes(trace.bundled(trace.DEFAULT_NODES))
     pods = trace.load_pods(args.pods or trace.bundled(trace.DEFAULT_PODS)).pods
     print(f"cluster: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs; {len(pods)} pods; {args.repeat} round(s)")
@@ -69,4 +78,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("bench_engine.py", main))

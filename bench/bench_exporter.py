@@ -145,4 +145,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("bench_exporter.py", main))

@@ -150,4 +150,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("bench_image.py", main))

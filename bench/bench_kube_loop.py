@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 import time
 from dataclasses import replace
@@ -106,4 +107,6 @@ def engine_bench(n_nodes: int, policies: list[str], rounds: int) -> None:
         print(f"  {cname:<8} {pol:<8} {statistics.median(v):7.0f} decisions/s  (runs: {', '.join(f'{x:.0f}' for x in v)})")
 
 if __name__ == "__main__":
-    main()
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("bench_kube_loop.py", main))

@@ -17,6 +17,7 @@ Side by side in one process, rounds alternating (quote medians and ratios):
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 import time
 
@@ -96,4 +97,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("bench_pod_constraints.py", main))

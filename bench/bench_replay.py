@@ -15,6 +15,7 @@ sweep.  Prints the delay-versus-load table the sweep produced.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import os
 import statistics
@@ -77,4 +78,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("bench_replay.py", main))

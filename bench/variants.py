@@ -404,7 +404,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpufleet.cli.simulate import parse_seeds
 
     ap = Parser(prog="variants.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--debug", action="store_true", help="show the traceback of a runtime failure (default: one line)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write", help="write the generated variants as openb CSVs")
     w.add_argument("out")
@@ -424,16 +423,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         return _run(a)
-    except ValueError as exc:  # bad input, found before any work starts
+    except ValueError as exc:  # bad input, found before any work starts (a failure: run_script's one line)
         print(f"variants.py {a.cmd}: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # a runtime failure: one line, the traceback with --debug
-        if a.debug:
-            raise
-        where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
-        print(f"variants.py {a.cmd}: {where}{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc} "
-              "(--debug shows the traceback)", file=sys.stderr)
-        return 1
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -494,4 +486,6 @@ def _run(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("variants.py", main))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.cli.main import build_parser, main
+from gpufleet.engine.errors import ConfigError
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,131072,{g},{m}\n" for i, (g, m) in
                                                        enumerate([(8, "V100M32"), (2, "T4"), (4, "P100")]))
@@ -301,3 +302,40 @@ def test_reclaim_policy_durations_must_be_finite(d, capsys):
     (d / "p.yaml").write_text("default: {window: .nan}\n")
     assert run(["reclaim", "--prometheus", "http://p", "--policy-file", "p.yaml"]) == 2
     assert "must be a finite number" in one_line(capsys.readouterr().err)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("exc, code, needle", [
+    (ConfigError("unknown policy 'x'"), 2, "unknown policy 'x'"),
+    (FileNotFoundError(2, "No such file or directory", "/no/such.csv"), 1, "No such file or directory: /no/such.csv"),
+    (RuntimeError("boom"), 1, "internal error: RuntimeError: boom (GPUFLEET_DEBUG=1 shows the traceback)"),
+])
+def test_scripts_keep_the_commands_error_contract(capsys, monkeypatch, exc, code, needle):
+    from gpufleet.cli.main import run_script
+
+    monkeypatch.delenv("GPUFLEET_DEBUG", raising=False)
+
+    def main():
+        raise exc
+
+    assert run_script("tool.py", main) == code
+    err = capsys.readouterr().err
+    assert err.startswith("tool.py: ") and needle in err and len(err.splitlines()) == 1, err
+    monkeypatch.setenv("GPUFLEET_DEBUG", "1")
+    with pytest.raises(type(exc)):
+        run_script("tool.py", main)
+
+
+def test_every_bench_script_runs_under_the_error_contract():
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    assert scripts
+    for p in scripts:
+        assert f'run_script("{p.name}", main)' in p.read_text(), f"{p.name}: end with sys.exit(run_script(...))"
+
+
+def test_a_bench_script_refuses_an_unknown_policy_in_one_line():
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_engine.py"), "--policies", "nope"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown policy 'nope'" in r.stderr, r.stderr

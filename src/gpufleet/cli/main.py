@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 # sub-command -> module with add_arguments(parser) and run(args) -> int
@@ -102,7 +104,22 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
 
-def describe_error(exc: BaseException) -> tuple[int, str]:
+def run_script(prog: str, main: Callable[[], int | None]) -> int:
+    """A script's ``main`` (``bench/``) under the commands' contract: an error is one line on stderr and exit 2
+    (bad input) or 1 (a failure); ``GPUFLEET_DEBUG=1`` shows the traceback instead."""
+    try:
+        return int(main() or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("GPUFLEET_DEBUG"):
+            raise
+        code, text = describe_error(exc, debug_hint="GPUFLEET_DEBUG=1 shows the traceback")
+        print(f"{prog}: {text}", file=sys.stderr)
+        return code
+
+
+def describe_error(exc: BaseException, debug_hint: str = "run with --debug for the traceback") -> tuple[int, str]:
     """(exit status, one line) for an error that reached the top of a command."""
     from ..engine.errors import GpufleetError
 
@@ -126,7 +143,7 @@ def describe_error(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, OSError):
         where = f" {exc.filename}" if exc.filename else ""
         return 1, _one_line(f"{exc.strerror or name}{':' + where if where else ''}")
-    return 1, _one_line(f"internal error: {name}: {exc} (run with --debug for the traceback)")
+    return 1, _one_line(f"internal error: {name}: {exc} ({debug_hint})")
 
 
 def _reason(exc: object) -> str:
