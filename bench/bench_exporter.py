@@ -76,8 +76,11 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--scrapes", type=int, default=1000)
+    from gpufleet.argtypes import int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_exporter.py")
+    ap.add_argument("--scrapes", type=int_range(1), default=1000)
     ap.add_argument("--exporter-only", action="store_true", help="do not load the rest of the agent's modules in the exporter process")
     ap.add_argument("--serve", nargs=3, metavar=("SOCKET", "PROC_ROOT", "PORT_FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()

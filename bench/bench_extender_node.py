@@ -23,7 +23,6 @@ Needs ``GPUFLEET_E2E_BIN`` (+ ``KUBEBUILDER_ASSETS``) or ``GPUFLEET_E2E_RECIPE``
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -37,8 +36,11 @@ NS = "ext-bench"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    from gpufleet.argtypes import int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_extender_node.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int_range(1), default=3)
     ap.add_argument("--shape", choices=("share", "whole", "both"), default="both")
     ap.add_argument("--json", help="write the per-round figures here")
     args = ap.parse_args()

@@ -73,11 +73,14 @@ def started_at(name: str) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from gpufleet.argtypes import int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_image.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--image", required=True)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--nodes", type=int, default=100)
-    ap.add_argument("--pods", type=int, default=300)
+    ap.add_argument("--rounds", type=int_range(1), default=5)
+    ap.add_argument("--nodes", type=int_range(1), default=100)
+    ap.add_argument("--pods", type=int_range(1), default=300)
     ap.add_argument("--size-only", action="store_true")
     args = ap.parse_args()
     size_report(args.image)

@@ -23,7 +23,6 @@ preferred hostname anti-affinity among each app's replicas (weight 100);
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -219,15 +218,18 @@ def run_one(which: str, args, assets: str) -> dict | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--pods", type=int, default=3000)
+    from gpufleet.argtypes import float_range, int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_kube_apiserver.py")
+    ap.add_argument("--nodes", type=int_range(1), default=1000)
+    ap.add_argument("--pods", type=int_range(1), default=3000)
     ap.add_argument("--policy", default="default")
     ap.add_argument("--scenario", choices=("gpu", "preferred-anti", "spread"), default="gpu")
-    ap.add_argument("--bind-workers", type=int, default=16)
-    ap.add_argument("--timeout-s", type=float, default=300)
+    ap.add_argument("--bind-workers", type=int_range(1), default=16)
+    ap.add_argument("--timeout-s", type=float_range(0, lo_open=True), default=300)
     ap.add_argument("--profile", default="", help="write a cProfile of the gpufleet scheduler process here")
-    ap.add_argument("--rounds", type=int, default=1, help="rounds; each runs every scheduler once, alternating")
+    ap.add_argument("--rounds", type=int_range(1), default=1, help="rounds; each runs every scheduler once, alternating")
     ap.add_argument("--kube-scheduler", default="", help="stock kube-scheduler binary to compare with "
                     "(default: $KUBEBUILDER_ASSETS/kube-scheduler when present)")
     args = ap.parse_args()

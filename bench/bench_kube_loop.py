@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import statistics
 import time
@@ -44,14 +43,17 @@ def pod(i: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--pods", type=int, default=3000)
+    from gpufleet.argtypes import float_range, int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_kube_loop.py")
+    ap.add_argument("--nodes", type=int_range(1), default=1000)
+    ap.add_argument("--pods", type=int_range(1), default=3000)
     ap.add_argument("--policy", default="default")
-    ap.add_argument("--engine-nodes", type=int, default=5000)
-    ap.add_argument("--latency-ms", type=float, default=1.5)
+    ap.add_argument("--engine-nodes", type=int_range(1), default=5000)
+    ap.add_argument("--latency-ms", type=float_range(0), default=1.5)
     ap.add_argument("--engine-policies", default="default,fgd,bestfit")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int_range(1), default=3)
     ap.add_argument("--engine-only", action="store_true")
     args = ap.parse_args()
     for workers, latency_s in (() if args.engine_only else ((0, 0.0), (16, args.latency_ms / 1000))):

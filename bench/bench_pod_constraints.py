@@ -16,7 +16,6 @@ Side by side in one process, rounds alternating (quote medians and ratios):
 
 from __future__ import annotations
 
-import argparse
 import sys
 import statistics
 import time
@@ -62,10 +61,13 @@ def pods(kind: str, count: int) -> list[PodRequest]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=5000)
-    ap.add_argument("--pods", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=3)
+    from gpufleet.argtypes import int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_pod_constraints.py")
+    ap.add_argument("--nodes", type=int_range(1), default=5000)
+    ap.add_argument("--pods", type=int_range(1), default=2000)
+    ap.add_argument("--rounds", type=int_range(1), default=3)
     ap.add_argument("--policy", default="default")
     a = ap.parse_args()
     cluster = nodes(a.nodes)

@@ -65,11 +65,14 @@ def sweep(jobs: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--load", type=float, default=1.0)
+    from gpufleet.argtypes import float_range, int_range
+    from gpufleet.cli.main import Parser
+
+    ap = Parser(prog="bench_replay.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--load", type=float_range(0, lo_open=True), default=1.0)
     ap.add_argument("--policies", default="default,fgd,bestfit")
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--rounds", type=int_range(1), default=1)
+    ap.add_argument("--jobs", type=int_range(1), default=2)
     ap.add_argument("--skip-sweep", action="store_true")
     a = ap.parse_args()
     single([p for p in a.policies.split(",") if p], a.load, a.rounds)

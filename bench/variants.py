@@ -400,6 +400,7 @@ def check_policy(policy: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gpufleet.argtypes import float_range, int_range
     from gpufleet.cli.main import Parser
     from gpufleet.cli.simulate import parse_seeds
 
@@ -413,10 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--variants", help="comma-separated variant names (instead of --split)")
     s.add_argument("--seeds", type=parse_seeds, default=parse_seeds(TUNE_SEEDS))
     s.add_argument("--policies", default="default,fgd")
-    s.add_argument("--jobs", type=int, default=2)
-    s.add_argument("--tune", type=float, default=1.3)
+    s.add_argument("--jobs", type=int_range(1), default=2)
+    s.add_argument("--tune", type=float_range(0, lo_open=True), default=1.3)
     s.add_argument("--bound", action="store_true", help="also the offline MIP bound per (variant, seed)")
-    s.add_argument("--time-limit", type=float, default=50.0, help="bound: MIP time limit per solve (s)")
+    s.add_argument("--time-limit", type=float_range(0, lo_open=True), default=50.0, help="bound: MIP time limit per solve (s)")
     s.add_argument("--json", help="write every run as JSON here")
     t = sub.add_parser("table", help="one table from the JSON files of several sweeps (the last file with a bound gives it)")
     t.add_argument("files", nargs="+")
@@ -454,10 +455,6 @@ def _run(a: argparse.Namespace) -> int:
                 write_csv(out / f"openb_pod_list_{v}.csv", variant_pods(v, a.seed, _nodes()))
         print(f"wrote {out}")
         return 0
-    for flag, value, ok in (("--jobs", a.jobs, a.jobs >= 1), ("--tune", a.tune, a.tune > 0),
-                            ("--time-limit", a.time_limit, a.time_limit > 0)):
-        if not ok:
-            raise ValueError(f"{flag}: must be {'at least 1' if flag == '--jobs' else 'positive'}, got {value}")
     if a.variants:
         variants = [v.strip() for v in a.variants.split(",") if v.strip()]
         if not variants:
