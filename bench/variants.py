@@ -394,9 +394,8 @@ def check_policy(policy: str) -> None:
 
     try:
         build_profile(policy_config(policy))
-    except (GpufleetError, KeyError, ValueError) as exc:
-        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise ValueError(f"--policies: {policy!r}: {text}") from None
+    except (GpufleetError, ValueError) as exc:
+        raise ValueError(f"--policies: {policy!r}: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -424,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         return _run(a)
-    except ValueError as exc:  # bad input, found before any work starts (a failure: run_script's one line)
+    except ValueError as exc:  # bad input, found before any run starts; a runtime failure is run_script's to report
         print(f"variants.py {a.cmd}: {exc}", file=sys.stderr)
         return 2
 
@@ -465,11 +464,11 @@ def _run(a: argparse.Namespace) -> int:
             if path is not None and not path.exists():
                 raise ValueError(f"--variants: {v}: {path} does not exist (the release's variants are read from ../shared/traces)")
     else:
-        variants = {"tune": TUNE, "heldout": HELDOUT, "all": TUNE + HELDOUT}[a.split]
-        skipped = [v for v in variants if v not in available(variants)]
-        if skipped:
-            print(f"variants.py sweep: skipping {', '.join(skipped)}: the release's files are not in {SHARED_CSV}", file=sys.stderr)
-        variants = available(variants)
+        named = {"tune": TUNE, "heldout": HELDOUT, "all": TUNE + HELDOUT}[a.split]
+        variants = available(named)
+        if len(variants) < len(named):
+            print(f"variants.py sweep: skipping {', '.join(v for v in named if v not in variants)}: the release's files "
+                  f"are not in {SHARED_CSV}", file=sys.stderr)
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
     if not policies:
         raise ValueError("--policies: no policy named")
