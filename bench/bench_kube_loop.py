@@ -15,8 +15,8 @@
 
 from __future__ import annotations
 
-import sys
 import statistics
+import sys
 import time
 from dataclasses import replace
 

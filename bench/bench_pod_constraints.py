@@ -16,8 +16,8 @@ Side by side in one process, rounds alternating (quote medians and ratios):
 
 from __future__ import annotations
 
-import sys
 import statistics
+import sys
 import time
 
 from gpufleet.engine.constraints import (

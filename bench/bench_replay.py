@@ -15,10 +15,10 @@ sweep.  Prints the delay-versus-load table the sweep produced.
 from __future__ import annotations
 
 import argparse
-import sys
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
