@@ -470,8 +470,8 @@ def _run(a: argparse.Namespace) -> int:
             print(f"variants.py sweep: skipping {', '.join(v for v in named if v not in variants)}: the release's files "
                   f"are not in {SHARED_CSV}", file=sys.stderr)
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
-    if not policies:
-        raise ValueError("--policies: no policy named")
+    if not policies and not a.bound:
+        raise ValueError("--policies: no policy named (and no --bound)")
     for p in policies:
         check_policy(p)
     res = sweep(variants, a.seeds, policies, a.jobs, a.tune, a.bound, a.time_limit)

@@ -153,6 +153,7 @@ def _bad_sweep(tmp_path: Path) -> Path:
     (["sweep", "--variants", "pinned20", "--policies", "default:model_weight"], "want NAME:ARG=VALUE"),
     (["sweep", "--variants", "pinned20", "--policies", "default:model_weight=-1"], "model_weight must be a number >= 0"),
     (["sweep", "--variants", "pinned20", "--jobs", "0"], "--jobs: must be an integer in [1, inf], got 0"),
+    (["sweep", "--variants", "pinned20", "--policies", ""], "no policy named (and no --bound)"),  # --bound alone is fine
     (["sweep", "--variants", "pinned20", "--seeds", "4x"], "--seeds"),
     (["table", "/nonexistent/runs.json"], "/nonexistent/runs.json: No such file"),
     (["table", "{bad}"], "results[0]: missing seed, policy"),
