@@ -286,18 +286,19 @@ def _plugin_arg(text: str) -> tuple[str, int | float | bool]:
 
 
 def sweep(variants: Sequence[str], seeds: Sequence[int], policies: Sequence[str], jobs: int, tune: float = 1.3,
-          bound: bool = False, time_limit_s: float = 50.0) -> list[dict]:
+          bound: bool = False, time_limit_s: float = 50.0, progress: bool = True) -> list[dict]:
+    from tqdm import tqdm
+
     tasks = [("run", v, s, p, tune, time_limit_s) for v in variants for s in seeds for p in policies]
     if bound:
         tasks += [("bound", v, s, "bound", tune, time_limit_s) for v in variants for s in seeds]
     out: list[dict] = []
-    t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as ex:
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as ex, \
+            tqdm(total=len(tasks), unit="run", disable=not progress, file=sys.stderr) as bar:
         futs = [ex.submit(_task, *t) for t in tasks]
-        for k, f in enumerate(as_completed(futs), 1):
+        for f in as_completed(futs):
             out.append(f.result())
-            if k % 10 == 0 or k == len(futs):
-                print(f"  {k}/{len(futs)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+            bar.update(1)
     return out
 
 
@@ -340,7 +341,7 @@ def table(results: Sequence[dict], policies: Sequence[str], split: dict[str, str
     for v in variants:
         d, f = by.get((v, "default"), {}), by.get((v, "fgd"), {})
         common = sorted(set(d) & set(f))
-        worse = ", ".join(f"{s}: {d[s] - f[s]:+.2f}" for s in common if d[s] > f[s]) or "none"
+        worse = (", ".join(f"{s}: {d[s] - f[s]:+.2f}" for s in common if d[s] > f[s]) or "none") if common else "-"
         lines.append(f"| {v} | {split.get(v, '?')} | " + " | ".join(_cell(list(by.get((v, c), {}).values())) for c in cols)
                      + f" | {_rel([d[s] for s in common], [f[s] for s in common])} | {worse} |")
     return "\n".join(lines)
@@ -418,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--bound", action="store_true", help="also the offline MIP bound per (variant, seed)")
     s.add_argument("--time-limit", type=float_range(0, lo_open=True), default=50.0, help="bound: MIP time limit per solve (s)")
     s.add_argument("--json", help="write every run as JSON here")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     t = sub.add_parser("table", help="one table from the JSON files of several sweeps (the last file with a bound gives it)")
     t.add_argument("files", nargs="+")
     a = ap.parse_args(argv)
@@ -474,7 +476,7 @@ def _run(a: argparse.Namespace) -> int:
         raise ValueError("--policies: no policy named (and no --bound)")
     for p in policies:
         check_policy(p)
-    res = sweep(variants, a.seeds, policies, a.jobs, a.tune, a.bound, a.time_limit)
+    res = sweep(variants, a.seeds, policies, a.jobs, a.tune, a.bound, a.time_limit, progress=not a.no_progress)
     if a.json:
         Path(a.json).write_text(json.dumps({"params": vars(a) | {"variants": variants}, "results": res}, indent=1))
     print(table(res, policies, split))
