@@ -43,6 +43,7 @@ def decision_times(policy: str, nodes, pods) -> np.ndarray:
 def main() -> None:
     from gpufleet.argtypes import int_range
     from gpufleet.cli.main import Parser
+    from gpufleet.cli.simulate import parse_policies
 
     ap = Parser(prog="bench_engine.py", description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default=",".join(policy_names()))
@@ -50,10 +51,7 @@ def main() -> None:
     ap.add_argument("--no-packing", action="store_true", help="skip the full packing-run timing")
     ap.add_argument("--pods", help="pod list CSV instead of the bundled default (e.g. one written by bench/variants.py write)")
     args = ap.parse_args()
-    pols = [p for p in args.policies.split(",") if p]
-    unknown = [p for p in pols if p not in policy_names()]
-    if unknown or not pols:
-        ap.error(f"--policies: unknown policy {unknown[0]!r}; known: {', '.join(policy_names())}" if unknown else "--policies: none named")
+    pols = parse_policies(args.policies)  # gpufleet simulate's check: one line, exit 2 (run_script)
     if args.pods and not Path(args.pods).is_file():
         ap.error(f"--pods: {args.pods}: no such file")
     nodes = trace.load_nodes(trace.bundled(trace.DEFAULT_NODES))
