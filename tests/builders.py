@@ -187,6 +187,18 @@ def verdicts(plugin: Any, request: PodRequest, state: ClusterState) -> dict[str,
     return out
 
 
+def scores(plugin: Any, request: PodRequest, state: ClusterState) -> np.ndarray:
+    """Run one score plugin over every node: its normalised scores, in node order."""
+    nodes = np.arange(len(state))
+    return plugin.normalize(np.asarray(plugin.score(cycle_for(request), state, nodes), dtype=float))
+
+
+def score_order(plugin: Any, request: PodRequest, state: ClusterState) -> list[str]:
+    """Node names by one score plugin, best first (stable for equal scores)."""
+    s = scores(plugin, request, state)
+    return [state.nodes[i].name for i in np.argsort(-s, kind="stable")]
+
+
 def profile_config(
     score: Sequence[Any] = ("LeastAllocated",),
     filters: Sequence[str] | None = None,

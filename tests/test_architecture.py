@@ -110,3 +110,30 @@ def test_engine_does_no_io():
         text = f.read_text()
         for word in forbidden:
             assert word not in text, f"{f.relative_to(ROOT)} uses {word!r}"
+
+
+# the engine's plugins: one module per plugin (kube-scheduler's families kept together), its tests beside it
+PLUGIN_FAMILIES = {
+    "noderesources": {"NodeResourcesFit", "LeastAllocated", "MostAllocated"},
+    "volumes": {"VolumeBinding", "NodeVolumeLimits"},
+    "gpuselect": {"BestFitGpu"},
+}
+
+
+def test_engine_plugins_one_module_each_with_tests_beside_it():
+    from gpufleet.policies import registry
+
+    r = registry()
+    where: dict[str, set[str]] = {}
+    for name in r.names():
+        module = type(r.create(name)).__module__
+        if module.startswith("gpufleet.engine.plugins."):
+            where.setdefault(module.rsplit(".", 1)[1], set()).add(name)
+    assert where, "no engine plugin found in the registry"
+    for module, names in where.items():
+        assert names == PLUGIN_FAMILIES.get(module, {n for n in names if n.lower() == module}), (module, names)
+    src = ROOT / "src" / "gpufleet" / "engine" / "plugins"
+    modules = {p.stem for p in src.glob("*.py") if not p.stem.startswith("_")}
+    assert modules == set(where), "a plugin module that registers nothing, or a registered plugin outside engine/plugins"
+    tests = ROOT / "tests" / "engine" / "plugins"
+    assert [m for m in sorted(modules) if not (tests / f"test_{m}.py").exists()] == []

@@ -6,6 +6,7 @@ import pytest
 
 from gpufleet.engine.errors import InvalidPodSpec, InvalidQuantity
 from gpufleet.engine.podspec import parse_pod
+from gpufleet.engine.podterms import UnsupportedPodField
 from gpufleet.engine.quantity import to_mib, to_milli
 
 from .builders import pod
@@ -103,3 +104,34 @@ def test_bad_pods_name_pod_and_field(p, field):
         parse_pod(p)
     msg = str(exc.value)
     assert "default/bad-pod" in msg and field in msg
+
+
+@pytest.mark.parametrize("spec,field", [
+    ({"resourceClaims": [{"name": "gpu"}]}, "spec.resourceClaims"),
+    ({"volumes": [{"name": "d", "gcePersistentDisk": {"pdName": "x"}}]}, "spec.volumes[0].gcePersistentDisk"),
+])
+def test_unsupported_fields_are_named(spec, field):
+    with pytest.raises(UnsupportedPodField) as exc:
+        parse_pod(pod("x", **spec))
+    assert exc.value.field == field
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda p: p["spec"].update(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}),
+     "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey"),
+    (lambda p: p["spec"].update(topologySpreadConstraints=[{"maxSkew": 0, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}]),
+     "spec.topologySpreadConstraints[0].maxSkew"),
+    (lambda p: p["spec"].update(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "Maybe"}]),
+     "spec.topologySpreadConstraints[0].whenUnsatisfiable"),
+    (lambda p: p["spec"]["containers"][0].update(ports=[{"containerPort": 1, "hostPort": 70000}]),
+     "spec.containers[0].ports[0].hostPort"),
+    (lambda p: p["spec"].update(affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}, "topologyKey": "z"}]}}),
+     "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator"),
+])
+def test_bad_terms_name_the_field(mutate, field):
+    p = pod("x")
+    mutate(p)
+    with pytest.raises(InvalidPodSpec) as exc:
+        parse_pod(p)
+    assert exc.value.field == field

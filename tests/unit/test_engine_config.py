@@ -7,9 +7,10 @@ import pytest
 from gpufleet.engine.config import Registry, load_config
 from gpufleet.engine.errors import ConfigError, GpufleetError
 from gpufleet.engine.framework import Profile, Scheduler
-from gpufleet.engine.plugins.filters import DEFAULT_FILTERS, GpuFit
+from gpufleet.engine.plugins import DEFAULT_FILTERS
+from gpufleet.engine.plugins.gpufit import GpuFit
 from gpufleet.engine.plugins.gpuselect import BestFitGpu
-from gpufleet.engine.plugins.scores import LeastAllocated
+from gpufleet.engine.plugins.noderesources import LeastAllocated
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import build_profile, policy_names, registry
 

@@ -26,7 +26,7 @@ import yaml
 
 from .errors import ConfigError
 from .framework import EXTENSION_POINTS, Profile
-from .plugins.filters import DEFAULT_FILTERS
+from .plugins import DEFAULT_FILTERS
 
 Factory = Callable[..., object]
 

@@ -163,7 +163,7 @@ def csinode_limits(obj: Mapping[str, Any]) -> tuple[str, dict[str, int]]:
 
 def matches_node(terms: tuple[SelectorTerm, ...], node: Node) -> bool:
     """ORed node-selector terms (empty: everywhere)."""
-    from .plugins.filters import term_matches
+    from .plugins._common import term_matches
 
     return not terms or any(term_matches(t, node.labels, node.name) for t in terms)
 

@@ -13,29 +13,35 @@ from typing import Any, Mapping
 from ..engine.config import Registry, load_config
 from ..engine.errors import ConfigError
 from ..engine.framework import Profile
-from ..engine.plugins import filters, gpuselect, scores
+from ..engine.plugins.gpufit import GpuFit
+from ..engine.plugins.gpuselect import BestFitGpu
 from ..engine.plugins.interpodaffinity import InterPodAffinity
+from ..engine.plugins.nodeaffinity import NodeAffinity
 from ..engine.plugins.nodeports import NodePorts
+from ..engine.plugins.noderesources import LeastAllocated, MostAllocated, NodeResourcesFit
+from ..engine.plugins.nodeunschedulable import NodeUnschedulable
 from ..engine.plugins.podtopologyspread import PodTopologySpread
+from ..engine.plugins.spread import Spread
+from ..engine.plugins.tainttoleration import TaintToleration
 from ..engine.plugins.volumes import NodeVolumeLimits, VolumeBinding
 
 
 def registry() -> Registry:
     r = Registry()
-    r.register("NodeUnschedulable", filters.NodeUnschedulable)
-    r.register("NodeAffinity", filters.NodeAffinity)
-    r.register("TaintToleration", filters.TaintToleration)
-    r.register("NodeResourcesFit", filters.NodeResourcesFit)
-    r.register("GpuFit", filters.GpuFit)
+    r.register("NodeUnschedulable", NodeUnschedulable)
+    r.register("NodeAffinity", NodeAffinity)
+    r.register("TaintToleration", TaintToleration)
+    r.register("NodeResourcesFit", NodeResourcesFit)
+    r.register("GpuFit", GpuFit)
     r.register("NodePorts", NodePorts)
     r.register("VolumeBinding", VolumeBinding)
     r.register("NodeVolumeLimits", NodeVolumeLimits)
     r.register("InterPodAffinity", InterPodAffinity)
     r.register("PodTopologySpread", PodTopologySpread)
-    r.register("LeastAllocated", scores.LeastAllocated)
-    r.register("MostAllocated", scores.MostAllocated)
-    r.register("Spread", scores.Spread)
-    r.register("BestFitGpu", gpuselect.BestFitGpu)
+    r.register("LeastAllocated", LeastAllocated)
+    r.register("MostAllocated", MostAllocated)
+    r.register("Spread", Spread)
+    r.register("BestFitGpu", BestFitGpu)
     from ..engine.queues import register as _register_queues
     from . import paper
 

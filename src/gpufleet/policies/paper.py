@@ -33,7 +33,7 @@ from ..engine.config import Registry
 from ..engine.errors import ConfigError
 from ..engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
 from ..engine.model import GPU_MILLI, PodRequest
-from ..engine.plugins.filters import eligible_gpus
+from ..engine.plugins.gpufit import eligible_gpus
 from ..engine.plugins.gpuselect import BestFitGpu, pick_mig, select_with
 from ..engine.state import ClusterState
 

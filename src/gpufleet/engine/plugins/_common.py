@@ -1,12 +1,70 @@
-"""Helpers the pod-to-pod plugins share: all-pass results and node-metadata masks."""
+"""Helpers several plugins share: node-selector matching, per-epoch metadata masks, all-pass results, min-max.
+
+Label- and taint-based masks depend only on node metadata, so they are cached per (pod constraint, state
+epoch); NodeAffinity, the pod-to-pod plugins and VolumeBinding's node affinity all match terms the same way.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..model import PodRequest
+from ..model import PodRequest, Requirement, SelectorTerm
 from ..state import ClusterState
-from .filters import _MetaCache, node_affinity_rows
+
+
+def _req_matches(req: Requirement, labels: dict[str, str], node_name: str) -> bool:
+    if req.key == "metadata.name":
+        v: str | None = node_name
+    else:
+        v = labels.get(req.key)
+    op = req.operator
+    if op == "In":
+        return v is not None and v in req.values
+    if op == "NotIn":
+        return v is None or v not in req.values
+    if op == "Exists":
+        return v is not None
+    if op == "DoesNotExist":
+        return v is None
+    try:
+        iv, lim = int(v), int(req.values[0])  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return iv > lim if op == "Gt" else iv < lim
+
+
+def term_matches(term: SelectorTerm, labels: dict[str, str], node_name: str) -> bool:
+    # an empty term matches nothing (Kubernetes semantics)
+    return bool(term.requirements) and all(_req_matches(r, labels, node_name) for r in term.requirements)
+
+
+class MetaCache:
+    """Masks built from node metadata, kept per (state, epoch, key): labels and taints change only with the epoch."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, np.ndarray] = {}
+
+    def get(self, key: tuple, state: ClusterState, build) -> np.ndarray:
+        k = (state.epoch, id(state)) + key
+        m = self._cache.get(k)
+        if m is None:
+            if len(self._cache) > 1024:
+                self._cache.clear()
+            m = build()
+            self._cache[k] = m
+        return m
+
+
+def node_affinity_rows(state: ClusterState, r: PodRequest) -> np.ndarray:
+    """Per node: does it match the pod's nodeSelector and required node affinity (uncached)."""
+    out = np.empty(len(state), dtype=bool)
+    for i, n in enumerate(state.nodes):
+        ok = all(n.labels.get(k) == v for k, v in r.node_selector)
+        if ok and r.required_terms:
+            ok = any(term_matches(t, n.labels, n.name) for t in r.required_terms)
+        out[i] = ok
+    return out
+
 
 _ONES: dict[int, np.ndarray] = {}
 
@@ -23,7 +81,7 @@ def all_pass(n: int) -> np.ndarray:
     return a
 
 
-_CACHE = _MetaCache()
+_CACHE = MetaCache()
 
 
 def node_affinity_mask(state: ClusterState, r: PodRequest) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 from ..framework import Cycle, GpuChoice
 from ..model import GPU_MILLI
 from ..state import ClusterState
-from .filters import eligible_gpus, model_mask
+from .gpufit import eligible_gpus, model_mask
 
 
 def pick_mig(cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:

@@ -26,7 +26,7 @@ from ..framework import Cycle, FilterResult
 from ..state import ClusterState
 from ..volumes import VolumeCatalog, matches_node, provisionable_on
 from ._common import all_pass
-from .filters import term_matches
+from ._common import term_matches
 
 VOLUME_AFFINITY = "node(s) had volume node affinity conflict"
 NO_PV_TO_BIND = "node(s) didn't find available persistent volumes to bind"

@@ -1,16 +1,11 @@
-"""NodePorts, every scalar resource in NodeResourcesFit, VolumeBinding / NodeVolumeLimits, unsupported fields."""
+"""VolumeBinding and NodeVolumeLimits: bound, immediate and WaitForFirstConsumer claims, RWOP, attach limits."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from gpufleet.engine.constraints import ClaimInfo, PersistentVolume
-from gpufleet.engine.errors import InvalidPodSpec
 from gpufleet.engine.model import Requirement, SelectorTerm
-from gpufleet.engine.plugins.filters import NodeResourcesFit
-from gpufleet.engine.plugins.nodeports import NO_FREE_PORTS, NodePorts
 from gpufleet.engine.plugins.volumes import (
     MAX_VOLUMES,
     VOLUME_AFFINITY,
@@ -18,47 +13,12 @@ from gpufleet.engine.plugins.volumes import (
     VolumeBinding,
 )
 from gpufleet.engine.podspec import parse_pod
-from gpufleet.engine.podterms import UnsupportedPodField
 from gpufleet.engine.state import ClusterState
 from gpufleet.engine.volumes import VolumeCatalog
+
 from tests.builders import verdicts
 
-from .builders import gpu_node, kpod, place, pod
-
-PORT_CASES = [
-    ("same port, both wildcard", (8080,), (8080,), NO_FREE_PORTS),
-    ("different port", (8080,), (8081,), None),
-    ("same port, other protocol", (53, "UDP"), (53, "TCP"), None),
-    ("same port, same protocol UDP", (53, "UDP"), (53, "UDP"), NO_FREE_PORTS),
-    ("two specific IPs", (80, "TCP", "10.0.0.1"), (80, "TCP", "10.0.0.2"), None),
-    ("same specific IP", (80, "TCP", "10.0.0.1"), (80, "TCP", "10.0.0.1"), NO_FREE_PORTS),
-    ("wildcard vs specific IP", (80, "TCP", "0.0.0.0"), (80, "TCP", "10.0.0.2"), NO_FREE_PORTS),
-    ("specific IP vs wildcard", (80, "TCP", "10.0.0.1"), (80,), NO_FREE_PORTS),
-]
-
-
-@pytest.mark.parametrize("held,wanted,expected", [c[1:] for c in PORT_CASES], ids=[c[0] for c in PORT_CASES])
-def test_node_ports(held, wanted, expected):
-    st = ClusterState([gpu_node("n1"), gpu_node("n2")])
-    place(st, kpod("old", host_ports=(held,)), "n1")
-    v = verdicts(NodePorts(), parse_pod(kpod("x", host_ports=(wanted,))), st)
-    assert v == {"n1": expected, "n2": None}
-    st.unreserve("default/old")
-    assert verdicts(NodePorts(), parse_pod(kpod("x", host_ports=(wanted,))), st) == {"n1": None, "n2": None}
-
-
-def test_every_scalar_resource_fits():
-    n1 = dataclasses.replace(gpu_node("n1"), scalars=(("ephemeral-storage", 10 << 30), ("hugepages-2Mi", 1 << 30), ("rdma/hca", 2)))
-    n2 = gpu_node("n2")  # reports none of them
-    st = ClusterState([n1, n2])
-    p = parse_pod(pod("x", extra_resources={"rdma/hca": "2", "hugepages-2Mi": "512Mi", "ephemeral-storage": "1Gi"}))
-    assert dict(p.scalars) == {"rdma/hca": 2, "hugepages-2Mi": 512 << 20, "ephemeral-storage": 1 << 30}
-    v = verdicts(NodeResourcesFit(), p, st)
-    assert v["n1"] is None and v["n2"] == "Insufficient ephemeral-storage"
-    place(st, pod("y", extra_resources={"rdma/hca": "1"}), "n1")
-    assert verdicts(NodeResourcesFit(), p, st)["n1"] == "Insufficient rdma/hca"
-    st.unreserve("default/y")
-    assert verdicts(NodeResourcesFit(), p, st)["n1"] is None
+from ..builders import gpu_node, kpod, place
 
 
 def _catalog():
@@ -99,46 +59,6 @@ def test_node_volume_limits():
     assert verdicts(NodeVolumeLimits(), parse_pod(kpod("x", claims=("d2",))), st) == {"n1": MAX_VOLUMES, "n2": None}
 
 
-@pytest.mark.parametrize("spec,field", [
-    ({"resourceClaims": [{"name": "gpu"}]}, "spec.resourceClaims"),
-    ({"volumes": [{"name": "d", "gcePersistentDisk": {"pdName": "x"}}]}, "spec.volumes[0].gcePersistentDisk"),
-])
-def test_unsupported_fields_are_named(spec, field):
-    with pytest.raises(UnsupportedPodField) as exc:
-        parse_pod(pod("x", **spec))
-    assert exc.value.field == field
-
-
-@pytest.mark.parametrize("mutate,field", [
-    (lambda p: p["spec"].update(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}),
-     "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey"),
-    (lambda p: p["spec"].update(topologySpreadConstraints=[{"maxSkew": 0, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}]),
-     "spec.topologySpreadConstraints[0].maxSkew"),
-    (lambda p: p["spec"].update(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "Maybe"}]),
-     "spec.topologySpreadConstraints[0].whenUnsatisfiable"),
-    (lambda p: p["spec"]["containers"][0].update(ports=[{"containerPort": 1, "hostPort": 70000}]),
-     "spec.containers[0].ports[0].hostPort"),
-    (lambda p: p["spec"].update(affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}, "topologyKey": "z"}]}}),
-     "spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator"),
-])
-def test_bad_terms_name_the_field(mutate, field):
-    p = pod("x")
-    mutate(p)
-    with pytest.raises(InvalidPodSpec) as exc:
-        parse_pod(p)
-    assert exc.value.field == field
-
-
-def test_sidecar_ports_count_ordinary_init_container_ports_do_not():
-    p = kpod("x")
-    p["spec"]["initContainers"] = [
-        {"name": "init", "ports": [{"containerPort": 1, "hostPort": 9000}]},
-        {"name": "side", "restartPolicy": "Always", "ports": [{"containerPort": 2, "hostPort": 9001}]},
-    ]
-    assert [hp.port for hp in parse_pod(p).terms.host_ports] == [9001]
-
-
 def test_read_write_once_pod_and_zone_labelled_volumes():
     from gpufleet.engine.plugins.volumes import RWOP_IN_USE
     from gpufleet.engine.volumes import claim_from_json, pv_from_json
@@ -153,12 +73,6 @@ def test_read_write_once_pod_and_zone_labelled_volumes():
     assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("solo",))), st) == {"n1": None, "n2": None, "n3": VOLUME_AFFINITY}
     place(st, kpod("holder", claims=("solo",)), "n1")
     assert set(verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("solo",))), st).values()) == {RWOP_IN_USE}
-
-
-def test_host_network_pods_hold_their_container_ports():
-    p = kpod("x", hostNetwork=True)
-    p["spec"]["containers"][0]["ports"] = [{"containerPort": 9100}]
-    assert [(hp.port, hp.protocol) for hp in parse_pod(p).terms.host_ports] == [(9100, "TCP")]
 
 
 def test_attach_limits_from_node_allocatable():

@@ -1,27 +1,52 @@
-"""Score plugins: raw values on small cases and the node ordering they produce."""
+"""NodeResources: the fit filter and the least-/most-allocated scores, alone and driving placement."""
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+
 import pytest
 
 from gpufleet.engine import annotations as ann
 from gpufleet.engine.model import Assignment
-from gpufleet.engine.plugins.filters import NodeAffinity, TaintToleration
-from gpufleet.engine.plugins.scores import LeastAllocated, MostAllocated, Spread
+from gpufleet.engine.plugins.noderesources import LeastAllocated, MostAllocated, NodeResourcesFit
+from gpufleet.engine.podspec import parse_pod
+from gpufleet.engine.state import ClusterState
 
-from tests.builders import T4, affinity, cycle_for, expr, make_node, make_pod, profile_config, scheduler, state_of
+from tests.builders import (
+    T4, affinity, expr, make_node, make_pod, profile_config,
+    scheduler, score_order, scores, state_of, verdicts,
+)
+
+from ..builders import gpu_node, place, pod
 
 
-def scores(plugin, pod, st):
-    nodes = np.arange(len(st))
-    return plugin.normalize(np.asarray(plugin.score(cycle_for(pod), st, nodes), dtype=float))
+@pytest.mark.parametrize(
+    "cpu, memory, expected",
+    [
+        ("1", "1Gi", {"big": None, "small": None, "full": "Too many pods"}),
+        ("4", "8Gi", {"big": None, "small": None, "full": "Too many pods"}),  # exactly the free amount fits
+        ("4001m", "1Gi", {"big": None, "small": "Insufficient cpu", "full": "Too many pods"}),
+        ("1", "9Gi", {"big": None, "small": "Insufficient memory", "full": "Too many pods"}),
+        ("5", "9Gi", {"big": None, "small": "Insufficient cpu", "full": "Too many pods"}),  # cpu reported first
+        ("65", "1Gi", {"big": "Insufficient cpu", "small": "Insufficient cpu", "full": "Too many pods"}),
+    ],
+)
+def test_node_resources_fit(cpu, memory, expected):
+    st = state_of(
+        make_node("big", cpu_milli=64_000, memory_mib=262_144),
+        make_node("small", cpu_milli=4_000, memory_mib=8_192),
+        make_node("full", cpu_milli=64_000, memory_mib=262_144, max_pods=1),
+    )
+    st.reserve(Assignment("default/running", "full", 0, 0))
+    assert verdicts(NodeResourcesFit(), make_pod(cpu=cpu, memory=memory), st) == expected
 
 
-def order(plugin, pod, st):
-    """Node names, best first (stable for equal scores)."""
-    s = scores(plugin, pod, st)
-    return [st.nodes[i].name for i in np.argsort(-s, kind="stable")]
+def test_node_resources_fit_sees_reservations():
+    st = state_of(make_node("n", cpu_milli=4_000, memory_mib=8_192))
+    pod = make_pod(cpu="3", memory="1Gi")
+    assert verdicts(NodeResourcesFit(), pod, st) == {"n": None}
+    st.reserve(Assignment("default/x", "n", 2_000, 0))
+    assert verdicts(NodeResourcesFit(), pod, st) == {"n": "Insufficient cpu"}
 
 
 def _loaded_state():
@@ -39,7 +64,7 @@ def _loaded_state():
 )
 @pytest.mark.parametrize("pod_kw", [dict(cpu="500m", memory="512Mi"), dict(cpu="500m", memory="512Mi", annotations={ann.GPU_MILLI: "200"})])
 def test_allocation_scores_order(plugin, expected, pod_kw):
-    assert order(plugin, make_pod(**pod_kw), _loaded_state()) == expected
+    assert score_order(plugin, make_pod(**pod_kw), _loaded_state()) == expected
 
 
 def test_least_and_most_allocated_values():
@@ -56,9 +81,9 @@ def test_gpu_dimension_counts_for_gpu_pods_only():
     cpu_pod = make_pod(cpu="1", memory=None)
     gpu_pod = make_pod(cpu="1", memory=None, gpu="1")
     # cpu + memory only: the node with CPU in use is fuller
-    assert order(MostAllocated(), cpu_pod, st) == ["busy-cpu", "busy-gpu"]
+    assert score_order(MostAllocated(), cpu_pod, st) == ["busy-cpu", "busy-gpu"]
     # with the GPU dimension, half the GPUs used outweighs a quarter of the CPU
-    assert order(MostAllocated(), gpu_pod, st) == ["busy-gpu", "busy-cpu"]
+    assert score_order(MostAllocated(), gpu_pod, st) == ["busy-gpu", "busy-cpu"]
     s = scores(MostAllocated(), gpu_pod, st)
     # busy-gpu: cpu 1/8, mem 0, gpu 2/2 -> mean 0.375; busy-cpu: cpu 3/8, mem 0, gpu 1/2 -> 0.2917
     assert s == pytest.approx([100 * (1 / 8 + 0 + 1) / 3, 100 * (3 / 8 + 0 + 0.5) / 3])
@@ -69,40 +94,6 @@ def test_scores_stay_in_range_on_zero_capacity_nodes():
     for p in (LeastAllocated(), MostAllocated()):
         s = scores(p, make_pod(cpu="1"), st)
         assert ((s >= 0) & (s <= 100)).all()
-
-
-def test_spread_prefers_fewer_pods():
-    st = state_of(make_node("a"), make_node("b"), make_node("c"))
-    for k in range(3):
-        st.reserve(Assignment(f"default/a{k}", "a", 0, 0))
-    st.reserve(Assignment("default/b0", "b", 0, 0))
-    assert order(Spread(), make_pod(), st) == ["c", "b", "a"]
-    assert scores(Spread(), make_pod(), st).tolist() == pytest.approx([0.0, 200 / 3, 100.0])
-
-
-def test_spread_all_equal():
-    st = state_of(make_node("a"), make_node("b"))
-    assert scores(Spread(), make_pod(), st).tolist() == [100.0, 100.0]
-
-
-def test_preferred_node_affinity_weights():
-    st = state_of(make_node("a", labels={"zone": "a", "ssd": "1"}), make_node("b", labels={"zone": "b", "ssd": "1"}), make_node("c"))
-    pod = make_pod(affinity=affinity(preferred=[(80, [expr("zone", "In", "a")]), (20, [expr("ssd", "Exists")])]))
-    s = scores(NodeAffinity(), pod, st)
-    assert s.tolist() == pytest.approx([100.0, 20.0, 0.0])
-    assert scores(NodeAffinity(), make_pod(), st).tolist() == [0.0, 0.0, 0.0]
-
-
-def test_prefer_no_schedule_taints_score_lower():
-    st = state_of(
-        make_node("clean"),
-        make_node("one", taints=[("spot", "", "PreferNoSchedule")]),
-        make_node("two", taints=[("spot", "", "PreferNoSchedule"), ("old", "", "PreferNoSchedule"), ("x", "", "NoSchedule")]),
-    )
-    assert scores(TaintToleration(), make_pod(), st).tolist() == pytest.approx([100.0, 50.0, 0.0])
-    tol = make_pod(tolerations=[{"key": "spot", "operator": "Exists"}])
-    assert scores(TaintToleration(), tol, st).tolist() == pytest.approx([100.0, 100.0, 0.0])
-    assert scores(TaintToleration(), make_pod(), state_of(make_node("a"))).tolist() == [100.0]
 
 
 @pytest.mark.parametrize(
@@ -128,3 +119,17 @@ def test_weights_combine_scores():
     s2 = scheduler(nodes, profile_config([{"name": "MostAllocated", "weight": 10}, {"name": "NodeAffinity", "weight": 1}]))
     s2.state.reserve(Assignment("default/x", "full", 8_000, 0))
     assert s2.schedule(pod).assignment.node == "full"
+
+
+def test_every_scalar_resource_fits():
+    n1 = dataclasses.replace(gpu_node("n1"), scalars=(("ephemeral-storage", 10 << 30), ("hugepages-2Mi", 1 << 30), ("rdma/hca", 2)))
+    n2 = gpu_node("n2")  # reports none of them
+    st = ClusterState([n1, n2])
+    p = parse_pod(pod("x", extra_resources={"rdma/hca": "2", "hugepages-2Mi": "512Mi", "ephemeral-storage": "1Gi"}))
+    assert dict(p.scalars) == {"rdma/hca": 2, "hugepages-2Mi": 512 << 20, "ephemeral-storage": 1 << 30}
+    v = verdicts(NodeResourcesFit(), p, st)
+    assert v["n1"] is None and v["n2"] == "Insufficient ephemeral-storage"
+    place(st, pod("y", extra_resources={"rdma/hca": "1"}), "n1")
+    assert verdicts(NodeResourcesFit(), p, st)["n1"] == "Insufficient rdma/hca"
+    st.unreserve("default/y")
+    assert verdicts(NodeResourcesFit(), p, st)["n1"] is None

@@ -13,9 +13,10 @@ from gpufleet.engine.plugins.interpodaffinity import (
 )
 from gpufleet.engine.podspec import parse_pod
 from gpufleet.engine.state import ClusterState
+
 from tests.builders import cycle_for, verdicts
 
-from .builders import HOST, ZONE, kpod, place, term, zoned
+from ..builders import HOST, ZONE, kpod, place, term, zoned
 
 NODES = {"a1": "a", "a2": "a", "b1": "b", "b2": "b", "n": ""}  # n has no zone label
 

@@ -1,7 +1,7 @@
-"""Kubernetes-like node scores: least-allocated, most-allocated (binpack), spread.
+"""NodeResources: the fit filter and the least-/most-allocated scores, as kube-scheduler's noderesources plugins.
 
-Each scores over CPU, memory and GPU milli (the dimensions the pod asks for)
-after placing the pod, like kube-scheduler's NodeResourcesFit strategies.
+The fit covers CPU, memory, pod count and every other scalar resource the pod requests (GPUs: ``gpufit``);
+the scores weigh CPU, memory and GPU milli, the dimensions the pod asks for, after placing it.
 """
 
 from __future__ import annotations
@@ -10,8 +10,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..framework import Cycle
+from ..framework import Cycle, FilterResult
 from ..state import ClusterState
+
+
+@dataclass
+class NodeResourcesFit:
+    """CPU, memory, pod count and every other scalar resource the pod requests (GPUs: GpuFit)."""
+
+    name: str = "NodeResourcesFit"
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        r = cycle.request
+        cpu = state.cpu_free >= r.cpu_milli
+        mem = state.mem_free >= r.memory_mib
+        pods = state.pods_free >= 1
+        ok = cpu & mem & pods
+        if not r.scalars:
+            if ok.all():
+                return FilterResult(ok, passes_all=True)
+            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), np.where(~pods, 0, np.where(~cpu, 1, 2)))
+        codes = np.where(~pods, 0, np.where(~cpu, 1, 2))
+        reasons = ["Too many pods", "Insufficient cpu", "Insufficient memory"]
+        for name, amount in r.scalars:
+            free = state.scalar_free.get(name)
+            fits = free >= amount if free is not None else np.zeros(len(state), dtype=bool)
+            codes = np.where(ok & ~fits, len(reasons), codes)
+            reasons.append(f"Insufficient {name}")
+            ok &= fits
+        return FilterResult(ok, tuple(reasons), codes)
 
 
 def _fractions_after(cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> list[np.ndarray]:
@@ -60,22 +87,3 @@ class MostAllocated(_Normalized):
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         f = _fractions_after(cycle, state, nodes)
         return 100.0 * np.clip(np.mean(f, axis=0), 0, 1)
-
-
-@dataclass
-class Spread:
-    """Spread pods over nodes: fewer pods already on the node scores higher."""
-
-    name: str = "Spread"
-
-    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-        return (state.pods_free[nodes] - state.pods_cap[nodes]).astype(np.float64)
-
-    def normalize(self, raw: np.ndarray) -> np.ndarray:
-        lo, hi = raw.min(), raw.max()
-        if hi == lo:
-            return np.full(raw.size, 100.0)
-        return 100.0 * (raw - lo) / (hi - lo)
-
-    def cache_key(self, cycle: Cycle):
-        return None

@@ -9,9 +9,10 @@ from gpufleet.engine.model import Taint
 from gpufleet.engine.plugins.podtopologyspread import MISSING, SPREAD, PodTopologySpread
 from gpufleet.engine.podspec import parse_pod
 from gpufleet.engine.state import ClusterState
+
 from tests.builders import cycle_for, verdicts
 
-from .builders import HOST, ZONE, gpu_node, kpod, place, spread_c, zoned
+from ..builders import HOST, ZONE, gpu_node, kpod, place, spread_c, zoned
 
 NODES = {"a1": "a", "a2": "a", "b1": "b", "c1": "c", "n": ""}
 WEB = {"app": "web"}

@@ -1,0 +1,123 @@
+"""GpuFit: whole GPUs, per-GPU shares and memory, MIG profiles, GPU model allow/deny lists, kubelet device slots.
+
+``eligible_gpus`` is the per-GPU form of the same test, which the GPU selectors use to pick devices on the
+chosen node, so a node the filter passes always has the devices the selector needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..framework import Cycle, FilterResult
+from ..model import GPU_MILLI, PodRequest
+from ..state import ClusterState
+
+
+def model_mask(state: ClusterState, r: PodRequest) -> np.ndarray | None:
+    """Per-model-id bool array of allowed GPU models, or None when all are allowed."""
+    if r.gpu_models_allow is None and not r.gpu_models_deny:
+        return None
+    allowed = np.array(
+        [
+            (r.gpu_models_allow is None or m in r.gpu_models_allow) and m not in r.gpu_models_deny
+            for m in state.model_names
+        ]
+        + [False],
+        dtype=bool,
+    )
+    return allowed
+
+
+def eligible_gpus(state: ClusterState, r: PodRequest, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+    """[nodes, gpus] mask of devices that could take one unit of the pod's GPU demand."""
+    usable = state.gpu_usable[rows]
+    mm = model_mask(state, r)
+    if mm is not None:
+        usable = usable & mm[state.gpu_model[rows]]
+    if state.slots_limited:  # a GPU whose kubelet devices are all held takes no further pod
+        usable = usable & (state.gpu_slots_free[rows] > 0)
+    if r.gpu_milli >= GPU_MILLI:
+        return usable & (state.gpu_free_milli[rows] >= GPU_MILLI) & (state.gpu_mem_free[rows] == state.gpu_mem_cap[rows])
+    e = usable & (state.gpu_free_milli[rows] >= r.gpu_milli)
+    if r.gpu_memory_mib:
+        e &= state.gpu_mem_free[rows] >= r.gpu_memory_mib
+    return e
+
+
+@dataclass
+class GpuFit:
+    """Whole GPUs, per-GPU share and memory, MIG profiles, GPU model allow/deny."""
+
+    name: str = "GpuFit"
+
+    REASONS = (
+        "Insufficient nvidia.com/gpu",
+        "Insufficient GPU milli",
+        "Insufficient GPU memory",
+        "node(s) had no GPU of an allowed model",
+        "no free MIG instance of the requested profile",
+        ("no free kubelet device for a GPU here (kubelet admits one pod per nvidia.com/gpu device: "
+         "nvidia.com/gpu.replicas or the agent's sharesPerGpu per GPU, and only what it advertises)"),
+    )
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        r = cycle.request
+        n = len(state)
+        if r.gpu_count == 0:
+            return FilterResult(np.ones(n, dtype=bool), passes_all=True)
+        k = r.gpu_count
+        mm = model_mask(state, r)
+        if r.mig_profile:
+            count = state.mig_free_count(r.mig_profile)
+            ok = count >= k
+            codes = np.zeros(n, dtype=np.int64)
+            if mm is not None:  # count only instances on GPUs of an allowed model
+                for i in np.flatnonzero(ok):
+                    free = state.mig_free[i].get(r.mig_profile, [])
+                    allowed = sum(1 for g, _ in free if mm[state.gpu_model[i, g]])
+                    if allowed < k:
+                        ok[i] = False
+                        codes[i] = 1
+            return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), codes)
+        usable = state.gpu_usable
+        codes = np.zeros(n, dtype=np.int64)
+        no_devices = None
+        if state.devices_limited:  # kubelet's count of free nvidia.com/gpu devices on the node
+            no_devices = state.gpu_dev_free < k
+            usable = usable & ~no_devices[:, None]
+        if mm is not None:
+            usable = usable & mm[state.gpu_model]
+            model_ok = usable.sum(axis=1) >= k
+            codes[~model_ok] = 3
+        if r.gpu_milli >= GPU_MILLI:
+            e = usable & (state.gpu_free_milli >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap)
+            if state.slots_limited:
+                e &= state.gpu_slots_free > 0
+            ok = e.sum(axis=1) >= k  # too few devices: code 0, kube-scheduler's "Insufficient nvidia.com/gpu"
+            return FilterResult(ok, self.REASONS, codes)
+        if state.slots_limited:
+            slotted = usable & (state.gpu_slots_free > 0)
+            share0 = usable & (state.gpu_free_milli >= r.gpu_milli)
+            if r.gpu_memory_mib:
+                share0 &= state.gpu_mem_free >= r.gpu_memory_mib
+            # the share would fit by milli/memory but every such GPU's kubelet devices are taken
+            no_slot = (share0.sum(axis=1) >= k) & ((share0 & slotted).sum(axis=1) < k) & (codes != 3)
+            usable = slotted
+        else:
+            no_slot = None
+        share = usable & (state.gpu_free_milli >= r.gpu_milli)
+        share_ok = share.sum(axis=1) >= k
+        if r.gpu_memory_mib:
+            e = share & (state.gpu_mem_free >= r.gpu_memory_mib)
+            ok = e.sum(axis=1) >= k
+            codes = np.where(codes == 3, 3, np.where(share_ok, 2, 1))
+        else:
+            ok = share_ok
+            codes = np.where(codes == 3, 3, 1)
+        if no_slot is not None:
+            codes = np.where(no_slot & ~ok, 5, codes)
+        if no_devices is not None:
+            codes = np.where(no_devices & ~ok & (codes != 3), 5, codes)
+        return FilterResult(ok, self.REASONS, codes)

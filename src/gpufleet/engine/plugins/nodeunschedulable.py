@@ -1,0 +1,26 @@
+"""NodeUnschedulable: a cordoned node takes only pods that tolerate its unschedulable taint (kube-scheduler's plugin)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..framework import Cycle, FilterResult
+from ..model import Taint
+from ..state import ClusterState
+from ._common import MetaCache
+
+
+@dataclass
+class NodeUnschedulable:
+    name: str = "NodeUnschedulable"
+    _c: MetaCache = field(default_factory=MetaCache)
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        tols = cycle.request.tolerations
+        tolerated = any(t.tolerates(Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")) for t in tols)
+        ok = self._c.get(
+            (tolerated,), state, lambda: np.array([tolerated or not n.unschedulable for n in state.nodes], dtype=bool)
+        )
+        return FilterResult(ok, ("node(s) were unschedulable",))
