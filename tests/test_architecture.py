@@ -137,3 +137,19 @@ def test_engine_plugins_one_module_each_with_tests_beside_it():
     assert modules == set(where), "a plugin module that registers nothing, or a registered plugin outside engine/plugins"
     tests = ROOT / "tests" / "engine" / "plugins"
     assert [m for m in sorted(modules) if not (tests / f"test_{m}.py").exists()] == []
+
+
+def test_paper_policies_one_module_each():
+    """The FGD paper's six policies: a module each (random-fit's node score and GPU pick together)."""
+    from gpufleet.policies import registry
+
+    r = registry()
+    where: dict[str, set[str]] = {}
+    for name in r.names():
+        module = type(r.create(name)).__module__
+        if module.startswith("gpufleet.policies.paper."):
+            where.setdefault(module.rsplit(".", 1)[1], set()).add(name)
+    assert where == {
+        "randomfit": {"RandomScore", "RandomGpu"}, "dotproduct": {"DotProductScore"}, "clustering": {"GpuClusteringScore"},
+        "packing": {"GpuPackingScore"}, "bestfit": {"BestFitScore"}, "fgd": {"FGDScore"},
+    }

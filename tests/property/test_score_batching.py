@@ -17,7 +17,7 @@ from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import GPU_MILLI, Assignment, PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies.default import StrandAwareFragScore
-from gpufleet.policies.paper import DEDUPE_MIN_NODES, FGDScore, state_groups
+from gpufleet.policies.paper.fgd import DEDUPE_MIN_NODES, FGDScore, state_groups
 
 from tests.builders import A100, T4, make_node
 

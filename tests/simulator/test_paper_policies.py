@@ -11,7 +11,7 @@ from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import Gpu, Node, PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import build_profile
-from gpufleet.policies.paper import TargetWorkload, frag_amount
+from gpufleet.policies.paper.workload import TargetWorkload, frag_amount
 
 
 def node(name: str, gpus: int, cpu_milli: int = 32_000, model: str = "T4") -> Node:
@@ -145,7 +145,7 @@ from hypothesis import strategies as hst  # noqa: E402
        hst.lists(hst.lists(hst.integers(0, 1000), min_size=8, max_size=8), min_size=1, max_size=20),
        hst.integers(0, 64_000))
 def test_binned_frag_equals_direct_definition(shapes, gpus, cpu):
-    from gpufleet.policies.paper import _frag_amount_reference
+    from gpufleet.policies.paper.workload import _frag_amount_reference
 
     c = Counter()
     for cpu_t, milli, n, f in shapes:

@@ -1,6 +1,6 @@
 """gpufleet's default placement policy: stranding-aware fragmentation descent.
 
-FGD (``paper.FGDScore``) scores a placement by how much it grows a node's
+FGD (``paper.fgd.FGDScore``) scores a placement by how much it grows a node's
 *expected fragment* over a target workload.  On the Alibaba traces, what FGD
 still leaves idle at 100% arrived demand is mostly two things (measured with
 ``gpufleet simulate`` on the default trace): GPUs on nodes whose CPU is gone,
@@ -105,7 +105,9 @@ from ..engine.framework import Cycle
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.state import ClusterState
 from . import arcflow
-from .paper import FORGET_BELOW, FGDScore, _take_packed, fade, frag_amount, node_view
+from .paper._common import take_packed
+from .paper.fgd import FORGET_BELOW, FGDScore, fade
+from .paper.workload import frag_amount, node_view
 
 
 @dataclass
@@ -288,7 +290,7 @@ class StrandAwareFragScore(FGDScore):
         r = cycle.request
         cpu, left, _ = node_view(state, nodes)
         mem = state.mem_free[nodes]
-        new_left = _take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
+        new_left = take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
         return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib)
 
     def _cpu_tight(self, state: ClusterState) -> float:

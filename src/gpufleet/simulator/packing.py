@@ -25,7 +25,7 @@ from ..engine.framework import Scheduler
 from ..engine.model import Node, PodRequest
 from ..engine.state import ClusterState
 from ..policies import build_profile
-from ..policies.paper import TargetWorkload, frag_amount, node_view
+from ..policies.paper.workload import TargetWorkload, frag_amount, node_view
 from .idle import IdleBreakdown, IdleRecorder
 from .trace import TracePod
 

@@ -63,7 +63,7 @@ from ..engine.queues import Queue, QueueQuota, QueueTree, request_vector
 from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
 from ..engine.state import ClusterState
 from ..policies import build_profile
-from ..policies.paper import TargetWorkload, frag_amount, node_view
+from ..policies.paper.workload import TargetWorkload, frag_amount, node_view
 from .packing import prime_policy
 from .trace import TraceError, TracePod
 

@@ -1,0 +1,33 @@
+"""Dot-product: avoid nodes whose free (CPU, GPU) lines up with the request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...engine.framework import MAX_NODE_SCORE, Cycle
+from ...engine.state import ClusterState
+from ._common import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, _Plugin
+from .workload import node_view
+
+
+@dataclass
+class DotProductScore(_Plugin):
+    """Dot-product (``dot_product_score.go``, dimension 'merge', norm 'max').
+
+    Node free vector (CPU, total GPU milli) dotted with the request, both
+    normalised by the largest machine; the smaller the product, the higher the
+    score (it avoids nodes whose free resources align with the request).
+    """
+
+    name: str = "DotProductScore"
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        cpu, left, _ = node_view(state, nodes)
+        dot = (cpu / MAX_SPEC_CPU_MILLI) * (r.cpu_milli / MAX_SPEC_CPU_MILLI) + (left.sum(axis=1) / MAX_SPEC_GPU_MILLI) * (
+            r.total_gpu_milli / MAX_SPEC_GPU_MILLI
+        )
+        s = np.floor(MAX_NODE_SCORE * (1.0 - dot / 2.0))
+        return np.where(cpu >= r.cpu_milli, s, 0.0)

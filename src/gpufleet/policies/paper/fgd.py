@@ -1,0 +1,299 @@
+"""FGD, fragmentation gradient descent: the node and GPU whose expected fragment grows least.
+
+Also the score machinery gpufleet's default builds on: a per-GPU score cache for shares, grouping of nodes in
+identical states so that a full re-score costs a few dozen evaluations, and learning the target workload online.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field, fields
+from typing import Iterable
+
+import numpy as np
+
+from ...engine.errors import ConfigError
+from ...engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
+from ...engine.model import GPU_MILLI, PodRequest
+from ...engine.plugins.gpufit import eligible_gpus
+from ...engine.plugins.gpuselect import BestFitGpu, pick_mig
+from ...engine.state import ClusterState
+from ._common import _Plugin, take_packed
+from .workload import POPULARITY_THRESHOLD, TargetWorkload, _distance, frag_amount, node_view, shape_of
+
+
+DEDUPE_MIN_NODES = 32  # below this, grouping costs more than it saves
+
+
+def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group nodes whose free resources and GPU make-up are identical: (representatives, inverse).
+
+    A fragmentation score depends only on these columns, so nodes in one group
+    score alike; a large cluster has few distinct states (most nodes are idle or
+    full), which turns a full re-score (a new epoch, a re-learned workload) from
+    every node into a few dozen.
+    """
+    g = state.max_gpus
+    cols = np.empty((nodes.size, 3 + 2 * g), dtype=np.int64)
+    cols[:, 0] = _node_kinds(state)[nodes]
+    cols[:, 1] = state.cpu_free[nodes]
+    cols[:, 2] = state.mem_free[nodes]
+    cols[:, 3 : 3 + g] = state.gpu_free_milli[nodes]
+    cols[:, 3 + g :] = state.gpu_mem_free[nodes]
+    # group by a 64-bit hash of each row (wrapping multiply-add), then check that every node
+    # equals its representative; on a collision, fall back to comparing whole rows
+    _, first, inverse = np.unique((cols * _hash_coeffs(cols.shape[1])).sum(axis=1), return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if not (cols == cols[first[inverse]]).all():
+        rows = np.ascontiguousarray(cols).view(np.dtype((np.void, cols.itemsize * cols.shape[1]))).ravel()
+        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+    return nodes[first], inverse
+
+
+_KINDS: OrderedDict[int, np.ndarray] = OrderedDict()
+
+
+def _node_kinds(state: ClusterState) -> np.ndarray:
+    """Per node, an id of its fixed GPU make-up (model, memory, usable), which changes only with the epoch."""
+    kinds = _KINDS.get(state.epoch)
+    if kinds is None or kinds.size != len(state):
+        static = np.concatenate([state.gpu_usable, state.gpu_model, state.gpu_mem_cap], axis=1).astype(np.int64)
+        _, kinds = np.unique(static, axis=0, return_inverse=True)
+        kinds = kinds.ravel()
+        _KINDS[state.epoch] = kinds
+        while len(_KINDS) > 8:
+            _KINDS.popitem(last=False)
+    return kinds
+
+
+@functools.lru_cache(maxsize=8)
+def _hash_coeffs(width: int) -> np.ndarray:
+    return np.random.default_rng(20231).integers(1, 2**62, width, dtype=np.int64) | 1
+
+
+def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inverse) over (node, GPU) placements of one share: placing it on either of two GPUs
+    of a node with the same free milli leaves the same multiset of free GPUs, which is all a
+    fragmentation measure sees, so one placement stands for both (8 -> 1 on an idle node)."""
+    _, first, inverse = np.unique(rows * (GPU_MILLI + 1) + left[rows, cols], return_index=True, return_inverse=True)
+    return first, inverse.ravel()
+
+
+def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
+    """int(sigmoid(delta/1000) * 100): FGD's score of a fragment decrease ``delta``."""
+    return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(-delta / 1000.0)))
+
+
+SEEN_KEYS_MAX = 200_000  # pod keys remembered for de-duplication (a retried pod is learned once)
+FORGET_BELOW = 0.01  # pods: a learned shape weighing less is dropped (see FGDScore._forget)
+
+
+def fade(weights: dict, keep: float, below: float) -> None:
+    """Scale learned weights by ``keep``, dropping those that fall under ``below``."""
+    for k in list(weights):
+        w = weights[k] * keep
+        if w < below:
+            del weights[k]
+        else:
+            weights[k] = w
+
+
+@dataclass
+class FGDScore(_Plugin):
+    """Fragmentation gradient descent (``fgd_score.go``).
+
+    Score = how much the node's expected fragment (``frag_amount`` over the
+    target workload) *decreases* when the pod is placed, squashed through a
+    sigmoid; for a shared pod, the best GPU of the node counts, and that GPU
+    is also the one chosen.  The target workload is given (the paper uses the
+    whole trace) or learned online from the pods seen (``learn_online``).
+    """
+
+    name: str = "FGDScore"
+    learn_online: bool = False
+    refresh_every: int = 64
+    refresh_growth: float = 0.1  # after refresh_every * 8 pods, refresh when the count grew by this fraction
+    refresh_max_pods: int = 8192  # ... but at least every this many pods (0: no limit)
+    memory_pods: int = 16384  # at a refresh, older pods fade so that the pods seen weigh this many: the target follows a drifting mix (0: never forget)
+    min_change: float = 0.0  # keep the current workload unless shape frequencies moved more than this (L1)
+    threshold: float = POPULARITY_THRESHOLD
+    include_cpu_pods: bool = True
+    workload: TargetWorkload | None = None
+    _counts: Counter = field(default_factory=Counter, repr=False)
+    _seen: int = 0
+    _next_refresh: int = 0
+    _access: tuple | None = field(default=None, repr=False)
+    _version: int = 0  # bumped whenever the target workload changes (part of the score cache key)
+    _gsel: OrderedDict = field(default_factory=OrderedDict, repr=False)  # see _gpu_cache
+    _keys: OrderedDict = field(default_factory=OrderedDict, repr=False)  # pod keys already learned from
+
+    def __post_init__(self) -> None:
+        """Check every numeric and boolean argument (this class's and a subclass's) once, at start."""
+        ranges = {"refresh_every": (1, math.inf), "min_change": (0.0, 2.0), "threshold": (0.0, 1.0)}
+        for f in fields(self):
+            if f.name.startswith("_") or not isinstance(f.default, (bool, int, float)):
+                continue
+            v = getattr(self, f.name)
+            if isinstance(f.default, bool):
+                if not isinstance(v, bool):
+                    raise ConfigError(f"plugin {self.name!r}: {f.name} must be true or false, got {v!r}")
+                continue
+            whole = isinstance(f.default, int)
+            lo, hi = ranges.get(f.name, (0, math.inf))
+            if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not lo <= v <= hi:
+                what = f"an integer >= {lo}" if whole else (f"a number in [{lo}, {hi}]" if hi < math.inf else f"a number >= {lo}")
+                raise ConfigError(f"plugin {self.name!r}: {f.name} must be {what}, got {v!r}")
+
+    # the target workload
+    def prime(self, requests: Iterable[PodRequest]) -> None:
+        """Fix the target workload from a known task population (the paper's setting)."""
+        reqs = [r for r in requests if self.include_cpu_pods or r.gpu_count]
+        self.workload = TargetWorkload.from_requests(reqs, self.threshold)
+        self._access = None
+        self._version += 1
+
+    def observe(self, r: PodRequest) -> None:
+        if not (self.include_cpu_pods or r.gpu_count):
+            return
+        self._counts[shape_of(r)] += 1
+        self._seen += 1
+        # refresh often while little is known, then every ~10% growth: each refresh re-scores all nodes
+        if self.workload is None or self._seen >= self._next_refresh:
+            weight = float(sum(self._counts.values()))
+            if self.memory_pods and weight > self.memory_pods:
+                self._forget(self.memory_pods / weight)
+            new = TargetWorkload.from_counts(self._counts, self.threshold)
+            if self.workload is None or _distance(self.workload, new) > self.min_change:
+                self.workload = new
+                self._access = None
+                self._version += 1  # every cached score is stale now
+            if self._seen < self.refresh_every:  # at 1, 2, 4, ... pods: a target learned from the first pod alone
+                self._next_refresh = 2 * self._seen  # misjudged every placement of a fresh scheduler (real node)
+            else:
+                grow = self.refresh_every if self._seen < 8 * self.refresh_every else int(self._seen * self.refresh_growth)
+                step = max(self.refresh_every, grow)
+                self._next_refresh = self._seen + (min(step, self.refresh_max_pods) if self.refresh_max_pods > 0 else step)
+
+    def _forget(self, keep: float) -> None:
+        """Weigh everything learned so far by ``keep`` (< 1): a long-running scheduler's old pods fade.
+
+        Shapes left weighing under a hundredth of a pod are dropped, so the learned state stays bounded
+        however many distinct shapes a cluster sees over its life.
+        """
+        fade(self._counts, keep, FORGET_BELOW)
+
+    def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
+        tw = self.workload or TargetWorkload.from_counts(Counter())
+        key = (self._version, len(state.model_names))
+        if self._access is None or self._access[0] != key:
+            self._access = (key, tw.access(state.model_names))
+        return tw, self._access[1]
+
+    def observe_pod(self, cycle: Cycle) -> None:
+        """Learn from this cycle's pod once, and from each pod once however often it is retried."""
+        if not self.learn_online or cycle.data.get("fgd_observed"):
+            return
+        cycle.data["fgd_observed"] = True
+        key = cycle.request.uid or cycle.request.key  # a pod recreated under the same name is a new pod
+        if key:
+            if key in self._keys:
+                return
+            self._keys[key] = None
+            if len(self._keys) > SEEN_KEYS_MAX:
+                self._keys.popitem(last=False)
+        self.observe(cycle.request)
+
+    def cache_key(self, cycle: Cycle):
+        self.observe_pod(cycle)
+        return (shape_of(cycle.request), self._version)
+
+    def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
+        """Per-GPU scores of a shared pod's shape, [nodes, G], with the node version each was computed at.
+
+        ``score`` fills it; ``select_gpus`` reads the chosen node's row instead of
+        scoring that node a second time.
+        """
+        key = (shape_of(cycle.request), self._version, state.epoch)  # epochs are unique across states
+        cache = self._gsel
+        ent = cache.get(key)
+        if ent is None or ent[0].shape != state.gpu_free_milli.shape:
+            ent = (np.full(state.gpu_free_milli.shape, -np.inf), np.full(len(state), -1, dtype=np.int64))
+            cache[key] = ent
+            if len(cache) > 16:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        return ent
+
+    def _shared_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """[k, G] per-GPU scores of ``nodes`` for a single shared GPU, through the per-GPU cache."""
+        rows, vers = self._gpu_cache(cycle, state)
+        stale = nodes[vers[nodes] != state.version[nodes]]
+        if stale.size:
+            if stale.size >= DEDUPE_MIN_NODES:
+                reps, inv = state_groups(state, stale)
+                rows[stale] = self._gpu_scores(cycle, state, reps)[inv]
+            else:
+                rows[stale] = self._gpu_scores(cycle, state, stale)
+            vers[stale] = state.version[stale]
+        return rows[nodes]
+
+    def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """Scores of placing a pod that is not a single shared GPU."""
+        r = cycle.request
+        tw, acc = self._tw(state)
+        cpu, left, model = node_view(state, nodes)
+        before = frag_amount(cpu, left, model, tw, acc)
+        new_left = take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count else left
+        after = frag_amount(cpu - r.cpu_milli, new_left, model, tw, acc)
+        return _sigmoid_score(before - after)
+
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """[k, G] scores of placing a shared pod on each GPU (-inf where it does not fit)."""
+        r = cycle.request
+        cpu, left, _ = node_view(state, nodes)
+        k, g = left.shape
+        rows, cols = np.nonzero(eligible_gpus(state, r, nodes) & (left >= r.gpu_milli))
+        out = np.full((k, g), -np.inf)
+        if rows.size:
+            first, inv = distinct_placements(left, rows, cols)
+            ur, uc = rows[first], cols[first]
+            new_left = left[ur].copy()
+            new_left[np.arange(ur.size), uc] -= r.gpu_milli
+            mem_after = state.mem_free[nodes[ur]] - r.memory_mib
+            out[rows, cols] = self._placement_scores(state, nodes, ur, cpu[ur] - r.cpu_milli, new_left, mem_after)[inv]
+        return out
+
+    def _placement_scores(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after: np.ndarray,
+                          gpu_after: np.ndarray, mem_after: np.ndarray) -> np.ndarray:
+        """Score of turning node ``nodes[rows]`` (as it is now) into each given after-state."""
+        tw, acc = self._tw(state)
+        cpu, left, model = node_view(state, nodes[rows])
+        return _sigmoid_score(frag_amount(cpu, left, model, tw, acc) - frag_amount(cpu_after, gpu_after, model, tw, acc))
+
+    _UNFIT = 0.0  # score of a node where no GPU takes the share (the filters normally drop it)
+
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
+            s = self._shared_scores(cycle, state, nodes).max(axis=1)
+            return np.where(np.isfinite(s), s, self._UNFIT)
+        if nodes.size >= DEDUPE_MIN_NODES:
+            reps, inv = state_groups(state, nodes)
+            if reps.size < nodes.size:
+                return self._node_scores(cycle, state, reps)[inv]
+        return self._node_scores(cycle, state, nodes)
+
+    def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
+        r = cycle.request
+        if r.mig_profile:
+            return pick_mig(cycle, state, node)
+        if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
+            s = self._shared_scores(cycle, state, np.array([node]))[0]
+            if not np.isfinite(s).any():
+                return None
+            return GpuChoice((int(np.argmax(s)),))  # first GPU with the best score, as the paper
+        return BestFitGpu().select_gpus(cycle, state, node)

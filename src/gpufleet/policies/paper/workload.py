@@ -1,0 +1,169 @@
+"""FGD's target workload (task shapes and frequencies) and the expected GPU fragment of a node over it.
+
+The simulator measures every policy's fragmentation with ``frag_amount`` over the trace's own workload, so this
+module is the yardstick as well as FGD's score.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ...engine.model import GPU_MILLI, PodRequest
+from ...engine.state import ClusterState
+
+
+# FGD's target workload: the most common task shapes covering this share of
+# all tasks (the simulator's typicalPodsConfig: popularity 95%, step 1).
+POPULARITY_THRESHOLD = 0.95
+
+
+def shape_of(r: PodRequest) -> tuple[int, int, int, frozenset[str] | None]:
+    """(cpu_milli, per-GPU milli, GPU count, allowed models): the paper's PodResource."""
+    if r.gpu_count == 0:
+        return (r.cpu_milli, 0, 0, None)
+    return (r.cpu_milli, r.gpu_milli, r.gpu_count, r.gpu_models_allow)
+
+
+@dataclass
+class TargetWorkload:
+    """Task shapes and their frequencies: FGD's 'target workload'.
+
+    ``from_requests`` follows ``GetTypicalPods`` in ``pkg/utils/frag.go``:
+    count tasks per shape (CPU-only tasks included), take shapes in decreasing
+    count until they cover ``threshold`` of all tasks, renormalise.
+    """
+
+    cpu_milli: np.ndarray
+    gpu_milli: np.ndarray  # per GPU; 0 for CPU-only shapes
+    gpu_count: np.ndarray
+    freq: np.ndarray
+    models: tuple[frozenset[str] | None, ...]
+
+    @classmethod
+    def from_counts(cls, counts: Counter, threshold: float = POPULARITY_THRESHOLD) -> "TargetWorkload":
+        total = float(sum(counts.values()))
+        if total <= 0:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), ())
+
+        def order(item):  # decreasing count; ties: larger cpu, milli, count first (Go's Less, reversed)
+            (cpu, milli, n, models), c = item
+            return (-c, -cpu, -milli, -n, tuple(sorted(models)) if models else ())
+
+        items = sorted(counts.items(), key=order)
+        chosen, cum = [], 0.0
+        for shape, c in items:
+            if cum >= threshold * total:
+                break
+            chosen.append((shape, c))
+            cum += c
+        f = np.array([c for _, c in chosen], dtype=np.float64)
+        f /= f.sum()
+        return cls(
+            cpu_milli=np.array([s[0] for s, _ in chosen], dtype=np.int64),
+            gpu_milli=np.array([s[1] for s, _ in chosen], dtype=np.int64),
+            gpu_count=np.array([s[2] for s, _ in chosen], dtype=np.int64),
+            freq=f,
+            models=tuple(s[3] for s, _ in chosen),
+        )
+
+    @classmethod
+    def from_requests(cls, requests: Iterable[PodRequest], threshold: float = POPULARITY_THRESHOLD) -> "TargetWorkload":
+        return cls.from_counts(Counter(shape_of(r) for r in requests), threshold)
+
+    def __len__(self) -> int:
+        return int(self.freq.size)
+
+    def size_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct per-GPU sizes (ascending) and each shape's index into them (0 for CPU-only shapes)."""
+        cached = getattr(self, "_sizes", None)
+        if cached is None:
+            sizes = np.unique(self.gpu_milli[self.gpu_milli > 0])
+            if sizes.size == 0:
+                sizes = np.array([GPU_MILLI + 1])
+            j = np.searchsorted(sizes, np.maximum(self.gpu_milli, sizes[0]))
+            cached = (sizes, j)
+            object.__setattr__(self, "_sizes", cached)
+        return cached
+
+    def access(self, model_names: Sequence[str]) -> np.ndarray:
+        """[model id, shape] -> may this shape run on that GPU model."""
+        out = np.ones((len(model_names) + 1, len(self)), dtype=bool)  # last row: no GPU model (-1)
+        for t, allowed in enumerate(self.models):
+            if allowed:
+                for m, name in enumerate(model_names):
+                    out[m, t] = name in allowed
+                out[-1, t] = False
+        return out
+
+
+def _distance(a: TargetWorkload, b: TargetWorkload) -> float:
+    """L1 distance between two workloads' shape frequencies (shapes missing on one side count fully)."""
+    def as_map(w: TargetWorkload) -> dict:
+        return {(int(c), int(m), int(n), ms): float(f) for c, m, n, ms, f in zip(w.cpu_milli, w.gpu_milli, w.gpu_count, w.models, w.freq)}
+
+    x, y = as_map(a), as_map(b)
+    return sum(abs(x.get(k, 0.0) - y.get(k, 0.0)) for k in set(x) | set(y))
+
+
+def node_view(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cpu left, per-GPU milli left [k, G] (0 for absent/unusable GPUs), node GPU model id)."""
+    left = np.where(state.gpu_usable[nodes], state.gpu_free_milli[nodes], 0)
+    model = state.gpu_model[nodes, 0] if state.gpu_model.shape[1] else np.full(nodes.size, -1)
+    return state.cpu_free[nodes], left, model
+
+
+def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, tw: TargetWorkload, access: np.ndarray) -> np.ndarray:
+    """Expected GPU fragment (milli-GPU) of node states, over the target workload.
+
+    Mirrors ``NodeGpuShareFragAmount`` + ``FragAmountSumExceptQ3``: for each
+    task shape, a node's idle GPU milli counts as fragment unless the task fits
+    (Q3), in which case only the GPUs too small for it count.  CPU-only shapes
+    count all idle GPU milli (classes XL/XR are not Q3).  ``cpu_left`` is [S],
+    ``gpu_left`` [S, G], ``model`` [S]; returns [S].
+
+    Instead of comparing every GPU with every shape ([S, T, G]), each GPU is
+    binned once by how many of the shapes' distinct per-GPU sizes it can hold;
+    per-state bin counts and sums then answer "how many GPUs fit shape t" and
+    "how much idle milli is too small for it" for all shapes at once.
+    """
+    if len(tw) == 0:
+        return np.zeros(cpu_left.shape[0])
+    S, G = gpu_left.shape
+    total = gpu_left.sum(axis=-1).astype(np.float64)  # [S]
+    sizes, j = tw.size_index()
+    nb = sizes.size + 1
+    b = np.searchsorted(sizes, gpu_left.ravel(), side="right")  # GPU can hold sizes[:b]
+    flat = np.repeat(np.arange(S), G) * nb + b
+    hist = np.bincount(flat, minlength=S * nb).reshape(S, nb)
+    sums = np.bincount(flat, weights=gpu_left.ravel(), minlength=S * nb).reshape(S, nb)
+    ge = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # ge[:, k] = GPUs in bins >= k
+    lt = np.cumsum(sums, axis=1)  # lt[:, k] = milli in bins <= k
+    cnt_ok = ge[:, np.minimum(j + 1, nb - 1)]  # GPUs holding size j: bins > j
+    small = lt[:, j]  # idle milli on GPUs that cannot hold it
+    acc = access[model]  # [S, T]  (model -1 picks the last row)
+    q3 = (tw.gpu_milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
+    per = np.where(q3, small, total[:, None])
+    return (per * tw.freq).sum(axis=1)  # row by row, so a node scores the same in any batch (matmul may not)
+
+
+def _frag_amount_reference(cpu_left, gpu_left, model, tw, access):
+    """The direct [S, T, G] form of ``frag_amount``, kept for the tests."""
+    total = gpu_left.sum(axis=-1).astype(np.float64)
+    milli = tw.gpu_milli
+    ge = gpu_left[:, None, :] >= milli[None, :, None]
+    cnt_ok = ge.sum(axis=-1)
+    small = np.where(ge, 0, gpu_left[:, None, :]).sum(axis=-1)
+    acc = access[model]
+    q3 = (milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
+    return np.where(q3, small, total[:, None]) @ tw.freq
+
+
+def cluster_frag(state: ClusterState, tw: TargetWorkload) -> np.ndarray:
+    """Per-node fragment amount (milli-GPU) of the whole cluster."""
+    nodes = np.arange(len(state))
+    cpu, left, model = node_view(state, nodes)
+    return frag_amount(cpu, left, model, tw, tw.access(state.model_names))
