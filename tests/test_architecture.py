@@ -120,15 +120,21 @@ PLUGIN_FAMILIES = {
 }
 
 
-def test_engine_plugins_one_module_each_with_tests_beside_it():
+def _registered_by_module(package: str) -> dict[str, set[str]]:
+    """{module under ``package``: the plugin names registered from it}."""
     from gpufleet.policies import registry
 
     r = registry()
     where: dict[str, set[str]] = {}
     for name in r.names():
         module = type(r.create(name)).__module__
-        if module.startswith("gpufleet.engine.plugins."):
+        if module.startswith(package + "."):
             where.setdefault(module.rsplit(".", 1)[1], set()).add(name)
+    return where
+
+
+def test_engine_plugins_one_module_each_with_tests_beside_it():
+    where = _registered_by_module("gpufleet.engine.plugins")
     assert where, "no engine plugin found in the registry"
     for module, names in where.items():
         assert names == PLUGIN_FAMILIES.get(module, {n for n in names if n.lower() == module}), (module, names)
@@ -141,15 +147,7 @@ def test_engine_plugins_one_module_each_with_tests_beside_it():
 
 def test_paper_policies_one_module_each():
     """The FGD paper's six policies: a module each (random-fit's node score and GPU pick together)."""
-    from gpufleet.policies import registry
-
-    r = registry()
-    where: dict[str, set[str]] = {}
-    for name in r.names():
-        module = type(r.create(name)).__module__
-        if module.startswith("gpufleet.policies.paper."):
-            where.setdefault(module.rsplit(".", 1)[1], set()).add(name)
-    assert where == {
+    assert _registered_by_module("gpufleet.policies.paper") == {
         "randomfit": {"RandomScore", "RandomGpu"}, "dotproduct": {"DotProductScore"}, "clustering": {"GpuClusteringScore"},
         "packing": {"GpuPackingScore"}, "bestfit": {"BestFitScore"}, "fgd": {"FGDScore"},
     }
