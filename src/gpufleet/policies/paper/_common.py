@@ -1,4 +1,4 @@
-"""What the paper's plugins share: the simulator's normalisers, a base whose cache key is the pod's shape, GPU take."""
+"""What the paper's plugins share: the simulator's normalisers, a base keyed by the pod's shape, which GPUs a pod takes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import numpy as np
 from ...engine.framework import Cycle
 from .workload import shape_of
 
-
 MAX_SPEC_CPU_MILLI = 128_000
 MAX_SPEC_GPU_MILLI = 8_000
 
@@ -15,14 +14,12 @@ MAX_SPEC_GPU_MILLI = 8_000
 def take_packed(left: np.ndarray, milli: int, count: int) -> np.ndarray:
     """``NodeResource.Sub``: take ``count`` GPUs of ``milli``, least sufficient first."""
     out = left.copy()
-    k = out.shape[0]
     order = np.argsort(out, axis=1, kind="stable")
     srt = np.take_along_axis(out, order, axis=1)
     ok = srt >= milli
     take = ok & (np.cumsum(ok, axis=1) <= count)
     srt = srt - take * milli
     np.put_along_axis(out, order, srt, axis=1)
-    del k
     return out
 
 
