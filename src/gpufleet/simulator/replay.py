@@ -47,11 +47,11 @@ measured.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -66,6 +66,10 @@ from ..policies import build_profile
 from ..policies.paper.workload import TargetWorkload, frag_amount, node_view
 from .packing import prime_policy
 from .trace import TraceError, TracePod
+from .waiting import WaitingPods, could_fit
+
+if TYPE_CHECKING:
+    from .constraints import NodeLimits
 
 SAMPLES = 200
 BOUNDED_SLOWDOWN_TAU_S = 10.0  # bounded slowdown: (wait + run) / max(run, tau)
@@ -264,7 +268,7 @@ class ReplayRun:
         return d
 
 
-def _limits_plugin(extras: Sequence[Mapping[str, object]], nodes: Sequence[Node], reqs: Sequence[PodRequest]):
+def _limits_plugin(extras: Sequence[Mapping[str, object]], nodes: Sequence[Node], reqs: Sequence[PodRequest]) -> NodeLimits | None:
     from .constraints import NodeLimits
 
     if not any(extras):
@@ -323,419 +327,409 @@ def run_replay(
         prof = replace(prof, filters=[*prof.filters, limits], reserves=[*prof.reserves, limits])
     sched = Scheduler(prof, state, seed=seed)
     prime_policy(sched, list(reqs))
-    capacity = max(state.total_gpu_milli(), 1)
-    by_key = {r.key: i for i, r in enumerate(reqs)}
-    if len(by_key) != len(reqs):
+    if len({r.key for r in reqs}) != len(reqs):
         raise TraceError(trace_name or "trace", 0, "name", "pod names must be unique")
 
-    arrival = wl.arrival_s
-    measured_mask = ~np.isnan(arrival)
-    t_first = float(arrival[measured_mask].min()) if measured_mask.any() else 0.0
-    t_last = float(arrival[measured_mask].max()) if measured_mask.any() else 0.0
     w_start, w_end = wl.window(warmup)
-    in_window = measured_mask & (arrival >= w_start) & (arrival <= w_end)
-
+    measured = ~np.isnan(wl.arrival_s)
+    t_first = float(wl.arrival_s[measured].min()) if measured.any() else 0.0
     run = ReplayRun(policy=policy, seed=seed, trace=trace_name, load=load, arrival_scale=round(scale, 6),
                     offered_load=round(wl.offered_load(ref, warmup), 4), copies=wl.copies, what_if=what_if, nodes=len(nodes), gpus=cap_gpus,
                     warmup=warmup, busy_window_h=[round((w_start - t_first) / 3600, 4), round((w_end - t_first) / 3600, 4)])
-
     tw = TargetWorkload.from_requests(reqs) if frag and cap_gpus else None
-    acc = tw.access(state.model_names) if tw is not None else None
-    all_nodes = np.arange(len(state))
+    rp = _Replay(wl, reqs, sched, tree, limits, run, tw, preemption, progress)
+    rp.run()
+    _summarize(rp)
+    run.wall_s = round(time.perf_counter() - t0, 3)
+    return run
 
-    # events: (time, kind, seq, pod index); kind 0 = departure before 1 = arrival at equal times
-    ev: list[tuple[float, int, int, int]] = []
-    seq = 0
-    for i0 in np.flatnonzero(measured_mask):
-        ev.append((float(arrival[i0]), 1, int(i0), int(i0)))
-    heapq.heapify(ev)
-    backoff = Backoff()
-    queued: dict[int, QueuedPod] = {}  # pending pods, in arrival order
-    arrived_at: dict[int, float] = {}
-    placed_at: dict[int, float] = {}
-    ends: dict[int, int] = {}  # pod -> seq of its live departure event (victims' old ones are stale)
-    delays = np.full(len(reqs), np.nan)
-    used = 0
-    alloc_integral = 0.0
-    last_t = t_first
-    nominated: set[str] = set()
-    team_names = sorted(tree.queues) if tree else []
-    team_share: dict[str, list[float]] = {q: [] for q in team_names}
-    team_borrow: dict[str, list[float]] = {q: [] for q in team_names}
-    team_preempted: dict[str, int] = {q: 0 for q in team_names}
-    team_reclaimed: dict[str, int] = {q: 0 for q in team_names}
 
-    prio_running: dict[int, int] = {}  # priority -> pods running
-    shape_of = [(r.queue, r.shape(), r.labels, r.priority) for r in reqs]  # what a decision depends on
-    buckets: dict[tuple, list[tuple]] = {}  # shape -> waiting pods as (sort key, index), in order
-    shape_ids: dict[tuple, int] = {}
-    for k in shape_of:
-        shape_ids.setdefault(k, len(shape_ids))
-    shape_list = list(shape_ids)
-    rep: dict[tuple, PodRequest] = {}
-    for i, k in enumerate(shape_of):
-        rep.setdefault(k, reqs[i])
-    s_cpu = np.array([rep[k].cpu_milli for k in shape_list], dtype=np.int64)
-    s_mem = np.array([rep[k].memory_mib for k in shape_list], dtype=np.int64)
-    s_gc = np.array([rep[k].gpu_count if rep[k].mig_profile is None else 0 for k in shape_list], dtype=np.int64)
-    s_gm = np.array([min(rep[k].gpu_milli, GPU_MILLI) for k in shape_list], dtype=np.int64)
-    dirty: set[int] = set()  # nodes that gained room since the last retry round
-    gangs = GangScheduler(sched) if any(r.pod_group for r in reqs) else None
-    gang_waiting: dict[int, float] = {}  # pod-group members not placed yet
-    quota_blocked: set[tuple] = set()  # shapes whose last failure was their queue's quota
-    # A failed reclaim/preemption plan is planned again only once something it could take came
-    # (a pod placed beyond its queue's quota, or of lower priority) and PLAN_INTERVAL_S later: the
-    # live loop bounds its planning time too (Preemptor.PLAN_SHARE); replanning every round would cost hours.
-    room_failed: dict[tuple, tuple] = {}
-    lent = [0]
-    placed_by_prio: dict[int, int] = {}
+class _PlanRation:
+    """When a failed reclaim/preemption plan may be made again.
 
-    def room_key(r: PodRequest) -> tuple:
+    Only once something it could take came (an epoch: pods placed beyond their queue's quota, or of lower
+    priority) and ``PLAN_INTERVAL_S`` later: the live loop bounds its planning time too
+    (``Preemptor.PLAN_SHARE``); replanning every round would cost hours.  Keys ration planning per queue
+    (with queues), per priority (without) or per gang.
+    """
+
+    def __init__(self) -> None:
+        self._failed: dict[tuple, tuple[tuple, float]] = {}
+
+    def ready(self, key: tuple, epoch: tuple, now: float) -> bool:
+        last = self._failed.get(key)
+        return last is None or (last[0] != epoch and now >= last[1])
+
+    def failed(self, key: tuple, epoch: tuple, now: float) -> None:
+        self._failed[key] = (epoch, now + PLAN_INTERVAL_S)
+
+
+class _Replay:
+    """One replay on the simulated clock: the event loop, and the cycle each pod goes through.
+
+    The pieces are the live scheduler's (``Scheduler``, ``GangScheduler``, ``plan_room``,
+    ``find_gang_victims``); what is here is what the live loop's informers and API calls do
+    instead: pods arrive and leave by the trace's clock, victims wait again.  The waiting pods are
+    ``WaitingPods``; what runs is counted here (GPU milli, pods per priority) for the metrics and
+    for the plan rationing.
+    """
+
+    def __init__(self, wl: Workload, reqs: list[PodRequest], sched: Scheduler, tree: QueueTree | None, limits: NodeLimits | None,
+                 run: ReplayRun, tw: TargetWorkload | None, preemption: bool, progress: Callable[[int], None] | None) -> None:
+        self.wl, self.reqs, self.sched, self.state, self.tree, self.limits = wl, reqs, sched, sched.state, tree, limits
+        self.result, self.tw, self.preemption, self.progress = run, tw, preemption, progress
+        self.acc = tw.access(self.state.model_names) if tw is not None else None
+        self.capacity = max(self.state.total_gpu_milli(), 1)
+        self.by_key = {r.key: i for i, r in enumerate(reqs)}
+        arrival = wl.arrival_s
+        self.measured = ~np.isnan(arrival)
+        self.t_first = float(arrival[self.measured].min()) if self.measured.any() else 0.0
+        self.t_last = float(arrival[self.measured].max()) if self.measured.any() else 0.0
+        self.w_start, self.w_end = wl.window(run.warmup)
+        # events: (time, kind, seq, pod index); kind 0 = departure before 1 = arrival at equal times
+        self.events = [(float(arrival[i]), 1, int(i), int(i)) for i in np.flatnonzero(self.measured)]
+        heapq.heapify(self.events)
+        self.seq = 0
+        self.ends: dict[int, int] = {}  # pod -> seq of its live departure event (victims' old ones are stale)
+        self.waiting = WaitingPods(reqs)
+        self.backoff = Backoff()
+        self.nominated: set[str] = set()
+        self.arrived_at: dict[int, float] = {}
+        self.delays = np.full(len(reqs), np.nan)
+        self.used_milli = 0
+        self.alloc_integral = 0.0
+        self.running_by_prio: dict[int, int] = {}  # priority -> pods running
+        self.placed_by_prio: dict[int, int] = {}  # priority -> pods placed so far (an epoch for plan rationing)
+        self.lent = 0  # placements beyond a queue's quota so far (an epoch for reclaim planning)
+        self.dirty: set[int] = set()  # nodes that gained room since the last retry round
+        self.quota_blocked: set[tuple] = set()  # groups whose last failure was their queue's quota
+        self.plans = _PlanRation()
+        self.gangs = GangScheduler(sched) if any(r.pod_group for r in reqs) else None
+        self.gang_waiting: dict[int, float] = {}  # pod-group members not placed yet
+        self.team_names = sorted(tree.queues) if tree else []
+        self.team_share: dict[str, list[float]] = {q: [] for q in self.team_names}
+        self.team_borrow: dict[str, list[float]] = {q: [] for q in self.team_names}
+        self.team_preempted: dict[str, int] = {q: 0 for q in self.team_names}
+        self.team_reclaimed: dict[str, int] = {q: 0 for q in self.team_names}
+
+    # --- bookkeeping ------------------------------------------------------------------------------
+    def _lower_placed(self, priority: int) -> int:
+        return sum(c for p, c in self.placed_by_prio.items() if p < priority)
+
+    def _plan_key(self, r: PodRequest) -> tuple:
         """Planning is rationed per queue (with queues) or per priority (without)."""
-        return (r.queue, None) if tree is not None else (None, r.priority)
+        return (r.queue, None) if self.tree is not None else (None, r.priority)
 
-    def room_ready(shape: tuple, r: PodRequest, now: float) -> bool:
-        last = room_failed.get(room_key(r))
-        return last is None or (last[0] != room_epoch(r) and now >= last[1])
+    def _plan_epoch(self, r: PodRequest) -> tuple:
+        return (self.lent, self._lower_placed(r.priority))
 
-    def room_epoch(r: PodRequest) -> tuple:
-        return (lent[0], sum(c for p, c in placed_by_prio.items() if p < r.priority))
+    def _lower_running(self, priority: int) -> bool:
+        return any(p < priority and c for p, c in self.running_by_prio.items())
 
-    def enqueue(i: int, now: float) -> None:
-        if i not in queued:
-            q = queued[i] = QueuedPod(reqs[i].key, reqs[i].priority, arrived_at.get(i, now), reqs[i])
-            bisect.insort(buckets.setdefault(shape_of[i], []), (sort_key(q)[1:], i))
-
-    def dequeue(i: int) -> None:
-        q = queued.pop(i, None)
-        if q is not None:
-            b = buckets[shape_of[i]]
-            b.remove((sort_key(q)[1:], i))
-            if not b:
-                del buckets[shape_of[i]]
-
-    def could_fit(r: PodRequest, nodes: np.ndarray | None = None) -> bool:
-        """A necessary condition, cheap: some node (of ``nodes``) has the CPU, memory and free GPUs."""
-        sl = slice(None) if nodes is None else nodes
-        ok = (state.cpu_free[sl] >= r.cpu_milli) & (state.mem_free[sl] >= r.memory_mib)
-        if r.gpu_count and r.mig_profile is None:
-            free = state.gpu_free_milli[sl]
-            ok &= (free >= min(r.gpu_milli, GPU_MILLI)).sum(axis=1) >= r.gpu_count
-        return bool(ok.any())
-
-    def fits_on(sid: int, nodes: list[int]) -> bool:
-        """``could_fit`` for shape ``sid`` on a few nodes, without numpy's per-call cost."""
-        c, m, gc, gm = int(s_cpu[sid]), int(s_mem[sid]), int(s_gc[sid]), int(s_gm[sid])
-        for d in nodes:
-            if state.cpu_free[d] >= c and state.mem_free[d] >= m and \
-                    (gc == 0 or sum(1 for f in state.gpu_free_milli[d].tolist() if f >= gm) >= gc):
-                return True
-        return False
-
-    def place(i: int, now: float, checked: bool = False) -> bool:
-        nonlocal used, seq
-        r = reqs[i]
-        if not checked and not could_fit(r):
+    def place(self, i: int, now: float, checked: bool = False) -> bool:
+        r = self.reqs[i]
+        if not checked and not could_fit(self.state, r):
             return False
-        dec = sched.schedule(r)
+        dec = self.sched.schedule(r)
         if not dec.ok:
             if dec.status.plugin == "QueueQuota":
-                quota_blocked.add(shape_of[i])
+                self.quota_blocked.add(self.waiting.group_of[i])
             return False
-        quota_blocked.discard(shape_of[i])
-        placed(i, now)
+        self.quota_blocked.discard(self.waiting.group_of[i])
+        self.placed(i, now)
         return True
 
-    def placed(i: int, now: float) -> None:
+    def placed(self, i: int, now: float) -> None:
         """Bookkeeping once pod i holds its devices (by ``place`` or by the gang scheduler)."""
-        nonlocal used, seq
-        r = reqs[i]
-        placed_by_prio[r.priority] = placed_by_prio.get(r.priority, 0) + 1
+        r, tree = self.reqs[i], self.tree
+        self.placed_by_prio[r.priority] = self.placed_by_prio.get(r.priority, 0) + 1
         if tree is not None and r.queue in tree.queues and any(
                 (nom := tree.nominal(q, "gpu_milli")) is not None and tree.used(q, "gpu_milli") > nom for q in tree.path(r.queue)):
-            lent[0] += 1  # it borrows: reclaim may find it
-        used += r.total_gpu_milli
-        prio_running[r.priority] = prio_running.get(r.priority, 0) + 1
-        placed_at[i] = now
-        if i in arrived_at and np.isnan(delays[i]):
-            delays[i] = now - arrived_at[i]
-        dequeue(i)
-        nominated.discard(r.key)
-        backoff.forget(r.key)
-        seq += 1
-        ends[i] = seq
-        heapq.heappush(ev, (now + float(wl.run_s[i]), 0, seq, i))
-        gang_waiting.pop(i, None)
+            self.lent += 1  # it borrows: reclaim may find it
+        self.used_milli += r.total_gpu_milli
+        self.running_by_prio[r.priority] = self.running_by_prio.get(r.priority, 0) + 1
+        if i in self.arrived_at and np.isnan(self.delays[i]):
+            self.delays[i] = now - self.arrived_at[i]
+        self.waiting.remove(i)
+        self.nominated.discard(r.key)
+        self.backoff.forget(r.key)
+        self.seq += 1
+        self.ends[i] = self.seq
+        heapq.heappush(self.events, (now + float(self.wl.run_s[i]), 0, self.seq, i))
+        self.gang_waiting.pop(i, None)
 
-    def release(i: int) -> None:
-        nonlocal used
-        r = reqs[i]
-        a = state.assignments.get(r.key)
-        if gangs is not None and r.pod_group:
-            gangs.remove(r.key)  # as the live loop's drop_pod: forgets its devices too
+    def _stopped(self, i: int, node: str | None) -> None:
+        """What every pod that stops holding its devices changes here (it left, or it was evicted)."""
+        r = self.reqs[i]
+        if self.limits is not None:
+            self.limits.release(r.key)
+        self.used_milli -= r.total_gpu_milli
+        self.running_by_prio[r.priority] -= 1
+        self.ends.pop(i, None)  # an evicted pod's departure event is stale now
+        if node is not None:
+            self.dirty.add(self.state.index[node])
+
+    def release(self, i: int) -> None:
+        """Pod i ran its time and leaves."""
+        r = self.reqs[i]
+        a = self.state.assignments.get(r.key)
+        if self.gangs is not None and r.pod_group:
+            self.gangs.remove(r.key)  # as the live loop's drop_pod: forgets its devices too
         else:
-            sched.forget(r.key)
-        if a is not None:
-            dirty.add(state.index[a.node])
-        if limits is not None:
-            limits.release(r.key)
-        used -= r.total_gpu_milli
-        prio_running[r.priority] -= 1
-        placed_at.pop(i, None)
-        ends.pop(i, None)
+            self.sched.forget(r.key)
+        self._stopped(i, a.node if a is not None else None)
 
-    def gang_round(now: float) -> None:
-        """Pod-group members go through the live loop's ``GangScheduler`` (all or nothing, one
-        holder at a time), after the single pods, as in ``SchedulerLoop.schedule_due``."""
-        if gangs is None or not gang_waiting:
-            return
-        again = False
-        for res in gangs.step(now):
-            for d in res.placed:
-                placed(by_key[d.pod_key], now)
-            if not res.ok and make_room_for_gang(res.group, now):
-                again = True
-        if again:  # victims are gone: the gang goes first (the loop's gangs_first)
-            for res in gangs.step(now):
-                for d in res.placed:
-                    placed(by_key[d.pod_key], now)
-
-    def evict(victims: Sequence, kind: str, now: float) -> None:
+    def evict(self, victims: Sequence, kind: str, now: float) -> None:
         """What the live loop's deletions do: the victims leave the snapshot and wait again."""
-        nonlocal used
         for v in victims:
-            j = by_key[v.pod_key]
-            if limits is not None:
-                limits.release(v.pod_key)
-            used -= reqs[j].total_gpu_milli
-            prio_running[reqs[j].priority] -= 1
-            placed_at.pop(j, None)
-            ends.pop(j, None)  # its departure event is stale now
-            dirty.add(state.index[v.node])
-            if gangs is not None and reqs[j].pod_group:
-                gangs.remove(v.pod_key)  # forgets its devices
-                gangs.add(reqs[j], now)
-                gang_waiting[j] = now
+            j = self.by_key[v.pod_key]
+            self._stopped(j, v.node)
+            if self.gangs is not None and self.reqs[j].pod_group:
+                self.gangs.remove(v.pod_key)  # forgets its devices
+                self.gangs.add(self.reqs[j], now)
+                self.gang_waiting[j] = now
             else:
-                sched.forget(v.pod_key)
-                enqueue(j, now)
-            if v.queue in team_preempted:
-                (team_reclaimed if kind == "reclaimed" else team_preempted)[v.queue] += 1
+                self.sched.forget(v.pod_key)
+                self.waiting.add(j, self.arrived_at.get(j, now))
+            if v.queue in self.team_preempted:
+                (self.team_reclaimed if kind == "reclaimed" else self.team_preempted)[v.queue] += 1
         if kind == "reclaimed":
-            run.reclaims += len(victims)
+            self.result.reclaims += len(victims)
         else:
-            run.preemptions += len(victims)
+            self.result.preemptions += len(victims)
 
-    def make_room_for_gang(group: str, now: float) -> bool:
+    # --- making room ------------------------------------------------------------------------------
+    def make_room(self, i: int, now: float) -> bool:
+        """Reclaim or preempt for pod i (shared decision); victims wait again.  True if i placed."""
+        r = self.reqs[i]
+        if not self.preemption or (self.tree is None and not self._lower_running(r.priority)):
+            return False
+        key, ep = self._plan_key(r), self._plan_epoch(r)
+        if not self.plans.ready(key, ep, now):
+            return False  # nothing it could take came, or it planned in vain a moment ago
+        rp = plan_room(self.sched, self.tree, r)
+        if rp is None or not rp.victims:
+            self.plans.failed(key, ep, now)
+            return False
+        self.evict(rp.victims, rp.kind, now)
+        self.backoff.wake_all()
+        self.nominated.add(r.key)
+        return self.place(i, now)
+
+    def make_room_for_gang(self, group: str, now: float) -> bool:
         """The loop's ``Preemptor.make_room_for_gang``: lower-priority victims for the whole gang at once."""
+        gangs = self.gangs
         g = gangs.gangs.get(group) if gangs is not None else None
-        if g is None or not preemption:
+        if gangs is None or g is None or not self.preemption:
             return False
         need = max(g.group.min_member - len(g.running), 1)
-        held = set(gangs.held) if gangs is not None and gangs.holder == group else set()
+        held = set(gangs.held) if gangs.holder == group else set()
         members = [m for m in g.members.values() if m.key not in held]
         need -= len(held)
         if len(g.members) < need + len(held) or need <= 0 or not members:
             return False
         prio = min(m.priority for m in members)
-        if not any(p < prio and c for p, c in prio_running.items()):
+        if not self._lower_running(prio):
             return False
-        key = ("gang", group)
-        ep = (0, sum(c for p, c in placed_by_prio.items() if p < prio))
-        last = room_failed.get(key)
-        if last is not None and (last[0] == ep or now < last[1]):
+        key, ep = ("gang", group), (0, self._lower_placed(prio))
+        if not self.plans.ready(key, ep, now):
             return False
-        plan = find_gang_victims(sched, group, members, need)
+        plan = find_gang_victims(self.sched, group, members, need)
         if plan is None:
-            room_failed[key] = (ep, now + PLAN_INTERVAL_S)
+            self.plans.failed(key, ep, now)
             return False
-        evict(plan.victims, "preempted", now)
-        backoff.wake_all()
+        self.evict(plan.victims, "preempted", now)
+        self.backoff.wake_all()
         return True
 
-    def make_room(i: int, now: float) -> bool:
-        """Reclaim or preempt for pod i (shared decision); victims wait again.  True if i placed."""
-        r = reqs[i]
-        if not preemption or (tree is None and not any(p < r.priority and c for p, c in prio_running.items())):
-            return False
-        ep = room_epoch(r)
-        last = room_failed.get(room_key(r))
-        if last is not None and (last[0] == ep or now < last[1]):
-            return False  # nothing it could take came, or it planned in vain a moment ago
-        rp = plan_room(sched, tree, r)
-        if rp is None or not rp.victims:
-            room_failed[room_key(r)] = (ep, now + PLAN_INTERVAL_S)
-            return False
-        evict(rp.victims, rp.kind, now)
-        backoff.wake_all()
-        nominated.add(r.key)
-        return place(i, now)
+    # --- the rounds -------------------------------------------------------------------------------
+    def gang_round(self, now: float) -> None:
+        """Pod-group members go through the live loop's ``GangScheduler`` (all or nothing, one
+        holder at a time), after the single pods, as in ``SchedulerLoop.schedule_due``."""
+        if self.gangs is None or not self.gang_waiting:
+            return
+        again = False
+        for res in self.gangs.step(now):
+            for d in res.placed:
+                self.placed(self.by_key[d.pod_key], now)
+            if not res.ok and self.make_room_for_gang(res.group, now):
+                again = True
+        if again:  # victims are gone: the gang goes first (the loop's gangs_first)
+            for res in self.gangs.step(now):
+                for d in res.placed:
+                    self.placed(self.by_key[d.pod_key], now)
 
-    def retry(now: float) -> None:
+    def _head_entry(self, group: tuple) -> tuple | None:
+        i = self.waiting.head(group)
+        return None if i is None else (sort_key(self.waiting.queued[i], self.nominated), group)
+
+    def retry(self, now: float) -> None:
         """One pass over the waiting pods in the shared queue order (``engine.schedqueue``).
 
-        Without queues the order is static, so waiting pods are kept per shape in that order
-        and merged lazily by their heads; a shape whose head fails is done for the round.  A
-        shape is only tried if it could fit on a node that gained room since the last round:
-        every waiting shape failed against the rest of the cluster then, and nothing there
+        Without queues the order is static, so waiting pods are kept per group in that order
+        and merged lazily by their heads; a group whose head fails is done for the round.  A
+        group is only tried if it could fit on a node that gained room since the last round:
+        every waiting group failed against the rest of the cluster then, and nothing there
         has more room now.  With queues see ``retry_queues``."""
-        if not queued:
-            dirty.clear()
+        w = self.waiting
+        if not len(w):
+            self.dirty.clear()
             return
-        ok = np.zeros(len(shape_list), dtype=bool)
-        room = sorted(dirty)
-        for d in room:  # shapes that could fit on a node that gained room
-            ok |= (s_cpu <= state.cpu_free[d]) & (s_mem <= state.mem_free[d]) & \
-                ((state.gpu_free_milli[d][None, :] >= s_gm[:, None]).sum(axis=1) >= s_gc)
-        dirty.clear()
-        if tree is not None:
-            retry_queues(now, ok)
+        room = sorted(self.dirty)
+        ok = w.with_room(self.state, room)
+        self.dirty.clear()
+        if self.tree is not None:
+            self.retry_queues(now, ok)
             return
-        heads: list[tuple] = []
-        for sid in np.flatnonzero(ok):
-            shape = shape_list[sid]
-            b = buckets.get(shape)
-            if b:
-                heads.append((sort_key(queued[b[0][1]], nominated), shape))
+        heads = [e for gid in np.flatnonzero(ok) if (e := self._head_entry(w.group_list[gid])) is not None]
         heapq.heapify(heads)
         while heads:
-            _, shape = heapq.heappop(heads)
-            b = buckets.get(shape)
-            if not b:
+            _, group = heapq.heappop(heads)
+            i = w.head(group)
+            if i is None:
                 continue
-            i = b[0][1]
-            if fits_on(shape_ids[shape], room) and place(i, now, checked=True):
-                b = buckets.get(shape)
-                if b:
-                    heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
+            if w.fits_on(w.group_ids[group], self.state, room) and self.place(i, now, checked=True):
+                if (e := self._head_entry(group)) is not None:
+                    heapq.heappush(heads, e)
                 continue
-            backoff.defer(reqs[i].key, now)
-            if make_room(i, now):
-                room = sorted(set(room) | dirty)
-                b = buckets.get(shape)
-                if b:
-                    heapq.heappush(heads, (sort_key(queued[b[0][1]], nominated), shape))
+            self.backoff.defer(self.reqs[i].key, now)
+            if self.make_room(i, now):
+                room = sorted(set(room) | self.dirty)
+                if (e := self._head_entry(group)) is not None:
+                    heapq.heappush(heads, e)
 
-    def retry_queues(now: float, ok: np.ndarray) -> None:
-        """With queues: the candidates are the first pods of each shape that could fit on a node
+    def retry_queues(self, now: float, ok: np.ndarray) -> None:
+        """With queues: the candidates are the first pods of each group that could fit on a node
         that gained room, whose last failure was its quota (usage moved), or that could reclaim
         (within its quota while others borrow); they go through ``order_pending`` (DRF), as the
-        live loop's due pods do.  Rounds repeat while a shape had all its candidates placed."""
+        live loop's due pods do.  Rounds repeat while a group had all its candidates placed."""
+        tree, w = self.tree, self.waiting
+        assert tree is not None
         borrowing = False
-        if tree is not None and preemption:
+        if self.preemption:
             use = tree.usage()
             borrowing = any((nom := tree.nominal(q, "gpu_milli")) is not None and use[q].get("gpu_milli", 0) > nom
                             for q in tree.queues)
-        per_shape = 8
+        per_group = 8
         for _ in range(64):
             cands: list[QueuedPod] = []
-            for shape, b in buckets.items():
-                sid = shape_ids[shape]
-                r0 = reqs[b[0][1]]
-                if ok[sid] or shape in quota_blocked or (borrowing and r0.queue and tree is not None
-                                                         and room_ready(shape, r0, now)
-                                                         and tree.within_nominal(r0.queue, request_vector(r0))):
-                    cands.extend(queued[i] for _, i in b[:per_shape])
+            for group, members in w.groups.items():
+                r0 = self.reqs[members[0][1]]
+                if ok[w.group_ids[group]] or group in self.quota_blocked or (
+                        borrowing and r0.queue and self.plans.ready(self._plan_key(r0), self._plan_epoch(r0), now)
+                        and tree.within_nominal(r0.queue, request_vector(r0))):
+                    cands.extend(w.first(group, per_group))
             if not cands:
                 return
             failed: set = set()
             room_tried: set = set()
             placed_n: dict[tuple, int] = {}
-            for key in order_pending(cands, tree, nominated):
-                i = by_key[key]
-                if i not in queued:
+            for key in order_pending(cands, tree, self.nominated):
+                i = self.by_key[key]
+                if i not in w:
                     continue
-                shape = shape_of[i]
-                if shape in failed:
+                group = w.group_of[i]
+                if group in failed:
                     continue
-                if place(i, now):
-                    placed_n[shape] = placed_n.get(shape, 0) + 1
+                if self.place(i, now):
+                    placed_n[group] = placed_n.get(group, 0) + 1
                     continue
-                if shape not in room_tried:
-                    room_tried.add(shape)
-                    if make_room(i, now):
+                if group not in room_tried:
+                    room_tried.add(group)
+                    if self.make_room(i, now):
                         failed.clear()  # victims left: room for others too
-                        placed_n[shape] = placed_n.get(shape, 0) + 1
+                        placed_n[group] = placed_n.get(group, 0) + 1
                         continue
-                failed.add(shape)
-                backoff.defer(reqs[i].key, now)
-            more = {sh for sh, n in placed_n.items() if n >= per_shape and sh in buckets}
+                failed.add(group)
+                self.backoff.defer(self.reqs[i].key, now)
+            more = {g for g, n in placed_n.items() if n >= per_group and g in w.groups}
             if not more:
                 return
-            ok = np.zeros(len(shape_list), dtype=bool)
-            for sh in more:
-                ok[shape_ids[sh]] = True
+            ok = np.zeros(len(w.group_list), dtype=bool)
+            for g in more:
+                ok[w.group_ids[g]] = True
 
-    def sample(t: float) -> None:
-        run.t_h.append(round((t - t_first) / 3600.0, 4))
-        run.gpu_alloc_pct.append(round(used / capacity * 100.0, 3))
-        run.pending_pods.append(len(queued))
-        if tw is not None:
-            cpu, left, model = node_view(state, all_nodes)
-            run.frag_pct.append(round(float(frag_amount(cpu, left, model, tw, acc).sum()) / capacity * 100.0, 3))  # type: ignore[arg-type]
+    # --- the clock --------------------------------------------------------------------------------
+    def sample(self, t: float) -> None:
+        run, tree = self.result, self.tree
+        run.t_h.append(round((t - self.t_first) / 3600.0, 4))
+        run.gpu_alloc_pct.append(round(self.used_milli / self.capacity * 100.0, 3))
+        run.pending_pods.append(len(self.waiting))
+        if self.tw is not None:
+            cpu, left, model = node_view(self.state, np.arange(len(self.state)))
+            run.frag_pct.append(round(float(frag_amount(cpu, left, model, self.tw, self.acc).sum()) / self.capacity * 100.0, 3))  # type: ignore[arg-type]
         if tree is not None:
             use = tree.usage()
-            for q in team_names:
+            for q in self.team_names:
                 g = use[q].get("gpu_milli", 0)
-                team_share[q].append(round(100.0 * g / capacity, 3))
+                self.team_share[q].append(round(100.0 * g / self.capacity, 3))
                 nom = tree.nominal(q, "gpu_milli")
-                team_borrow[q].append(round(100.0 * max(0, g - nom) / capacity, 3) if nom is not None else 0.0)
+                self.team_borrow[q].append(round(100.0 * max(0, g - nom) / self.capacity, 3) if nom is not None else 0.0)
 
-    # pods running when the trace starts: placed first, not measured
-    for i0 in np.flatnonzero(~measured_mask):
-        place(int(i0), t_first)
-    sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
-    si = 0
-    while ev:
-        now = ev[0][0]
-        while si < len(sample_times) and sample_times[si] <= now:
-            sample(sample_times[si])
+    def arrive(self, i: int, now: float) -> None:
+        self.result.pods_arrived += 1
+        self.arrived_at[i] = now
+        r = self.reqs[i]
+        if self.gangs is not None and r.pod_group:
+            self.gang_waiting[i] = now
+            self.gangs.add(r, now)
+            return
+        if not self.place(i, now):
+            self.waiting.add(i, now)
+            if self.make_room(i, now):
+                return
+            self.backoff.defer(r.key, now)
+
+    def run(self) -> None:
+        # pods running when the trace starts: placed first, not measured
+        for i0 in np.flatnonzero(~self.measured):
+            self.place(int(i0), self.t_first)
+        t_first, t_last = self.t_first, self.t_last
+        sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
+        si, last_t, ev = 0, t_first, self.events
+        while ev:
+            now = ev[0][0]
+            while si < len(sample_times) and sample_times[si] <= now:
+                self.sample(sample_times[si])
+                si += 1
+            lo, hi = max(last_t, self.w_start), min(now, self.w_end)
+            if hi > lo:
+                self.alloc_integral += self.used_milli * (hi - lo)
+            last_t = now
+            left_any = False
+            arrivals: list[int] = []
+            while ev and ev[0][0] == now:
+                _, kind, s, i = heapq.heappop(ev)
+                i = int(i)
+                if kind == 0:
+                    if self.ends.get(i) != s:
+                        continue  # a preempted pod's old departure
+                    self.release(i)
+                    left_any = True
+                else:
+                    arrivals.append(i)
+            if left_any:
+                self.backoff.wake_all()
+                self.retry(now)
+            for i in arrivals:  # as the live loop: every pod that arrived is learned from before any is tried
+                self.sched.observe(self.reqs[i])
+            for i in arrivals:
+                self.arrive(i, now)
+                if self.progress is not None:
+                    self.progress(1)
+            if left_any or any(self.reqs[i].pod_group for i in arrivals):
+                self.gang_round(now)
+        while si < len(sample_times):
+            self.sample(sample_times[si])
             si += 1
-        lo, hi = max(last_t, w_start), min(now, w_end)
-        if hi > lo:
-            alloc_integral += used * (hi - lo)
-        last_t = now
-        left_any = False
-        arrivals: list[int] = []
-        while ev and ev[0][0] == now:
-            _, kind, s, i = heapq.heappop(ev)
-            i = int(i)
-            if kind == 0:
-                if ends.get(i) != s:
-                    continue  # a preempted pod's old departure
-                release(i)
-                left_any = True
-            else:
-                arrivals.append(i)
-        if left_any:
-            backoff.wake_all()
-            retry(now)
-        for i in arrivals:  # as the live loop: every pod that arrived is learned from before any is tried
-            sched.observe(reqs[i])
-        for i in arrivals:
-            run.pods_arrived += 1
-            arrived_at[i] = now
-            r = reqs[i]
-            if gangs is not None and r.pod_group:
-                gang_waiting[i] = now
-                gangs.add(r, now)
-                if progress is not None:
-                    progress(1)
-                continue
-            if not place(i, now):
-                enqueue(i, now)
-                if make_room(i, now):
-                    continue
-                backoff.defer(r.key, now)
-            if progress is not None:
-                progress(1)
-        if left_any or any(reqs[i].pod_group for i in arrivals):
-            gang_round(now)
-    while si < len(sample_times):
-        sample(sample_times[si])
-        si += 1
 
-    run.pods_never_placed = int(sum(1 for i in queued if in_window[i]) + sum(1 for i in gang_waiting if in_window[i]))
+
+def _summarize(rp: _Replay) -> None:
+    """The replay's metrics, over the pods that arrived in the busy window (see the module docstring)."""
+    run, reqs, delays, tree = rp.result, rp.reqs, rp.delays, rp.tree
+    arrival = rp.wl.arrival_s
+    in_window = rp.measured & (arrival >= rp.w_start) & (arrival <= rp.w_end)
+    run.pods_never_placed = int(sum(1 for i in rp.waiting.queued if in_window[i]) + sum(1 for i in rp.gang_waiting if in_window[i]))
     run.pods_placed = int(np.count_nonzero(~np.isnan(delays)))
     w = np.flatnonzero(in_window & ~np.isnan(delays))
     run.pods_measured = int(in_window.sum())
@@ -749,34 +743,32 @@ def run_replay(
             by.setdefault(pc, []).append(float(delays[iw]))
     order_cls = {"shares": 0, "1": 1, "2": 2, "4": 4, "8": 8, "cpu": 100}
     run.delay_by_class = {k: stats(v) for k, v in sorted(by.items(), key=lambda kv: (order_cls.get(kv[0], 50 if "@" not in kv[0] else 200), kv[0]))}
-    rt = wl.run_s[w]
+    rt = rp.wl.run_s[w]
     run.bounded_slowdown = stats(np.maximum(1.0, (d + rt) / np.maximum(rt, BOUNDED_SLOWDOWN_TAU_S)))
-    prod = wl.production_delay_s[w]
+    prod = rp.wl.production_delay_s[w]
     run.production_delay_s = stats(prod[~np.isnan(prod)])
-    if w_end > w_start:
-        run.mean_gpu_alloc_pct = round(alloc_integral / (w_end - w_start) / capacity * 100.0, 3)
+    if rp.w_end > rp.w_start:
+        run.mean_gpu_alloc_pct = round(rp.alloc_integral / (rp.w_end - rp.w_start) / rp.capacity * 100.0, 3)
     else:
         run.mean_gpu_alloc_pct = run.gpu_alloc_pct[-1] if run.gpu_alloc_pct else 0.0
     inw = [k for k, t in enumerate(run.t_h) if run.busy_window_h[0] <= t <= run.busy_window_h[1]]
     if run.frag_pct and inw:
         run.mean_frag_pct = round(float(np.mean([run.frag_pct[k] for k in inw])), 3)
     if tree is not None:
-        for q in team_names:
+        for q in rp.team_names:
             dq = [float(delays[i]) for i in w if reqs[i].queue == q]
-            mean_share = float(np.mean([team_share[q][k] for k in inw])) if inw else 0.0
+            mean_share = float(np.mean([rp.team_share[q][k] for k in inw])) if inw else 0.0
             nom = tree.nominal(q, "gpu_milli")
             run.teams[q] = {
                 "quota_gpus": None if nom is None else nom / GPU_MILLI, "weight": tree.queues[q].weight,
                 "parent": tree.queues[q].parent, "delay_s": stats(dq), "mean_share_pct": round(mean_share, 3),
-                "share_pct": team_share[q], "borrowed_pct": team_borrow[q],
-                "preempted": team_preempted[q], "reclaimed_from": team_reclaimed[q],
-                "never_placed": int(sum(1 for i in queued if in_window[i] and reqs[i].queue == q)),
+                "share_pct": rp.team_share[q], "borrowed_pct": rp.team_borrow[q],
+                "preempted": rp.team_preempted[q], "reclaimed_from": rp.team_reclaimed[q],
+                "never_placed": int(sum(1 for i in rp.waiting.queued if in_window[i] and reqs[i].queue == q)),
             }
         unq = [float(delays[i]) for i in w if reqs[i].queue not in tree.queues]
         if unq:
             run.teams["(no queue)"] = {"delay_s": stats(unq)}
-    run.wall_s = round(time.perf_counter() - t0, 3)
-    return run
 
 
 __all__ = ["ReplayRun", "Workload", "request_class", "run_replay", "stats", "workload_from_trace"]
