@@ -85,7 +85,8 @@ def main() -> None:
     ap.add_argument("--serve", nargs=3, metavar=("SOCKET", "PROC_ROOT", "PORT_FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        serve(*args.serve, agent_imports=not args.exporter_only)
+        socket, proc_root, port_file = args.serve
+        serve(socket, proc_root, port_file, agent_imports=not args.exporter_only)
         return
 
     import grpc

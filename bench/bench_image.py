@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
@@ -102,7 +103,7 @@ def main() -> int:
         cp.start()
         cfg = client.Configuration()
         config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
-        core = client.CoreV1Api(client.ApiClient(cfg))
+        core: Any = client.CoreV1Api(client.ApiClient(cfg))  # plain JSON bodies, as the adapter sends them
         core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
         for i in range(args.nodes):
             core.create_node(node_body(i), _preload_content=False)

@@ -32,6 +32,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from tests.integration.conftest import ControlPlane, _free_port  # noqa: E402
@@ -85,6 +86,12 @@ def placement_quality(core, scenario: str) -> str:
         skew = max(max(per.get((a, f"zone-{z}"), 0) for z in range(3)) - min(per.get((a, f"zone-{z}"), 0) for z in range(3)) for a in apps)
         return f"max zone skew over apps {skew} (maxSkew 1)"
     return f"{sum(v - 1 for v in per.values() if v > 1)} replica(s) sharing a node with one of their app"
+
+
+def proc_name(p: subprocess.Popen) -> str:
+    """The program's file name (etcd, kube-apiserver)."""
+    first = p.args[0] if isinstance(p.args, (list, tuple)) else p.args
+    return Path(str(first)).name
 
 
 def cpu_s(pid: int) -> float:
@@ -166,7 +173,7 @@ def run_one(which: str, args, assets: str) -> dict | None:
         cfg = client.Configuration()
         config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
         cfg.connection_pool_maxsize = 32
-        core = client.CoreV1Api(client.ApiClient(cfg))
+        core: Any = client.CoreV1Api(client.ApiClient(cfg))  # plain JSON bodies, as the adapter sends them
         core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
         t0 = time.perf_counter()
         with ThreadPoolExecutor(16) as ex:
@@ -180,7 +187,7 @@ def run_one(which: str, args, assets: str) -> dict | None:
         print(f"[{which}] setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s")
         counter = BindCounter(core, "bench")
         log = open(d / "scheduler.log", "wb")
-        cpu0 = {p.args[0].rsplit("/", 1)[-1]: cpu_s(p.pid) for p in cp.procs}
+        cpu0 = {proc_name(p): cpu_s(p.pid) for p in cp.procs}
         start = time.perf_counter()
         proc = subprocess.Popen(scheduler_cmd(which, args, cp.kubeconfig, d), stdout=log, stderr=subprocess.STDOUT)
         while time.perf_counter() - start < args.timeout_s and len(counter.bound) < args.pods:

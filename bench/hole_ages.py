@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from variants import _nodes, check_policy, check_variant, variant_pods
+from bench.variants import _nodes, check_policy, check_variant, variant_pods
 
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import GPU_MILLI

@@ -29,9 +29,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from variants import _nodes, check_policy, check_variant, variant_pods
+from bench.variants import _nodes, check_policy, check_variant, variant_pods
 
 from gpufleet.simulator.idle import IdleBreakdown, hole_name
 from gpufleet.simulator.packing import run_packing
