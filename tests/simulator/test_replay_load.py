@@ -13,7 +13,8 @@ from gpufleet.cli.main import main
 from gpufleet.engine import schedqueue
 from gpufleet.engine.model import PodRequest
 from gpufleet.simulator import trace, trace2025, whatif
-from gpufleet.simulator.replay import request_class, run_replay, workload_from_trace
+from gpufleet.simulator.replay import request_class, run_replay
+from gpufleet.simulator.workload import workload_from_trace
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"n{i:02d},32000,131072,{g},{m}\n" for i, (g, m) in enumerate([(8, "V100M32")] * 2 + [(2, "T4")] * 4))
@@ -272,7 +273,7 @@ def test_gangs_go_through_the_gang_scheduler_all_or_nothing(tmp_path):
 
     nodes = [Node(f"n{i}", 64000, 262144, tuple(Gpu(j, f"n{i}-g{j}", "V100M32", 32768) for j in range(4)),
                   labels={"kubernetes.io/hostname": f"n{i}"}, max_pods=100) for i in range(2)]
-    from gpufleet.simulator.replay import Workload
+    from gpufleet.simulator.workload import Workload
 
     def wl(group):
         reqs = [PodRequest("busy", "t", cpu_milli=1000, gpu_count=1, gpu_milli=1000)]
@@ -289,7 +290,7 @@ def test_gangs_go_through_the_gang_scheduler_all_or_nothing(tmp_path):
 
 def test_a_high_priority_gang_preempts_for_all_its_members():
     from gpufleet.engine.model import Gpu, Node
-    from gpufleet.simulator.replay import Workload
+    from gpufleet.simulator.workload import Workload
 
     nodes = [Node(f"n{i}", 64000, 262144, tuple(Gpu(j, f"n{i}-g{j}", "V100M32", 32768) for j in range(4)),
                   labels={"kubernetes.io/hostname": f"n{i}"}, max_pods=100) for i in range(2)]

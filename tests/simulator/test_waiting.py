@@ -60,7 +60,8 @@ def test_room_tests_agree_with_each_other(used, pod, fits):
 
 def test_every_arrival_is_counted_once_in_the_progress_bar_also_when_it_preempts():
     """A pod placed by preempting used to skip its progress tick: the bar stopped short of the pods replayed."""
-    from gpufleet.simulator.replay import Workload, run_replay
+    from gpufleet.simulator.replay import run_replay
+    from gpufleet.simulator.workload import Workload
 
     from tests.builders import make_node as node
 

@@ -184,7 +184,8 @@ def priority_function(spec: str | None):
 
 def run_one(task: dict) -> dict:
     from ..simulator import whatif
-    from ..simulator.replay import run_replay, workload_from_trace
+    from ..simulator.replay import run_replay
+    from ..simulator.workload import workload_from_trace
 
     nodes, tr, kind = _load(task["nodes"], task["pods"], task["skip"], task["cluster_size"])
     ref = sum(len(n.gpus) for n in nodes)
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
     if not tr.pods:
         print(f"gpufleet simulate: no pods in {pods_path}", file=sys.stderr)
         return 2
-    from ..simulator.replay import workload_from_trace
+    from ..simulator.workload import workload_from_trace
 
     try:
         wl = workload_from_trace(tr.pods, tr.name)

@@ -67,13 +67,13 @@ from ..policies.paper.workload import TargetWorkload, frag_amount, node_view
 from .packing import prime_policy
 from .trace import TraceError, TracePod
 from .waiting import WaitingPods, could_fit
+from .workload import DEFAULT_WARMUP, Workload, workload_from_trace
 
 if TYPE_CHECKING:
     from .constraints import NodeLimits
 
 SAMPLES = 200
 BOUNDED_SLOWDOWN_TAU_S = 10.0  # bounded slowdown: (wait + run) / max(run, tau)
-DEFAULT_WARMUP = 0.1
 PLAN_INTERVAL_S = 300.0  # a queue (or priority) whose reclaim/preemption plan failed plans again at most this often
 
 
@@ -100,133 +100,6 @@ def stats(values: Sequence[float] | np.ndarray) -> dict[str, float]:
     p50, p95, p99 = np.percentile(a, [50, 95, 99])
     return {"n": int(a.size), "mean": round(float(a.mean()), 2), "p50": round(float(p50), 2),
             "p95": round(float(p95), 2), "p99": round(float(p99), 2), "max": round(float(a.max()), 2)}
-
-
-@dataclass
-class Workload:
-    """A trace ready to replay: requests, arrival and run times (seconds), what production saw."""
-
-    requests: list[PodRequest]
-    arrival_s: np.ndarray  # NaN: already running when the trace starts
-    run_s: np.ndarray
-    production_delay_s: np.ndarray  # scheduled - creation (NaN when unknown)
-    extras: list[Mapping[str, object]] = field(default_factory=list)  # per pod, for constraint plugins
-
-    copies: int = 1
-    gpu: np.ndarray = field(init=False, repr=False)  # GPUs per pod
-
-    def __post_init__(self) -> None:
-        self.gpu = np.array([r.total_gpu_milli / GPU_MILLI for r in self.requests], dtype=float)
-
-    def window(self, warmup: float = DEFAULT_WARMUP) -> tuple[float, float]:
-        """The busy window: from the arrival of the first ``warmup`` fraction of pods to the last arrival."""
-        a = self.arrival_s[~np.isnan(self.arrival_s)]
-        if a.size == 0:
-            return 0.0, 0.0
-        s = np.sort(a)
-        return float(s[min(int(warmup * s.size), s.size - 1)]), float(s[-1])
-
-    def offered_load(self, capacity_gpus: float, warmup: float = DEFAULT_WARMUP) -> float:
-        """Time-averaged GPU demand over the busy window if every pod ran on arrival, as a fraction
-        of ``capacity_gpus``: sum_i gpu_i * |[a_i, a_i + run_i] within the window| / (capacity * window)."""
-        w0, w1 = self.window(warmup)
-        m = ~np.isnan(self.arrival_s)
-        if w1 <= w0 or capacity_gpus <= 0:
-            return 0.0
-        a = self.arrival_s[m]
-        ov = np.clip(np.minimum(a + self.run_s[m], w1) - np.maximum(a, w0), 0.0, None)
-        pre = (~m) & (self.run_s > 0)  # running at the start: from the first arrival on
-        t0 = float(a.min())
-        ov_pre = np.clip(np.minimum(t0 + self.run_s[pre], w1) - w0, 0.0, None)
-        return float(((self.gpu[m] * ov).sum() + (self.gpu[pre] * ov_pre).sum()) / (capacity_gpus * (w1 - w0)))
-
-    def scaled(self, k: float) -> Workload:
-        """Gaps between arrivals multiplied by ``k``; run times unchanged."""
-        m = ~np.isnan(self.arrival_s)
-        a = self.arrival_s.copy()
-        if m.any():
-            t0 = a[m].min()
-            a[m] = t0 + (a[m] - t0) * k
-        return replace(self, arrival_s=a)
-
-    def tiled(self, n: int) -> Workload:
-        """The trace's arrivals repeated ``n`` times back to back (copy j's pods named ``<name>~j``),
-        for loads one pass of the trace cannot offer; pods running at the start come once."""
-        if n <= 1:
-            return self
-        m = ~np.isnan(self.arrival_s)
-        a = self.arrival_s[m]
-        span = float(a.max() - a.min()) + float(np.diff(np.sort(a)).mean() if a.size > 1 else 1.0)
-        idx = np.flatnonzero(m)
-        reqs = list(self.requests)
-        arr = [self.arrival_s]
-        run, prod = [self.run_s], [self.production_delay_s]
-        extras = list(self.extras)
-        for j in range(1, n):
-            reqs += [replace(self.requests[i], name=f"{self.requests[i].name}~{j}") for i in idx]
-            arr.append(a + j * span)
-            run.append(self.run_s[idx])
-            prod.append(self.production_delay_s[idx])
-            extras += [self.extras[i] for i in idx] if self.extras else []
-        return Workload(reqs, np.concatenate(arr), np.concatenate(run), np.concatenate(prod), extras, copies=n)
-
-    def max_load(self, capacity_gpus: float, warmup: float = DEFAULT_WARMUP) -> float:
-        """About the most one pass can offer: every pod arriving at once (arrival gaps x 1e-9)."""
-        return self.scaled(1e-9).offered_load(capacity_gpus, warmup)
-
-    def copies_for(self, load: float, capacity_gpus: float, warmup: float = DEFAULT_WARMUP, most: int = 32) -> int:
-        """How many back-to-back passes of the trace it takes to offer ``load`` (with 20% to spare)."""
-        for n in range(1, most + 1):
-            if self.tiled(n).max_load(capacity_gpus, warmup) >= 1.2 * load:
-                return n
-        raise ValueError(f"load {load} is more than {most} passes of the trace can offer")
-
-    def at_load(self, load: float, capacity_gpus: float, warmup: float = DEFAULT_WARMUP,
-                copies: int | None = None) -> tuple[Workload, float]:
-        """Arrival gaps scaled (bisection: the offered load falls as gaps grow) so the offered load is
-        ``load``, over ``copies`` passes of the trace (default: as few as it takes); (workload, factor)."""
-        if load <= 0:
-            raise ValueError("load must be > 0")
-        base = self.tiled(copies if copies is not None else self.copies_for(load, capacity_gpus, warmup))
-        if base.offered_load(capacity_gpus, warmup) <= 0 and base.max_load(capacity_gpus, warmup) <= 0:
-            raise ValueError("the trace offers no GPU demand over time: --load cannot scale it")
-        lo, hi = -30.0, 30.0  # log(k)
-        for _ in range(80):
-            mid = (lo + hi) / 2
-            if base.scaled(float(np.exp(mid))).offered_load(capacity_gpus, warmup) > load:
-                lo = mid
-            else:
-                hi = mid
-        k = float(np.exp((lo + hi) / 2))
-        return base.scaled(k), k
-
-
-def workload_from_trace(pods: Sequence[TracePod], trace_name: str = "trace",
-                        namespace_of: Callable[[TracePod], str] | None = None,
-                        priority_of: Callable[[TracePod], int] | None = None) -> Workload:
-    """Arrival = creation_time; run = deletion - (scheduled or creation); a pod with no deletion
-    time runs to the trace's last timestamp; no creation_time: already running at the start."""
-    times = [t for p in pods for t in (p.creation_time, p.deletion_time, p.scheduled_time) if t is not None]
-    t_end = max(times) if times else 0
-    reqs, arr, run, prod, extras = [], [], [], [], []
-    for i, p in enumerate(pods):
-        if p.creation_time is None and p.scheduled_time is None and p.deletion_time is None and not hasattr(p, "extras"):
-            raise TraceError(trace_name, i + 2, "creation_time",
-                             f"pod {p.name} has no creation_time; the replay needs the 11-column trace")
-        r = p.request()
-        if namespace_of is not None or priority_of is not None:
-            r = replace(r, namespace=namespace_of(p) if namespace_of else r.namespace,
-                        priority=priority_of(p) if priority_of else r.priority)
-        start = p.scheduled_time if p.scheduled_time is not None else p.creation_time
-        end = p.deletion_time if p.deletion_time is not None else t_end
-        if start is None:
-            start = 0
-        reqs.append(r)
-        arr.append(np.nan if p.creation_time is None else float(p.creation_time))
-        run.append(max(float(end) - float(start), 1.0))
-        prod.append(np.nan if p.creation_time is None or p.scheduled_time is None else float(p.scheduled_time - p.creation_time))
-        extras.append(getattr(p, "extras", {}))
-    return Workload(reqs, np.array(arr, dtype=float), np.array(run, dtype=float), np.array(prod, dtype=float), extras)
 
 
 @dataclass
@@ -771,4 +644,4 @@ def _summarize(rp: _Replay) -> None:
             run.teams["(no queue)"] = {"delay_s": stats(unq)}
 
 
-__all__ = ["ReplayRun", "Workload", "request_class", "run_replay", "stats", "workload_from_trace"]
+__all__ = ["ReplayRun", "request_class", "run_replay", "stats"]
