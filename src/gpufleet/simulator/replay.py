@@ -203,14 +203,12 @@ def run_replay(
     if len({r.key for r in reqs}) != len(reqs):
         raise TraceError(trace_name or "trace", 0, "name", "pod names must be unique")
 
-    w_start, w_end = wl.window(warmup)
-    measured = ~np.isnan(wl.arrival_s)
-    t_first = float(wl.arrival_s[measured].min()) if measured.any() else 0.0
     run = ReplayRun(policy=policy, seed=seed, trace=trace_name, load=load, arrival_scale=round(scale, 6),
                     offered_load=round(wl.offered_load(ref, warmup), 4), copies=wl.copies, what_if=what_if, nodes=len(nodes), gpus=cap_gpus,
-                    warmup=warmup, busy_window_h=[round((w_start - t_first) / 3600, 4), round((w_end - t_first) / 3600, 4)])
+                    warmup=warmup)
     tw = TargetWorkload.from_requests(reqs) if frag and cap_gpus else None
     rp = _Replay(wl, reqs, sched, tree, limits, run, tw, preemption, progress)
+    run.busy_window_h = [round((rp.w_start - rp.t_first) / 3600, 4), round((rp.w_end - rp.t_first) / 3600, 4)]
     rp.run()
     _summarize(rp)
     run.wall_s = round(time.perf_counter() - t0, 3)
