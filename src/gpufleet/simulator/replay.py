@@ -250,6 +250,7 @@ class _Replay:
         self.wl, self.reqs, self.sched, self.state, self.tree, self.limits = wl, reqs, sched, sched.state, tree, limits
         self.result, self.tw, self.preemption, self.progress = run, tw, preemption, progress
         self.acc = tw.access(self.state.model_names) if tw is not None else None
+        self.all_nodes = np.arange(len(self.state))  # the fragmentation sample's rows
         self.capacity = max(self.state.total_gpu_milli(), 1)
         self.by_key = {r.key: i for i, r in enumerate(reqs)}
         arrival = wl.arrival_s
@@ -527,7 +528,7 @@ class _Replay:
         run.gpu_alloc_pct.append(round(self.used_milli / self.capacity * 100.0, 3))
         run.pending_pods.append(len(self.waiting))
         if self.tw is not None:
-            cpu, left, model = node_view(self.state, np.arange(len(self.state)))
+            cpu, left, model = node_view(self.state, self.all_nodes)
             run.frag_pct.append(round(float(frag_amount(cpu, left, model, self.tw, self.acc).sum()) / self.capacity * 100.0, 3))  # type: ignore[arg-type]
         if tree is not None:
             use = tree.usage()

@@ -23,7 +23,9 @@ def take_packed(left: np.ndarray, milli: int, count: int) -> np.ndarray:
     return out
 
 
-class _Plugin:
+class PaperPlugin:
+    """What every paper policy shares: raw scores as they are, and a score cache keyed by the pod's shape."""
+
     name = ""
 
     def normalize(self, raw: np.ndarray) -> np.ndarray:

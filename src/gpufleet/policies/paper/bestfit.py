@@ -8,12 +8,12 @@ import numpy as np
 
 from ...engine.framework import MAX_NODE_SCORE, Cycle
 from ...engine.state import ClusterState
-from ._common import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, _Plugin
+from ._common import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, PaperPlugin
 from .workload import node_view
 
 
 @dataclass
-class BestFitScore(_Plugin):
+class BestFitScore(PaperPlugin):
     """Best-fit (``best_fit_score.go``): least weighted free CPU + GPU left after placing."""
 
     name: str = "BestFitScore"

@@ -9,7 +9,7 @@ import numpy as np
 from ...engine.framework import MAX_NODE_SCORE, Cycle
 from ...engine.model import GPU_MILLI
 from ...engine.state import ClusterState
-from ._common import MAX_SPEC_GPU_MILLI, _Plugin
+from ._common import MAX_SPEC_GPU_MILLI, PaperPlugin
 from .workload import node_view
 
 
@@ -22,7 +22,7 @@ def _affinity_tag(gpu_count: int, gpu_milli: int) -> str | None:
 
 
 @dataclass
-class GpuClusteringScore(_Plugin):
+class GpuClusteringScore(PaperPlugin):
     """GPU clustering (``gpu_clustering_score.go``): keep tasks of one kind together.
 
     Nodes running only tasks of the pod's kind (shared, 1-GPU, 2-GPU, ...) score

@@ -8,12 +8,12 @@ import numpy as np
 
 from ...engine.framework import MAX_NODE_SCORE, Cycle
 from ...engine.state import ClusterState
-from ._common import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, _Plugin
+from ._common import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, PaperPlugin
 from .workload import node_view
 
 
 @dataclass
-class DotProductScore(_Plugin):
+class DotProductScore(PaperPlugin):
     """Dot-product (``dot_product_score.go``, dimension 'merge', norm 'max').
 
     Node free vector (CPU, total GPU milli) dotted with the request, both

@@ -20,8 +20,8 @@ from ...engine.model import GPU_MILLI, PodRequest
 from ...engine.plugins.gpufit import eligible_gpus
 from ...engine.plugins.gpuselect import BestFitGpu, pick_mig
 from ...engine.state import ClusterState
-from ._common import _Plugin, take_packed
-from .workload import POPULARITY_THRESHOLD, TargetWorkload, _distance, frag_amount, node_view, shape_of
+from ._common import PaperPlugin, take_packed
+from .workload import POPULARITY_THRESHOLD, TargetWorkload, frag_amount, node_view, shape_of, workload_distance
 
 
 DEDUPE_MIN_NODES = 32  # below this, grouping costs more than it saves
@@ -102,7 +102,7 @@ def fade(weights: dict, keep: float, below: float) -> None:
 
 
 @dataclass
-class FGDScore(_Plugin):
+class FGDScore(PaperPlugin):
     """Fragmentation gradient descent (``fgd_score.go``).
 
     Score = how much the node's expected fragment (``frag_amount`` over the
@@ -166,7 +166,7 @@ class FGDScore(_Plugin):
             if self.memory_pods and weight > self.memory_pods:
                 self._forget(self.memory_pods / weight)
             new = TargetWorkload.from_counts(self._counts, self.threshold)
-            if self.workload is None or _distance(self.workload, new) > self.min_change:
+            if self.workload is None or workload_distance(self.workload, new) > self.min_change:
                 self.workload = new
                 self._access = None
                 self._version += 1  # every cached score is stale now

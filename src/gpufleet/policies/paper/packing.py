@@ -9,12 +9,12 @@ import numpy as np
 from ...engine.framework import MAX_NODE_SCORE, Cycle
 from ...engine.model import GPU_MILLI
 from ...engine.state import ClusterState
-from ._common import _Plugin
+from ._common import PaperPlugin
 from .workload import node_view
 
 
 @dataclass
-class GpuPackingScore(_Plugin):
+class GpuPackingScore(PaperPlugin):
     """GPU packing (``gpu_packing_score.go``): fill partly used GPUs, then partly
     used nodes, and open an idle node last."""
 

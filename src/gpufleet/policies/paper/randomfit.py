@@ -9,11 +9,11 @@ import numpy as np
 from ...engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
 from ...engine.plugins.gpuselect import select_with
 from ...engine.state import ClusterState
-from ._common import _Plugin
+from ._common import PaperPlugin
 
 
 @dataclass
-class RandomScore(_Plugin):
+class RandomScore(PaperPlugin):
     """Random-fit (``random_score.go``): one random feasible node gets the top score."""
 
     name: str = "RandomScore"

@@ -100,7 +100,7 @@ class TargetWorkload:
         return out
 
 
-def _distance(a: TargetWorkload, b: TargetWorkload) -> float:
+def workload_distance(a: TargetWorkload, b: TargetWorkload) -> float:
     """L1 distance between two workloads' shape frequencies (shapes missing on one side count fully)."""
     def as_map(w: TargetWorkload) -> dict:
         return {(int(c), int(m), int(n), ms): float(f) for c, m, n, ms, f in zip(w.cpu_milli, w.gpu_milli, w.gpu_count, w.models, w.freq)}
