@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from ..engine.errors import GpufleetError
 from ..engine.gpu_models import lookup
@@ -32,6 +32,7 @@ POD_COLUMNS_FULL = (
 POD_COLUMNS_SHORT = POD_COLUMNS_FULL[:5]
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 MAX_GPUS_PER_NODE = 16
+_T = TypeVar("_T")
 # Largest value a column may hold: far above any real machine, far below where int64 arithmetic breaks.
 COLUMN_MAX = {
     "cpu_milli": 10**9,  # a million cores
@@ -171,10 +172,12 @@ def _open_rows(path: Path, expected: tuple[tuple[str, ...], ...]) -> tuple[list[
     return header, rows
 
 
-def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
-    path = Path(path)
-    header, reader = _open_rows(path, (POD_COLUMNS_FULL, POD_COLUMNS_SHORT))
-    pods: list[TracePod] = []
+def _parse_rows(path: Path, expected: tuple[tuple[str, ...], ...], key: str, what: str, skip_bad_rows: bool,
+                parse: Callable[[str, int, dict[str, str], str], _T]) -> tuple[list[_T], list[str]]:
+    """Every non-blank row of a CSV through ``parse(path, line, row, name)``; ``key`` names the column that
+    must be set and unique (a ``what`` name).  With ``skip_bad_rows`` a bad row is kept as its error line."""
+    header, reader = _open_rows(path, expected)
+    out: list[_T] = []
     skipped: list[str] = []
     seen: set[str] = set()
     p = str(path)
@@ -185,92 +188,83 @@ def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
             if len(row) != len(header):
                 raise TraceError(p, lineno, "row", f"expected {len(header)} columns, got {len(row)}")
             d = dict(zip(header, row))
-            name = d["name"].strip()
+            name = d[key].strip()
             if not name:
-                raise TraceError(p, lineno, "name", "empty")
+                raise TraceError(p, lineno, key, "empty")
             if name in seen:
-                raise TraceError(p, lineno, "name", f"duplicate pod name {name!r}")
-            num_gpu = _int(p, lineno, "num_gpu", d["num_gpu"])
-            gpu_milli = _int(p, lineno, "gpu_milli", d["gpu_milli"])
-            assert num_gpu is not None and gpu_milli is not None
-            if num_gpu > 1 and gpu_milli != GPU_MILLI:
-                raise TraceError(p, lineno, "gpu_milli", f"a pod with num_gpu {num_gpu} takes whole GPUs: gpu_milli must be "
-                                                         f"{GPU_MILLI}, got {gpu_milli}")
-            if num_gpu > 0 and gpu_milli == 0:
-                raise TraceError(p, lineno, "gpu_milli", "a GPU pod needs gpu_milli > 0")
-            if num_gpu == 0 and gpu_milli > 0:
-                raise TraceError(p, lineno, "gpu_milli", "gpu_milli set on a pod without GPUs")
-            spec_raw = d.get("gpu_spec", "").strip()
-            spec = tuple(s.strip() for s in spec_raw.split("|") if s.strip()) if spec_raw and spec_raw.lower() != "nan" else ()
-            ct = _int(p, lineno, "creation_time", d.get("creation_time", ""), optional=True)
-            dt = _int(p, lineno, "deletion_time", d.get("deletion_time", ""), optional=True)
-            stt = _int(p, lineno, "scheduled_time", d.get("scheduled_time", ""), optional=True)
-            if ct is not None and dt is not None and dt < ct:
-                raise TraceError(p, lineno, "deletion_time", f"{dt} is before creation_time {ct}")
-            pods.append(
-                TracePod(
-                    name=name,
-                    cpu_milli=_int(p, lineno, "cpu_milli", d["cpu_milli"]),  # type: ignore[arg-type]
-                    memory_mib=_int(p, lineno, "memory_mib", d["memory_mib"]),  # type: ignore[arg-type]
-                    num_gpu=num_gpu,
-                    gpu_milli=gpu_milli,
-                    gpu_spec=spec,
-                    qos=d.get("qos", "").strip(),
-                    creation_time=ct,
-                    deletion_time=dt,
-                    scheduled_time=stt,
-                )
-            )
+                raise TraceError(p, lineno, key, f"duplicate {what} name {name!r}")
+            out.append(parse(p, lineno, d, name))
             seen.add(name)
         except TraceError as exc:
             if not skip_bad_rows:
                 raise
             skipped.append(str(exc))
+    return out, skipped
+
+
+def _pod_row(p: str, lineno: int, d: dict[str, str], name: str) -> TracePod:
+    num_gpu = _int(p, lineno, "num_gpu", d["num_gpu"])
+    gpu_milli = _int(p, lineno, "gpu_milli", d["gpu_milli"])
+    assert num_gpu is not None and gpu_milli is not None
+    if num_gpu > 1 and gpu_milli != GPU_MILLI:
+        raise TraceError(p, lineno, "gpu_milli", f"a pod with num_gpu {num_gpu} takes whole GPUs: gpu_milli must be "
+                                                 f"{GPU_MILLI}, got {gpu_milli}")
+    if num_gpu > 0 and gpu_milli == 0:
+        raise TraceError(p, lineno, "gpu_milli", "a GPU pod needs gpu_milli > 0")
+    if num_gpu == 0 and gpu_milli > 0:
+        raise TraceError(p, lineno, "gpu_milli", "gpu_milli set on a pod without GPUs")
+    spec_raw = d.get("gpu_spec", "").strip()
+    spec = tuple(s.strip() for s in spec_raw.split("|") if s.strip()) if spec_raw and spec_raw.lower() != "nan" else ()
+    ct = _int(p, lineno, "creation_time", d.get("creation_time", ""), optional=True)
+    dt = _int(p, lineno, "deletion_time", d.get("deletion_time", ""), optional=True)
+    stt = _int(p, lineno, "scheduled_time", d.get("scheduled_time", ""), optional=True)
+    if ct is not None and dt is not None and dt < ct:
+        raise TraceError(p, lineno, "deletion_time", f"{dt} is before creation_time {ct}")
+    return TracePod(
+        name=name,
+        cpu_milli=_int(p, lineno, "cpu_milli", d["cpu_milli"]),  # type: ignore[arg-type]
+        memory_mib=_int(p, lineno, "memory_mib", d["memory_mib"]),  # type: ignore[arg-type]
+        num_gpu=num_gpu,
+        gpu_milli=gpu_milli,
+        gpu_spec=spec,
+        qos=d.get("qos", "").strip(),
+        creation_time=ct,
+        deletion_time=dt,
+        scheduled_time=stt,
+    )
+
+
+def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
+    path = Path(path)
+    pods, skipped = _parse_rows(path, (POD_COLUMNS_FULL, POD_COLUMNS_SHORT), "name", "pod", skip_bad_rows, _pod_row)
     return Trace(name=path.stem, pods=pods, skipped_rows=skipped)
+
+
+def _node_row(p: str, lineno: int, d: dict[str, str], name: str) -> Node:
+    ngpu = _int(p, lineno, "gpu", d["gpu"])
+    assert ngpu is not None
+    if ngpu > MAX_GPUS_PER_NODE:
+        raise TraceError(p, lineno, "gpu", f"{ngpu} GPUs on one node is more than supported ({MAX_GPUS_PER_NODE})")
+    model = d["model"].strip()
+    if ngpu and (not model or model.lower() == "nan"):
+        raise TraceError(p, lineno, "model", "a GPU node needs a GPU model")
+    gm = lookup(model) if ngpu else None
+    mem = gm.memory_mib if gm else 32768
+    gpus = tuple(Gpu(j, f"{name}-gpu{j}", model, mem) for j in range(ngpu))
+    return Node(
+        name=name,
+        cpu_milli=_int(p, lineno, "cpu_milli", d["cpu_milli"], minimum=1),  # type: ignore[arg-type]
+        memory_mib=_int(p, lineno, "memory_mib", d["memory_mib"], minimum=1),  # type: ignore[arg-type]
+        gpus=gpus,
+        labels={"kubernetes.io/hostname": name, **({"nvidia.com/gpu.product": model} if ngpu else {})},
+        max_pods=10**6,  # the trace simulator does not cap pods per node
+    )
 
 
 def read_nodes(path: str | Path, skip_bad_rows: bool = False) -> NodeList:
     path = Path(path)
-    header, reader = _open_rows(path, (NODE_COLUMNS,))
-    nodes: list[Node] = []
-    skipped: list[str] = []
-    seen: set[str] = set()
     p = str(path)
-    for lineno, row in reader:
-        if not row or all(not c.strip() for c in row):
-            continue
-        try:
-            if len(row) != len(header):
-                raise TraceError(p, lineno, "row", f"expected {len(header)} columns, got {len(row)}")
-            d = dict(zip(header, row))
-            name = d["sn"].strip()
-            if not name or name in seen:
-                raise TraceError(p, lineno, "sn", f"empty or duplicate node name {name!r}")
-            ngpu = _int(p, lineno, "gpu", d["gpu"])
-            assert ngpu is not None
-            if ngpu > MAX_GPUS_PER_NODE:
-                raise TraceError(p, lineno, "gpu", f"{ngpu} GPUs on one node is more than supported ({MAX_GPUS_PER_NODE})")
-            model = d["model"].strip()
-            if ngpu and (not model or model.lower() == "nan"):
-                raise TraceError(p, lineno, "model", "a GPU node needs a GPU model")
-            gm = lookup(model) if ngpu else None
-            mem = gm.memory_mib if gm else 32768
-            gpus = tuple(Gpu(j, f"{name}-gpu{j}", model, mem) for j in range(ngpu))
-            nodes.append(
-                Node(
-                    name=name,
-                    cpu_milli=_int(p, lineno, "cpu_milli", d["cpu_milli"], minimum=1),  # type: ignore[arg-type]
-                    memory_mib=_int(p, lineno, "memory_mib", d["memory_mib"], minimum=1),  # type: ignore[arg-type]
-                    gpus=gpus,
-                    labels={"kubernetes.io/hostname": name, **({"nvidia.com/gpu.product": model} if ngpu else {})},
-                    max_pods=10**6,  # the trace simulator does not cap pods per node
-                )
-            )
-            seen.add(name)
-        except TraceError as exc:
-            if not skip_bad_rows:
-                raise
-            skipped.append(str(exc))
+    nodes, skipped = _parse_rows(path, (NODE_COLUMNS,), "sn", "node", skip_bad_rows, _node_row)
     if not nodes:
         raise TraceError(p, 1, "rows", "no nodes in the node list" + (f" ({len(skipped)} bad row(s) skipped)" if skipped else ""))
     if not any(n.gpus for n in nodes):
