@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import PodRequest
-from gpufleet.engine.queues import QueueQuota, QueueTree, request_vector
+from gpufleet.engine.plugins.queuequota import QueueQuota
+from gpufleet.engine.queues import QueueTree, request_vector
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import build_profile
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.engine.errors import ConfigError
-from gpufleet.engine.queues import (NamespaceQueues, Queue, QueueQuota, QueueTree, apply_reclaim, load_queues,
-                                    namespace_queue, register)
+from gpufleet.engine.queues import NamespaceQueues, Queue, QueueTree, apply_reclaim, load_queues, namespace_queue
 from gpufleet.engine.status import Code
 
-from ..engine.builders import mig_node
 from .helpers import brute_usage, cluster, gpu_pod
 
 
@@ -96,27 +94,6 @@ def test_hierarchy_children_borrow_within_parent_limit():
         QueueTree([Queue("a", parent="ghost")], state)
     with pytest.raises(ConfigError, match="loops back"):
         QueueTree([Queue("a", parent="b"), Queue("b", parent="a")], state)
-
-
-def test_gpu_memory_quota_is_exact_at_reserve_and_mig_quota():
-    # whole T4s carry 16 GiB each: the request does not say so, the Reserve check does
-    q = Queue("mem", {"gpu_memory_mib": 20 * 1024})
-    state, s, tree = cluster(queues=[q])
-    assert s.schedule(gpu_pod("w0", queue="mem")).ok
-    assert tree.used("mem", "gpu_memory_mib") == 16 * 1024
-    d = s.schedule(gpu_pod("w1", queue="mem"))
-    assert not d.ok and "GPU memory quota 20Gi" in d.status.message
-    assert "default/w1" not in state.assignments and tree.used("mem", "gpu_memory_mib") == 16 * 1024
-    # MIG instances count per profile
-    qm = Queue("mig", {"mig:1g.10gb": 1}, {"mig:1g.10gb": 0})
-    state, s, tree = cluster(queues=[qm], nodes=[mig_node("m0")])
-    from gpufleet.engine.model import PodRequest
-
-    def mig(n):
-        return PodRequest(name=n, cpu_milli=100, memory_mib=100, gpu_count=1, gpu_milli=1000, mig_profile="1g.10gb", queue="mig")
-
-    assert s.schedule(mig("m0")).ok
-    assert "MIG 1g.10gb quota 1 exhausted" in s.schedule(mig("m1")).status.message
 
 
 def test_drf_order_by_weight_and_dominant_resource():
@@ -214,21 +191,6 @@ def test_usage_follows_the_state_through_transactions_and_departures():
     assert tree.used("a", "gpu_milli") == 3000 and tree.used("b", "gpu_milli") == 4000  # rolled back
     s.forget("default/b0")
     assert nz(tree.usage()) == nz(brute_usage(state, tree))
-
-
-def test_plugin_is_registered_and_built_from_config():
-    from gpufleet.policies import registry
-
-    r = registry()
-    if "QueueQuota" not in r.names():
-        register(r)
-    assert "QueueQuota" in r.names()
-    with pytest.raises(ConfigError, match="registered twice"):
-        register(r)
-    prof = r.build_profile({"name": "q", "plugins": {"preFilter": ["QueueQuota"], "reserve": ["QueueQuota"],
-                                                     "score": ["MostAllocated"]}})
-    assert isinstance(prof.pre_filters[0], QueueQuota) and prof.pre_filters[0] is prof.reserves[0]
-    assert prof.pre_filters[0].tree is None  # admits everything until the adapter gives it the queues
 
 
 def test_reclaim_from_a_parent_that_borrowed_while_its_children_are_within_quota():

@@ -25,7 +25,8 @@ from ..engine.framework import Scheduler
 from ..engine.framework import Profile
 from ..engine.model import Assignment, Node, PodRequest
 from ..engine.podspec import parse_pod, pod_key
-from ..engine.queues import Queue, QueueQuota, QueueTree
+from ..engine.plugins.queuequota import QueueQuota
+from ..engine.queues import Queue, QueueTree
 from ..engine.state import ClusterState
 from ..engine.volumes import (
     VolumeCatalog,

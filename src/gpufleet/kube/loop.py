@@ -72,7 +72,8 @@ from ..engine.gang import GangScheduler, group_key
 from ..engine.model import Assignment, PodRequest
 from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
-from ..engine.queues import QueueQuota, QueueTree
+from ..engine.plugins.queuequota import QueueQuota
+from ..engine.queues import QueueTree
 from ..engine.schedqueue import QueuedPod, order_pending
 from ..engine.schedqueue import plan_room as plan_room  # the live loop's and the replay's shared planner (tests check)
 from ..engine.state import ClusterState

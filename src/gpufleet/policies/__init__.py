@@ -42,7 +42,7 @@ def registry() -> Registry:
     r.register("MostAllocated", MostAllocated)
     r.register("Spread", Spread)
     r.register("BestFitGpu", BestFitGpu)
-    from ..engine.queues import register as _register_queues
+    from ..engine.plugins.queuequota import register as _register_queues
     from . import paper
 
     paper.register(r)

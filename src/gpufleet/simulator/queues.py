@@ -32,7 +32,8 @@ import numpy as np
 
 from ..engine.framework import Scheduler
 from ..engine.model import Node
-from ..engine.queues import Queue, QueueQuota, QueueTree, apply_reclaim
+from ..engine.plugins.queuequota import QueueQuota
+from ..engine.queues import Queue, QueueTree, apply_reclaim
 from ..engine.state import ClusterState
 from ..policies import build_profile
 from .trace import TracePod, TraceError

@@ -59,7 +59,8 @@ from ..engine.framework import Scheduler
 from ..engine.gang import GangScheduler
 from ..engine.model import GPU_MILLI, Node, PodRequest
 from ..engine.preemption import find_gang_victims
-from ..engine.queues import Queue, QueueQuota, QueueTree, request_vector
+from ..engine.plugins.queuequota import QueueQuota
+from ..engine.queues import Queue, QueueTree, request_vector
 from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
 from ..engine.state import ClusterState
 from ..policies import build_profile

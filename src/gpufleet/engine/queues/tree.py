@@ -1,255 +1,21 @@
-"""Team queues: quotas with borrowing, fair share by dominant resource, reclaim.
-
-Why: a shared cluster needs each team to have a guaranteed share (its
-*nominal quota*), the right to use what others leave idle (*borrowing*, up to
-an optional *borrowing limit*), a fair order among teams that all want more
-(weighted dominant resource fairness), and a way to get guaranteed quota back
-(*reclaim*: preempt borrowed pods, lowest priority and youngest first).  The
-model is Kueue's cohort: all root queues together form one pool of quota.
-
-Usage is counted from the assignments in ``ClusterState`` -- the single source
-of truth, so it survives restarts like everything else -- and kept up to date
-incrementally.  Admission is a plugin (``QueueQuota``) at PreFilter (fast,
-from the request) and at Reserve (exact, from the chosen devices: a whole GPU
-takes its whole memory).
-
-Resources: ``gpu_milli`` (1000 per whole GPU), ``gpu_memory_mib``,
-``cpu_milli``, ``memory_mib`` and ``mig:<profile>`` instance counts.  A
-resource no queue on the path sets a quota for is not limited.
-
-Hierarchy: a queue may name a parent.  A parent's usage is the sum of its
-children's; a parent with no quota of its own for a resource has the sum of its
-children's.  A pod must fit every queue on its path within quota + borrowing
-limit; past its own quota it borrows from the lowest ancestor that still has
-idle quota, and at the top from the pool of all root queues.
-"""
+"""The queue tree: usage kept in step with the cluster state, admission within quota + borrowing, weighted
+dominant-resource fair order, and reclaim plans.  Pure: it decides from the state and the queue specs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from . import annotations as ann
-from .errors import ConfigError, GpufleetError
-from .framework import Cycle
-from .model import GPU_MILLI, Assignment, PodRequest
-from .quantity import to_int, to_mib, to_milli
-from .state import ClusterState
-from .status import Status
+from ..errors import ConfigError
+from ..model import Assignment, PodRequest
+from ..state import ClusterState
+from ..status import Status
+from .spec import PLUGIN, RESOURCES, Queue, Vector, add_vector, fmt_amount, request_vector, resource_label
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import Registry
-    from .framework import Scheduler
-
-RESOURCES = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
-PLUGIN = "QueueQuota"
-
-Vector = dict[str, int]
-
-
-# --- resource vectors ------------------------------------------------------------------------
-
-
-def request_vector(r: PodRequest | Assignment) -> Vector:
-    """What a pod (request) or a placed pod (assignment) counts against its queue.
-
-    A request for whole GPUs does not know their memory before a node is chosen:
-    it counts 0 GPU memory here and the exact amount at Reserve.
-    """
-    if isinstance(r, PodRequest):
-        v = {"gpu_milli": 0 if r.mig_profile else r.total_gpu_milli,
-             "gpu_memory_mib": r.gpu_count * r.gpu_memory_mib if r.shared_gpu else 0,
-             "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
-        if r.mig_profile:
-            v[f"mig:{r.mig_profile}"] = r.gpu_count
-        return v
-    v = {"gpu_milli": len(r.gpu_indices) * r.gpu_milli, "gpu_memory_mib": sum(r.gpu_memory_mib),
-         "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
-    if r.mig_profile:
-        v[f"mig:{r.mig_profile}"] = len(r.mig)
-    return v
-
-
-def _add(into: Vector, v: Mapping[str, int], sign: int = 1) -> None:
-    for k, x in v.items():
-        if x:
-            into[k] = into.get(k, 0) + sign * x
-
-
-def fmt_amount(resource: str, value: int) -> str:
-    """An amount as a person reads it: GPUs, cores, Mi/Gi."""
-    if resource == "gpu_milli":
-        return f"{value // GPU_MILLI}" if value % GPU_MILLI == 0 else f"{value / GPU_MILLI:.3g}"
-    if resource == "cpu_milli":
-        return f"{value // 1000}" if value % 1000 == 0 else f"{value}m"
-    if resource.endswith("_mib"):
-        return f"{value // 1024}Gi" if value % 1024 == 0 and value else f"{value}Mi"
-    return str(value)
-
-
-def resource_label(resource: str) -> str:
-    return {"gpu_milli": "GPU", "gpu_memory_mib": "GPU memory", "cpu_milli": "CPU", "memory_mib": "memory"}.get(
-        resource, f"MIG {resource[4:]}" if resource.startswith("mig:") else resource)
-
-
-# --- the Queue object --------------------------------------------------------------------------
-
-
-@dataclass
-class Queue:
-    name: str
-    quota: Vector = field(default_factory=dict)  # nominal, per resource
-    borrowing_limit: Vector = field(default_factory=dict)  # per resource; absent: may borrow without limit
-    weight: int = 1
-    parent: str | None = None
-    namespaces: tuple[str, ...] = ()  # namespaces whose pods go here
-    namespace_selector: dict[str, str] = field(default_factory=dict)  # matchLabels on the namespace
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "Queue":
-        """A ``gpufleet.io/v1alpha1`` Queue custom resource; ConfigError names the object and field."""
-        if not isinstance(obj, Mapping):
-            raise ConfigError(f"Queue: expected an object, got {type(obj).__name__}")
-        meta = obj.get("metadata")
-        name = meta.get("name") if isinstance(meta, Mapping) else None
-        if not name or not isinstance(name, str):
-            raise ConfigError("Queue: field metadata.name is required")
-        where = f"Queue {name}"
-        if obj.get("kind", "Queue") != "Queue":
-            raise ConfigError(f"{where}: field kind: expected Queue, got {obj.get('kind')!r}")
-        spec = obj.get("spec") or {}
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: field spec: expected an object")
-        unknown = set(spec) - {"quota", "borrowingLimit", "weight", "parent", "namespaces", "namespaceSelector"}
-        if unknown:
-            raise ConfigError(f"{where}: field spec.{sorted(unknown)[0]}: unknown field")
-        quota = parse_resources(spec.get("quota"), f"{where}: field spec.quota")
-        borrow = parse_resources(spec.get("borrowingLimit"), f"{where}: field spec.borrowingLimit")
-        w = spec.get("weight", 1)
-        if not isinstance(w, int) or isinstance(w, bool) or w <= 0:
-            raise ConfigError(f"{where}: field spec.weight: must be a positive integer, got {w!r}")
-        parent = spec.get("parent")
-        if parent is not None and (not isinstance(parent, str) or not parent):
-            raise ConfigError(f"{where}: field spec.parent: must be a queue name, got {parent!r}")
-        if parent == name:
-            raise ConfigError(f"{where}: field spec.parent: a queue cannot be its own parent")
-        nss = spec.get("namespaces") or []
-        if not isinstance(nss, list) or not all(isinstance(x, str) for x in nss):
-            raise ConfigError(f"{where}: field spec.namespaces: must be a list of namespace names")
-        sel = spec.get("namespaceSelector") or {}
-        if not isinstance(sel, Mapping):
-            raise ConfigError(f"{where}: field spec.namespaceSelector: expected an object")
-        ml = sel.get("matchLabels", {}) or {}
-        if set(sel) - {"matchLabels"} or not isinstance(ml, Mapping) or not all(isinstance(v, str) for v in ml.values()):
-            raise ConfigError(f"{where}: field spec.namespaceSelector: only matchLabels (string values) is supported")
-        return cls(name, quota, borrow, w, parent, tuple(nss), dict(ml))
-
-
-def parse_resources(raw: Any, where: str) -> Vector:
-    """Quota resources by their Kubernetes names -> engine units."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}: expected an object of resource: amount")
-    out: Vector = {}
-    for k, v in raw.items():
-        try:
-            if k in ("nvidia.com/gpu", "gpus"):
-                key, val = "gpu_milli", to_milli(v)  # "8" -> 8000, "500m" -> half a GPU
-            elif k in ("gpu-milli", ann.GPU_MILLI):
-                key, val = "gpu_milli", to_int(v)
-            elif k in ("gpu-memory", ann.GPU_MEMORY):
-                key, val = "gpu_memory_mib", to_mib(v)
-            elif k == "cpu":
-                key, val = "cpu_milli", to_milli(v)
-            elif k == "memory":
-                key, val = "memory_mib", to_mib(v)
-            elif isinstance(k, str) and k.startswith("nvidia.com/mig-") and len(k) > len("nvidia.com/mig-"):
-                key, val = f"mig:{k[len('nvidia.com/mig-'):]}", to_int(v)
-            else:
-                raise ConfigError(f"{where}.{k}: unknown resource (known: nvidia.com/gpu, gpu-milli, gpu-memory, "
-                                  f"cpu, memory, nvidia.com/mig-<profile>)")
-        except ConfigError:
-            raise
-        except (GpufleetError, ValueError, TypeError) as exc:
-            raise ConfigError(f"{where}.{k}: {exc}") from None
-        if isinstance(v, bool) or val < 0:
-            raise ConfigError(f"{where}.{k}: must be a non-negative amount, got {v!r}")
-        out[key] = out.get(key, 0) + val
-    return out
-
-
-def load_queues(objs: Iterable[Any]) -> tuple[list[Queue], list[str]]:
-    """Parse many Queue objects; a bad one is reported and skipped, never fatal."""
-    out: list[Queue] = []
-    errors: list[str] = []
-    seen: set[str] = set()
-    for o in objs:
-        try:
-            q = Queue.from_json(o)
-        except ConfigError as exc:
-            errors.append(str(exc))
-            continue
-        if q.name in seen:
-            errors.append(f"Queue {q.name}: defined twice; the first one is used")
-            continue
-        seen.add(q.name)
-        out.append(q)
-    return out, errors
-
-
-# --- namespace -> queue ----------------------------------------------------------------------
-
-
-def namespace_queue(ns: Mapping[str, Any]) -> str | None:
-    """The queue a Namespace object names by label or annotation ``gpufleet.io/queue`` (annotation wins)."""
-    meta = ns.get("metadata") or {}
-    a = (meta.get("annotations") or {}).get(ann.QUEUE)
-    return a or (meta.get("labels") or {}).get(ann.QUEUE) or None
-
-
-class NamespaceQueues:
-    """Which queue a pod goes to: its own annotation, else its namespace's label/annotation,
-    else a queue that lists the namespace or whose namespaceSelector matches its labels."""
-
-    def __init__(self, queues: Iterable[Queue], namespaces: Iterable[Mapping[str, Any]] = ()):
-        self.queues = list(queues)
-        self.labels: dict[str, dict[str, str]] = {}
-        self.named: dict[str, str] = {}
-        for ns in namespaces:
-            self.update_namespace(ns)
-
-    def update_namespace(self, ns: Mapping[str, Any]) -> None:
-        meta = ns.get("metadata") or {}
-        name = meta.get("name")
-        if not name:
-            return
-        self.labels[name] = dict(meta.get("labels") or {})
-        q = namespace_queue(ns)
-        if q:
-            self.named[name] = q
-        else:
-            self.named.pop(name, None)
-
-    def queue_for_namespace(self, namespace: str) -> str | None:
-        if namespace in self.named:
-            return self.named[namespace]
-        labels = self.labels.get(namespace, {})
-        for q in sorted(self.queues, key=lambda q: q.name):  # deterministic when several match
-            if namespace in q.namespaces:
-                return q.name
-        for q in sorted(self.queues, key=lambda q: q.name):
-            if q.namespace_selector and all(labels.get(k) == v for k, v in q.namespace_selector.items()):
-                return q.name
-        return None
-
-    def apply(self, r: PodRequest) -> PodRequest:
-        if r.queue:
-            return r
-        q = self.queue_for_namespace(r.namespace)
-        return replace(r, queue=q) if q else r
+    from ..framework import Scheduler
 
 
 # --- the tree -------------------------------------------------------------------------------
@@ -387,7 +153,7 @@ class QueueTree:
             return
         v = request_vector(a)
         for n in self._paths[a.queue]:
-            _add(self._use[n], v, sign)
+            add_vector(self._use[n], v, sign)
 
     def usage(self) -> dict[str, Vector]:
         """Usage per queue (a parent's includes its children's); a copy."""
@@ -554,7 +320,7 @@ class QueueTree:
             out.append(r)
             v = request_vector(r)
             for n in self._paths[node]:
-                _add(use[n], v)
+                add_vector(use[n], v)
                 waiting[n] -= 1
                 memo.pop((n, False), None)
                 memo.pop((n, True), None)
@@ -579,7 +345,7 @@ class QueueTree:
             if a is not None and a.queue in self.queues:
                 for n in self._paths[a.queue]:
                     if n in overs:
-                        _add(overs[n], request_vector(a), -1)
+                        add_vector(overs[n], request_vector(a), -1)
         overs = {n: o for n, o in overs.items() if any(x > 0 for x in o.values())}
         if not overs:
             return []
@@ -596,7 +362,7 @@ class QueueTree:
                 v = request_vector(a)
                 if any(x > 0 and v.get(k, 0) > 0 for k, x in over.items()):
                     out[a.pod_key] = a
-                    _add(over, v, -1)
+                    add_vector(over, v, -1)
                     if all(x <= 0 for x in over.values()):
                         break
         return sorted(out.values(), key=self._victim_key)
@@ -668,48 +434,3 @@ def apply_reclaim(sched: "Scheduler", plan: ReclaimPlan, on_evict: Callable[[Ass
         sched.forget(a.pod_key)
         if on_evict:
             on_evict(a)
-
-
-# --- the scheduler plugin -------------------------------------------------------------------
-
-
-@dataclass
-class QueueQuota:
-    """PreFilter + Reserve: admission by queue quota (+ borrowing).
-
-    PreFilter decides from the request (fast, early, with a reason); Reserve checks
-    again with the devices actually chosen, so a whole GPU's memory counts exactly.
-    Without a tree (built from config before the queues are known) it admits everything.
-    """
-
-    tree: QueueTree | None = None
-    name: str = PLUGIN
-
-    def pre_filter(self, cycle: Cycle, state: ClusterState) -> Status:
-        if self.tree is None:
-            return Status.success()
-        return self.tree.admit(cycle.request)
-
-    def reserve(self, cycle: Cycle, state: ClusterState) -> Status:
-        t = self.tree
-        a = cycle.assignment
-        if t is None or a is None or not a.queue:
-            return Status.success()
-        use = t.usage()  # already counts the reserved pod: take it out again
-        v = request_vector(state.assignments.get(a.pod_key, a))
-        if a.pod_key in state.assignments and a.queue in t.queues:
-            for n in t.path(a.queue):
-                _add(use[n], v, -1)
-        return t.check(a.queue, v, use)
-
-    def unreserve(self, cycle: Cycle, state: ClusterState) -> None:
-        return None
-
-
-def register(registry: "Registry") -> None:
-    """Make ``QueueQuota`` known to profile configs (preFilter and reserve)."""
-    registry.register(PLUGIN, QueueQuota)
-
-
-__all__ = ["Queue", "QueueTree", "QueueQuota", "NamespaceQueues", "ReclaimPlan", "apply_reclaim", "load_queues",
-           "namespace_queue", "parse_resources", "request_vector", "register", "RESOURCES"]
