@@ -174,6 +174,12 @@ def test_missing_cluster_same_exit_code_everywhere(d, capsys, cmd):
     assert "no Kubernetes cluster configured" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("path, why", [("/dev/null", "not a regular file"), (".", "is a directory")])
+def test_kubeconfig_that_is_not_a_file_says_what_it_is(d, capsys, path, why):
+    assert run(["explain", "ns/p", "--kubeconfig", path]) == 2
+    assert f"--kubeconfig {path}: {why}" in one_line(capsys.readouterr().err)
+
+
 @pytest.mark.parametrize("cmd", [["explain", "ns/p"], ["top", "--once"]])
 def test_unreachable_api_server_is_one_line_exit_1(d, capsys, cmd):
     assert run([*cmd, "--kubeconfig", "kc.yaml"]) == 1
@@ -203,6 +209,10 @@ def test_bad_context_and_bad_kubeconfig_are_usage_errors(d, capsys):
     (["agent", "--metrics-addr", "9400"], "argument --metrics-addr: expected HOST:PORT"),
     (["explain", "a/b/c"], "pod 'a/b/c': expected NAMESPACE/NAME"),
     (["nosuchcommand"], "argument COMMAND: invalid choice"),
+    # an unknown flag names the command it was given to and that command's help
+    (["simulate", "--config", "x.yaml"], "gpufleet simulate: unrecognized arguments: --config x.yaml (see gpufleet simulate --help)"),
+    (["top", "--once", "--nope"], "gpufleet top: unrecognized arguments: --nope (see gpufleet top --help)"),
+    (["--bogus"], "gpufleet: unrecognized arguments: --bogus (see gpufleet --help)"),
 ])
 def test_bad_flags_everywhere_exit_2(d, capsys, argv, needle):
     assert run(argv) == 2

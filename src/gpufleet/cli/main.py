@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line usage error (exit 2) instead of the usage block; sub-parsers inherit it."""
 
+    commands: dict[str, argparse.ArgumentParser]  # the sub-commands' parsers, by name (set by build_parser)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
@@ -48,6 +50,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (default: one line)")
     parser.add_argument("--version", action="version", version=version_string(), help="print the version (and git commit) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
+    parser.commands = {}
     modules: dict[str, object] = {}
     for name, (modname, help_text) in COMMANDS.items():
         try:
@@ -56,6 +59,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
+        parser.commands[name] = p
         modules[name] = mod
     return parser, modules
 
@@ -82,7 +86,10 @@ def configure_logging(level: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the command the flags were given to, not the top-level parser
+        sub = parser.commands.get(args.command) if isinstance(parser, Parser) else None
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         level = log_level(args.verbose, getattr(args, "log_level", None))
     except ValueError as exc:

@@ -336,7 +336,9 @@ def load_credentials(kubeconfig: str | None = None, context: str | None = None, 
     kw = {"client_configuration": client_configuration} if client_configuration is not None else {}
     if kubeconfig:
         if not os.path.isfile(kubeconfig):
-            raise UsageError(f"--kubeconfig {kubeconfig}: " + ("is a directory" if os.path.isdir(kubeconfig) else "no such file"))
+            why = ("is a directory" if os.path.isdir(kubeconfig) else "not a regular file" if os.path.exists(kubeconfig)
+                   else "no such file")
+            raise UsageError(f"--kubeconfig {kubeconfig}: {why}")
         source = f"--kubeconfig {kubeconfig}"
     else:
         try:
