@@ -213,6 +213,7 @@ def test_bad_context_and_bad_kubeconfig_are_usage_errors(d, capsys):
     (["simulate", "--config", "x.yaml"], "gpufleet simulate: unrecognized arguments: --config x.yaml (see gpufleet simulate --help)"),
     (["top", "--once", "--nope"], "gpufleet top: unrecognized arguments: --nope (see gpufleet top --help)"),
     (["--bogus"], "gpufleet: unrecognized arguments: --bogus (see gpufleet --help)"),
+    (["--bogus", "top", "--once"], "gpufleet: unrecognized arguments: --bogus (see gpufleet --help)"),
 ])
 def test_bad_flags_everywhere_exit_2(d, capsys, argv, needle):
     assert run(argv) == 2

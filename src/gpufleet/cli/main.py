@@ -17,8 +17,8 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 # sub-command -> module with add_arguments(parser) and run(args) -> int
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,10 +36,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line usage error (exit 2) instead of the usage block; sub-parsers inherit it."""
 
-    commands: dict[str, argparse.ArgumentParser]  # the sub-commands' parsers, by name (set by build_parser)
-
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse's, but an unknown flag is reported by the sub-command it was given to, with its help."""
+        argv = list(sys.argv[1:] if args is None else args)
+        ns, extra = self.parse_known_args(argv, namespace)
+        if extra:
+            self._chosen(ns, argv, argv.index(extra[0]) if extra[0] in argv else len(argv)).error(
+                f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
+    def _chosen(self, ns: argparse.Namespace, argv: list[str], at: int) -> argparse.ArgumentParser:
+        """The innermost (sub-)parser whose command name comes before position ``at`` of the command line."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = getattr(ns, action.dest, None) or ""
+                sub = action.choices.get(name)
+                if sub is not None and name in argv[:at]:
+                    return sub._chosen(ns, argv, at) if isinstance(sub, Parser) else sub
+        return self
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
@@ -50,7 +67,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (default: one line)")
     parser.add_argument("--version", action="version", version=version_string(), help="print the version (and git commit) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
-    parser.commands = {}
     modules: dict[str, object] = {}
     for name, (modname, help_text) in COMMANDS.items():
         try:
@@ -59,7 +75,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
-        parser.commands[name] = p
         modules[name] = mod
     return parser, modules
 
@@ -86,10 +101,7 @@ def configure_logging(level: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser, modules = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # name the command the flags were given to, not the top-level parser
-        sub = parser.commands.get(args.command) if isinstance(parser, Parser) else None
-        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     try:
         level = log_level(args.verbose, getattr(args, "log_level", None))
     except ValueError as exc:
