@@ -9,7 +9,7 @@ model is Kueue's cohort: all root queues together form one pool of quota.
 
 Usage is counted from the assignments in ``ClusterState`` -- the single source
 of truth, so it survives restarts like everything else -- and kept up to date
-incrementally.  Admission is a plugin (``QueueQuota``) at PreFilter (fast,
+incrementally.  Admission is a plugin (``QueueQuota``, in ``engine/plugins``) at PreFilter (fast,
 from the request) and at Reserve (exact, from the chosen devices: a whole GPU
 takes its whole memory).
 
