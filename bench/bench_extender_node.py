@@ -56,15 +56,7 @@ def main() -> int:
     real = h.real_node()
     try:
         print(f"node up (tests/e2e/node_up.sh + gpufleet agent), logs in {workdir} and {real.logs}", flush=True)
-        h.node_up(real, workdir / "run-e2e.log")
-        kubeconfig = real.kubeconfig
-        core = h.core_api(kubeconfig)
-        h.stop_recipe_scheduler()
-        h.ensure_namespace(core, NS)
-        stack = h.Stack(kubeconfig, workdir)
-        stack.start_extender()
-        stack.start_kube_scheduler()
-        stack.start_secondary()
+        core, stack = h.bring_up(real, workdir, NS)
         for rnd in range(args.rounds):
             for shape, n, milli in shapes:
                 for mode, sched in (("extender", "default-scheduler"), ("secondary", stack.secondary_name)):

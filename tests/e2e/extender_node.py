@@ -44,6 +44,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -328,6 +329,28 @@ class Stack:
         for name in ("kube-scheduler", "extender", "scheduler", "prometheus"):
             if name in self.procs:
                 self.procs[name].stop()
+
+
+def bring_up(node: RealNode, workdir: Path, ns: str, prometheus: bool = False) -> tuple[Any, Stack]:
+    """(core API, stack): the node up (recipe + agent) with the recipe's scheduler stopped, ``ns`` created, and the
+    extender, kube-scheduler calling it and the secondary scheduler running (and Prometheus); what the tier and
+    its benchmark both run on.  If a process fails to start, the ones started are stopped again; the node is
+    the caller's to take down (``node_down``)."""
+    node_up(node, workdir / "run-e2e.log")
+    core = core_api(node.kubeconfig)
+    stop_recipe_scheduler()
+    ensure_namespace(core, ns)
+    stack = Stack(node.kubeconfig, workdir)
+    try:
+        stack.start_extender()
+        stack.start_kube_scheduler()
+        stack.start_secondary()
+        if prometheus:
+            stack.start_prometheus()
+    except BaseException:
+        stack.stop_all()
+        raise
+    return core, stack
 
 
 def _raise(p: Proc) -> bool:

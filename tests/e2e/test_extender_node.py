@@ -63,16 +63,7 @@ def node():
     stack = None
     real = h.real_node()
     try:
-        h.node_up(real, workdir / "run-e2e.log")
-        kubeconfig = real.kubeconfig
-        core = h.core_api(kubeconfig)
-        h.stop_recipe_scheduler()
-        h.ensure_namespace(core, NS)
-        stack = h.Stack(kubeconfig, workdir)
-        stack.start_extender()
-        stack.start_kube_scheduler()
-        stack.start_secondary()
-        stack.start_prometheus()
+        core, stack = h.bring_up(real, workdir, NS, prometheus=True)
     except Exception as exc:
         _FAILED.append(str(exc)[:2000])
         _teardown(stack, real, workdir, lock)
