@@ -249,6 +249,17 @@ def test_dlrm_reader_and_node_limits(tmp_path):
     bad.write_text(DLRM_HEADER + "\n" + rows[1].replace(",50,50,", ",500,500,") + "\n")
     with pytest.raises(trace.TraceError, match="bad.csv:2"):
         trace2025.load_dlrm(bad)
+    # the same row loop as the openb readers: unique names, a header named column by column, bad rows skippable
+    dup = tmp_path / "dup.csv"
+    dup.write_text("\n".join([DLRM_HEADER, rows[1], rows[1], rows[2]]) + "\n")
+    with pytest.raises(trace.TraceError, match="dup.csv:3: field instance_sn: duplicate instance name 'i0'"):
+        trace2025.load_dlrm(dup)
+    kept = trace2025.load_dlrm(dup, skip_bad_rows=True)
+    assert [p.name for p in kept.pods] == ["i0", "i1"] and len(kept.skipped_rows) == 1
+    hdr = tmp_path / "hdr.csv"
+    hdr.write_text(DLRM_HEADER.replace("role", "rol") + "\n" + rows[1] + "\n")
+    with pytest.raises(trace.TraceError, match="hdr.csv:1: field header"):
+        trace2025.load_dlrm(hdr)
 
 
 SHARED_2025 = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "alibaba-gpu-v2025" / "disaggregated_DLRM_trace.csv"

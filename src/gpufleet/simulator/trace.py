@@ -172,7 +172,7 @@ def _open_rows(path: Path, expected: tuple[tuple[str, ...], ...]) -> tuple[list[
     return header, rows
 
 
-def _parse_rows(path: Path, expected: tuple[tuple[str, ...], ...], key: str, what: str, skip_bad_rows: bool,
+def parse_rows(path: Path, expected: tuple[tuple[str, ...], ...], key: str, what: str, skip_bad_rows: bool,
                 parse: Callable[[str, int, dict[str, str], str], _T]) -> tuple[list[_T], list[str]]:
     """Every non-blank row of a CSV through ``parse(path, line, row, name)``; ``key`` names the column that
     must be set and unique (a ``what`` name).  With ``skip_bad_rows`` a bad row is kept as its error line."""
@@ -236,7 +236,7 @@ def _pod_row(p: str, lineno: int, d: dict[str, str], name: str) -> TracePod:
 
 def load_pods(path: str | Path, skip_bad_rows: bool = False) -> Trace:
     path = Path(path)
-    pods, skipped = _parse_rows(path, (POD_COLUMNS_FULL, POD_COLUMNS_SHORT), "name", "pod", skip_bad_rows, _pod_row)
+    pods, skipped = parse_rows(path, (POD_COLUMNS_FULL, POD_COLUMNS_SHORT), "name", "pod", skip_bad_rows, _pod_row)
     return Trace(name=path.stem, pods=pods, skipped_rows=skipped)
 
 
@@ -264,7 +264,7 @@ def _node_row(p: str, lineno: int, d: dict[str, str], name: str) -> Node:
 def read_nodes(path: str | Path, skip_bad_rows: bool = False) -> NodeList:
     path = Path(path)
     p = str(path)
-    nodes, skipped = _parse_rows(path, (NODE_COLUMNS,), "sn", "node", skip_bad_rows, _node_row)
+    nodes, skipped = parse_rows(path, (NODE_COLUMNS,), "sn", "node", skip_bad_rows, _node_row)
     if not nodes:
         raise TraceError(p, 1, "rows", "no nodes in the node list" + (f" ({len(skipped)} bad row(s) skipped)" if skipped else ""))
     if not any(n.gpus for n in nodes):

@@ -26,7 +26,6 @@ function of that headroom.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ import numpy as np
 
 from ..engine.model import Gpu, Node, PodRequest
 from .constraints import RDMA_CAPACITY_LABEL
-from .trace import Trace, TraceError, TracePod
+from .trace import Trace, TraceError, TracePod, parse_rows
 
 COLUMNS = ("instance_sn", "role", "app_name", "cpu_request", "cpu_limit", "gpu_request", "gpu_limit", "rdma_request",
            "rdma_limit", "memory_request", "memory_limit", "disk_request", "disk_limit", "max_instance_per_node",
@@ -90,58 +89,38 @@ def _num(path: str, line: int, col: str, raw: str, optional: bool = False) -> fl
     return v
 
 
+def _dlrm_row(p: str, lineno: int, d: dict[str, str], name: str) -> DlrmPod:
+    role = d["role"].strip()
+    if role not in ("CN", "HN"):
+        raise TraceError(p, lineno, "role", f"expected CN or HN, got {role!r}")
+    cpu = _num(p, lineno, "cpu_request", d["cpu_request"])
+    gpu = _num(p, lineno, "gpu_request", d["gpu_request"])
+    rdma = _num(p, lineno, "rdma_request", d["rdma_request"])
+    mem = _num(p, lineno, "memory_request", d["memory_request"])
+    mx = _num(p, lineno, "max_instance_per_node", d["max_instance_per_node"])
+    assert cpu is not None and gpu is not None and rdma is not None and mem is not None and mx is not None
+    if cpu < 0 or mem < 0 or not 0 <= rdma <= 100:
+        raise TraceError(p, lineno, "rdma_request" if not 0 <= rdma <= 100 else "cpu_request", "out of range")
+    if gpu != int(gpu) or not 0 <= gpu <= 16:
+        raise TraceError(p, lineno, "gpu_request", f"expected 0..16 whole GPUs, got {gpu}")
+    ct = _num(p, lineno, "creation_time", d["creation_time"], optional=True)
+    st = _num(p, lineno, "scheduled_time", d["scheduled_time"], optional=True)
+    dt = _num(p, lineno, "deletion_time", d["deletion_time"], optional=True)
+    if ct is not None and dt is not None and dt < ct:
+        raise TraceError(p, lineno, "deletion_time", f"{dt} is before creation_time {ct}")
+    app = d["app_name"].strip()
+    mxn = int(mx)
+    return DlrmPod(
+        name=name, cpu_milli=round(cpu * 1000), memory_mib=round(mem * 1024), num_gpu=int(gpu),
+        gpu_milli=1000 if gpu else 0, qos="LS",
+        creation_time=None if ct is None else int(ct), deletion_time=None if dt is None else int(dt),
+        scheduled_time=None if st is None else int(st), role=role, app=app, rdma_pct=rdma,
+        max_per_node=mxn, extras={"rdma": rdma, "app": app, "max_per_app": mxn, "role": role, "app_name": app})
+
+
 def load_dlrm(path: str | Path, skip_bad_rows: bool = False) -> Trace:
-    p = str(path)
-    pods: list[TracePod] = []
-    skipped: list[str] = []
-    with open(path, newline="") as f:
-        rd = csv.reader(f)
-        header = [h.strip() for h in next(rd, [])]
-        if tuple(header) != COLUMNS:
-            raise TraceError(p, 1, "header", f"unexpected columns {header}; expected {list(COLUMNS)}")
-        seen: set[str] = set()
-        for lineno, row in enumerate(rd, start=2):
-            if not row or all(not c.strip() for c in row):
-                continue
-            try:
-                if len(row) != len(COLUMNS):
-                    raise TraceError(p, lineno, "row", f"expected {len(COLUMNS)} columns, got {len(row)}")
-                d = dict(zip(COLUMNS, row))
-                name = d["instance_sn"].strip()
-                if not name or name in seen:
-                    raise TraceError(p, lineno, "instance_sn", f"empty or duplicate {name!r}")
-                role = d["role"].strip()
-                if role not in ("CN", "HN"):
-                    raise TraceError(p, lineno, "role", f"expected CN or HN, got {role!r}")
-                cpu = _num(p, lineno, "cpu_request", d["cpu_request"])
-                gpu = _num(p, lineno, "gpu_request", d["gpu_request"])
-                rdma = _num(p, lineno, "rdma_request", d["rdma_request"])
-                mem = _num(p, lineno, "memory_request", d["memory_request"])
-                mx = _num(p, lineno, "max_instance_per_node", d["max_instance_per_node"])
-                assert cpu is not None and gpu is not None and rdma is not None and mem is not None and mx is not None
-                if cpu < 0 or mem < 0 or not 0 <= rdma <= 100:
-                    raise TraceError(p, lineno, "rdma_request" if not 0 <= rdma <= 100 else "cpu_request", "out of range")
-                if gpu != int(gpu) or not 0 <= gpu <= 16:
-                    raise TraceError(p, lineno, "gpu_request", f"expected 0..16 whole GPUs, got {gpu}")
-                ct = _num(p, lineno, "creation_time", d["creation_time"], optional=True)
-                st = _num(p, lineno, "scheduled_time", d["scheduled_time"], optional=True)
-                dt = _num(p, lineno, "deletion_time", d["deletion_time"], optional=True)
-                if ct is not None and dt is not None and dt < ct:
-                    raise TraceError(p, lineno, "deletion_time", f"{dt} is before creation_time {ct}")
-                app = d["app_name"].strip()
-                mxn = int(mx)
-                pods.append(DlrmPod(
-                    name=name, cpu_milli=round(cpu * 1000), memory_mib=round(mem * 1024), num_gpu=int(gpu),
-                    gpu_milli=1000 if gpu else 0, qos="LS",
-                    creation_time=None if ct is None else int(ct), deletion_time=None if dt is None else int(dt),
-                    scheduled_time=None if st is None else int(st), role=role, app=app, rdma_pct=rdma,
-                    max_per_node=mxn, extras={"rdma": rdma, "app": app, "max_per_app": mxn, "role": role, "app_name": app}))
-                seen.add(name)
-            except TraceError as exc:
-                if not skip_bad_rows:
-                    raise
-                skipped.append(str(exc))
-    return Trace(name=Path(path).stem, pods=pods, skipped_rows=skipped)
+    pods, skipped = parse_rows(Path(path), (COLUMNS,), "instance_sn", "instance", skip_bad_rows, _dlrm_row)
+    return Trace(name=Path(path).stem, pods=list(pods), skipped_rows=skipped)
 
 
 def peak_demand(pods: Sequence[TracePod], role: str) -> dict[str, float]:
