@@ -1,6 +1,6 @@
 """Queues as objects: their spec (parsed from config or a gpufleet.io Queue), resource vectors, and the
-namespace -> queue mapping.  Kept apart from the tree so that adapters that only read Queue objects (the
-CRD validation, the kube cache) need none of the quota arithmetic."""
+namespace -> queue mapping.  Kept apart from the tree so that code that only reads Queue objects (the
+CRD validation in ``kube/policy_objects.py``) needs none of the quota arithmetic."""
 
 from __future__ import annotations
 
