@@ -256,7 +256,9 @@ def _task(kind: str, variant: str, seed: int, policy: str, tune: float, time_lim
     idle = r.idle
     return {"kind": kind, "variant": variant, "seed": seed, "policy": policy, "unallocated_gpu_pct": r.unallocated_gpu_pct,
             "pods_failed": r.pods_failed, "wall_s": r.wall_s, "saturation": None if idle is None else idle.saturation,
-            "bound_placing_first_pct": None if idle is None else idle.bound_placing_first_pct}
+            "bound_placing_first_pct": None if idle is None else idle.bound_placing_first_pct,
+            "cpu_used_pct": None if idle is None else round(idle.cpu_used_pct, 3),
+            "cpu_only_pods_failed": None if idle is None else idle.cpu_only_failed}
 
 
 def policy_config(policy: str):

@@ -85,6 +85,11 @@ RUNS = [
     pytest.param([node("t", 64_000, 1, "T4"), node("p", 64_000, 1, "P100")], [pod(i, 1000, spec=("P100",)) for i in range(2)],
                  {"saturation": 1.0, "whole_idle_gpus": 1.0, "unfillable_gpus": 1.0, "cpu_stranded_gpus": 0.0,
                   "failed_gpus": {"pinned:P100": 1.0}, "bound_placing_first_pct": 50.0}, id="pinned-leaves-other-model-unfillable"),
+    # what the GPUs' gain costs where CPU binds: 4 cores for a 1-core GPU pod and two 3-core CPU-only pods; in any
+    # order one CPU-only pod is turned away and every core is used (the GPU pod never brings arrived over capacity)
+    pytest.param([node("a", 4000, 2)], [pod(0, 1000), pod(1, 3000, ngpu=0, milli=0), pod(2, 3000, ngpu=0, milli=0)],
+                 {"cpu_used_pct": 100.0, "cpu_only_pods_failed": 1, "cpu_only_cores_failed": 3.0, "unallocated_gpu_pct": 50.0},
+                 id="cpu-only-pod-turned-away"),
 ]
 
 

@@ -63,6 +63,9 @@ class IdleBreakdown:
     repack_gpus: int  # best-fit decreasing of the same shares
     repack_lower: int  # arc-flow LP bound: no packing of the shares uses fewer GPUs
     bound_placing_first_pct: float | None = None  # no placement keeping the pods placed before the first refusal leaves less
+    cpu_used_pct: float = 0.0  # the cluster's CPU held by pods: what the GPUs' gain costs where CPU binds
+    cpu_only_failed: int = 0  # CPU-only pods turned away so far
+    cpu_only_failed_cpu_milli: int = 0
 
     def total(self, key: str) -> int:
         return sum(row[key] for row in self.per_model.values())
@@ -94,6 +97,9 @@ class IdleBreakdown:
             "repack_bfd_saves_gpus": self.share_gpus - self.repack_gpus,
             "repack_saves_at_most_gpus": self.share_gpus - self.repack_lower,
             "bound_placing_first_pct": self.bound_placing_first_pct,
+            "cpu_used_pct": round(self.cpu_used_pct, 4),
+            "cpu_only_pods_failed": self.cpu_only_failed,
+            "cpu_only_cores_failed": round(self.cpu_only_failed_cpu_milli / 1000, 1),
             "failed_gpus": {k: g(v) for k, v in sorted(self.failed.items(), key=lambda kv: -kv[1])},
             "per_model": {m: {k: (v if k == "gpus" else g(v)) for k, v in row.items()}
                           for m, row in sorted(self.per_model.items(), key=lambda kv: -kv[1]["gpus"])},
@@ -113,6 +119,7 @@ class IdleRecorder:
     failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     used_by: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # model -> [unpinned, pinned]
     shapes: set[tuple] = field(default_factory=set)  # GPU shapes of the arrived pods
+    cpu_only_failed: list[int] = field(default_factory=lambda: [0, 0])  # CPU-only pods turned away, their CPU milli
 
     def observe(self, state: ClusterState, req: PodRequest, node: int | None) -> None:
         """One arrival: ``node`` is the index it was placed on, or None when it was turned away."""
@@ -127,6 +134,9 @@ class IdleRecorder:
             if gpus:
                 self.used_by[gpus[0].model][1 if req.gpu_models_allow else 0] += milli
         else:
+            if not req.gpu_count:
+                self.cpu_only_failed[0] += 1
+                self.cpu_only_failed[1] += req.cpu_milli
             allow = req.gpu_models_allow
             self.failed["pinned:" + "|".join(sorted(allow)) if allow else "unpinned"] += milli
             if self.saturation is None:
@@ -141,7 +151,9 @@ class IdleRecorder:
         return IdleBreakdown(
             capacity=self.capacity, arrived=self.arrived, allocated=self.allocated, saturation=self.saturation,
             failed=dict(self.failed), per_model=per_model, holes=holes, share_gpus=sum(n for n, _ in holes.values()),
-            repack_gpus=best_fit_decreasing(items), repack_lower=bins_lower_bound(items))
+            repack_gpus=best_fit_decreasing(items), repack_lower=bins_lower_bound(items),
+            cpu_used_pct=100.0 * (1.0 - float(state.cpu_free.sum()) / max(float(state.cpu_cap.sum()), 1.0)),
+            cpu_only_failed=self.cpu_only_failed[0], cpu_only_failed_cpu_milli=self.cpu_only_failed[1])
 
 
 def _per_model(state: ClusterState, shapes: set[tuple]) -> dict[str, dict[str, int]]:
