@@ -182,7 +182,7 @@ class Scheduler:
         # plugins that learn the workload see every pod that passes prefilter, also one no node can take:
         # learning only from pods that reach scoring would hide the demand that fails (pods pinned to a full model)
         seen: list = []
-        for p in [q for q, _ in profile.scores] + [profile.gpu_selector]:
+        for p in [q for q, _ in profile.scores] + list(profile.filters) + [profile.gpu_selector]:  # a filter may learn too
             if p is not None and hasattr(p, "observe_pod") and all(p is not q for q in seen):
                 seen.append(p)
         self._observers = seen

@@ -1,0 +1,79 @@
+"""The default policy's CPU reserve: once CPU binds first, CPU-only pods keep off the CPU a node's free GPUs need."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.engine.model import PodRequest
+from gpufleet.engine.state import ClusterState
+from gpufleet.policies.default import StrandAwareFragScore
+from tests.builders import T4, make_node, scheduler, verdicts
+
+
+def gpu_pod(name: str, cpu: int = 4000) -> PodRequest:
+    return PodRequest(name=name, cpu_milli=cpu, memory_mib=1024, gpu_count=1, gpu_milli=1000)
+
+
+def cpu_pod(name: str, cpu: int) -> PodRequest:
+    return PodRequest(name=name, cpu_milli=cpu, memory_mib=1024)
+
+
+def nodes():
+    # 8 GPUs, 72 cores: g0 32 cores, g1 24 cores (4 T4 each), c0 16 cores and no GPU
+    return [make_node("g0", 4, T4, cpu_milli=32_000), make_node("g1", 4, T4, cpu_milli=24_000), make_node("c0", 0, cpu_milli=16_000)]
+
+
+def learned(gpu_pods: int = 64, cpu_only: int = 48, **kw) -> StrandAwareFragScore:
+    """GPU pods at 4 cores per GPU; 48 CPU-only pods of 8 cores make CPU demand at full GPU demand
+    (256 + 384 cores per 64 GPUs, i.e. 80 cores per 8 GPUs) exceed the 72 cores there are."""
+    p = StrandAwareFragScore(**kw)
+    for i in range(gpu_pods):
+        p.observe(gpu_pod(f"g{i}"))
+    for i in range(cpu_only):
+        p.observe(cpu_pod(f"c{i}", 8000))
+    return p
+
+
+R = StrandAwareFragScore.RESERVE_REASON
+
+
+@pytest.mark.parametrize("case, policy, pod, want", [
+    # a free GPU needs 4 cores here: g0 keeps 16 of its 32, g1 16 of its 24
+    ("fits beside the reserve", {}, cpu_pod("x", 8000), {"g0": None, "g1": None, "c0": None}),
+    ("eats g1's reserve only", {}, cpu_pod("x", 9000), {"g0": None, "g1": R, "c0": None}),
+    ("eats both reserves", {}, cpu_pod("x", 17000), {"g0": R, "g1": R, "c0": None}),
+    ("CPU does not bind", {"cpu_only": 10}, cpu_pod("x", 17000), {"g0": None, "g1": None, "c0": None}),
+    ("reserve off", {"cpu_reserve": 0.0}, cpu_pod("x", 17000), {"g0": None, "g1": None, "c0": None}),
+    ("half a reserve", {"cpu_reserve": 0.5}, cpu_pod("x", 17000), {"g0": None, "g1": R, "c0": None}),
+    ("a GPU pod uses the reserve", {}, gpu_pod("x", 17000), {"g0": None, "g1": None, "c0": None}),
+    ("no workload learned yet", {"gpu_pods": 32}, cpu_pod("x", 17000), {"g0": None, "g1": None, "c0": None}),
+    ("a pod with no CPU request", {}, cpu_pod("x", 0), {"g0": None, "g1": None, "c0": None}),
+])
+def test_cpu_reserve_verdicts(case, policy, pod, want):
+    assert verdicts(learned(**policy), pod, ClusterState(nodes())) == want, case
+
+
+def test_the_reserve_shrinks_as_gpu_pods_take_the_gpus_and_the_diagnosis_names_it():
+    s = scheduler(nodes(), "default")
+    for r in [gpu_pod(f"seen-g{i}") for i in range(64)] + [cpu_pod(f"seen-c{i}", 8000) for i in range(48)]:
+        s.observe(r)
+    d = s.schedule(cpu_pod("big", 20_000))
+    assert not d.ok
+    assert "1 Insufficient cpu" in d.status.message and f"2 {R}" in d.status.message
+    for i in range(3):  # three GPUs of g0 taken (12 cores): one free GPU keeps 4 of the 20 cores left
+        assert s.schedule(PodRequest(name=f"gpu{i}", cpu_milli=4000, memory_mib=1024, gpu_count=1, gpu_milli=1000,
+                                     node_selector=(("kubernetes.io/hostname", "g0"),))).ok
+    assert not s.schedule(cpu_pod("c17", 17_000)).ok
+    d = s.schedule(cpu_pod("c16", 16_000))
+    assert d.ok and d.assignment.node == "g0"
+
+
+def test_the_reserve_learns_where_it_is_only_a_filter():
+    # FGD's scores with the default's reserve as a filter: the filter must see the pods to learn the CPU per GPU
+    cfg = {"name": "fgd-reserve", "tieBreak": "ordered",
+           "plugins": {"filter": ["NodeResourcesFit", "GpuFit", "StrandAwareFragScore"], "score": ["FGDScore"], "gpuSelect": "FGDScore"}}
+    s = scheduler(nodes(), cfg)
+    for r in [gpu_pod(f"seen-g{i}") for i in range(64)] + [cpu_pod(f"seen-c{i}", 8000) for i in range(48)]:
+        s.observe(r)
+    d = s.schedule(cpu_pod("big", 20_000))
+    assert not d.ok and R in d.status.message
