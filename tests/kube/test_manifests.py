@@ -70,3 +70,13 @@ def test_extender_manifest_and_kube_scheduler_config():
     assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
     assert ext["nodeCacheCapable"] is True and ext["managedResources"][0]["name"] == "nvidia.com/gpu"
     assert f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{svc['spec']['ports'][0]['port']}" in ext["urlPrefix"]
+
+
+def test_the_deployed_scheduler_config_is_the_builtin_default_profile():
+    # its ConfigMap once carried a copy of the default profile without half its filters (pod affinity, topology
+    # spread, ports, volumes): a scheduler deployed from it ignored those constraints.  (The extender's keeps the
+    # GPU filters only: kube-scheduler judges the rest before calling it, and it watches no volumes.)
+    from gpufleet.policies import profile_config
+
+    cm = next(x for x in docs("scheduler/scheduler.yaml") if x["kind"] == "ConfigMap")
+    assert yaml.safe_load(cm["data"]["config.yaml"]) == profile_config("default")
