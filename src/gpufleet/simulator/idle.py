@@ -119,7 +119,8 @@ class IdleRecorder:
     failed: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     used_by: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))  # model -> [unpinned, pinned]
     shapes: set[tuple] = field(default_factory=set)  # GPU shapes of the arrived pods
-    cpu_only_failed: list[int] = field(default_factory=lambda: [0, 0])  # CPU-only pods turned away, their CPU milli
+    cpu_only_failed: int = 0  # CPU-only pods turned away
+    cpu_only_failed_cpu_milli: int = 0
 
     def observe(self, state: ClusterState, req: PodRequest, node: int | None) -> None:
         """One arrival: ``node`` is the index it was placed on, or None when it was turned away."""
@@ -135,8 +136,8 @@ class IdleRecorder:
                 self.used_by[gpus[0].model][1 if req.gpu_models_allow else 0] += milli
         else:
             if not req.gpu_count:
-                self.cpu_only_failed[0] += 1
-                self.cpu_only_failed[1] += req.cpu_milli
+                self.cpu_only_failed += 1
+                self.cpu_only_failed_cpu_milli += req.cpu_milli
             allow = req.gpu_models_allow
             self.failed["pinned:" + "|".join(sorted(allow)) if allow else "unpinned"] += milli
             if self.saturation is None:
@@ -153,7 +154,7 @@ class IdleRecorder:
             failed=dict(self.failed), per_model=per_model, holes=holes, share_gpus=sum(n for n, _ in holes.values()),
             repack_gpus=best_fit_decreasing(items), repack_lower=bins_lower_bound(items),
             cpu_used_pct=100.0 * (1.0 - float(state.cpu_free.sum()) / max(float(state.cpu_cap.sum()), 1.0)),
-            cpu_only_failed=self.cpu_only_failed[0], cpu_only_failed_cpu_milli=self.cpu_only_failed[1])
+            cpu_only_failed=self.cpu_only_failed, cpu_only_failed_cpu_milli=self.cpu_only_failed_cpu_milli)
 
 
 def _per_model(state: ClusterState, shapes: set[tuple]) -> dict[str, dict[str, int]]:
