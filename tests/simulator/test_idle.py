@@ -127,18 +127,24 @@ def test_summarize_idle_means_over_seeds():
 # --- gpufleet simulate: JSON and report ----------------------------------------------------------
 
 
-def test_simulate_reports_where_the_idle_gpus_are(tmp_path):
+def test_simulate_reports_where_the_idle_gpus_are(tmp_path, capsys):
     (tmp_path / "nodes.csv").write_text(NODES)
     (tmp_path / "pods.csv").write_text(pods_csv())
     out, rep = tmp_path / "r.json", tmp_path / "r.html"
     assert main(["simulate", "--nodes", str(tmp_path / "nodes.csv"), "--pods", str(tmp_path / "pods.csv"), "--policy", "fgd,bestfit",
                  "--seeds", "1-2", "--jobs", "1", "--no-bound", "--no-progress", "--json", str(out), "--report", str(rep)]) == 0
     doc = json.loads(out.read_text())
+    table = capsys.readouterr().out
+    assert "CPU in use %" in table
     for pol in ("fgd", "bestfit"):
         per_seed = [r["idle"] for r in doc["runs"] if r["policy"] == pol]
         assert len(per_seed) == 2
         s = doc["summary"][pol]["idle"]
         assert s["idle_gpus_mean"] == pytest.approx(sum(d["idle_gpus"] for d in per_seed) / 2, abs=1e-3)
+        cpu = s["cpu_used_pct_mean"]  # the table's CPU column is the mean over seeds of each run's snapshot
+        assert 0 < cpu <= 100 and cpu == pytest.approx(sum(d["cpu_used_pct"] for d in per_seed) / 2, abs=1e-3)
+        row = next(line for line in table.splitlines() if line.startswith(pol)).replace(" *", "").split()
+        assert row[5] == f"{cpu:.1f}", row  # policy, runs, unallocated, std, keep-first bound, CPU in use
         sats = [d["saturation"] for d in per_seed if d["saturation"] is not None]
         assert s["saturation_runs"] == len(sats) and (not sats or s["saturation_mean"] == pytest.approx(sum(sats) / len(sats), abs=1e-4))
         for d in per_seed:  # idle GPUs are whole + slivers, and the snapshot is at (not past) the 100% point
@@ -149,6 +155,7 @@ def test_simulate_reports_where_the_idle_gpus_are(tmp_path):
     section = page[page.index("<h2>Where the idle GPUs are</h2>"):]
     section = section[: section.index("<h2>", 4)]
     assert section.count("<svg") == 2  # saturation vs unallocated; idle by hole kind
+    assert "<th>CPU in use %</th>" in page
     assert "whole idle GPUs" in section and "first pod turned away" in section
     for pol in ("fgd", "bestfit"):
         assert f"<li>{pol}: of the " in section and "best-fit decreasing of the same shares would save" in section

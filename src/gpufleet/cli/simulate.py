@@ -430,7 +430,8 @@ def _print_table(experiment: str, summary: dict, published: dict, bound: float |
             print(f"{pol:<12} {s['runs']:>4} {s['jain_mean']:>6.3f} {s['preemptions']:>12.1f} {s['mean_gpu_alloc_pct']:>17.2f}  {d}")
         return
     keep = {p: (s.get("idle") or {}).get("bound_placing_first_pct_mean") for p, s in summary.items()}
-    print(f"{'policy':<12} {'runs':>4} {'unallocated GPU %':>18} {'± std':>7} {'keep-first bound':>17} {'published':>10} "
+    cpu = {p: (s.get("idle") or {}).get("cpu_used_pct_mean") for p, s in summary.items()}
+    print(f"{'policy':<12} {'runs':>4} {'unallocated GPU %':>18} {'± std':>7} {'keep-first bound':>17} {'CPU in use %':>13} {'published':>10} "
           f"{'failed pods':>12} {'wall s':>7}")
     means = {p: s["unallocated_gpu_pct_mean"] for p, s in summary.items() if s["unallocated_gpu_pct_mean"] is not None}
     best = min(means, key=means.__getitem__) if means else None
@@ -440,7 +441,7 @@ def _print_table(experiment: str, summary: dict, published: dict, bound: float |
         std = f"{s['unallocated_gpu_pct_std'] or 0:.2f}" if s["runs"] > 1 else "-"  # no spread from one seed
         k = keep.get(pol)
         print(f"{pol + (' *' if pol == best else ''):<12} {s['runs']:>4} {(f'{m:.2f}' if m is not None else '-'):>18} {std:>7} "
-              f"{(f'{k:.2f}' if k is not None else '-'):>17} "
+              f"{(f'{k:.2f}' if k is not None else '-'):>17} {(f'{c:.1f}' if (c := cpu.get(pol)) is not None else '-'):>13} "
               f"{(f'{pub:.2f}' if pub is not None else '-'):>10} {s['pods_failed_mean']:>12.1f} {s['wall_s_mean']:>7.1f}")
     if bound is not None:
         print(f"{'offline bound':<17} {bound:>18.2f}   (no placement of the arrived pods leaves fewer GPUs unallocated)")

@@ -247,7 +247,8 @@ def bins_lower_bound(items: list[int], cap: int = GPU_MILLI) -> int:
 
 SUMMARY_FIELDS = ("arrived_fraction", "saturation", "unallocated_gpu_pct", "idle_gpus", "whole_idle_gpus", "sliver_gpus",
                   "cpu_stranded_gpus", "unfillable_gpus", "share_gpus", "repack_bfd_gpus", "repack_lower_gpus",
-                  "repack_bfd_saves_gpus", "repack_saves_at_most_gpus", "bound_placing_first_pct")
+                  "repack_bfd_saves_gpus", "repack_saves_at_most_gpus", "bound_placing_first_pct", "cpu_used_pct",
+                  "cpu_only_pods_failed")
 
 
 def summarize_idle(idles: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ PACKING_METRICS = [
     ("keep-first bound %", "the least unallocated GPU % of any placement that keeps every pod this policy placed before it "
                            "first turned one away (LP; a scheduler places what fits, so this is how far its own start "
                            "allowed; see \"Where the idle GPUs are\")."),
+    ("CPU in use %", "the share of the cluster's CPU held by pods at that same moment: where CPU runs out before the GPUs, "
+                     "a policy that keeps CPU for free GPUs (the default) allocates more GPUs and less CPU."),
     ("published", "the FGD paper's figure for the same trace (mean over the same seeds where published)."),
     ("failed pods", "pods (of all arrivals, up to the --tune x capacity demand) for which no node had room when they arrived."),
     ("wall s / run", "seconds one run took on this machine."),
@@ -62,23 +64,24 @@ def write_simulation_report(
         for pol, s in summary.items():
             pub = published.get(pol)
             keep = (s.get("idle") or {}).get("bound_placing_first_pct_mean")
+            cpu = (s.get("idle") or {}).get("cpu_used_pct_mean")
             rows.append([
                 pol + (" (best)" if pol == best else ""), s["runs"],
                 f"{s['unallocated_gpu_pct_mean']:.2f}" if s["unallocated_gpu_pct_mean"] is not None else "-",
                 *([f"{s['unallocated_gpu_pct_std']:.2f}" if s["unallocated_gpu_pct_std"] is not None else "-"] if several else []),
-                f"{keep:.2f}" if keep is not None else "-",
+                f"{keep:.2f}" if keep is not None else "-", f"{cpu:.1f}" if cpu is not None else "-",
                 f"{pub:.2f}" if pub is not None else "-", f"{s['pods_failed_mean']:.0f}", f"{s['wall_s_mean']:.1f}",
             ])
         bound_status = "offline bound: not computed (--no-bound)"
         if bound is not None:
-            rows.append(["offline bound", "", f"{bound:.2f}", *([""] if several else []), "", "", "", ""])
+            rows.append(["offline bound", "", f"{bound:.2f}", *([""] if several else []), "", "", "", "", ""])
             bound_status = f"offline bound: {bound:.2f}% (no placement of the arrived pods can leave fewer GPUs unallocated)"
         seeds = sorted({r["seed"] for r in runs})
         note = (f"<p class='note'>{'Mean over ' + str(len(seeds)) + ' seeds' if several else 'One seed (' + str(seeds[0]) + ')'}; "
                 f"{html.escape(bound_status)}. Lower is better; the best policy is marked."
                 + ("" if several else " One seed's figures differ from a mean over seeds by a few tenths: "
                    "<code>gpufleet simulate --seeds 42-51</code> gives the README's table.") + "</p>")
-        headers = ["policy", "runs", "unallocated GPU %", *(["± std"] if several else []), "keep-first bound %", "published",
+        headers = ["policy", "runs", "unallocated GPU %", *(["± std"] if several else []), "keep-first bound %", "CPU in use %", "published",
                    "failed pods", "wall s / run"]
         marked = [i for i, p in enumerate(summary) if p == best]
         defs = [d for d in PACKING_METRICS if several or d[0] != "± std"]
