@@ -161,6 +161,27 @@ def test_a_fresh_default_scheduler_learns_from_the_waiting_pods_before_placing_a
     assert len(share_gpus) <= 2, share_gpus  # 1,050 milli and 60 GiB of shares: two GPUs hold them, six stay whole
 
 
+def test_the_live_default_keeps_cpu_for_free_gpus_where_cpu_binds_and_says_so():
+    # the default's CPU reserve on the live path: the GPU pods waiting ask 33 cores per GPU (no node has that many:
+    # they are learned from, not placed), far more CPU than the cluster has once its GPUs are in use; so a CPU-only
+    # pod may not take the CPU a GPU node's free GPUs need, and goes to the CPU-only node or waits
+    api = FakeApi()
+    api.add_node(node("g0", gpus=4, inventory=True, cpu="32"))
+    api.add_node(node("g1", gpus=4, inventory=True, cpu="24"))
+    api.add_node(node("c0", gpus=0, cpu="16"))
+    waiting = [pod(f"gpu-{i}", gpus=1, cpu="33") for i in range(64)] + [pod("cpu-16", gpus=0, cpu="16"), pod("cpu-20", gpus=0, cpu="20")]
+    for i, p in enumerate(waiting):
+        p["metadata"]["creationTimestamp"] = f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"
+        api.add_pod(p)
+    loop = make(api, policy="default")
+    loop.schedule_due()
+    assert api.binds == [("ml/cpu-16", "c0")]
+    ev = [e for e in api.events if e["pod"] == "ml/cpu-20"][-1]
+    assert ev["reason"] == "FailedScheduling"
+    assert ev["message"] == ("0/3 nodes are available: 2 node(s) kept their CPU for their free GPUs (CPU is short cluster-wide), "
+                             "1 Insufficient cpu."), ev["message"]
+
+
 def test_pods_bound_by_others_hold_their_gpus():
     api = FakeApi()
     api.add_node(node("n1", gpus=2))
