@@ -170,16 +170,19 @@ def test_the_live_default_keeps_cpu_for_free_gpus_where_cpu_binds_and_says_so():
     api.add_node(node("g1", gpus=4, inventory=True, cpu="24"))
     api.add_node(node("c0", gpus=0, cpu="16"))
     waiting = [pod(f"gpu-{i}", gpus=1, cpu="33") for i in range(64)] + [pod("cpu-16", gpus=0, cpu="16"), pod("cpu-20", gpus=0, cpu="20")]
-    for i, p in enumerate(waiting):
-        p["metadata"]["creationTimestamp"] = f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}Z"
+    for p in waiting:  # no creationTimestamp: each has waited since the loop first saw it
         api.add_pod(p)
-    loop = make(api, policy="default")
+    clock = Clock()
+    loop = make(api, clock, policy="default")
     loop.schedule_due()
     assert api.binds == [("ml/cpu-16", "c0")]
     ev = [e for e in api.events if e["pod"] == "ml/cpu-20"][-1]
     assert ev["reason"] == "FailedScheduling"
     assert ev["message"] == ("0/3 nodes are available: 2 node(s) kept their CPU for their free GPUs (CPU is short cluster-wide), "
                              "1 Insufficient cpu."), ev["message"]
+    clock.t += 600  # ten minutes on: the pod may use the reserve (GPU demand that stopped coming holds no CPU for good)
+    loop.schedule_due()
+    assert api.binds[-1] == ("ml/cpu-20", "g0")
 
 
 def test_pods_bound_by_others_hold_their_gpus():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies.default import StrandAwareFragScore
@@ -51,6 +53,14 @@ R = StrandAwareFragScore.RESERVE_REASON
 ])
 def test_cpu_reserve_verdicts(case, policy, pod, want):
     assert verdicts(learned(**policy), pod, ClusterState(nodes())) == want, case
+
+
+@pytest.mark.parametrize("waited_s, reserved", [(0.0, True), (599.0, True), (600.0, False), (3600.0, False)])
+def test_a_pod_that_waited_long_enough_may_use_the_reserve(waited_s, reserved):
+    # GPU demand that stopped coming must not hold CPU for good: after reserve_max_wait_s the pod may take it
+    res = learned().filter(Cycle(request=cpu_pod("x", 17000), rng=np.random.default_rng(0), waited_s=waited_s),
+                           ClusterState(nodes()))
+    assert (not res.ok[0]) == reserved and res.passes_all == (not reserved)
 
 
 def test_the_reserve_shrinks_as_gpu_pods_take_the_gpus_and_the_diagnosis_names_it():

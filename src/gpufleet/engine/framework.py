@@ -64,6 +64,7 @@ class Cycle:
     assignment: Assignment | None = None
     status: Status = field(default_factory=Status.success)
     only_nodes: np.ndarray | None = None  # bool mask: consider only these nodes (scheduler extender)
+    waited_s: float = 0.0  # how long the pod has waited in the caller's queue (0: unknown or just arrived)
 
 
 # --- extension points ---------------------------------------------------------
@@ -314,8 +315,8 @@ class Scheduler:
         )
 
     # --- public API ---------------------------------------------------------------
-    def new_cycle(self, request: PodRequest) -> Cycle:
-        return Cycle(request=request, rng=self.rng)
+    def new_cycle(self, request: PodRequest, waited_s: float = 0.0) -> Cycle:
+        return Cycle(request=request, rng=self.rng, waited_s=waited_s)
 
     def observe(self, request: PodRequest) -> None:
         """Show a pod to the plugins that learn the workload before it is tried (one waiting in the queue).
@@ -389,8 +390,8 @@ class Scheduler:
         if cycle.assignment is not None:
             self.state.unreserve(cycle.assignment.pod_key)
 
-    def _schedule(self, request: PodRequest) -> tuple[Cycle, Decision]:
-        cycle = self.new_cycle(request)
+    def _schedule(self, request: PodRequest, waited_s: float = 0.0) -> tuple[Cycle, Decision]:
+        cycle = self.new_cycle(request, waited_s)
         dec = self.decide(cycle)
         if dec.ok:
             st = self.reserve(cycle)
@@ -398,9 +399,11 @@ class Scheduler:
                 dec = Decision(request.key, st, feasible_nodes=dec.feasible_nodes)
         return cycle, dec
 
-    def schedule(self, request: PodRequest) -> Decision:
-        """Decide and reserve: on success the devices are taken in the snapshot."""
-        return self._schedule(request)[1]
+    def schedule(self, request: PodRequest, waited_s: float = 0.0) -> Decision:
+        """Decide and reserve: on success the devices are taken in the snapshot.
+
+        ``waited_s``: how long the pod has been waiting, for plugins that hold back only for a while."""
+        return self._schedule(request, waited_s)[1]
 
     def schedule_and_bind(self, request: PodRequest, binder: Binder) -> Decision:
         cycle, dec = self._schedule(request)

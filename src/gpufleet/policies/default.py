@@ -97,7 +97,9 @@ not), because a CPU-only pod takes a GPU node's CPU whenever it is the node left
   1,951 against 2,271 by 100% arrived), but CPU-only pods are the ones turned away (1,716 against
   893), and 2.7% more of the CPU stays free, kept beside GPUs that have not been asked for yet.  Where
   GPUs run out first it never engages, and every other tuning variant's runs are unchanged to the
-  last digit.  ``cpu_reserve: 0`` turns it off.
+  last digit.  A pod that has waited ``reserve_max_wait_s`` (10 minutes) may use the reserve, so
+  that GPU demand which stopped coming does not hold CPU for good (the packing experiment has no
+  waiting: a pod that does not fit is turned away).  ``cpu_reserve: 0`` turns it off.
 
 Everything a live scheduler could know: the target workload (task shapes and
 frequencies, the CPU/GPU and memory/GPU ratios) is learned online from the pods
@@ -153,6 +155,7 @@ class StrandAwareFragScore(FGDScore):
     pattern_penalty: float = 50.0  # ... and loses this when it is not
     cpu_reserve: float = 1.0  # filter: once CPU binds first, a GPU node keeps this share of the CPU its free GPUs need (mean ratio) from CPU-only pods; 0: off
     reserve_tight: float = 1.0  # ... "CPU binds first": CPU demand / CPU capacity at full GPU demand >= this
+    reserve_max_wait_s: float = 600.0  # ... a CPU-only pod that has waited this long may use the reserve (live, replay)
     _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
     _rhos: tuple | None = field(default=None, repr=False)
     _pinned: dict = field(default_factory=dict, repr=False)  # frozenset(models) -> GPU milli of pods pinned to them
@@ -331,11 +334,13 @@ class StrandAwareFragScore(FGDScore):
 
         Need = ``cpu_reserve`` x free GPU milli x the mean CPU-per-GPU-milli of the GPU pods seen.
         Off until a workload is learned (``refresh_every`` GPU pods) and while CPU demand, scaled to
-        fill the GPUs, stays under ``reserve_tight`` x the cluster's CPU.
+        fill the GPUs, stays under ``reserve_tight`` x the cluster's CPU.  A pod that has waited
+        ``reserve_max_wait_s`` may use the reserve: GPU demand that stopped coming holds no CPU for long.
         """
         r = cycle.request
         n = len(state)
-        if not self.cpu_reserve or r.gpu_count or r.cpu_milli <= 0 or not self._reserve_on(state):
+        if (not self.cpu_reserve or r.gpu_count or r.cpu_milli <= 0 or cycle.waited_s >= self.reserve_max_wait_s
+                or not self._reserve_on(state)):
             return FilterResult(np.ones(n, dtype=bool), passes_all=True)
         free_gpu = np.where(state.gpu_usable, state.gpu_free_milli, 0).sum(axis=1)
         need = self.cpu_reserve * (self._sums[1] / self._sums[0]) * free_gpu

@@ -303,7 +303,7 @@ class _Replay:
         r = self.reqs[i]
         if not checked and not could_fit(self.state, r):
             return False
-        dec = self.sched.schedule(r)
+        dec = self.sched.schedule(r, waited_s=now - self.arrived_at.get(i, now))
         if not dec.ok:
             if dec.status.plugin == "QueueQuota":
                 self.quota_blocked.add(self.waiting.group_of[i])
