@@ -415,7 +415,7 @@ class SchedulerLoop:
             self.queue.defer(key)
             return "invalid"
         try:
-            dec = self.cache.sched.schedule(req, waited_s=t0 - self.queue.arrival(key, t0))
+            dec = self.cache.sched.schedule(req, waited_s=self.queue.waited_s(key, t0))
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("engine error on %s", key)
             self.count_attempt("error", t0)
@@ -453,7 +453,7 @@ class SchedulerLoop:
             log.info("%s (priority %d) ends the hold of pod group %s (priority %d)", req.key, req.priority,
                      holder.group.key, holder.group.priority)
             self.gangs.release_hold("preempted")
-            return self.cache.sched.schedule(req, waited_s=now - self.queue.arrival(req.key, now)), ""
+            return self.cache.sched.schedule(req, waited_s=self.queue.waited_s(req.key, now)), ""
         return dec, why
 
     def _failed_event(self, key: str, pod: dict, message: str) -> None:

@@ -92,6 +92,10 @@ class SchedulingQueue:
         """When the pod was created, on the loop's clock: its place in first-come order."""
         return self._arrival.get(key, default)
 
+    def waited_s(self, key: str, now: float) -> float:
+        """How long the pod has waited since it was created (0 for a pod the queue does not know)."""
+        return now - self._arrival.get(key, now)
+
     def defer(self, key: str, until: float | None = None) -> None:
         """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
         now = self.clock()
