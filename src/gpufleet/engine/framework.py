@@ -65,6 +65,7 @@ class Cycle:
     status: Status = field(default_factory=Status.success)
     only_nodes: np.ndarray | None = None  # bool mask: consider only these nodes (scheduler extender)
     waited_s: float = 0.0  # how long the pod has waited in the caller's queue (0: unknown or just arrived)
+    take_held: bool = False  # room plugins hold for pods not yet here may be taken (the caller would evict otherwise)
 
 
 # --- extension points ---------------------------------------------------------
@@ -315,8 +316,8 @@ class Scheduler:
         )
 
     # --- public API ---------------------------------------------------------------
-    def new_cycle(self, request: PodRequest, waited_s: float = 0.0) -> Cycle:
-        return Cycle(request=request, rng=self.rng, waited_s=waited_s)
+    def new_cycle(self, request: PodRequest, waited_s: float = 0.0, take_held: bool = False) -> Cycle:
+        return Cycle(request=request, rng=self.rng, waited_s=waited_s, take_held=take_held)
 
     def observe(self, request: PodRequest) -> None:
         """Show a pod to the plugins that learn the workload before it is tried (one waiting in the queue).
@@ -390,8 +391,8 @@ class Scheduler:
         if cycle.assignment is not None:
             self.state.unreserve(cycle.assignment.pod_key)
 
-    def _schedule(self, request: PodRequest, waited_s: float = 0.0) -> tuple[Cycle, Decision]:
-        cycle = self.new_cycle(request, waited_s)
+    def _schedule(self, request: PodRequest, waited_s: float = 0.0, take_held: bool = False) -> tuple[Cycle, Decision]:
+        cycle = self.new_cycle(request, waited_s, take_held)
         dec = self.decide(cycle)
         if dec.ok:
             st = self.reserve(cycle)
@@ -399,11 +400,13 @@ class Scheduler:
                 dec = Decision(request.key, st, feasible_nodes=dec.feasible_nodes)
         return cycle, dec
 
-    def schedule(self, request: PodRequest, waited_s: float = 0.0) -> Decision:
+    def schedule(self, request: PodRequest, waited_s: float = 0.0, take_held: bool = False) -> Decision:
         """Decide and reserve: on success the devices are taken in the snapshot.
 
-        ``waited_s``: how long the pod has been waiting, for plugins that hold back only for a while."""
-        return self._schedule(request, waited_s)[1]
+        ``waited_s``: how long the pod has been waiting, for plugins that hold back only for a while.
+        ``take_held``: room that plugins hold for pods not yet here is the pod's to take; callers pass it
+        rather than evict running pods for it (``schedqueue.plan_room`` says when)."""
+        return self._schedule(request, waited_s, take_held)[1]
 
     def schedule_and_bind(self, request: PodRequest, binder: Binder) -> Decision:
         cycle, dec = self._schedule(request)

@@ -178,16 +178,16 @@ def _domains(st: ClusterState, members: Sequence[PodRequest], topology_key: str 
 
 
 def _try_place(sched: Scheduler, tx: Transaction, r: PodRequest, allowed: np.ndarray,
-               used: list[int]) -> tuple[Decision, Cycle]:
+               used: list[int], waited_s: float = 0.0, take_held: bool = False) -> tuple[Decision, Cycle]:
     """Decide one member on the transaction's view: first on the nodes the gang uses."""
     st = sched.state
     dec: Decision | None = None
-    cycle = sched.new_cycle(r)
+    cycle = sched.new_cycle(r, waited_s, take_held)
     if used:
         cycle.only_nodes = allowed & _mask(len(st), used)
         dec = sched.decide(cycle)
     if dec is None or not dec.ok:
-        cycle = sched.new_cycle(r)
+        cycle = sched.new_cycle(r, waited_s, take_held)
         cycle.only_nodes = None if allowed.all() else allowed
         dec = sched.decide(cycle)
     if dec.ok:
@@ -209,9 +209,11 @@ def _release(sched: Scheduler, tx: Transaction, cycles: Sequence[Cycle]) -> None
 
 
 def place_gang(sched: Scheduler, group: str, members: Sequence[PodRequest], min_member: int | None = None,
-               topology_key: str | None = DEFAULT_TOPOLOGY_KEY) -> GangResult:
+               topology_key: str | None = DEFAULT_TOPOLOGY_KEY, waited_s: float = 0.0,
+               take_held: bool = False) -> GangResult:
     """All-or-nothing: reserve at least ``min_member`` of ``members`` (all of them when
-    None) as one transaction, or nothing.  Higher-priority members are placed first."""
+    None) as one transaction, or nothing.  Higher-priority members are placed first.
+    ``waited_s`` and ``take_held`` go to every member's cycle (see ``Scheduler.schedule``)."""
     need = min_member or len(members)
     members = sorted(members, key=lambda r: -r.priority)
     st = sched.state
@@ -228,7 +230,7 @@ def place_gang(sched: Scheduler, group: str, members: Sequence[PodRequest], min_
         for j, r in enumerate(members):
             if len(placed) + (len(members) - j) < need:
                 break  # cannot reach min_member any more in this domain
-            dec, cycle = _try_place(sched, tx, r, allowed, used)
+            dec, cycle = _try_place(sched, tx, r, allowed, used, waited_s, take_held)
             if dec.ok:
                 placed.append(dec)
                 cycles.append(cycle)
@@ -265,6 +267,7 @@ class _Gang:
     members: dict[str, PodRequest] = field(default_factory=dict)  # arrived, not yet placed
     running: set[str] = field(default_factory=set)  # placed (committed)
     since_s: float = 0.0  # in line since (reset when a hold times out)
+    first_s: float = 0.0  # first seen (never reset): how long the gang has waited
     placed: bool = False  # reached min_member once; later members go one by one
     hold_after: int = -1  # after a hold timed out: holds again only once more members than this arrived
 
@@ -308,6 +311,7 @@ class GangScheduler:
         self._held: dict[str, Cycle] = {}
         self._hold_since = 0.0
         self.timeouts = 0  # holds released by timeout
+        self.take_held: set[str] = set()  # groups that take room held for pods not yet here rather than evict (preemption)
         self.releases: dict[str, int] = {}  # holds ended, by why: complete, timeout, quota, members gone, preempted
         # how a hold's deadline reads (deadline, now); a live scheduler gives wall-clock time
         self.when: Callable[[float, float], str] = lambda deadline, now: f"in {max(0.0, deadline - now):.0f} s"
@@ -316,7 +320,7 @@ class GangScheduler:
     def add_group(self, g: PodGroup, now: float = 0.0) -> None:
         cur = self.gangs.get(g.key)
         if cur is None:
-            self.gangs[g.key] = _Gang(g, since_s=g.created_s or now)
+            self.gangs[g.key] = _Gang(g, since_s=g.created_s or now, first_s=g.created_s or now)
         else:
             cur.group = g
 
@@ -326,7 +330,7 @@ class GangScheduler:
             raise ValueError(f"pod {r.key} has no pod group")
         if k not in self.gangs:
             self.gangs[k] = _Gang(PodGroup(r.pod_group, r.namespace, r.pod_group_min or 1, r.queue,  # type: ignore[arg-type]
-                                           self.timeout_s, r.priority, now), since_s=now)
+                                           self.timeout_s, r.priority, now), since_s=now, first_s=now)
         g = self.gangs[k]
         g.group.min_member = max(g.group.min_member, r.pod_group_min)
         g.group.priority = max(g.group.priority, r.priority)
@@ -355,6 +359,7 @@ class GangScheduler:
                 freed = self.sched.forget(pod_key) is not None or freed
             if not g.members and not g.running and self.holder != k:
                 del self.gangs[k]
+                self.take_held.discard(k)
         return freed
 
     # --- the round ----------------------------------------------------------------------
@@ -372,7 +377,7 @@ class GangScheduler:
             if g is None or k in done or not g.members:
                 continue
             if g.placed:  # already running: late members go one by one, near the others
-                out.append(self._late_members(k, g))
+                out.append(self._late_members(k, g, now))
                 continue
             if len(g.members) >= g.need:
                 out.append(self._place_complete(k, g, now))
@@ -390,7 +395,8 @@ class GangScheduler:
 
     def _place_complete(self, k: str, g: _Gang, now: float) -> GangResult:
         """Every required member is there: all of them as one transaction, or nothing (no hold)."""
-        res = place_gang(self.sched, k, list(g.members.values()), g.need, self.topology_key)
+        res = place_gang(self.sched, k, list(g.members.values()), g.need, self.topology_key,
+                         self._waited_s(g, now), k in self.take_held)
         if res.ok:
             self._mark_running(g, res.placed)
             return res
@@ -406,12 +412,30 @@ class GangScheduler:
             g.running.add(d.pod_key)
         g.placed = True
 
-    def _late_members(self, k: str, g: _Gang) -> GangResult:
+    def place_in_held_room(self, group: str, now: float) -> GangResult | None:
+        """Preemption would evict for ``group``: place it now if room that plugins hold for pods not
+        yet here is enough (the placed result), else None.  Either way the gang may take held room
+        from now on, also once victims have made room for it (the dry runs count on that)."""
+        g = self.gangs.get(group)
+        if g is None:
+            return None
+        self.take_held.add(group)
+        if g.placed or self.holder == group or len(g.members) < g.need:
+            return None  # late members and holds try held room at the next step
+        res = self._place_complete(group, g, now)
+        return res if res.ok else None
+
+    def _waited_s(self, g: _Gang, now: float) -> float:
+        """How long the gang has waited since it was first seen (its hold timeouts do not reset this)."""
+        return now - g.first_s
+
+    def _late_members(self, k: str, g: _Gang, now: float) -> GangResult:
         res = GangResult(k)
         used = [self.sched.state.index[a.node] for p in g.running if (a := self.sched.state.assignments.get(p))]
         for r in list(g.members.values()):
             with self.sched.state.transaction() as tx:
-                dec, _ = _try_place(self.sched, tx, r, np.ones(len(self.sched.state), dtype=bool), used)
+                dec, _ = _try_place(self.sched, tx, r, np.ones(len(self.sched.state), dtype=bool), used,
+                                    self._waited_s(g, now), k in self.take_held)
                 if dec.ok:
                     tx.commit()
                     res.placed.append(dec)
@@ -466,7 +490,8 @@ class GangScheduler:
                         f"pod group {k}: the members arrived so far do not fit its queue's quota together "
                         f"({q.reasons[0] if q.reasons else q.message}); it holds nothing", plugin=PLUGIN))
             # held reservations take capacity only: no queue, so no quota is counted for them
-            dec, cycle = _try_place(self.sched, self._tx, replace(r, queue=None), everywhere, used)
+            dec, cycle = _try_place(self.sched, self._tx, replace(r, queue=None), everywhere, used,
+                                    self._waited_s(g, now), k in self.take_held)
             if dec.ok:
                 self._held[r.key] = cycle
         return GangResult(k, [], Status.wait(

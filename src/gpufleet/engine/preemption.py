@@ -14,6 +14,10 @@ combinations (bounded) for a set with fewer victims.  Nodes are compared by
 the number of victim pods, then the highest victim priority, then the sum of
 victim priorities, then the GPU the victims hold (evict no more than needed).  Every evaluation rolls back: ``find_victims`` is a dry run
 (its ``explanation`` feeds ``gpufleet explain``); ``preempt`` carries it out.
+
+A pod that evicts may also take room a plugin holds for pods not yet here (``take_held``; the
+default's CPU reserve): nobody is evicted to keep room for demand that has not come.  Callers
+place it with ``take_held`` once its victims are gone.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ def _rank(victims: Sequence[Assignment]) -> tuple[int, int, int, int]:
 
 
 def _fits_on(sched: Scheduler, r: PodRequest, node: int) -> bool:
-    c = sched.new_cycle(r)
+    c = sched.new_cycle(r, take_held=True)  # a pod that evicts may also take room held for pods not yet here
     mask = np.zeros(len(sched.state), dtype=bool)
     mask[node] = True
     c.only_nodes = mask
@@ -266,7 +270,7 @@ def find_gang_victims(sched: Scheduler, group: str, members: Sequence[PodRequest
         for r in sorted(members, key=lambda r: (-r.total_gpu_milli, -r.cpu_milli, r.key)):
             if placed >= need:
                 break
-            dec = sched.decide(sched.new_cycle(r))
+            dec = sched.decide(sched.new_cycle(r, take_held=True))
             if not dec.ok:
                 plan = find_victims(sched, r, pdbs=pdbs, **kw)
                 if plan is None or _budget_check(pdbs, labels, victims + plan.victims):
@@ -274,7 +278,7 @@ def find_gang_victims(sched: Scheduler, group: str, members: Sequence[PodRequest
                 for a in plan.victims:
                     tx.evict(a.pod_key)
                 victims.extend(plan.victims)
-                dec = sched.decide(sched.new_cycle(r))
+                dec = sched.decide(sched.new_cycle(r, take_held=True))
                 if not dec.ok:
                     return None
             tx.reserve(dec.assignment)  # type: ignore[arg-type]

@@ -103,7 +103,11 @@ class Backoff:
 @dataclass
 class RoomPlan:
     """Victims whose deletion lets a pod fit: ``kind`` is ``reclaimed`` (quota its queue lent out)
-    or ``preempted`` (lower priority); ``node`` is the nominated node for preemption."""
+    or ``preempted`` (lower priority); ``node`` is the nominated node for preemption.
+
+    ``kind`` ``held``: no victims; the pod fits in room a plugin holds for pods not yet here (the
+    default policy's CPU reserve), and the caller places it there (``Scheduler.schedule(take_held=True)``)
+    rather than evict ``explanation``'s pods for it."""
 
     kind: str
     victims: list[Assignment]
@@ -119,13 +123,23 @@ def plan_room(sched: Scheduler, tree: QueueTree | None, req: PodRequest,
 
     ``preemption_args`` gives ``find_victims``'s keyword arguments (``pdbs``, ``pod_labels``,
     ``age_rank``, candidate bounds); it is called only when preemption is considered.
-    ``exclude``: pods that are never victims (already on their way out, held by a gang)."""
-    if tree is not None:
-        rp = tree.plan_reclaim(sched, req, exclude=exclude)
-        if rp is not None:
-            return RoomPlan("reclaimed", rp.victims, rp.explanation,
-                            f"reclaimed: queue {req.queue} needs its quota back for {req.key}")
-    if not req.preempt_never and any(a.priority < req.priority for a in sched.state.assignments.values()):
+    ``exclude``: pods that are never victims (already on their way out, held by a gang).
+
+    Held room goes before running pods: a pod that could reclaim or preempt but also fits in room a
+    plugin holds for pods not yet here (the default's CPU reserve) gets a ``held`` plan, and nobody is
+    evicted.  The dry runs let it take held room as well (``take_held``), and so must the caller when
+    it places the pod after its victims are gone."""
+    reclaim = tree.plan_reclaim(sched, req, exclude=exclude) if tree is not None else None
+    may_preempt = not req.preempt_never and any(a.priority < req.priority for a in sched.state.assignments.values())
+    node = held_room_node(sched, req) if reclaim is not None or may_preempt else None
+    if node is not None:
+        return RoomPlan("held", [], [f"{req.key} (priority {req.priority}) takes room held for pods not yet here "
+                                     f"on {node} rather than evict anyone"],
+                        f"{req.key} placed in held room, nobody evicted", node)
+    if reclaim is not None:
+        return RoomPlan("reclaimed", reclaim.victims, reclaim.explanation,
+                        f"reclaimed: queue {req.queue} needs its quota back for {req.key}")
+    if may_preempt:
         plan = find_victims(sched, req, exclude=exclude, **(preemption_args() if preemption_args else {}))
         if plan is not None:
             return RoomPlan("preempted", plan.victims, plan.explanation,
@@ -133,4 +147,10 @@ def plan_room(sched: Scheduler, tree: QueueTree | None, req: PodRequest,
     return None
 
 
-__all__ = ["Backoff", "QueuedPod", "RoomPlan", "next_backoff_s", "order_pending", "plan_room", "sort_key"]
+def held_room_node(sched: Scheduler, req: PodRequest) -> str | None:
+    """The node a pod would go to if it may take room plugins hold for pods not yet here; a dry run."""
+    cycle = sched.new_cycle(req, take_held=True)
+    return cycle.assignment.node if sched.decide(cycle).ok and cycle.assignment is not None else None
+
+
+__all__ = ["Backoff", "QueuedPod", "RoomPlan", "held_room_node", "next_backoff_s", "order_pending", "plan_room", "sort_key"]

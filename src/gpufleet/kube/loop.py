@@ -74,7 +74,7 @@ from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
 from ..engine.plugins.queuequota import QueueQuota
 from ..engine.queues import QueueTree
-from ..engine.schedqueue import QueuedPod, order_pending
+from ..engine.schedqueue import QueuedPod, held_room_node, order_pending
 from ..engine.schedqueue import plan_room as plan_room  # the live loop's and the replay's shared planner (tests check)
 from ..engine.state import ClusterState
 from .api import (
@@ -386,6 +386,8 @@ class SchedulerLoop:
         if had_hold and not self.gangs.held:
             self.wake_all()  # a hold ended: what it kept out may fit now
         for res in results:
+            if not res.ok and self.preemption:  # held room before running pods (see schedqueue.plan_room)
+                res = self.preemptor.place_gang_in_held_room(res.group, self.gangs) or res
             for d in res.placed:
                 pod = self.queue.pending.get(d.pod_key)
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
@@ -415,7 +417,8 @@ class SchedulerLoop:
             self.queue.defer(key)
             return "invalid"
         try:
-            dec = self.cache.sched.schedule(req, waited_s=self.queue.waited_s(key, t0))
+            dec = self.cache.sched.schedule(req, waited_s=self.queue.waited_s(key, t0),
+                                            take_held=key in self.preemptor.nominated)  # victims went for it: held room too
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("engine error on %s", key)
             self.count_attempt("error", t0)
@@ -426,14 +429,23 @@ class SchedulerLoop:
             dec, why = self._past_a_hold(req, dec)
         else:
             why = ""
+        room = None
+        if not dec.ok and self.preemption:
+            try:
+                room = self.preemptor.plan(key, req, self.gangs)
+            except Exception:  # a planning bug must not stop the loop
+                log.exception("making room for %s failed", key)
+            if room is not None and room.kind == "held":  # room held for pods not yet here, not a running pod
+                log.info("%s", room.explanation[0])
+                dec = self.cache.sched.schedule(req, waited_s=self.queue.waited_s(key, t0), take_held=True)
         if not dec.ok:
             self.count_attempt("unschedulable", t0)
             self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
             self.queue.defer(key, self.gangs.hold_deadline() if why else None)
-            if self.preemption:
+            if room is not None:
                 try:
-                    self.preemptor.make_room(key, pod, req, self.gangs)
-                except Exception:  # a planning bug must not stop the loop
+                    self.preemptor.carry_out(key, pod, room)
+                except Exception:  # an eviction bug must not stop the loop
                     log.exception("making room for %s failed", key)
             return "unschedulable"
         assert dec.assignment is not None
@@ -499,13 +511,18 @@ class SchedulerLoop:
             fits = f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)"  # type: ignore[union-attr]
             return fits + (f"\n  {gang}" if gang else ""), by_node
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
+        rp = None
         if self.cache.tree is not None:
             rp = self.cache.tree.plan_reclaim(self.cache.sched, req, exclude=self.preemptor.leaving())
-            if rp is not None:
-                msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
+        may_preempt = not req.preempt_never and any(a.priority < req.priority for a in self.cache.state.assignments.values())
+        if (rp is not None or may_preempt) and (node := held_room_node(self.cache.sched, req)) is not None:
+            return msg + (f"\n  held room (dry run): fits on {node} in room held for pods not yet here, and takes it "
+                          f"rather than evict anyone"), by_node
+        if rp is not None:
+            msg += "\n  reclaim (dry run): " + "; ".join(rp.explanation)
         if req.preempt_never:
             msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
-        elif any(a.priority < req.priority for a in self.cache.state.assignments.values()):
+        elif may_preempt:
             lines = explain_preemption(self.cache.sched, req, pdbs=self.cache.objects.budgets, pod_labels=self.cache.pod_labels(),
                                        age_rank=self.cache.age_rank(), exclude=self.preemptor.leaving())
             msg += "\n  " + "\n  ".join(lines)

@@ -15,10 +15,10 @@ import logging
 import time
 from typing import Callable
 
-from ..engine.gang import GangScheduler
+from ..engine.gang import GangResult, GangScheduler
 from ..engine.model import Assignment, PodRequest
 from ..engine.preemption import find_gang_victims
-from ..engine.schedqueue import plan_room
+from ..engine.schedqueue import RoomPlan, plan_room
 from .api import SchedulerApi
 from .evictor import Evictions
 from .loop_support import ClusterView, EventSink, _names_any
@@ -61,17 +61,22 @@ class Preemptor:
     def _planned(self, t0: float) -> None:
         self.plan_debt_s += time.monotonic() - t0
 
-    def make_room(self, key: str, pod: dict, req: PodRequest, gangs: GangScheduler) -> None:
-        """Reclaim lent quota, else preempt lower-priority pods; delete the victims through the API."""
-        now = self.clock()
+    def plan(self, key: str, req: PodRequest, gangs: GangScheduler) -> RoomPlan | None:
+        """Reclaim lent quota, else preempt lower-priority pods: the plan (a dry run), or None when
+        room is already on its way, planning is over its share, or nothing would make room.
+        A ``held`` plan evicts nobody: the caller places the pod with ``take_held``."""
         nom = self.nominated.get(key)
-        if nom is not None and self._still_leaving(nom, now):
-            return  # victims already on their way out
+        if nom is not None and self._still_leaving(nom, self.clock()):
+            return None  # victims already on their way out
         if not self.planning_allowed():
-            return
+            return None
         t0 = time.monotonic()
         try:
-            self._plan_and_evict(key, pod, req, now, gangs)
+            leaving = self.leaving() | set(gangs.held)  # held pods are not running: nothing to evict
+            cache = self.cache
+            return plan_room(cache.sched, cache.tree, req, lambda: dict(
+                pdbs=cache.objects.budgets, pod_labels=cache.pod_labels(), age_rank=cache.age_rank(),
+                **self._candidate_bound()), exclude=leaving)
         finally:
             self._planned(t0)
 
@@ -85,14 +90,11 @@ class Preemptor:
         """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
         return self.evictions.leaving(self.cache.bound_pods)
 
-    def _plan_and_evict(self, key: str, pod: dict, req: PodRequest, now: float, gangs: GangScheduler) -> None:
-        leaving = self.leaving() | set(gangs.held)  # held pods are not running: nothing to evict
-        cache = self.cache
-        rp = plan_room(cache.sched, cache.tree, req, lambda: dict(
-            pdbs=cache.objects.budgets, pod_labels=cache.pod_labels(), age_rank=cache.age_rank(), **self._candidate_bound()),
-            exclude=leaving)
-        if rp is None or not rp.victims:
+    def carry_out(self, key: str, pod: dict, rp: RoomPlan) -> None:
+        """Delete a plan's victims through the API and nominate the pod until they are gone."""
+        if not rp.victims:
             return
+        now = self.clock()
         reason, kind, lines, node = rp.reason, rp.kind, rp.explanation, rp.node or ""
         done = self._evict(rp.victims, reason, kind, key)
         if done is None:
@@ -114,28 +116,44 @@ class Preemptor:
             except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
                 log.info("could not set nominatedNodeName on %s: %s", key, exc)
 
-    def make_room_for_gang(self, group: str, gangs: GangScheduler) -> None:
-        """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
+    def _gang_wants_room(self, group: str, gangs: GangScheduler) -> tuple[list[PodRequest], int, int, float] | None:
+        """(members to make room for, how many must fit, their lowest priority, now) for a complete gang
+        that may preempt; None when it may not, or room is already on its way."""
         g = gangs.gangs.get(group)
         if g is None:
-            return
+            return None
         need = max(g.group.min_member - len(g.running), 1)
         if len(g.members) < need:
-            return  # not all there yet: nothing to make room for
+            return None  # not all there yet: nothing to make room for
         held = set(gangs.held) if gangs.holder == group else set()
         members = [r for r in g.members.values() if r.key not in held]  # held ones already have their room
         if any(r.preempt_never for r in members):
-            return  # preemptionPolicy: Never on a member: the gang waits
+            return None  # preemptionPolicy: Never on a member: the gang waits
         need -= len(held)
         if need <= 0 or not members:
-            return
+            return None
         now = self.clock()
         noms = [self.nominated.get(r.key) for r in members]
         if any(n is not None and self._still_leaving(n, now) for n in noms):
-            return
+            return None
         prio = min(r.priority for r in members)
-        if not any(a.priority < prio for a in self.cache.state.assignments.values()) or not self.planning_allowed():
+        if not any(a.priority < prio for a in self.cache.state.assignments.values()):
+            return None
+        return members, need, prio, now
+
+    def place_gang_in_held_room(self, group: str, gangs: GangScheduler) -> GangResult | None:
+        """A gang that could preempt goes first into room held for pods not yet here: the gang
+        placed there (the caller binds it), or None when that is not enough."""
+        if self._gang_wants_room(group, gangs) is None:
+            return None
+        return gangs.place_in_held_room(group, self.clock())
+
+    def make_room_for_gang(self, group: str, gangs: GangScheduler) -> None:
+        """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
+        want = self._gang_wants_room(group, gangs)
+        if want is None or not self.planning_allowed():
             return
+        members, need, prio, now = want
         t0 = time.monotonic()
         try:
             plan = find_gang_victims(self.cache.sched, group, members, need, pdbs=self.cache.objects.budgets,

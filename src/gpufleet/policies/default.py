@@ -336,11 +336,13 @@ class StrandAwareFragScore(FGDScore):
         Off until a workload is learned (``refresh_every`` GPU pods) and while CPU demand, scaled to
         fill the GPUs, stays under ``reserve_tight`` x the cluster's CPU.  A pod that has waited
         ``reserve_max_wait_s`` may use the reserve: GPU demand that stopped coming holds no CPU for long.
+        So may a pod that would otherwise evict running pods (``cycle.take_held``): CPU kept for GPU pods
+        that have not come is never worth a running pod.
         """
         r = cycle.request
         n = len(state)
-        if (not self.cpu_reserve or r.gpu_count or r.cpu_milli <= 0 or cycle.waited_s >= self.reserve_max_wait_s
-                or not self._reserve_on(state)):
+        if (not self.cpu_reserve or r.gpu_count or r.cpu_milli <= 0 or cycle.take_held
+                or cycle.waited_s >= self.reserve_max_wait_s or not self._reserve_on(state)):
             return FilterResult(np.ones(n, dtype=bool), passes_all=True)
         free_gpu = np.where(state.gpu_usable, state.gpu_free_milli, 0).sum(axis=1)
         need = self.cpu_reserve * (self._sums[1] / self._sums[0]) * free_gpu

@@ -152,7 +152,8 @@ def run_queue_replay(nodes: Sequence[Node], pods: Sequence[TracePod], policy: st
 
     def place(name: str, now: int, try_reclaim: bool) -> bool:
         r = reqs[name]
-        if sched.schedule(r).ok:
+        waited_s = float(now - arrived.get(name, now))  # the default's CPU reserve lets a pod in after a while
+        if sched.schedule(r, waited_s=waited_s).ok:
             placed(name, now)
             return True
         if not (reclaim and try_reclaim and r.gpu_count):
@@ -164,7 +165,7 @@ def run_queue_replay(nodes: Sequence[Node], pods: Sequence[TracePod], policy: st
         for v in plan.victims:
             run.preemptions[v.queue] += 1  # type: ignore[index]
             pending[v.pod_key.split("/", 1)[1]] = None  # back to waiting
-        if sched.schedule(r).ok:
+        if sched.schedule(r, waited_s=waited_s, take_held=True).ok:  # as the plan's dry run
             placed(name, now)
             return True
         return False  # pragma: no cover - the plan was checked against this state

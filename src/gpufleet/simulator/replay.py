@@ -131,6 +131,7 @@ class ReplayRun:
     pods_never_placed: int = 0
     preemptions: int = 0
     reclaims: int = 0
+    held_taken: int = 0  # pods placed in room a policy holds for pods not yet here rather than evicting anyone
     mean_gpu_alloc_pct: float = 0.0  # over the busy window
     mean_frag_pct: float = 0.0
     teams: dict[str, dict] = field(default_factory=dict)
@@ -299,11 +300,12 @@ class _Replay:
     def _lower_running(self, priority: int) -> bool:
         return any(p < priority and c for p, c in self.running_by_prio.items())
 
-    def place(self, i: int, now: float, checked: bool = False) -> bool:
+    def place(self, i: int, now: float, checked: bool = False, take_held: bool = False) -> bool:
         r = self.reqs[i]
         if not checked and not could_fit(self.state, r):
             return False
-        dec = self.sched.schedule(r, waited_s=now - self.arrived_at.get(i, now))
+        dec = self.sched.schedule(r, waited_s=now - self.arrived_at.get(i, now),
+                                  take_held=take_held or r.key in self.nominated)  # victims went for it: held room too
         if not dec.ok:
             if dec.status.plugin == "QueueQuota":
                 self.quota_blocked.add(self.waiting.group_of[i])
@@ -381,13 +383,17 @@ class _Replay:
         if not self.plans.ready(key, ep, now):
             return False  # nothing it could take came, or it planned in vain a moment ago
         rp = plan_room(self.sched, self.tree, r)
+        if rp is not None and rp.kind == "held":
+            ok = self.place(i, now, take_held=True)
+            self.result.held_taken += ok
+            return ok
         if rp is None or not rp.victims:
             self.plans.failed(key, ep, now)
             return False
         self.evict(rp.victims, rp.kind, now)
         self.backoff.wake_all()
         self.nominated.add(r.key)
-        return self.place(i, now)
+        return self.place(i, now, take_held=True)
 
     def make_room_for_gang(self, group: str, now: float) -> bool:
         """The loop's ``Preemptor.make_room_for_gang``: lower-priority victims for the whole gang at once."""
@@ -406,6 +412,12 @@ class _Replay:
             return False
         key, ep = ("gang", group), (0, self._lower_placed(prio))
         if not self.plans.ready(key, ep, now):
+            return False
+        placed = gangs.place_in_held_room(group, now)  # held room before running pods
+        if placed is not None:
+            for d in placed.placed:
+                self.placed(self.by_key[d.pod_key], now)
+            self.result.held_taken += len(placed.placed)
             return False
         plan = find_gang_victims(self.sched, group, members, need)
         if plan is None:

@@ -403,7 +403,7 @@ class QueueTree:
                 for a in u:
                     tx.evict(a.pod_key)
                 taken.append(u)
-                if sched.decide(sched.new_cycle(r)).ok:
+                if sched.decide(sched.new_cycle(r, take_held=True)).ok:  # held room as well (see preemption)
                     break
             else:
                 return None
@@ -413,7 +413,7 @@ class QueueTree:
                     continue
                 for a in u:
                     st.reserve(a)
-                if sched.decide(sched.new_cycle(r)).ok:
+                if sched.decide(sched.new_cycle(r, take_held=True)).ok:  # held room as well (see preemption)
                     taken.remove(u)
                     tx.removed = [x for x in tx.removed if x not in u]
                 else:
