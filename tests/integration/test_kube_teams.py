@@ -198,3 +198,46 @@ def test_a_high_priority_gang_preempts_room_for_all_members(control_plane, admin
         assert any(r == "Preempting" for _, r, _ in ev_reasons(admin, ns))
     finally:
         s.stop()
+
+
+def test_a_high_priority_pod_takes_cpu_kept_for_free_gpus_rather_than_evict(control_plane, admin, core, crds, nodes):
+    # the default's CPU reserve, live: 64 waiting GPU pods ask 33 cores per GPU (none fits), so the GPU node keeps
+    # its CPU from CPU-only pods; a low-priority CPU-only pod goes to the CPU-only node.  A high-priority one then
+    # takes the kept CPU; evicting the low-priority pod to keep CPU for GPU pods that have not come would be wrong.
+    from kubernetes import client
+
+    tag = uuid.uuid4().hex[:6]
+    client.SchedulingV1Api(admin).create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                                         "metadata": {"name": f"urgent-{tag}"}, "value": 1000})
+    ns = namespace(core)
+    nodes(f"{tag}-g0", 4, cpu="32")
+    nodes(f"{tag}-c0", 0, cpu="16")
+    s = Sched(str(control_plane.kubeconfig), f"gpufleet-{tag}")
+
+    def body(name: str, cpu: str, gpus: int = 0) -> dict:
+        b = pod_body(name, gpus=gpus, scheduler=f"gpufleet-{tag}")
+        b["spec"]["containers"][0]["resources"]["requests"]["cpu"] = cpu
+        return b
+
+    try:
+        for i in range(64):
+            core.create_namespaced_pod(ns, body(f"gpu{i}", "33", gpus=1))
+        assert wait_until(lambda: len(s.loop.queue.pending) >= 64, 20)
+        core.create_namespaced_pod(ns, body("low", "16"))
+        assert wait_until(lambda: "low" in bound(core, ns), 15), ev_reasons(admin, ns)
+        assert bound(core, ns)["low"].spec.node_name == f"{tag}-c0"
+        urgent = body("urgent", "8")
+        urgent["spec"]["priorityClassName"] = f"urgent-{tag}"
+        core.create_namespaced_pod(ns, urgent)
+        assert wait_until(lambda: "urgent" in bound(core, ns), 15), ev_reasons(admin, ns)
+        assert bound(core, ns)["urgent"].spec.node_name == f"{tag}-g0"
+        time.sleep(1.0)
+        assert "low" in bound(core, ns)
+        assert not [r for _, r, _ in ev_reasons(admin, ns) if r in ("Preempting", "Preempted")]
+        # an equal-priority twin still waits for the reserve, and is told why
+        core.create_namespaced_pod(ns, body("same", "8"))
+        assert wait_until(lambda: any(n == "same" and r == "FailedScheduling" and "kept their CPU for their free GPUs" in m
+                                      for n, r, m in ev_reasons(admin, ns)), 15), ev_reasons(admin, ns)
+        assert "same" not in bound(core, ns)
+    finally:
+        s.stop()
