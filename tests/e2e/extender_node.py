@@ -452,13 +452,17 @@ def burst(core, ns: str, scheduler: str, n: int, gpus: int = 1, milli: int | Non
         core.create_namespaced_pod(ns, pod_body(name, scheduler, gpus, milli))
 
     t0 = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(create, names))
     end = t0 + timeout_s
-    while len(bound) < want and time.monotonic() < end:
-        if during is not None:
-            during(len(bound))
-        time.sleep(0.05)
+    with ThreadPoolExecutor(threads) as pool:
+        # the waiting loop runs while the pods are still being created: a fast node binds the first ones
+        # before the last is created, and ``during`` must see the burst in flight
+        futures = [pool.submit(create, name) for name in names]
+        while (len(bound) < want or not all(f.done() for f in futures)) and time.monotonic() < end:
+            if during is not None:
+                during(len(bound))
+            time.sleep(0.05)
+        for f in futures:
+            f.result()  # a failed create fails the burst
     time.sleep(2.0)  # settle: anything more that binds now would be over-commitment
     stop.set()
     w.stop()
