@@ -234,6 +234,8 @@ def test_a_high_priority_pod_takes_cpu_kept_for_free_gpus_rather_than_evict(cont
         time.sleep(1.0)
         assert "low" in bound(core, ns)
         assert not [r for _, r, _ in ev_reasons(admin, ns) if r in ("Preempting", "Preempted")]
+        held = lambda: s.runner.metrics.registry.get_sample_value("gpufleet_held_room_placements_total")  # noqa: E731
+        assert wait_until(lambda: held() == 1, 5), held()
         # an equal-priority twin still waits for the reserve, and is told why
         core.create_namespaced_pod(ns, body("same", "8"))
         assert wait_until(lambda: any(n == "same" and r == "FailedScheduling" and "kept their CPU for their free GPUs" in m

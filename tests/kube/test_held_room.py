@@ -176,6 +176,7 @@ def test_live_a_high_priority_pod_takes_held_cpu_instead_of_evicting_a_running_p
     loop.schedule_due()
     assert not api.evicted
     assert api.binds[-1][0] == "ml/urgent" and api.binds[-1][1] in ("g0", "g1")
+    assert loop.stats.held_room == 1 and loop.stats.preempted == 0
     assert not [e for e in api.events if e["pod"] == "ml/urgent" and e["reason"] in ("FailedScheduling", "Preempting")]
 
 
@@ -186,6 +187,7 @@ def test_live_a_pod_of_equal_priority_still_waits_for_the_reserve():
     clock.t += 1
     loop.schedule_due()
     assert not api.evicted and [b for b in api.binds if b[0] == "ml/same"] == []
+    assert loop.stats.held_room == 0
     assert R in [e for e in api.events if e["pod"] == "ml/same"][-1]["message"]
 
 
@@ -201,6 +203,7 @@ def test_live_a_high_priority_gang_takes_held_cpu_instead_of_evicting():
     loop.schedule_due()
     assert not api.evicted
     assert sorted(b[0] for b in api.binds if b[0].startswith("ml/w")) == ["ml/w0", "ml/w1"]
+    assert loop.stats.held_room == 2
 
 
 def test_explain_says_a_pod_that_could_preempt_takes_held_room():

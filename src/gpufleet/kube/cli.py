@@ -104,6 +104,8 @@ class Metrics:
         self.evictions = Counter("gpufleet_evictions_total", "Pods deleted to make room, by reason (preempted, reclaimed; "
                                  "already_gone: the DELETE found the victim gone, not an eviction)",
                                  ["reason"], registry=self.registry)
+        self.held_room = Counter("gpufleet_held_room_placements_total", "Pods placed in room the policy held for pods not "
+                                 "yet here (the default's CPU reserve) rather than evict lower-priority pods", registry=self.registry)
 
     def on_attempt(self, result: str, seconds: float) -> None:
         self.attempts.labels(result).inc()

@@ -387,7 +387,10 @@ class SchedulerLoop:
             self.wake_all()  # a hold ended: what it kept out may fit now
         for res in results:
             if not res.ok and self.preemption:  # held room before running pods (see schedqueue.plan_room)
-                res = self.preemptor.place_gang_in_held_room(res.group, self.gangs) or res
+                held = self.preemptor.place_gang_in_held_room(res.group, self.gangs)
+                if held is not None:
+                    self.stats.held_room += len(held.placed)
+                    res = held
             for d in res.placed:
                 pod = self.queue.pending.get(d.pod_key)
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
@@ -438,6 +441,7 @@ class SchedulerLoop:
             if room is not None and room.kind == "held":  # room held for pods not yet here, not a running pod
                 log.info("%s", room.explanation[0])
                 dec = self.cache.sched.schedule(req, waited_s=self.queue.waited_s(key, t0), take_held=True)
+                self.stats.held_room += dec.ok
         if not dec.ok:
             self.count_attempt("unschedulable", t0)
             self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))

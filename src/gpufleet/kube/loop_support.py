@@ -45,6 +45,7 @@ class Stats:
     preempted: int = 0  # pods deleted to make room for higher priority
     reclaimed: int = 0  # borrowed pods deleted to give a queue its quota back
     already_gone: int = 0  # victims whose DELETE found them gone (404): not evictions of ours
+    held_room: int = 0  # pods placed in room the policy held for pods not yet here, rather than evict anyone
 
 
 class ClusterView(Protocol):

@@ -133,7 +133,7 @@ class Runner:
             t = threading.Thread(target=self.elector.run, args=(stop,), daemon=True, name="lease")
             t.start()
             self._threads.append(t)
-        binds_seen = 0
+        binds_seen = held_seen = 0
         evictions_seen = {"preempted": 0, "reclaimed": 0, "already_gone": 0}
         while not stop.is_set():
             leading = self.leading()
@@ -164,6 +164,9 @@ class Runner:
                     if n_ev > seen:
                         m.evictions.labels(reason).inc(n_ev - seen)
                         evictions_seen[reason] = n_ev
+                if loop.stats.held_room > held_seen:
+                    m.held_room.inc(loop.stats.held_room - held_seen)
+                    held_seen = loop.stats.held_room
                 if loop.stats.binds > binds_seen:
                     m.binds.inc(loop.stats.binds - binds_seen)
                     binds_seen = loop.stats.binds
