@@ -160,20 +160,26 @@ def _live_cpu_short():
     return api, loop, clock
 
 
-def _sync(api, loop):
+def _live_pod(name: str, cpu: str, priority: int = 0, annotations: dict | None = None) -> dict:
+    p = pod(name, gpus=0, cpu=cpu, annotations=annotations)
+    p["spec"]["priority"] = priority
+    return p
+
+
+def _submit(api, loop, clock, *pods: dict) -> None:
+    """The pods are created, the loop sees them through its watches, and a second later tries them."""
+    for p in pods:
+        api.add_pod(p)
     for kind in loop.watch_kinds:
         for t, obj in api.watch(kind, loop.rv[kind]):
             loop.handle(kind, t, obj)
+    clock.t += 1
+    loop.schedule_due()
 
 
 def test_live_a_high_priority_pod_takes_held_cpu_instead_of_evicting_a_running_pod():
     api, loop, clock = _live_cpu_short()
-    urgent = pod("urgent", gpus=0, cpu="8")
-    urgent["spec"]["priority"] = 100
-    api.add_pod(urgent)
-    _sync(api, loop)
-    clock.t += 1
-    loop.schedule_due()
+    _submit(api, loop, clock, _live_pod("urgent", "8", priority=100))
     assert not api.evicted
     assert api.binds[-1][0] == "ml/urgent" and api.binds[-1][1] in ("g0", "g1")
     assert loop.stats.held_room == 1 and loop.stats.preempted == 0
@@ -182,10 +188,7 @@ def test_live_a_high_priority_pod_takes_held_cpu_instead_of_evicting_a_running_p
 
 def test_live_a_pod_of_equal_priority_still_waits_for_the_reserve():
     api, loop, clock = _live_cpu_short()
-    api.add_pod(pod("same", gpus=0, cpu="8"))
-    _sync(api, loop)
-    clock.t += 1
-    loop.schedule_due()
+    _submit(api, loop, clock, _live_pod("same", "8"))
     assert not api.evicted and [b for b in api.binds if b[0] == "ml/same"] == []
     assert loop.stats.held_room == 0
     assert R in [e for e in api.events if e["pod"] == "ml/same"][-1]["message"]
@@ -194,13 +197,7 @@ def test_live_a_pod_of_equal_priority_still_waits_for_the_reserve():
 def test_live_a_high_priority_gang_takes_held_cpu_instead_of_evicting():
     api, loop, clock = _live_cpu_short()
     g = {"gpufleet.io/pod-group": "job", "gpufleet.io/pod-group-min-member": "2"}
-    for i in range(2):
-        p = pod(f"w{i}", gpus=0, cpu="10", annotations=g)
-        p["spec"]["priority"] = 100
-        api.add_pod(p)
-    _sync(api, loop)
-    clock.t += 1
-    loop.schedule_due()
+    _submit(api, loop, clock, *[_live_pod(f"w{i}", "10", priority=100, annotations=g) for i in range(2)])
     assert not api.evicted
     assert sorted(b[0] for b in api.binds if b[0].startswith("ml/w")) == ["ml/w0", "ml/w1"]
     assert loop.stats.held_room == 2
@@ -208,11 +205,8 @@ def test_live_a_high_priority_gang_takes_held_cpu_instead_of_evicting():
 
 def test_explain_says_a_pod_that_could_preempt_takes_held_room():
     api, loop, _ = _live_cpu_short()
-    urgent = pod("urgent", gpus=0, cpu="8")
-    urgent["spec"]["priority"] = 100
-    summary, _ = loop.explain(urgent)
+    summary, _ = loop.explain(_live_pod("urgent", "8", priority=100))
     assert R in summary and "held room (dry run): fits on g" in summary and "rather than evict anyone" in summary
     assert "preemption (dry run)" not in summary and "ml/low" in loop.state.assignments
-    same = pod("same", gpus=0, cpu="8")  # priority 0: nothing to preempt, so it waits for the reserve
-    summary, _ = loop.explain(same)
+    summary, _ = loop.explain(_live_pod("same", "8"))  # priority 0: nothing to preempt, so it waits for the reserve
     assert R in summary and "held room" not in summary
