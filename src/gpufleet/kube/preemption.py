@@ -143,10 +143,14 @@ class Preemptor:
 
     def place_gang_in_held_room(self, group: str, gangs: GangScheduler) -> GangResult | None:
         """A gang that could preempt goes first into room held for pods not yet here: the gang
-        placed there (the caller binds it), or None when that is not enough."""
-        if self._gang_wants_room(group, gangs) is None:
+        placed there (the caller binds it), or None when that is not enough.  Rationed as planning is."""
+        if self._gang_wants_room(group, gangs) is None or not self.planning_allowed():
             return None
-        return gangs.place_in_held_room(group, self.clock())
+        t0 = time.monotonic()
+        try:
+            return gangs.place_in_held_room(group, self.clock())
+        finally:
+            self._planned(t0)
 
     def make_room_for_gang(self, group: str, gangs: GangScheduler) -> None:
         """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
