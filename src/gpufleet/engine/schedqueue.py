@@ -106,8 +106,8 @@ class RoomPlan:
     or ``preempted`` (lower priority); ``node`` is the nominated node for preemption.
 
     ``kind`` ``held``: no victims; the pod fits in room a plugin holds for pods not yet here (the
-    default policy's CPU reserve), and the caller places it there (``Scheduler.schedule(take_held=True)``)
-    rather than evict ``explanation``'s pods for it."""
+    default policy's CPU reserve) on ``node``, and the caller places it there
+    (``Scheduler.schedule(take_held=True)``) rather than evict anyone for it."""
 
     kind: str
     victims: list[Assignment]
