@@ -26,11 +26,13 @@ def test_a_group_is_kept_in_queue_order_and_dropped_when_empty():
     group = w.group_of[0]
     assert [i for _, i in w.groups[group]] == [2, 0, 1]  # first seen, then name
     assert w.head(group) == 2 and 2 in w and len(w) == 3
+    assert w.count.tolist() == [3, 0]  # per group id: what the retry round skips when 0
     assert [q.key for q in w.first(group, 2)] == ["t/b", "t/c"]
     for i in (2, 0, 1):
         w.remove(i)
     assert w.head(group) is None and group not in w.groups and len(w) == 0
     w.remove(1)  # not waiting: nothing happens
+    assert w.count.tolist() == [0, 0]
 
 
 def test_priority_splits_groups():

@@ -466,7 +466,7 @@ class _Replay:
         if self.tree is not None:
             self.retry_queues(now, ok)
             return
-        heads = [e for gid in np.flatnonzero(ok) if (e := self._head_entry(w.group_list[gid])) is not None]
+        heads = [e for gid in np.flatnonzero(ok & (w.count > 0)) if (e := self._head_entry(w.group_list[gid])) is not None]
         heapq.heapify(heads)
         while heads:
             _, group = heapq.heappop(heads)

@@ -31,6 +31,7 @@ class WaitingPods:
         for g in self.group_of:
             self.group_ids.setdefault(g, len(self.group_ids))
         self.group_list = list(self.group_ids)
+        self.count = np.zeros(len(self.group_list), dtype=np.int64)  # [group id]: pods waiting in it
         first: dict[tuple, PodRequest] = {}
         for i, g in enumerate(self.group_of):
             first.setdefault(g, reqs[i])
@@ -51,12 +52,14 @@ class WaitingPods:
             r = self.reqs[i]
             q = self.queued[i] = QueuedPod(r.key, r.priority, first_seen_s, r)
             bisect.insort(self.groups.setdefault(self.group_of[i], []), (sort_key(q)[1:], i))
+            self.count[self.group_ids[self.group_of[i]]] += 1
 
     def remove(self, i: int) -> None:
         q = self.queued.pop(i, None)
         if q is not None:
             g = self.groups[self.group_of[i]]
             g.remove((sort_key(q)[1:], i))
+            self.count[self.group_ids[self.group_of[i]]] -= 1
             if not g:
                 del self.groups[self.group_of[i]]
 
