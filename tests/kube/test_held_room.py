@@ -210,3 +210,22 @@ def test_explain_says_a_pod_that_could_preempt_takes_held_room():
     assert "preemption (dry run)" not in summary and "ml/low" in loop.state.assignments
     summary, _ = loop.explain(_live_pod("same", "8"))  # priority 0: nothing to preempt, so it waits for the reserve
     assert R in summary and "held room" not in summary
+
+
+def test_explain_counts_how_long_the_pod_has_waited():
+    # the reserve lets a pod in once it has waited reserve_max_wait_s since its creation; explain must say what the
+    # scheduler's next try would do, not what it did when the pod was new
+    import datetime
+
+    api, loop, clock = _live_cpu_short()
+    old = _live_pod("old", "8")
+    created = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=11)
+    old["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.add_pod(old)
+    for kind in loop.watch_kinds:
+        for t, obj in api.watch(kind, loop.rv[kind]):
+            loop.handle(kind, t, obj)
+    summary, _ = loop.explain(old)
+    assert summary.startswith("fits: best node g"), summary
+    summary, _ = loop.explain(_live_pod("new", "8"))  # not seen by the queue yet: it has not waited
+    assert R in summary

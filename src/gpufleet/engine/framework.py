@@ -419,9 +419,9 @@ class Scheduler:
             return Decision(request.key, Status.error(f"bind failed: {exc}"), feasible_nodes=dec.feasible_nodes)
         return dec
 
-    def explain(self, request: PodRequest) -> Decision:
-        """Like ``decide`` but keeps the per-node reasons; never reserves."""
-        return self.decide(self.new_cycle(request), explain=True)
+    def explain(self, request: PodRequest, waited_s: float = 0.0) -> Decision:
+        """Like ``decide`` but keeps the per-node reasons; never reserves.  ``waited_s`` as for ``schedule``."""
+        return self.decide(self.new_cycle(request, waited_s), explain=True)
 
     def forget(self, pod_key: str) -> Assignment | None:
         """A pod left (finished, deleted): release its devices."""

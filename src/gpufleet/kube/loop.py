@@ -503,7 +503,7 @@ class SchedulerLoop:
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
         req = self.cache.request(pod_key(pod), pod)
-        dec = self.cache.sched.explain(req)
+        dec = self.cache.sched.explain(req, waited_s=self.queue.waited_s(req.key, self.clock()))  # as its next try would
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
         for name, why in self.cache.bad_nodes.items():
             by_node[name] = f"left out: {why}"
