@@ -124,6 +124,7 @@ import numpy as np
 from ..engine.config import Registry
 from ..engine.framework import Cycle, FilterResult
 from ..engine.model import GPU_MILLI, PodRequest
+from ..engine.plugins._common import all_pass
 from ..engine.state import ClusterState
 from . import arcflow
 from .paper._common import take_packed
@@ -343,7 +344,7 @@ class StrandAwareFragScore(FGDScore):
         n = len(state)
         if (not self.cpu_reserve or r.gpu_count or r.cpu_milli <= 0 or cycle.take_held
                 or cycle.waited_s >= self.reserve_max_wait_s or not self._reserve_on(state)):
-            return FilterResult(np.ones(n, dtype=bool), passes_all=True)
+            return FilterResult(all_pass(n), passes_all=True)
         free_gpu = np.where(state.gpu_usable, state.gpu_free_milli, 0).sum(axis=1)
         need = self.cpu_reserve * (self._sums[1] / self._sums[0]) * free_gpu
         ok = (free_gpu == 0) | (state.cpu_free - r.cpu_milli >= need)

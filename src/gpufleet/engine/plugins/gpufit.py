@@ -13,6 +13,7 @@ import numpy as np
 from ..framework import Cycle, FilterResult
 from ..model import GPU_MILLI, PodRequest
 from ..state import ClusterState
+from ._common import all_pass
 
 
 def model_mask(state: ClusterState, r: PodRequest) -> np.ndarray | None:
@@ -66,7 +67,7 @@ class GpuFit:
         r = cycle.request
         n = len(state)
         if r.gpu_count == 0:
-            return FilterResult(np.ones(n, dtype=bool), passes_all=True)
+            return FilterResult(all_pass(n), passes_all=True)
         k = r.gpu_count
         mm = model_mask(state, r)
         if r.mig_profile:
