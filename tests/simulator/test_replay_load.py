@@ -49,6 +49,9 @@ def test_load_scaling_hits_the_target_and_keeps_run_times(tiny):
         scaled, _ = wl.at_load(x, gpus)
         assert scaled.offered_load(gpus) == pytest.approx(x, rel=1e-3)
         assert np.array_equal(scaled.run_s[: len(pods)], wl.run_s)  # run times kept
+        assert np.array_equal(scaled.gpu, [r.total_gpu_milli / 1000 for r in scaled.requests])  # carried, not recomputed
+    k = wl.scaled(2.0)
+    assert k.requests is wl.requests and k.arrival_s is not wl.arrival_s and np.isnan(wl.arrival_s).sum() == np.isnan(k.arrival_s).sum()
     lo, _ = wl.at_load(0.5, gpus, copies=3)
     hi, _ = wl.at_load(1.0, gpus, copies=3)
     assert np.nanmax(lo.arrival_s) > np.nanmax(hi.arrival_s)  # higher load: arrivals closer together

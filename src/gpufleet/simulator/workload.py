@@ -9,6 +9,8 @@ arrival and run times.
 
 from __future__ import annotations
 
+import copy
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -65,7 +67,9 @@ class Workload:
         if m.any():
             t0 = a[m].min()
             a[m] = t0 + (a[m] - t0) * k
-        return replace(self, arrival_s=a)
+        out = copy.copy(self)  # same pods: not ``replace``, which works out every pod's GPUs again (80 times in ``at_load``)
+        out.arrival_s = a
+        return out
 
     def tiled(self, n: int) -> Workload:
         """The trace's arrivals repeated ``n`` times back to back (copy j's pods named ``<name>~j``),
