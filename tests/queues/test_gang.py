@@ -232,3 +232,20 @@ def test_a_complete_gang_is_checked_against_its_queue_as_a_whole():
     out = _arrive(gs, m[2:], 1)
     assert not out["default/g"].ok and "GPU quota 4 exhausted" in out["default/g"].status.message
     assert gs.held == [] and state.allocated_gpu_milli() == 0 and tree.used("t", "gpu_milli") == 0
+
+
+@pytest.mark.parametrize("case, members, want", [
+    ("complete", [("w0", False), ("w1", False)], (2, 100)),
+    ("not all there", [("w0", False)], None),
+    ("a member that never preempts", [("w0", False), ("w1", True)], None),
+])
+def test_room_wanted_is_what_the_live_loop_and_the_replay_make_room_for(case, members, want):
+    from dataclasses import replace
+
+    _, sched, _ = cluster()
+    gangs = GangScheduler(sched)
+    for name, never in members:
+        gangs.add(replace(gpu_pod(name, prio=100, group="job", group_min=2), preempt_never=never), now=0.0)
+    got = gangs.room_wanted("default/job")
+    assert (None if got is None else (got[1], got[2])) == want, case
+    assert gangs.room_wanted("default/nosuch") is None

@@ -412,6 +412,23 @@ class GangScheduler:
             g.running.add(d.pod_key)
         g.placed = True
 
+    def room_wanted(self, group: str) -> tuple[list[PodRequest], int, int] | None:
+        """(members to make room for, how many of them must fit, their lowest priority) for a complete
+        gang that may preempt, or None: unknown, not complete, nothing left to place, or a member
+        with ``preemptionPolicy: Never``.  Members held by the gang's own hold already have room."""
+        g = self.gangs.get(group)
+        if g is None:
+            return None
+        need = max(g.group.min_member - len(g.running), 1)
+        if len(g.members) < need:
+            return None  # not all there yet: nothing to make room for
+        held = set(self._held) if self.holder == group else set()
+        members = [r for r in g.members.values() if r.key not in held]
+        need -= len(held)
+        if need <= 0 or not members or any(r.preempt_never for r in members):
+            return None
+        return members, need, min(r.priority for r in members)
+
     def place_in_held_room(self, group: str, now: float) -> GangResult | None:
         """Preemption would evict for ``group``: place it now if room that plugins hold for pods not
         yet here is enough (the placed result), else None.  Either way the gang may take held room

@@ -118,25 +118,16 @@ class Preemptor:
 
     def _gang_wants_room(self, group: str, gangs: GangScheduler) -> tuple[list[PodRequest], int, int, float] | None:
         """(members to make room for, how many must fit, their lowest priority, now) for a complete gang
-        that may preempt; None when it may not, or room is already on its way."""
-        g = gangs.gangs.get(group)
-        if g is None:
+        that may preempt (``GangScheduler.room_wanted``) while lower-priority pods run; None when it may
+        not, or room is already on its way."""
+        want = gangs.room_wanted(group)
+        if want is None:
             return None
-        need = max(g.group.min_member - len(g.running), 1)
-        if len(g.members) < need:
-            return None  # not all there yet: nothing to make room for
-        held = set(gangs.held) if gangs.holder == group else set()
-        members = [r for r in g.members.values() if r.key not in held]  # held ones already have their room
-        if any(r.preempt_never for r in members):
-            return None  # preemptionPolicy: Never on a member: the gang waits
-        need -= len(held)
-        if need <= 0 or not members:
-            return None
+        members, need, prio = want
         now = self.clock()
         noms = [self.nominated.get(r.key) for r in members]
         if any(n is not None and self._still_leaving(n, now) for n in noms):
             return None
-        prio = min(r.priority for r in members)
         if not any(a.priority < prio for a in self.cache.state.assignments.values()):
             return None
         return members, need, prio, now

@@ -398,16 +398,10 @@ class _Replay:
     def make_room_for_gang(self, group: str, now: float) -> bool:
         """The loop's ``Preemptor.make_room_for_gang``: lower-priority victims for the whole gang at once."""
         gangs = self.gangs
-        g = gangs.gangs.get(group) if gangs is not None else None
-        if gangs is None or g is None or not self.preemption:
+        want = gangs.room_wanted(group) if gangs is not None and self.preemption else None
+        if gangs is None or want is None:
             return False
-        need = max(g.group.min_member - len(g.running), 1)
-        held = set(gangs.held) if gangs.holder == group else set()
-        members = [m for m in g.members.values() if m.key not in held]
-        need -= len(held)
-        if len(g.members) < need + len(held) or need <= 0 or not members:
-            return False
-        prio = min(m.priority for m in members)
+        members, need, prio = want
         if not self._lower_running(prio):
             return False
         key, ep = ("gang", group), (0, self._lower_placed(prio))
