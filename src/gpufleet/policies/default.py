@@ -122,9 +122,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..engine.config import Registry
-from ..engine.framework import Cycle, FilterResult
+from ..engine.framework import Cycle, FilterResult, GpuChoice
 from ..engine.model import GPU_MILLI, PodRequest
 from ..engine.plugins._common import all_pass
+from ..engine.plugins.gpufit import eligible_gpus, model_mask
 from ..engine.state import ClusterState
 from . import arcflow
 from .paper._common import take_packed
@@ -156,7 +157,9 @@ class StrandAwareFragScore(FGDScore):
     pattern_penalty: float = 50.0  # ... and loses this when it is not
     cpu_reserve: float = 1.0  # filter: once CPU binds first, a GPU node keeps this share of the CPU its free GPUs need (mean ratio) from CPU-only pods; 0: off
     reserve_tight: float = 1.0  # ... "CPU binds first": CPU demand / CPU capacity at full GPU demand >= this
-    reserve_max_wait_s: float = 600.0  # ... a CPU-only pod that has waited this long may use the reserve (live, replay)
+    reserve_max_wait_s: float = 600.0  # ... a CPU-only pod that has waited this long may use the reserve (live, replay); the whole-GPU reserve too
+    whole_reserve: float = 0.05  # filter: once GPUs bind first, while fewer than this share of a pod's usable GPUs are whole and free, a share that would leave most of a whole GPU's rest idle does not get one; 0: off
+    whole_fill_min: float = 0.5  # ... "would leave it idle": the shares seen that fit beside it bring less than this x the room it leaves
     _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
     _rhos: tuple | None = field(default=None, repr=False)
     _pinned: dict = field(default_factory=dict, repr=False)  # frozenset(models) -> GPU milli of pods pinned to them
@@ -171,6 +174,7 @@ class StrandAwareFragScore(FGDScore):
     _q_rhos: np.ndarray | None = field(default=None, repr=False)  # this cycle's ratio quantiles, None: the mean ratio
     _share_sizes: Counter = field(default_factory=Counter, repr=False)  # single-GPU share size (PATTERN_STEP units) -> pods
     _patterns: tuple | None = field(default=None, repr=False)  # (version, {size: bool[load]}, the sizes it was solved for)
+    _idle_cache: dict = field(default_factory=dict, repr=False)  # (version, share milli) -> _leaves_idle
 
     # --- what is learned -----------------------------------------------------------
     def _note(self, r: PodRequest) -> None:
@@ -342,17 +346,83 @@ class StrandAwareFragScore(FGDScore):
         """
         r = cycle.request
         n = len(state)
-        if (not self.cpu_reserve or r.gpu_count or r.cpu_milli <= 0 or cycle.take_held
-                or cycle.waited_s >= self.reserve_max_wait_s or not self._reserve_on(state)):
+        if cycle.take_held or cycle.waited_s >= self.reserve_max_wait_s:
+            return FilterResult(all_pass(n), passes_all=True)
+        if r.gpu_count:
+            return self._whole_reserve(cycle, state)
+        if not self.cpu_reserve or r.cpu_milli <= 0 or not self._reserve_on(state):
             return FilterResult(all_pass(n), passes_all=True)
         free_gpu = np.where(state.gpu_usable, state.gpu_free_milli, 0).sum(axis=1)
         need = self.cpu_reserve * (self._sums[1] / self._sums[0]) * free_gpu
         ok = (free_gpu == 0) | (state.cpu_free - r.cpu_milli >= need)
         return FilterResult(ok, (self.RESERVE_REASON,), passes_all=bool(ok.all()))
 
+    # --- the whole-GPU reserve (filter) -----------------------------------------------------------
+    WHOLE_REASON = "node(s) kept their whole GPUs for pods that fill them (whole GPUs are scarce)"
+    KEPT = "StrandAwareFragScore/whole-kept"  # cycle.data key: this share may only join a GPU in use
+
+    def _whole_reserve(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        """Once GPUs bind first and whole free GPUs are scarce, a share that would waste most of one goes on a used GPU.
+
+        Applies to a single-GPU share whose room left on a whole GPU (1000 - its milli) the shares seen
+        would mostly not fill: the shares that fit in that room bring less than ``whole_fill_min`` x the
+        room such pods leave (an 810 leaves 190, and pods of 190 milli or less are a few % of that on the
+        Alibaba traces).  Whole GPUs count only where the node's free CPU can feed them, at the mean CPU
+        per GPU of the GPU pods seen: a whole GPU that no whole-GPU pod could get the CPU for is not worth
+        keeping.  While fewer than ``whole_reserve`` of the GPUs the pod may use are such GPUs, a node that
+        has one passes only if a GPU in use there takes the pod, and the GPU selector keeps off its whole
+        GPUs (``cycle.data[KEPT]``: the nodes whose whole GPUs are kept).
+        """
+        r = cycle.request
+        n = len(state)
+        if (not self.whole_reserve or r.gpu_count != 1 or not 0 < r.gpu_milli < GPU_MILLI or r.mig_profile
+                or not self._learned() or not self._cpu_spare_for_whole(state) or not self._leaves_idle(r.gpu_milli)):
+            return FilterResult(all_pass(n), passes_all=True)
+        mm = model_mask(state, r)
+        usable = state.gpu_usable if mm is None else state.gpu_usable & mm[state.gpu_model]
+        whole = usable & (state.gpu_free_milli >= GPU_MILLI)
+        per_gpu_cpu = self._sums[1] / max(self._sums[0], 1.0) * GPU_MILLI
+        fed = whole.sum(axis=1)
+        if per_gpu_cpu > 0:
+            fed = np.minimum(fed, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
+        if fed.sum() >= self.whole_reserve * usable.sum():
+            return FilterResult(all_pass(n), passes_all=True)
+        kept = fed > 0
+        cycle.data[self.KEPT] = kept
+        ok = ~kept | (eligible_gpus(state, r) & ~whole).any(axis=1)
+        return FilterResult(ok, (self.WHOLE_REASON,), passes_all=bool(ok.all()))
+
+    def _cpu_spare_for_whole(self, state: ClusterState) -> bool:
+        """GPUs bind first, with CPU to spare for the whole GPUs the reserve keeps.
+
+        The CPU left when GPU demand fills the GPUs at the mix seen, (1 - ``_cpu_tight``) x the cluster's
+        CPU, must cover ``whole_reserve`` of the GPUs at the mean CPU per GPU: where it does not (CPU binds
+        first, or nearly: 0.975 on the tuning variant cpumore200), CPU-only pods take the CPU beside the
+        kept GPUs and they end idle.
+        """
+        if self._sums[0] <= 0:
+            return False
+        spare = (1.0 - self._cpu_tight(state)) * float(state.cpu_cap.sum())
+        return spare >= self.whole_reserve * float(state.gpu_milli_cap.sum()) * self._sums[1] / self._sums[0]
+
+    def _leaves_idle(self, milli: int) -> bool:
+        """Would a share of ``milli`` leave most of a whole GPU's rest idle, by the shares seen?"""
+        key = (self._version, milli)
+        hit = self._idle_cache.get(key)
+        if hit is None:
+            if len(self._idle_cache) > 256:
+                self._idle_cache.clear()
+            room = pattern_units(GPU_MILLI - milli)
+            fillers = sum(u * c for u, c in self._share_sizes.items() if u <= room)
+            leaves = self._share_sizes.get(pattern_units(milli), 0) * room
+            hit = self._idle_cache[key] = leaves > 0 and fillers < self.whole_fill_min * leaves
+        return hit
+
+    def _learned(self) -> bool:
+        return self.workload is not None and (not self.learn_online or self._seen >= self.refresh_every)
+
     def _reserve_on(self, state: ClusterState) -> bool:
-        learned = self.workload is not None and (not self.learn_online or self._seen >= self.refresh_every)
-        return learned and self._sums[0] > 0 and self._cpu_tight(state) >= self.reserve_tight
+        return self._learned() and self._sums[0] > 0 and self._cpu_tight(state) >= self.reserve_tight
 
     # --- model pressure, per cycle ----------------------------------------------------------
     def _pin_rates(self, state: ClusterState) -> np.ndarray:
@@ -448,7 +518,29 @@ class StrandAwareFragScore(FGDScore):
             out = out - self.share_fit * np.clip(left - milli, 0, GPU_MILLI) / GPU_MILLI
         return out
 
-    # select_gpus: FGDScore's (the best-scoring GPU for a share, best fit otherwise), on this measure
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        kept = cycle.data.get(self.KEPT)
+        if kept is None:
+            return super().score(cycle, state, nodes)
+        s = self._kept_off_whole(self._shared_scores(cycle, state, nodes), state, nodes, kept).max(axis=1)
+        return np.where(np.isfinite(s), s, self._UNFIT)
+
+    def cache_key(self, cycle: Cycle):
+        key = super().cache_key(cycle)
+        return key if cycle.data.get(self.KEPT) is None else (key, self.KEPT)
+
+    def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
+        """FGDScore's (the best-scoring GPU for a share, best fit otherwise), on this measure; off whole GPUs when kept."""
+        kept = cycle.data.get(self.KEPT)
+        if kept is None:
+            return super().select_gpus(cycle, state, node)
+        at = np.array([node])
+        s = self._kept_off_whole(self._shared_scores(cycle, state, at), state, at, kept)[0]
+        return GpuChoice((int(np.argmax(s)),)) if np.isfinite(s).any() else None
+
+    @staticmethod
+    def _kept_off_whole(scores: np.ndarray, state: ClusterState, nodes: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        return np.where(kept[nodes][:, None] & (state.gpu_free_milli[nodes] >= GPU_MILLI), -np.inf, scores)
 
 
 PATTERN_STEP = 10  # milli-GPU grid of the share-packing LP

@@ -1,0 +1,102 @@
+"""The default policy's whole-GPU reserve: while whole GPUs are scarce, a share that would waste most of one goes on a used GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpufleet.engine.framework import Cycle
+from gpufleet.engine.model import PodRequest
+from gpufleet.engine.state import ClusterState
+from gpufleet.policies import profile_config
+from gpufleet.policies.default import StrandAwareFragScore
+from tests.builders import T4, make_node, scheduler, verdicts
+
+R = StrandAwareFragScore.WHOLE_REASON
+
+
+def share(name: str, milli: int, cpu: int = 2000, node: str | None = None) -> PodRequest:
+    sel = (("kubernetes.io/hostname", node),) if node else ()
+    return PodRequest(name=name, cpu_milli=cpu, memory_mib=1024, gpu_count=1, gpu_milli=milli, node_selector=sel)
+
+
+def nodes():
+    # 8 T4s on two nodes with CPU to spare: GPUs bind first
+    return [make_node("n0", 4, T4, cpu_milli=64_000), make_node("n1", 4, T4, cpu_milli=64_000)]
+
+
+def learned(mix=((1000, 32), (810, 24), (470, 8)), cpu_only: int = 0, **kw) -> StrandAwareFragScore:
+    """A workload of whole GPUs, 810s (whose 190 nothing seen fills) and 470s (which fill each other's 530)."""
+    p = StrandAwareFragScore(**kw)
+    i = 0
+    for milli, n in mix:
+        for _ in range(n):
+            p.observe(share(f"seen{i}", milli))
+            i += 1
+    for j in range(cpu_only):
+        p.observe(PodRequest(name=f"cpu{j}", cpu_milli=64_000, memory_mib=1024))
+    return p
+
+
+def cluster(*placed: tuple[str, int]) -> ClusterState:
+    """The two nodes with shares of (node, milli) placed, each on a whole GPU of its own."""
+    s = scheduler(nodes(), "bestfit")
+    for k, (node, milli) in enumerate(placed):
+        assert s.schedule(share(f"placed{k}", milli, node=node)).ok
+    return s.state
+
+
+# n0: a 150-milli share (850 free), two GPUs in use, one whole; n1: two in use, two whole.  3 of 8 whole
+SCARCE = (("n0", 150), ("n0", 1000), ("n0", 1000), ("n1", 1000), ("n1", 1000))
+
+
+@pytest.mark.parametrize("case, policy, placed, pod, want", [
+    ("whole GPUs plentiful", {"whole_reserve": 0.5}, (), share("x", 810), {"n0": None, "n1": None}),
+    ("scarce: only the node with a used GPU that takes it", {"whole_reserve": 0.5}, SCARCE, share("x", 810), {"n0": None, "n1": R}),
+    ("scarce, and no used GPU takes it", {"whole_reserve": 0.5}, (("n0", 300), *SCARCE[1:]), share("x", 810), {"n0": R, "n1": R}),
+    ("scarce, a share size never seen", {"whole_reserve": 0.5}, (("n0", 100), *SCARCE[1:]), share("x", 860), {"n0": None, "n1": None}),
+    ("scarce, but its room is filled by what is seen", {"whole_reserve": 0.5}, SCARCE, share("x", 470), {"n0": None, "n1": None}),
+    ("scarce, a whole-GPU pod", {"whole_reserve": 0.5}, SCARCE, share("x", 1000), {"n0": None, "n1": None}),
+    ("scarce, reserve off", {"whole_reserve": 0.0}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
+    ("scarce by the default share? 3 of 8 whole is not", {}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
+    ("scarce, small shares seen fill the 190", {"whole_reserve": 0.5, "mix": ((1000, 32), (810, 24), (160, 24))}, SCARCE,
+     share("x", 810), {"n0": None, "n1": None}),
+    ("scarce, but CPU binds first", {"whole_reserve": 0.5, "cpu_only": 16}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
+    ("scarce, no workload learned yet", {"whole_reserve": 0.5, "mix": ((1000, 16), (810, 16))}, SCARCE, share("x", 810),
+     {"n0": None, "n1": None}),
+])
+def test_whole_reserve_verdicts(case, policy, placed, pod, want):
+    assert verdicts(learned(**policy), pod, cluster(*placed)) == want, case
+
+
+@pytest.mark.parametrize("waited_s, take_held, kept", [(0.0, False, True), (599.0, False, True), (600.0, False, False),
+                                                        (0.0, True, False)])
+def test_a_pod_that_waited_or_would_evict_may_take_a_whole_gpu(waited_s, take_held, kept):
+    cyc = Cycle(request=share("x", 810), rng=np.random.default_rng(0), waited_s=waited_s, take_held=take_held)
+    res = learned(whole_reserve=0.5).filter(cyc, cluster(*SCARCE))
+    assert (not res.ok[1]) == kept and res.passes_all == (not kept)
+
+
+def default_with(**args) -> dict:
+    cfg = dict(profile_config("default")["profiles"][0])
+    cfg["pluginConfig"] = {"StrandAwareFragScore": args}
+    return cfg
+
+
+def test_the_share_joins_the_used_gpu_not_a_whole_one_on_the_same_node():
+    s = scheduler(nodes(), default_with(whole_reserve=0.5))
+    for i, milli in enumerate([1000] * 32 + [810] * 24 + [470] * 8):
+        s.observe(share(f"seen{i}", milli))
+    for k, (node, milli) in enumerate((("n0", 150), ("n0", 1000), ("n1", 1000), ("n1", 1000), ("n1", 1000), ("n1", 1000))):
+        assert s.schedule(share(f"placed{k}", milli, node=node)).ok
+    # 2 of 8 GPUs whole, both on n0 beside the 150: the 810 joins the 150 (850 free), not a whole GPU
+    before = s.state.gpu_free_milli[0].copy()
+    d = s.schedule(share("x", 810))
+    assert d.ok and d.assignment.node == "n0"
+    g = d.assignment.gpu_indices[0]
+    assert before[g] == 850 and s.state.gpu_free_milli[0, g] == 40
+    # the next 810 finds no used GPU with room: it waits, and says why
+    d = s.schedule(share("y", 810))
+    assert not d.ok and R in d.status.message
+    # a whole-GPU pod still gets one
+    assert s.schedule(share("z", 1000)).ok
