@@ -111,3 +111,24 @@ def test_not_synced_yet_is_an_error_not_an_empty_answer():
     loop.resync()
     ready.set()
     assert e.filter({"Pod": pod("t", gpus=1, scheduler="default-scheduler"), "NodeNames": ["big"]})["NodeNames"] == ["big"]
+
+
+def _created(ago_s: float | None) -> dict:
+    from datetime import datetime, timedelta, timezone
+
+    p = pod("w")
+    if ago_s is not None:
+        p["metadata"]["creationTimestamp"] = (datetime.now(timezone.utc) - timedelta(seconds=ago_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return p
+
+
+@pytest.mark.parametrize("ago_s, since_first_filter_s, lo, hi", [
+    (700.0, 5.0, 699.0, 705.0),  # created 700 s ago: the policies' 10-minute limits are past
+    (None, 30.0, 30.0, 30.0),  # no creationTimestamp: since kube-scheduler first asked
+    (10.0, 120.0, 120.0, 120.0),  # the longer of the two
+    (-300.0, 0.0, 0.0, 0.0),  # a clock ahead of ours: never negative
+])
+def test_the_extender_tells_the_policy_how_long_the_pod_has_waited(ago_s, since_first_filter_s, lo, hi):
+    from gpufleet.kube.extender import waited_s
+
+    assert lo <= waited_s(_created(ago_s), since_first_filter_s) <= hi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -11,7 +12,7 @@ from gpufleet.engine.model import Gpu
 from gpufleet.kube.api import FakeApi
 from gpufleet.kube.convert import node_from_json
 from gpufleet.kube.loop import SchedulerLoop
-from gpufleet.policies import build_profile
+from gpufleet.policies import build_profile, profile_config
 
 
 class Clock:
@@ -183,6 +184,34 @@ def test_the_live_default_keeps_cpu_for_free_gpus_where_cpu_binds_and_says_so():
     clock.t += 600  # ten minutes on: the pod may use the reserve (GPU demand that stopped coming holds no CPU for good)
     loop.schedule_due()
     assert api.binds[-1] == ("ml/cpu-20", "g0")
+
+
+def test_the_live_default_keeps_whole_gpus_for_whole_gpu_pods_while_they_are_scarce_and_says_so():
+    # the default's whole-GPU reserve on the live path: the pods seen (pinned to a pool that does not exist, so
+    # learned from, not placed) ask whole GPUs and 810-milli shares, whose 190 left nothing seen fills; once fewer
+    # than 30% of the GPUs are whole, an 810 waits for a GPU in use and a whole-GPU pod that came later goes first
+    api = FakeApi()
+    api.add_node(node("n1", gpus=8, inventory=True, cpu="64"))
+    seen = [pod(f"seen-whole-{i}") for i in range(40)] + [pod(f"seen-810-{i}", milli=810) for i in range(24)]
+    for p in seen:
+        p["spec"]["nodeSelector"] = {"pool": "elsewhere"}
+    order = seen + [pod(f"whole-{i}") for i in range(6)] + [pod("share", milli=810), pod("whole-late")]
+    start = datetime.now(timezone.utc) - timedelta(seconds=len(order) + 30)  # each created a second after the last
+    for i, p in enumerate(order):
+        p["metadata"]["creationTimestamp"] = (start + timedelta(seconds=i)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        api.add_pod(p)
+    clock = Clock()
+    cfg = dict(profile_config("default")["profiles"][0])
+    cfg["pluginConfig"] = {"StrandAwareFragScore": {"whole_reserve": 0.3}}
+    loop = make(api, clock, policy={"profiles": [cfg]})
+    loop.schedule_due()
+    assert [k for k, _ in api.binds] == [f"ml/whole-{i}" for i in range(6)] + ["ml/whole-late"]
+    ev = [e for e in api.events if e["pod"] == "ml/share"][-1]
+    assert ev["reason"] == "FailedScheduling"
+    assert ev["message"] == "0/1 nodes are available: 1 node(s) kept their whole GPUs for pods that fill them (whole GPUs are scarce).", ev["message"]
+    clock.t += 600  # ten minutes on: the share may take a whole GPU (demand for whole GPUs that stopped coming keeps none for good)
+    loop.schedule_due()
+    assert api.binds[-1] == ("ml/share", "n1")
 
 
 def test_pods_bound_by_others_hold_their_gpus():

@@ -64,6 +64,7 @@ from ..engine.podspec import parse_pod, pod_key
 from .api import SchedulerApi
 from .convert import is_terminal
 from .loop import SchedulerLoop, bind_job, reason_text, slim_pod
+from .loop_support import _created_s
 
 log = logging.getLogger(__name__)
 MAX_EXTENDER_PRIORITY = 10
@@ -77,6 +78,15 @@ RELEASE_REASONS = ("expired", "deleted", "bound_elsewhere", "refiltered", "other
 def _ci(d: Any) -> dict[str, Any]:
     """Keys folded to lower case (Go's decoder matches field names case-insensitively)."""
     return {str(k).lower(): v for k, v in d.items()} if isinstance(d, dict) else {}
+
+
+def waited_s(pod: dict[str, Any], since_first_filter_s: float) -> float:
+    """How long the pod has waited: since its creationTimestamp, or since its first filter here if that is longer.
+
+    Policies step aside for a pod that waited long enough (the default's reserves, after 10 minutes), so the
+    extender tells them, as the loop does; kube-scheduler calls filter again on each of its retries."""
+    created = _created_s(pod)
+    return max(0.0, since_first_filter_s, time.time() - created if created is not None else 0.0)
 
 
 class BadRequest(GpufleetError):
@@ -399,7 +409,7 @@ class Extender:
                 log.info("filter %s: the pod is already bound or being bound to %s (%s)", key, where, _ms(dt))
                 return reply([], {}, {}, f"pod {key} is already bound or being bound to {where}")
             sched = loop.sched
-            cycle = sched.new_cycle(req)
+            cycle = sched.new_cycle(req, waited_s=waited_s(pod, time.monotonic() - loop.first_filter[key]))
             cycle.only_nodes = self._mask(names)
             dec = sched.decide(cycle, explain=True)
             chosen: Assignment | None = None
