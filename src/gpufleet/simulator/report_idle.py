@@ -17,7 +17,9 @@ IDLE_METRICS = [
     ("first pod turned away", "the arrived GPU demand, as % of the cluster's GPU capacity, when the policy first turned a pod "
                               "away (the saturation point; above 100% when it took every pod up to the 100% point). With a policy "
                               "that packs well nearly every pod arriving after it fails too, so unallocated % at 100% is about "
-                              "100 minus this; a careless one (random) says no early and still places many pods after."),
+                              "100 minus this; a careless one (random) says no early and still places many pods after, and so does "
+                              "one that turns some pods away on purpose (the default's whole-GPU reserve keeps the last whole "
+                              "GPUs from 810-milli shares)."),
     ("idle GPUs", "GPU-equivalents (free milli / 1000) idle just before the arrived demand passes the cluster's capacity."),
     ("whole idle", "idle GPUs with nothing on them."),
     ("slivers", "free milli on GPUs that are partly used, by the pods on them: '810' is a GPU holding one 810-milli pod, "
