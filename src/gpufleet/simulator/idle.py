@@ -9,7 +9,8 @@ This module records, from the packing run itself (no second simulation):
   the 100% point; None when it never turns one away).  With a policy that packs well nearly every pod
   arriving after it fails too, so unallocated % at 100% is about ``1 - saturation``: what counts is how
   full the cluster is when it first says no (a careless policy, such as random, says no early and still
-  places many pods after);
+  places many pods after; so does the default, whose whole-GPU reserve turns 810-milli shares away on
+  purpose while whole GPUs are scarce);
 * the idle GPU milli per GPU model, split into ``whole`` idle GPUs and ``sliver`` (free milli on
   partly used GPUs); ``cpu_stranded`` (idle milli on nodes where some GPU shape of the arrived
   workload would fit the GPUs but not the node's CPU/memory) and ``unfillable`` (no arrived shape
