@@ -188,8 +188,9 @@ def test_the_live_default_keeps_cpu_for_free_gpus_where_cpu_binds_and_says_so():
 
 def test_the_live_default_keeps_whole_gpus_for_whole_gpu_pods_while_they_are_scarce_and_says_so():
     # the default's whole-GPU reserve on the live path: the pods seen (pinned to a pool that does not exist, so
-    # learned from, not placed) ask whole GPUs and 810-milli shares, whose 190 left nothing seen fills; once fewer
-    # than 30% of the GPUs are whole, an 810 waits for a GPU in use and a whole-GPU pod that came later goes first
+    # learned from, not placed) ask whole GPUs (2/3 of the demand) and 810-milli shares, whose 190 left nothing seen
+    # fills; once fewer than 50% x 2/3 of the GPUs are whole, an 810 waits for a GPU in use and a whole-GPU pod that
+    # came later goes first
     api = FakeApi()
     api.add_node(node("n1", gpus=8, inventory=True, cpu="64"))
     seen = [pod(f"seen-whole-{i}") for i in range(40)] + [pod(f"seen-810-{i}", milli=810) for i in range(24)]
@@ -202,7 +203,7 @@ def test_the_live_default_keeps_whole_gpus_for_whole_gpu_pods_while_they_are_sca
         api.add_pod(p)
     clock = Clock()
     cfg = dict(profile_config("default")["profiles"][0])
-    cfg["pluginConfig"] = {"StrandAwareFragScore": {"whole_reserve": 0.3}}
+    cfg["pluginConfig"] = {"StrandAwareFragScore": {"whole_reserve": 0.5}}
     loop = make(api, clock, policy={"profiles": [cfg]})
     loop.schedule_due()
     assert [k for k, _ in api.binds] == [f"ml/whole-{i}" for i in range(6)] + ["ml/whole-late"]

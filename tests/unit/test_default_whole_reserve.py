@@ -51,18 +51,22 @@ SCARCE = (("n0", 150), ("n0", 1000), ("n0", 1000), ("n1", 1000), ("n1", 1000))
 
 
 @pytest.mark.parametrize("case, policy, placed, pod, want", [
-    ("whole GPUs plentiful", {"whole_reserve": 0.5}, (), share("x", 810), {"n0": None, "n1": None}),
-    ("scarce: only the node with a used GPU that takes it", {"whole_reserve": 0.5}, SCARCE, share("x", 810), {"n0": None, "n1": R}),
-    ("scarce, and no used GPU takes it", {"whole_reserve": 0.5}, (("n0", 300), *SCARCE[1:]), share("x", 810), {"n0": R, "n1": R}),
-    ("scarce, a share size never seen", {"whole_reserve": 0.5}, (("n0", 100), *SCARCE[1:]), share("x", 860), {"n0": None, "n1": None}),
-    ("scarce, but its room is filled by what is seen", {"whole_reserve": 0.5}, SCARCE, share("x", 470), {"n0": None, "n1": None}),
-    ("scarce, a whole-GPU pod", {"whole_reserve": 0.5}, SCARCE, share("x", 1000), {"n0": None, "n1": None}),
+    ("whole GPUs plentiful", {"whole_reserve": 1.0}, (), share("x", 810), {"n0": None, "n1": None}),
+    ("scarce: only the node with a used GPU that takes it", {"whole_reserve": 1.0}, SCARCE, share("x", 810), {"n0": None, "n1": R}),
+    ("scarce, and no used GPU takes it", {"whole_reserve": 1.0}, (("n0", 300), *SCARCE[1:]), share("x", 810), {"n0": R, "n1": R}),
+    ("scarce, a share size never seen", {"whole_reserve": 1.0}, (("n0", 100), *SCARCE[1:]), share("x", 860), {"n0": None, "n1": None}),
+    ("scarce, but its room is filled by what is seen", {"whole_reserve": 1.0}, SCARCE, share("x", 470), {"n0": None, "n1": None}),
+    ("scarce, a whole-GPU pod", {"whole_reserve": 1.0}, SCARCE, share("x", 1000), {"n0": None, "n1": None}),
     ("scarce, reserve off", {"whole_reserve": 0.0}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
-    ("scarce by the default share? 3 of 8 whole is not", {}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
-    ("scarce, small shares seen fill the 190", {"whole_reserve": 0.5, "mix": ((1000, 32), (810, 24), (160, 24))}, SCARCE,
+    ("no pod seen asks one whole GPU: nothing to keep them for", {"whole_reserve": 1.0, "mix": ((810, 40), (470, 24))}, SCARCE,
      share("x", 810), {"n0": None, "n1": None}),
-    ("scarce, but CPU binds first", {"whole_reserve": 0.5, "cpu_only": 16}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
-    ("scarce, no workload learned yet", {"whole_reserve": 0.5, "mix": ((1000, 16), (810, 16))}, SCARCE, share("x", 810),
+    ("kept in proportion to that demand: 3 whole of 8 is enough at half of 1.0", {"whole_reserve": 1.0, "mix": ((1000, 16), (810, 40), (470, 8))},
+     SCARCE, share("x", 810), {"n0": None, "n1": None}),
+    ("scarce by the default share? 3 of 8 whole is not", {}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
+    ("scarce, small shares seen fill the 190", {"whole_reserve": 1.0, "mix": ((1000, 32), (810, 24), (160, 24))}, SCARCE,
+     share("x", 810), {"n0": None, "n1": None}),
+    ("scarce, but CPU binds first", {"whole_reserve": 1.0, "cpu_only": 16}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
+    ("scarce, no workload learned yet", {"whole_reserve": 1.0, "mix": ((1000, 16), (810, 16))}, SCARCE, share("x", 810),
      {"n0": None, "n1": None}),
 ])
 def test_whole_reserve_verdicts(case, policy, placed, pod, want):
@@ -73,7 +77,7 @@ def test_whole_reserve_verdicts(case, policy, placed, pod, want):
                                                         (0.0, True, False)])
 def test_a_pod_that_waited_or_would_evict_may_take_a_whole_gpu(waited_s, take_held, kept):
     cyc = Cycle(request=share("x", 810), rng=np.random.default_rng(0), waited_s=waited_s, take_held=take_held)
-    res = learned(whole_reserve=0.5).filter(cyc, cluster(*SCARCE))
+    res = learned(whole_reserve=1.0).filter(cyc, cluster(*SCARCE))
     assert (not res.ok[1]) == kept and res.passes_all == (not kept)
 
 
@@ -84,7 +88,7 @@ def default_with(**args) -> dict:
 
 
 def test_the_share_joins_the_used_gpu_not_a_whole_one_on_the_same_node():
-    s = scheduler(nodes(), default_with(whole_reserve=0.5))
+    s = scheduler(nodes(), default_with(whole_reserve=1.0))
     for i, milli in enumerate([1000] * 32 + [810] * 24 + [470] * 8):
         s.observe(share(f"seen{i}", milli))
     for k, (node, milli) in enumerate((("n0", 150), ("n0", 1000), ("n1", 1000), ("n1", 1000), ("n1", 1000), ("n1", 1000))):

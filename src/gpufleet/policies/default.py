@@ -179,7 +179,7 @@ class StrandAwareFragScore(FGDScore):
     cpu_reserve: float = 1.0  # filter: once CPU binds first, a GPU node keeps this share of the CPU its free GPUs need (mean ratio) from CPU-only pods; 0: off
     reserve_tight: float = 1.0  # ... "CPU binds first": CPU demand / CPU capacity at full GPU demand >= this
     reserve_max_wait_s: float = 600.0  # ... a CPU-only pod that has waited this long may use the reserve (live, replay); the whole-GPU reserve too
-    whole_reserve: float = 0.05  # filter: once GPUs bind first, while fewer than this share of a pod's usable GPUs are whole and free, a share that would leave most of a whole GPU's rest idle does not get one; 0: off
+    whole_reserve: float = 0.05  # filter: once GPUs bind first, while fewer than this x (share of the GPU demand asking one whole GPU) of a pod's usable GPUs are whole, free and fed, a share that would leave most of a whole GPU's rest idle does not get one; 0: off
     whole_fill_min: float = 0.5  # ... "would leave it idle": the shares seen that fit beside it bring less than this x the room it leaves
     _ratios: Counter = field(default_factory=Counter, repr=False)  # rounded CPU milli per GPU milli -> GPU milli
     _rhos: tuple | None = field(default=None, repr=False)
@@ -196,6 +196,7 @@ class StrandAwareFragScore(FGDScore):
     _share_sizes: Counter = field(default_factory=Counter, repr=False)  # single-GPU share size (PATTERN_STEP units) -> pods
     _patterns: tuple | None = field(default=None, repr=False)  # (version, {size: bool[load]}, the sizes it was solved for)
     _idle_cache: dict = field(default_factory=dict, repr=False)  # (version, share milli) -> _leaves_idle
+    _whole1: float = 0.0  # GPU milli of the pods seen that ask one whole GPU (what the whole-GPU reserve keeps GPUs for)
 
     # --- what is learned -----------------------------------------------------------
     def _note(self, r: PodRequest) -> None:
@@ -210,6 +211,8 @@ class StrandAwareFragScore(FGDScore):
                 self._pinned[r.gpu_models_allow] = self._pinned.get(r.gpu_models_allow, 0) + r.total_gpu_milli
             if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
                 self._share_sizes[pattern_units(r.gpu_milli)] += 1
+            if r.gpu_count == 1 and r.gpu_milli >= GPU_MILLI and not r.mig_profile:
+                self._whole1 += r.total_gpu_milli
 
     def observe(self, r: PodRequest) -> None:
         self._note(r)
@@ -223,6 +226,7 @@ class StrandAwareFragScore(FGDScore):
         fade(self._share_sizes, keep, FORGET_BELOW)
         self._sums = [x * keep for x in self._sums]
         self._cpu_all *= keep
+        self._whole1 *= keep
 
     def prime(self, requests) -> None:
         requests = list(requests)
@@ -390,9 +394,12 @@ class StrandAwareFragScore(FGDScore):
         room such pods leave (an 810 leaves 190, and pods of 190 milli or less are a few % of that on the
         Alibaba traces).  Whole GPUs count only where the node's free CPU can feed them, at the mean CPU
         per GPU of the GPU pods seen: a whole GPU that no whole-GPU pod could get the CPU for is not worth
-        keeping.  While fewer than ``whole_reserve`` of the GPUs the pod may use are such GPUs, a node that
-        has one passes only if a GPU in use there takes the pod, and the GPU selector keeps off its whole
-        GPUs (``cycle.data[KEPT]``: the nodes whose whole GPUs are kept).
+        keeping.  The reserve is kept for pods that ask one whole GPU (those cannot use a GPU in use, and
+        a multi-GPU pod needs whole GPUs together on one node, which a few kept here and there do not give),
+        so its size follows their share of the GPU demand seen: while fewer than ``whole_reserve`` x that
+        share of the GPUs the pod may use are such GPUs, a node that has one passes only if a GPU in use
+        there takes the pod, and the GPU selector keeps off its whole GPUs (``cycle.data[KEPT]``: the nodes
+        whose whole GPUs are kept).  Where no pod seen asks one whole GPU, nothing is kept.
         """
         r = cycle.request
         n = len(state)
@@ -406,7 +413,7 @@ class StrandAwareFragScore(FGDScore):
         fed = whole.sum(axis=1)
         if per_gpu_cpu > 0:
             fed = np.minimum(fed, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
-        if fed.sum() >= self.whole_reserve * usable.sum():
+        if fed.sum() >= self.whole_reserve * self._whole1 / max(self._sums[0], 1.0) * usable.sum():
             return FilterResult(all_pass(n), passes_all=True)
         kept = fed > 0
         cycle.data[self.KEPT] = kept
