@@ -430,7 +430,9 @@ class StrandAwareFragScore(FGDScore):
         The CPU left when GPU demand fills the GPUs at the mix seen, (1 - ``_cpu_tight``) x the cluster's
         CPU, must cover ``whole_reserve`` of the GPUs at the mean CPU per GPU: where it does not (CPU binds
         first, or nearly: 0.975 on the tuning variant cpumore200), CPU-only pods take the CPU beside the
-        kept GPUs and they end idle.
+        kept GPUs and they end idle.  That is the most the reserve keeps (every GPU pod asking one whole
+        GPU), not its size for the mix seen: the margin is on purpose, since sized by that mix the check
+        would pass on cpumore200 and the loss there come back.
         """
         if self._sums[0] <= 0:
             return False
