@@ -382,7 +382,7 @@ class StrandAwareFragScore(FGDScore):
         if not self.cpu_reserve or r.cpu_milli <= 0 or not self._reserve_on(state):
             return FilterResult(all_pass(n), passes_all=True)
         free_gpu = np.where(state.gpu_usable, state.gpu_free_milli, 0).sum(axis=1)
-        need = self.cpu_reserve * (self._sums[1] / self._sums[0]) * free_gpu
+        need = self.cpu_reserve * self._cpu_per_gpu_milli() * free_gpu
         ok = (free_gpu == 0) | (state.cpu_free - r.cpu_milli >= need)
         return FilterResult(ok, (self.RESERVE_REASON,), passes_all=bool(ok.all()))
 
@@ -413,7 +413,7 @@ class StrandAwareFragScore(FGDScore):
         mm = model_mask(state, r)
         usable = state.gpu_usable if mm is None else state.gpu_usable & mm[state.gpu_model]
         whole = usable & (state.gpu_free_milli >= GPU_MILLI)
-        per_gpu_cpu = self._sums[1] / max(self._sums[0], 1.0) * GPU_MILLI
+        per_gpu_cpu = self._cpu_per_gpu_milli() * GPU_MILLI
         fed = whole.sum(axis=1)
         if per_gpu_cpu > 0:
             fed = np.minimum(fed, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
@@ -437,7 +437,7 @@ class StrandAwareFragScore(FGDScore):
         if self._sums[0] <= 0:
             return False
         spare = (1.0 - self._cpu_tight(state)) * float(state.cpu_cap.sum())
-        return spare >= self.whole_reserve * float(state.gpu_milli_cap.sum()) * self._sums[1] / self._sums[0]
+        return spare >= self.whole_reserve * float(state.gpu_milli_cap.sum()) * self._cpu_per_gpu_milli()
 
     def _leaves_idle(self, milli: int) -> bool:
         """Would a share of ``milli`` leave most of a whole GPU's rest idle, by the shares seen?"""
@@ -451,6 +451,10 @@ class StrandAwareFragScore(FGDScore):
             leaves = self._share_sizes.get(pattern_units(milli), 0) * room
             hit = self._idle_cache[key] = leaves > 0 and fillers < self.whole_fill_min * leaves
         return hit
+
+    def _cpu_per_gpu_milli(self) -> float:
+        """Mean CPU milli per GPU milli of the GPU pods seen (what both reserves feed a free GPU with); 0 before any."""
+        return self._sums[1] / self._sums[0] if self._sums[0] > 0 else 0.0
 
     def _learned(self) -> bool:
         return self.workload is not None and (not self.learn_online or self._seen >= self.refresh_every)
