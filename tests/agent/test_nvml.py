@@ -4,6 +4,8 @@ NVML calls against a stub ``pynvml`` module (no GPU needed)."""
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import types
 from types import SimpleNamespace as NS
 
@@ -50,6 +52,10 @@ def test_fake_xid_injection_clearing_and_process_usage():
     be = FakeBackend("t4")
     be.inject_xid(1, 79, 10.0, device_broken=True)
     assert [(e.gpu_index, e.xid) for e in be.poll_xids()] == [(1, 79)] and be.poll_xids() == []
+    t0 = time.monotonic()
+    assert be.poll_xids(timeout_ms=200) == [] and time.monotonic() - t0 >= 0.19  # waits like NVML's event wait
+    threading.Timer(0.05, be.inject_xid, (2, 48, 11.0)).start()
+    assert [(e.gpu_index, e.xid) for e in be.poll_xids(timeout_ms=5000)] == [(2, 48)]  # and returns on the event
     assert not be.device_ok(1)
     be.clear_fault(1)
     assert be.device_ok(1)
@@ -89,23 +95,46 @@ def test_backend_choice_is_explicit():
 
 
 class NVMLError(Exception):
-    pass
+    """pynvml's error: the NVML return code in ``value``."""
+
+    def __init__(self, value):
+        super().__init__(value)
+        self.value = value
 
 
-def stub_pynvml(n_gpus=2, init_error=None, mig_gpu=None, nvswitch=False):
-    """Enough of pynvml's surface for NvmlBackend: 2 A100s with one NVLink between them, GPU `mig_gpu` in MIG mode."""
+NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, TIMEOUT, FUNCTION_NOT_FOUND, GPU_IS_LOST = 3, 4, 6, 10, 13, 15
+MIB = 2**20
+
+
+def stub_pynvml(n_gpus=2, init_error=None, mig_gpu=None, nvswitch=False, device_type=True, minors=None):
+    """Enough of pynvml's surface for NvmlBackend: A100s with one NVLink to the next, GPU `mig_gpu` in MIG mode.
+
+    ``m.state`` lets a test change what NVML answers: reserved memory, memory v2 missing, per-process samples,
+    XID support per GPU, failures of the event set, the event wait, or a whole GPU.
+    """
     m = types.ModuleType("pynvml")
     m.NVMLError = NVMLError
+    m.NVML_ERROR_NOT_SUPPORTED, m.NVML_ERROR_NO_PERMISSION, m.NVML_ERROR_NOT_FOUND = NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND
+    m.NVML_ERROR_TIMEOUT, m.NVML_ERROR_FUNCTION_NOT_FOUND = TIMEOUT, FUNCTION_NOT_FOUND
     m.NVML_DEVICE_MIG_ENABLE = 1
     m.NVML_FEATURE_ENABLED = 1
     m.NVML_NVLINK_MAX_LINKS = 4
+    m.NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
     m.nvmlEventTypeXidCriticalError = 8
     m.NVML_TEMPERATURE_GPU = 0
     m.NVML_CLOCK_SM = 1
+    m.nvmlMemory_v2 = 0x02000028
+    st = NS(reserved_mib=300, used_mib=1000, mem_v2=True, samples={}, since=[], no_xid=set(), set_error=None,
+            wait_error=None, waits=[], lost=set(), registered=[])
+    m.state = st
     events: list = []
     m._events = events
     gpus = [NS(kind="gpu", i=i, bus=f"00000000:{0x10 + i:02X}:00.0") for i in range(n_gpus)]
     migs = [NS(kind="mig", parent=mig_gpu, k=k, gi=k + 7) for k in range(2)] if mig_gpu is not None else []
+
+    def check(h):
+        if h.kind == "gpu" and h.i in st.lost:
+            raise NVMLError(GPU_IS_LOST)
 
     def init():
         if init_error:
@@ -115,15 +144,30 @@ def stub_pynvml(n_gpus=2, init_error=None, mig_gpu=None, nvswitch=False):
     m.nvmlDeviceGetCount = lambda: n_gpus
     m.nvmlDeviceGetHandleByIndex = lambda i: gpus[i]
     m.nvmlDeviceGetUUID = lambda h: (f"GPU-stub-{h.i}" if h.kind == "gpu" else f"MIG-stub-{h.parent}-{h.k}").encode()
+    m.nvmlDeviceGetMinorNumber = lambda h: (minors or list(range(n_gpus)))[h.i]
     m.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
     m.nvmlSystemGetCudaDriverVersion_v2 = lambda: 12040
     m.nvmlDeviceGetName = lambda h: "NVIDIA A100-SXM4-80GB"
-    m.nvmlDeviceGetMemoryInfo = lambda h: NS(total=(81920 if h.kind == "gpu" else 19968) * 2**20, used=0, free=0)
+
+    def memory(h, version=None):
+        check(h)
+        total = (81920 if h.kind == "gpu" else 19968) * MIB
+        if version is None:  # v1: the driver's reserved memory counts as used
+            used = (st.used_mib + st.reserved_mib) * MIB
+            return NS(total=total, used=used, free=total - used)
+        if not st.mem_v2:
+            raise NVMLError(FUNCTION_NOT_FOUND)
+        return NS(version=version, total=total, reserved=st.reserved_mib * MIB, used=st.used_mib * MIB,
+                  free=total - (st.used_mib + st.reserved_mib) * MIB)
+
+    m.nvmlDeviceGetMemoryInfo = memory
     m.nvmlDeviceGetPciInfo = lambda h: NS(busId=h.bus.encode())
     m.nvmlDeviceGetCudaComputeCapability = lambda h: (8, 0)
     m.nvmlDeviceGetNumaNodeId = lambda h: h.i
 
     def mig_mode(h):
+        if h.i >= 2:
+            raise NVMLError(NOT_SUPPORTED)  # a GPU that cannot do MIG
         return (1 if h.i == mig_gpu else 0, 0)
 
     m.nvmlDeviceGetMigMode = mig_mode
@@ -131,34 +175,76 @@ def stub_pynvml(n_gpus=2, init_error=None, mig_gpu=None, nvswitch=False):
 
     def mig_handle(h, k):
         if k >= len(migs):
-            raise NVMLError("Not Found")
+            raise NVMLError(NOT_FOUND)
         return migs[k]
 
     m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle
-    m.nvmlDeviceGetAttributes = lambda mh: NS(gpuInstanceSliceCount=2)
+    m.nvmlDeviceGetAttributes = lambda mh: NS(gpuInstanceSliceCount=2, memorySizeMB=19968)
     m.nvmlDeviceGetGpuInstanceId = lambda mh: mh.gi
 
     def link_state(h, link):
         if link >= 2:
-            raise NVMLError("Not Supported")
+            raise NVMLError(NOT_SUPPORTED)
         return 1
 
     def remote(h, link):
-        if nvswitch:
+        if nvswitch and h.i in nvswitch:
             return NS(busId=b"00000000:C0:00.0")  # an NVSwitch, not a GPU
-        return NS(busId=gpus[(h.i + 1) % n_gpus].bus.lower().encode())
+        return NS(busId=gpus[(h.i + 1) % n_gpus].bus.lower().replace("00000000:", "0000:").encode())
+
+    def remote_type(h, link):
+        if not device_type:
+            raise NVMLError(FUNCTION_NOT_FOUND)
+        return 2 if nvswitch and h.i in nvswitch else 0
 
     m.nvmlDeviceGetNvLinkState = link_state
     m.nvmlDeviceGetNvLinkRemotePciInfo = remote
-    m.nvmlEventSetCreate = lambda: "set"
-    m.nvmlDeviceRegisterEvents = lambda h, t, s: None
+    m.nvmlDeviceGetNvLinkRemoteDeviceType = remote_type
+
+    def create_set():
+        if st.set_error:
+            raise NVMLError(st.set_error)
+        return "set"
+
+    m.nvmlEventSetCreate = create_set
+    m.nvmlDeviceGetSupportedEventTypes = lambda h: 0x2 if h.i in st.no_xid else 0xA
+
+    def register(h, t, s):
+        st.registered.append((h.i, t))
+
+    m.nvmlDeviceRegisterEvents = register
 
     def wait(s, timeout_ms):
+        st.waits.append(timeout_ms)
+        if st.wait_error:
+            raise NVMLError(st.wait_error)
         if not events:
-            raise NVMLError("Timeout")
+            raise NVMLError(TIMEOUT)
         return events.pop(0)
 
     m.nvmlEventSetWait_v2 = wait
+
+    def util_rates(h):
+        check(h)
+        if h.i == mig_gpu:
+            raise NVMLError(NOT_SUPPORTED)  # no utilisation figure for a GPU in MIG mode
+        return NS(gpu=97, memory=40)
+
+    m.nvmlDeviceGetUtilizationRates = util_rates
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 41
+    m.nvmlDeviceGetPowerUsage = lambda h: 312_500  # milliwatts
+    m.nvmlDeviceGetClockInfo = lambda h, clock: 1410
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [NS(pid=100 + h.i, usedGpuMemory=(4096 + h.i) * MIB),
+                                                         NS(pid=200, usedGpuMemory=None)]
+
+    def proc_util(h, since):
+        st.since.append(since)
+        found = [s for s in st.samples.get(h.i, []) if s.timeStamp > since]
+        if not found:
+            raise NVMLError(NOT_FOUND)
+        return found
+
+    m.nvmlDeviceGetProcessUtilization = proc_util
     return m, gpus
 
 
@@ -180,7 +266,8 @@ def test_real_backend_discovery_mig_nvlink_and_xids(monkeypatch):
     assert be.driver() == nvml.DriverInfo("550.54.15", (12, 4))
     g0, g1 = be.gpus()
     assert (g0.uuid, g0.memory_mib, g0.family, g0.numa_node, g0.pci_bus_id) == ("GPU-stub-0", 81920, "ampere", 0, "00000000:10:00.0")
-    assert g0.nvlink_peers == (1,) and g1.nvlink_peers == (0,)  # remote bus IDs matched case-insensitively
+    # remote bus IDs matched as PCI addresses (case and domain width may differ from the local ones)
+    assert g0.nvlink_peers == (1,) and g1.nvlink_peers == (0,)
     assert g0.mig_capable and not g0.mig_enabled
     assert g1.mig_enabled and [(m.profile, m.memory_mib, m.instance_id, m.uuid) for m in g1.mig] == [
         ("2g.20gb", 19968, 7, "MIG-stub-1-0"), ("2g.20gb", 19968, 8, "MIG-stub-1-1")]
@@ -189,10 +276,130 @@ def test_real_backend_discovery_mig_nvlink_and_xids(monkeypatch):
     assert be.device_ok(0)
 
 
-def test_real_backend_nvswitch_means_all_to_all(monkeypatch):
-    stub, _ = stub_pynvml(n_gpus=4, nvswitch=True)
+@pytest.mark.parametrize("device_type", [True, False])
+def test_real_backend_nvswitch_means_all_to_all_among_switched_gpus(monkeypatch, device_type):
+    stub, _ = stub_pynvml(n_gpus=4, nvswitch={0, 1, 2, 3}, device_type=device_type)
     monkeypatch.setitem(sys.modules, "pynvml", stub)
     assert [g.nvlink_peers for g in NvmlBackend().gpus()] == [(1, 2, 3), (0, 2, 3), (0, 1, 3), (0, 1, 2)]
+    # GPUs 0-2 on switches, GPU 3 only on a direct link to GPU 0: not everyone's peer
+    stub, _ = stub_pynvml(n_gpus=4, nvswitch={0, 1, 2})
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    assert [g.nvlink_peers for g in NvmlBackend().gpus()] == [(1, 2), (0, 2), (0, 1), (0,)]
+
+
+def test_real_backend_memory_follows_nvidia_smi_reserved_apart(monkeypatch):
+    stub, _ = stub_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    be = NvmlBackend()
+    t = be.telemetry(0)
+    assert (t.fb_used_mib, t.fb_free_mib) == (1000, 81920 - 1300)  # 300 MiB reserved: neither used nor free
+    assert (t.gpu_util_pct, t.mem_copy_util_pct, t.temp_c, t.power_w, t.sm_clock_mhz) == (97, 40, 41, 312.5, 1410)
+    stub.state.mem_v2 = False  # an older driver: v1, reserved counted as used
+    be = NvmlBackend()
+    assert be.telemetry(0).fb_used_mib == 1300 and be.gpus()[0].memory_mib == 81920
+
+
+def test_real_backend_telemetry_of_a_mig_gpu_leaves_out_what_it_cannot_report(monkeypatch):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpufleet.agent.exporter import GpuCollector
+
+    stub, _ = stub_pynvml(mig_gpu=1)
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    be = NvmlBackend()
+    t = be.telemetry(1)
+    assert t.gpu_util_pct is None and t.mem_copy_util_pct is None and t.fb_used_mib == 1000 and t.power_w == 312.5
+    reg = CollectorRegistry()
+    reg.register(GpuCollector(be, "node-a"))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    util = {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_GPU_UTIL"].samples}
+    power = {s.labels["gpu"]: s.value for s in fams["DCGM_FI_DEV_POWER_USAGE"].samples}
+    assert util == {"0": 97.0} and power == {"0": 312.5, "1": 312.5}  # GPU 1 still reports, without utilisation
+
+
+def test_real_backend_process_utilisation_uses_recent_samples_only(monkeypatch):
+    stub, _ = stub_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    now = 1_000_000.0
+    monkeypatch.setattr(nvml.time, "time", lambda: now)
+    now_us = int(now * 1e6)
+    s = lambda pid, age_s, util: NS(pid=pid, timeStamp=now_us - int(age_s * 1e6), smUtil=util, memUtil=0)  # noqa: E731
+    # the buffer, in no order: pid 100 busy lately (90, 70) after an idle spell; an old sample of pid 200
+    stub.state.samples = {0: [s(100, 1.0, 90), s(100, 20.0, 0), s(200, 30.0, 55), s(100, 0.5, 70), s(100, 10.0, 0)]}
+    be = NvmlBackend()
+    procs = {(p.gpu_index, p.pid): p for p in be.processes()}
+    assert (procs[(0, 100)].sm_util_pct, procs[(0, 100)].used_memory_mib) == (80, 4096)  # mean of the last 3 s
+    assert procs[(0, 200)].sm_util_pct == 0 and procs[(0, 200)].used_memory_mib == 0  # memory unknown (None)
+    assert procs[(1, 101)].sm_util_pct == 0  # NOT_FOUND: no sample, no activity
+    assert stub.state.since[:2] == [0, 0]
+    now += 5.0  # the next call asks only for samples of the new window
+    be.processes()
+    assert stub.state.since[2] == now_us - 3_000_000
+    # a host whose samples carry another clock (far from time.time()): the window ends at the newest sample
+    stub.state.samples = {0: [NS(pid=100, timeStamp=5_000_000, smUtil=10), NS(pid=100, timeStamp=9_000_000, smUtil=30),
+                              NS(pid=100, timeStamp=8_500_000, smUtil=50)]}
+    be = NvmlBackend()
+    assert {p.pid: p.sm_util_pct for p in be.processes() if p.gpu_index == 0}[100] == 40
+
+
+def test_real_backend_xid_listener_registers_what_each_gpu_supports_and_waits(monkeypatch):
+    stub, handles = stub_pynvml(n_gpus=3)
+    stub.state.no_xid = {2}
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    be = NvmlBackend()
+    assert be.poll_xids(timeout_ms=1500) == []
+    assert be.xid_watch == {0: "watched", 1: "watched", 2: "this GPU reports no XID events"}
+    assert stub.state.registered == [(0, 8), (1, 8)] and stub.state.waits == [1500]
+    stub._events.extend([NS(device=handles[0], eventType=8, eventData=48), NS(device=handles[1], eventType=8, eventData=13)])
+    assert [(e.gpu_index, e.xid) for e in be.poll_xids(timeout_ms=1000)] == [(0, 48), (1, 13)]
+    assert stub.state.waits[1:] == [1000, 0, 0]  # only the first wait waits
+
+
+def test_real_backend_xid_failures_do_not_stop_the_health_loop(monkeypatch, caplog):
+    from gpufleet.agent.health import HealthTracker
+
+    stub, _ = stub_pynvml()
+    stub.state.set_error = NOT_SUPPORTED  # no event set at all (some virtualised GPUs)
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    be = NvmlBackend()
+    tracker = HealthTracker(be, clock=lambda: 100.0)
+    assert tracker.update() == {0: True, 1: True} and be.xid_watch[0].startswith("no NVML event set")
+    stub.state.lost.add(1)  # the GPU falls off the bus: NVML stops answering for it
+    assert tracker.update() == {0: True, 1: False}
+    stub, _ = stub_pynvml()
+    stub.state.wait_error = GPU_IS_LOST
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    be = NvmlBackend()
+    with caplog.at_level("WARNING", logger="gpufleet.agent.nvml"):
+        assert be.poll_xids() == [] and be.poll_xids() == []
+    assert sum("waiting for XID events failed" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+def test_real_backend_device_ok_only_when_nvml_stops_answering(monkeypatch):
+    stub, _ = stub_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    be = NvmlBackend()
+
+    def no_permission(h, version=None):
+        raise NVMLError(NO_PERMISSION)  # a MIG GPU's memory, asked without privileges: it answered
+
+    stub.nvmlDeviceGetMemoryInfo = no_permission
+    assert be.device_ok(0)
+    stub.state.lost.add(0)
+    stub.nvmlDeviceGetMemoryInfo = lambda h, version=None: (_ for _ in ()).throw(NVMLError(GPU_IS_LOST))
+    assert not be.device_ok(0)
+
+
+def test_real_backend_device_nodes_follow_the_minor_number(monkeypatch, tmp_path):
+    from gpufleet.agent.plugin import DevicePlugin
+
+    stub, _ = stub_pynvml(minors=[3, 0])  # NVML index order need not be /dev/nvidiaN order
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    gpus = NvmlBackend().gpus()
+    assert [(g.index, g.dev_minor) for g in gpus] == [(0, 3), (1, 0)]
+    p = DevicePlugin("nvidia.com/gpu", gpus, str(tmp_path), device_specs="all", dev_root=str(tmp_path))
+    assert [s.container_path for s in p.device_spec_list([0])][:1] == ["/dev/nvidia3"]
 
 
 def test_fake_backend_reads_processes_from_a_file(tmp_path, monkeypatch):

@@ -355,7 +355,7 @@ class GpuCollector:
                 log.debug("health source failed: %s", exc)
         owners: dict[int, ContainerRef | None] = {}
         for g in self._gpus:
-            base = [str(g.index), g.uuid, f"nvidia{g.index}", g.name, self.hostname]
+            base = [str(g.index), g.uuid, f"nvidia{g.dev_minor}", g.name, self.hostname]
             ok = health.get(g.index, True) if health is not None else self.backend.device_ok(g.index)
             healthy.add_metric(base, 1.0 if ok else 0.0)
             try:
@@ -368,7 +368,8 @@ class GpuCollector:
                 who = users[0] if users else None
                 lab = base + ([who.container, who.namespace, who.pod] if who else ["", "", ""])
                 for name, (_, attr) in METRICS.items():
-                    fams[name].add_metric(lab, float(getattr(t, attr)))
+                    if getattr(t, attr) is not None:  # None: this GPU cannot report it (utilisation in MIG mode)
+                        fams[name].add_metric(lab, float(getattr(t, attr)))
                 xid.add_metric(lab, float(self.last_xid.get(g.index, 0)))
                 continue
             # shared GPU: per-container numbers from per-process accounting
@@ -392,14 +393,17 @@ class GpuCollector:
             for u, (mem, util) in per.items():
                 lab = base + [u.container, u.namespace, u.pod]
                 fams["DCGM_FI_DEV_FB_USED"].add_metric(lab, float(mem))
-                fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lab, float(min(util, 100)))
+                if t.gpu_util_pct is not None:  # no device figure (MIG mode): no per-process one either
+                    fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lab, float(min(util, 100)))
                 mem_sum += mem
                 util_sum += min(util, 100)
             lab = base + ["", "", ""]  # device-wide values once, unattributed
-            fams["DCGM_FI_DEV_FB_USED"].add_metric(lab, float(max(0, t.fb_used_mib - mem_sum)))
-            fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lab, float(max(0, t.gpu_util_pct - util_sum)))
+            if t.fb_used_mib is not None:
+                fams["DCGM_FI_DEV_FB_USED"].add_metric(lab, float(max(0, t.fb_used_mib - mem_sum)))
+            if t.gpu_util_pct is not None:
+                fams["DCGM_FI_DEV_GPU_UTIL"].add_metric(lab, float(max(0, t.gpu_util_pct - util_sum)))
             for name, (_, attr) in METRICS.items():
-                if name not in PER_SHARER:
+                if name not in PER_SHARER and getattr(t, attr) is not None:
                     fams[name].add_metric(lab, float(getattr(t, attr)))
             xid.add_metric(lab, float(self.last_xid.get(g.index, 0)))
         yield from fams.values()

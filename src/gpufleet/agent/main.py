@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         start_http_server(int(port), addr=host, registry=reg)
     device_specs = args.device_specs if args.device_specs != "auto" else ("existing" if fake else "all")
     if device_specs != "all":
-        missing = [p for p in [f"nvidia{g.index}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+        missing = [p for p in [f"nvidia{g.dev_minor}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
                    if not os.path.exists(os.path.join(args.dev_root, p))]
         log.info("device specs: %s%s", device_specs,
                  f" (not handed to containers, absent here: {', '.join(missing)})" if device_specs == "existing" and missing else "")

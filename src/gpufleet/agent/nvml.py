@@ -14,15 +14,18 @@ XID faults and per-process usage; it is chosen only when asked for
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
+import time
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from ..engine.model import Gpu, MigInstance
 
 MIB = 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 class NoGpuError(RuntimeError):
@@ -72,6 +75,11 @@ class GpuInfo:
     mig: tuple[MigInfo, ...] = ()
     nvlink_peers: tuple[int, ...] = ()
     mig_capable: bool = False
+    minor_number: int | None = None  # N of /dev/nvidiaN; None: the same as the index (NVML need not agree)
+
+    @property
+    def dev_minor(self) -> int:
+        return self.index if self.minor_number is None else self.minor_number
 
     def to_engine(self, healthy: bool = True) -> Gpu:
         return Gpu(self.index, self.uuid, self.name, self.memory_mib, mig_enabled=self.mig_enabled,
@@ -102,13 +110,14 @@ class ProcessUsage:
 
 @dataclass(frozen=True)
 class Telemetry:
-    gpu_util_pct: int
-    mem_copy_util_pct: int
-    fb_used_mib: int
-    fb_free_mib: int
-    temp_c: int
-    power_w: float
-    sm_clock_mhz: int
+    """One GPU's device figures; None where the GPU cannot report one (utilisation in MIG mode, ...)."""
+    gpu_util_pct: int | None
+    mem_copy_util_pct: int | None
+    fb_used_mib: int | None
+    fb_free_mib: int | None
+    temp_c: int | None
+    power_w: float | None
+    sm_clock_mhz: int | None
 
 
 class Backend(Protocol):
@@ -183,10 +192,15 @@ class FakeBackend:
 
     repair = clear_fault
 
-    def poll_xids(self) -> list[XidEvent]:
-        with self._lock:
-            out, self._xids = self._xids, []
-            return out
+    def poll_xids(self, timeout_ms: int = 0) -> list[XidEvent]:
+        """What was injected since the last call; waits up to ``timeout_ms`` for the first one, as NVML's event wait does."""
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000.0
+        while True:
+            with self._lock:
+                if self._xids or time.monotonic() >= deadline:
+                    out, self._xids = self._xids, []
+                    return out
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
     def device_ok(self, index: int) -> bool:
         with self._lock:
@@ -227,8 +241,34 @@ def _text(v: str | bytes) -> str:
     return v if isinstance(v, str) else v.decode()
 
 
+def _pci_key(bus_id: str) -> tuple[int, int, int]:
+    """``domain:bus:device.function`` -> (domain, bus, device), however many digits the domain has."""
+    try:
+        dom, bus, rest = bus_id.strip().split(":")
+        return int(dom, 16), int(bus, 16), int(rest.split(".")[0], 16)
+    except ValueError:
+        return (-1, -1, -1)
+
+
+# NVML return codes (nvml.h); getattr on the module with these as defaults keeps stubs small
+_NOT_SUPPORTED, _NO_PERMISSION, _NOT_FOUND, _TIMEOUT, _FUNCTION_NOT_FOUND, _VERSION_MISMATCH = 3, 4, 6, 10, 13, 25
+_XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+_NVLINK_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+
+def _code(exc: BaseException) -> int:
+    return int(getattr(exc, "value", -1))
+
+
 class NvmlBackend:
-    """NVML through nvidia-ml-py. Every call is checked; no GPU is a clear error."""
+    """NVML through nvidia-ml-py. Every call is checked; no GPU is a clear error.
+
+    What a GPU cannot report (NVML's NOT_SUPPORTED, e.g. utilisation of a GPU in
+    MIG mode, or NO_PERMISSION) is left out (None), never taken for a fault: a
+    fault is NVML failing to answer at all (GPU lost, unknown error).
+    """
+
+    PROCESS_UTIL_WINDOW_S = 3.0  # per-process SM utilisation: mean of NVML's samples this recent
 
     def __init__(self) -> None:
         try:
@@ -239,21 +279,63 @@ class NvmlBackend:
         try:
             pynvml.nvmlInit()
             count = pynvml.nvmlDeviceGetCount()
+            if count == 0:
+                raise NoGpuError("no NVIDIA GPU/driver found: NVML reports 0 devices")
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
         except pynvml.NVMLError as exc:
             raise NoGpuError(f"no NVIDIA GPU/driver found: NVML init failed: {exc} (is the NVIDIA driver installed and "
                              "are /dev/nvidia* and libnvidia-ml.so visible to this container? For a trial without a GPU "
                              "use --nvml fake:PROFILE)") from None
-        if count == 0:
-            raise NoGpuError("no NVIDIA GPU/driver found: NVML reports 0 devices")
-        self._events = None
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        self._uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+        self._events: Any = None  # NVML event set, made on the first poll_xids (False: NVML refused one)
+        self.xid_watch: dict[int, str] = {}  # GPU index -> "watched" or why its XIDs are not
+        self._wait_errors: set[int] = set()  # event-wait failures already logged (once each)
+        self._mem_v2: bool | None = None  # nvmlDeviceGetMemoryInfo_v2 available (None: not tried yet)
+        self._util_since_us: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def _c(self, name: str, default: int) -> int:
+        return int(getattr(self.nv, name, default))
+
+    def _optional(self, fn):
+        """fn(), or None when the GPU cannot report it (NOT_SUPPORTED, NO_PERMISSION); other errors raise."""
+        try:
+            return fn()
+        except self.nv.NVMLError as exc:
+            if _code(exc) in (self._c("NVML_ERROR_NOT_SUPPORTED", _NOT_SUPPORTED), self._c("NVML_ERROR_NO_PERMISSION", _NO_PERMISSION)):
+                return None
+            raise
 
     def driver(self) -> DriverInfo:
         nv = self.nv
         v = _text(nv.nvmlSystemGetDriverVersion())
         cuda = nv.nvmlSystemGetCudaDriverVersion_v2() if hasattr(nv, "nvmlSystemGetCudaDriverVersion_v2") else nv.nvmlSystemGetCudaDriverVersion()
         return DriverInfo(v, (cuda // 1000, (cuda % 1000) // 10))
+
+    def memory(self, h) -> tuple[int, int, int]:
+        """(total, used, free) in bytes as nvidia-smi shows them.
+
+        ``nvmlDeviceGetMemoryInfo`` (v1) counts the memory the driver reserves for
+        itself as used (NVML's docs: "Sum of Reserved and Allocated"), hundreds of
+        MiB on an idle H100; ``_v2`` reports it apart, as nvidia-smi's "FB Memory
+        Usage" (Total, Reserved, Used, Free) does. v1 only where v2 is missing.
+        """
+        nv = self.nv
+        if self._mem_v2 is not False and hasattr(nv, "nvmlMemory_v2"):
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                self._mem_v2 = True
+                return int(m.total), int(m.used), int(m.free)
+            except TypeError:  # an nvidia-ml-py without the version argument
+                self._mem_v2 = False
+            except nv.NVMLError as exc:
+                if _code(exc) not in (self._c("NVML_ERROR_FUNCTION_NOT_FOUND", _FUNCTION_NOT_FOUND),
+                                      self._c("NVML_ERROR_ARGUMENT_VERSION_MISMATCH", _VERSION_MISMATCH),
+                                      self._c("NVML_ERROR_NOT_SUPPORTED", _NOT_SUPPORTED)):
+                    raise
+                self._mem_v2 = False  # an older driver
+        m = nv.nvmlDeviceGetMemoryInfo(h)
+        return int(m.total), int(m.used), int(m.free)
 
     def _mig(self, h, total_mib: int) -> tuple[bool, bool, list[MigInfo]]:
         nv = self.nv
@@ -269,8 +351,9 @@ class NvmlBackend:
                 mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
             except nv.NVMLError:
                 continue  # an empty slot
-            mmem = nv.nvmlDeviceGetMemoryInfo(mh).total // MIB
             attrs = nv.nvmlDeviceGetAttributes(mh)
+            # the profile's memory (what nvidia-smi and NVIDIA's device plugin name it by); memory info if absent
+            mmem = int(getattr(attrs, "memorySizeMB", 0) or 0) or self.memory(mh)[0] // MIB
             try:
                 gi = int(nv.nvmlDeviceGetGpuInstanceId(mh))
             except (nv.NVMLError, AttributeError):
@@ -279,111 +362,184 @@ class NvmlBackend:
                                 _text(nv.nvmlDeviceGetUUID(mh))))
         return True, True, migs
 
-    def _peers(self, h, i: int, buses: list[str]) -> list[int]:
+    def _links(self, h, i: int, buses: list[tuple[int, int, int]]) -> tuple[list[int], bool | None]:
+        """(GPUs this one has an active NVLink to, whether a link ends at an NVSwitch; None: NVML cannot say)."""
         nv = self.nv
         peers: list[int] = []
+        switch: bool | None = None
         for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
             try:
                 if nv.nvmlDeviceGetNvLinkState(h, link) != nv.NVML_FEATURE_ENABLED:
                     continue
-                rbus = _text(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId)
+                rbus = _pci_key(_text(nv.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId))
             except nv.NVMLError:
                 continue  # link not present / not supported: look at the others
-            # through an NVSwitch the remote end is the switch, not a GPU: no peer from this link
-            j = next((j for j, b in enumerate(buses) if b.lower() == rbus.lower()), None)
+            try:
+                kind = int(nv.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
+                switch = bool(switch) or kind == self._c("NVML_NVLINK_DEVICE_TYPE_SWITCH", _NVLINK_SWITCH)
+            except (nv.NVMLError, AttributeError):
+                pass  # older driver: gpus() falls back to "active links but no GPU at their ends"
+            j = next((j for j, b in enumerate(buses) if b == rbus), None)
             if j is not None and j != i and j not in peers:
                 peers.append(j)
-        return peers
+        return peers, switch
 
     def gpus(self) -> list[GpuInfo]:
         nv = self.nv
         buses = [_text(nv.nvmlDeviceGetPciInfo(h).busId) for h in self._handles]
+        keys = [_pci_key(b) for b in buses]
         out = []
-        nvswitch = False
+        switched: set[int] = set()
         for i, h in enumerate(self._handles):
             name = _text(nv.nvmlDeviceGetName(h))
-            mem = nv.nvmlDeviceGetMemoryInfo(h).total // MIB
+            mem = self.memory(h)[0] // MIB
             major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
             try:
                 numa = int(nv.nvmlDeviceGetNumaNodeId(h))
             except (nv.NVMLError, AttributeError):
                 numa = -1
+            try:
+                dev_minor = int(nv.nvmlDeviceGetMinorNumber(h))
+            except (nv.NVMLError, AttributeError):
+                dev_minor = None
             capable, enabled, migs = self._mig(h, mem)
-            peers = self._peers(h, i, buses)
-            try:  # NVSwitch systems (DGX/HGX A100, H100): links go to switches, every GPU reaches every other
-                if not peers and nv.nvmlDeviceGetNvLinkState(h, 0) == nv.NVML_FEATURE_ENABLED:
-                    nvswitch = True
-            except nv.NVMLError:
-                pass
+            peers, switch = self._links(h, i, keys)
+            if switch is None:  # NVSwitch systems (DGX/HGX A100, H100): links end at switches, not at GPUs
+                try:
+                    switch = not peers and nv.nvmlDeviceGetNvLinkState(h, 0) == nv.NVML_FEATURE_ENABLED
+                except nv.NVMLError:
+                    switch = False
+            if switch:
+                switched.add(i)
             out.append(GpuInfo(i, self._uuids[i], name, mem, buses[i], numa, (major, minor), arch_family(major, minor),
-                               enabled, tuple(migs), tuple(sorted(peers)), mig_capable=capable))
-        if nvswitch:
-            out = [replace(g, nvlink_peers=tuple(j for j in range(len(out)) if j != g.index)) for g in out]
+                               enabled, tuple(migs), tuple(sorted(peers)), mig_capable=capable, minor_number=dev_minor))
+        if switched:  # every GPU on the switches reaches every other one on them
+            out = [replace(g, nvlink_peers=tuple(sorted(set(g.nvlink_peers) | (switched - {g.index}))))
+                   if g.index in switched else g for g in out]
         return out
 
-    def poll_xids(self) -> list[XidEvent]:
-        import time
-
+    def _watch_xids(self) -> None:
+        """Make the event set and register every GPU that can report XIDs; ``xid_watch`` says how each went."""
         nv = self.nv
-        if self._events is None:
+        xid = getattr(nv, "nvmlEventTypeXidCriticalError", _XID_EVENT)
+        try:
             self._events = nv.nvmlEventSetCreate()
-            for h in self._handles:
+        except nv.NVMLError as exc:
+            self._events = False
+            self.xid_watch = {i: f"no NVML event set: {exc}" for i in range(len(self._handles))}
+            log.warning("XID events are not watched: NVML refused an event set (%s); health comes from NVML answering only", exc)
+            return
+        for i, h in enumerate(self._handles):
+            try:
+                supported = int(nv.nvmlDeviceGetSupportedEventTypes(h))
+            except (nv.NVMLError, AttributeError):
+                supported = xid  # cannot ask: try to register anyway
+            if not supported & xid:
+                self.xid_watch[i] = "this GPU reports no XID events"
+            else:
                 try:
-                    nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._events)
-                except nv.NVMLError:
-                    pass  # not supported on this device: its XIDs are not watched (logged by the caller via reasons)
+                    nv.nvmlDeviceRegisterEvents(h, xid, self._events)
+                    self.xid_watch[i] = "watched"
+                except nv.NVMLError as exc:
+                    self.xid_watch[i] = f"registering for XID events failed: {exc}"
+            if self.xid_watch[i] != "watched":
+                log.warning("GPU %d: XIDs not watched (%s); its health comes from NVML answering only", i, self.xid_watch[i])
+
+    def poll_xids(self, timeout_ms: int = 0) -> list[XidEvent]:
+        """XID events since the last call; waits up to ``timeout_ms`` for the first one (0: only what is queued)."""
+        nv = self.nv
+        with self._lock:
+            if self._events is None:
+                self._watch_xids()
+            events = self._events
+        if not events:
+            return []
+        xid = getattr(nv, "nvmlEventTypeXidCriticalError", _XID_EVENT)
         out = []
+        wait = max(0, int(timeout_ms))
         while True:
             try:
-                d = nv.nvmlEventSetWait_v2(self._events, 0)
-            except nv.NVMLError:  # TIMEOUT: no more events
+                d = nv.nvmlEventSetWait_v2(events, wait)
+            except nv.NVMLError as exc:
+                code = _code(exc)
+                if code != self._c("NVML_ERROR_TIMEOUT", _TIMEOUT) and code not in self._wait_errors:
+                    # e.g. GPU_IS_LOST: device_ok() finds which GPU; logged once per kind of failure
+                    self._wait_errors.add(code)
+                    log.warning("waiting for XID events failed: %s", exc)
                 break
-            if d.eventType != nv.nvmlEventTypeXidCriticalError:
+            wait = 0  # then take whatever else is queued without waiting
+            if d.eventType != xid:
                 continue
             try:
-                u = _text(nv.nvmlDeviceGetUUID(d.device))
-                idx = self._uuids.index(u)
+                idx = self._uuids.index(_text(nv.nvmlDeviceGetUUID(d.device)))
             except (nv.NVMLError, ValueError):
                 idx = -1  # an event for no device in particular
             out.append(XidEvent(idx, int(d.eventData), time.time()))
         return out
 
     def device_ok(self, index: int) -> bool:
+        """NVML answers for the GPU. A query the GPU does not support (or we may not make) is an answer too."""
+        h = self._handles[index]
         try:
-            self.nv.nvmlDeviceGetMemoryInfo(self._handles[index])
-            self.nv.nvmlDeviceGetUUID(self._handles[index])
+            self.nv.nvmlDeviceGetUUID(h)
+            self._optional(lambda: self.memory(h))
             return True
         except self.nv.NVMLError:
             return False
 
+    def _process_util(self, i: int, h, now_us: int) -> dict[int, int]:
+        """pid -> mean SM utilisation (%) over the last ``PROCESS_UTIL_WINDOW_S``.
+
+        NVML keeps a buffer of per-process samples stamped with the CPU clock in
+        microseconds and returns those newer than the timestamp passed: 0 gives
+        the whole buffer, seconds of stale samples in no promised order. So ask
+        for what is newer than the window's start and average each process's
+        samples in it; where the samples' clock is far from ours (a VM), the
+        window ends at the newest sample. NOT_FOUND (nothing newer) is no
+        activity, NOT_SUPPORTED (MIG mode, old GPUs) no figure: both give {}.
+        """
+        nv = self.nv
+        window_us = int(self.PROCESS_UTIL_WINDOW_S * 1e6)
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(h, self._util_since_us.get(i, 0))
+        except nv.NVMLError:
+            return {}
+        newest = max((int(s.timeStamp) for s in samples), default=0)
+        end = now_us if abs(newest - now_us) < 600 * 10**6 or not samples else newest
+        start = end - window_us
+        self._util_since_us[i] = max(0, start)
+        acc: dict[int, list[int]] = {}
+        for s in samples:
+            if int(s.timeStamp) > start:
+                acc.setdefault(int(s.pid), []).append(int(s.smUtil))
+        return {pid: round(sum(v) / len(v)) for pid, v in acc.items()}
+
     def processes(self) -> list[ProcessUsage]:
         nv = self.nv
         out = []
+        now_us = int(time.time() * 1e6)
         for i, h in enumerate(self._handles):
             try:
                 procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
             except nv.NVMLError:
                 continue
-            util = {}
-            try:
-                for s in nv.nvmlDeviceGetProcessUtilization(h, 0):
-                    util[s.pid] = s.smUtil
-            except nv.NVMLError:
-                pass
-            for p in procs:
-                out.append(ProcessUsage(p.pid, i, (p.usedGpuMemory or 0) // MIB, int(util.get(p.pid, 0))))
+            util = self._process_util(i, h, now_us) if procs else {}
+            for p in procs:  # usedGpuMemory: bytes, None where NVML cannot say
+                out.append(ProcessUsage(int(p.pid), i, int(p.usedGpuMemory or 0) // MIB, min(100, util.get(int(p.pid), 0))))
         return out
 
     def telemetry(self, index: int) -> Telemetry:
-        return _telemetry(self.nv, self._handles[index])
-
-
-def _telemetry(nv, h) -> Telemetry:
-    u = nv.nvmlDeviceGetUtilizationRates(h)
-    m = nv.nvmlDeviceGetMemoryInfo(h)
-    return Telemetry(int(u.gpu), int(u.memory), m.used // (1024 * 1024), m.free // (1024 * 1024),
-                     int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                     int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+        nv, h = self.nv, self._handles[index]
+        opt = self._optional
+        u = opt(lambda: nv.nvmlDeviceGetUtilizationRates(h))  # NOT_SUPPORTED in MIG mode
+        m = opt(lambda: self.memory(h))
+        temp = opt(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        power_mw = opt(lambda: nv.nvmlDeviceGetPowerUsage(h))  # milliwatts
+        clock = opt(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        return Telemetry(None if u is None else int(u.gpu), None if u is None else int(u.memory),
+                         None if m is None else m[1] // MIB, None if m is None else m[2] // MIB,
+                         None if temp is None else int(temp), None if power_mw is None else power_mw / 1000.0,
+                         None if clock is None else int(clock))
 
 
 def backend_spec(flag: str | None, env: Mapping[str, str]) -> str | None:

@@ -475,10 +475,10 @@ class DevicePlugin(pbg.DevicePluginServicer):
         return pb.ContainerAllocateResponse(envs=envs, devices=self.device_spec_list(indices), mounts=mounts)
 
     def device_spec_list(self, indices: list[int]) -> list:
-        """``/dev/nvidiaN`` for the GPUs handed out plus the control devices, as ``device_specs`` says."""
+        """``/dev/nvidiaN`` (N: the GPU's device minor number) for the GPUs handed out plus the control devices, as ``device_specs`` says."""
         if self.device_specs == "none":
             return []
-        paths = [f"/dev/nvidia{i}" for i in indices] + list(CONTROL_DEVICES)
+        paths = [f"/dev/nvidia{self.gpus[i].dev_minor if i in self.gpus else i}" for i in indices] + list(CONTROL_DEVICES)
         out = []
         for p in paths:
             host = os.path.join(self.dev_root, p[len("/dev/"):])
