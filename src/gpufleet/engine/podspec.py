@@ -1,15 +1,24 @@
 """Turn a real Kubernetes Pod (the JSON dict from the API) into a PodRequest.
 
-Resource arithmetic follows Kubernetes: requests default to limits; app
-containers (and restartable "sidecar" init containers) are summed; ordinary
-init containers run one at a time, so the pod needs the max of that and the
-sum; ``spec.overhead`` is added.  Every bad value raises ``InvalidPodSpec``
-naming the pod and the JSON path of the field.
+Resource arithmetic follows kube-scheduler's (``component-helpers`` ``PodRequests``):
+requests default to limits; app containers (and restartable "sidecar" init
+containers) are summed; ordinary init containers run one at a time, so the pod
+needs the max of that and the sum; pod-level ``spec.resources`` (cpu, memory,
+hugepages-*; on by default since 1.34) replaces that sum for the resources it
+names, defaulted as kube-apiserver defaults it; ``spec.overhead`` is added.
+
+A pod that runs (``counted_requests``) holds the larger of what it asks and what
+kubelet allocated or actuated during an in-place resize
+(``status.containerStatuses[].allocatedResources`` / ``.resources``, pod-level
+``status.allocatedResources`` / ``status.resources``), the desired size left out
+while the resize is ``Infeasible``, as kube-scheduler counts it: a node is never
+over-committed by a resize kubelet has not finished.  Every bad value raises
+``InvalidPodSpec`` naming the pod and the JSON path of the field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from . import annotations as ann
 from .errors import InvalidPodSpec, InvalidQuantity
@@ -78,23 +87,29 @@ def _amount(name: str, raw: Any) -> int:
     return -1 if parse_quantity(raw) < 0 else v
 
 
+def _resource_list(pod: str, path: str, raw: Any, limits: Any = None, limits_path: str = "") -> dict[str, int]:
+    """A ResourceList in engine units; ``limits`` fill requests not given (kube-apiserver's defaulting)."""
+    requests = _mapping(pod, path, raw)
+    lim = _mapping(pod, limits_path, limits) if limits_path else {}
+    out: dict[str, int] = {}
+    for name, v in {**lim, **requests}.items():
+        field = f"{path}.{name}" if name in requests else f"{limits_path}.{name}"
+        try:
+            amount = _amount(name, v)
+        except InvalidQuantity as exc:
+            raise InvalidPodSpec(pod, field, str(exc)) from None
+        if amount < 0:
+            raise InvalidPodSpec(pod, field, f"must not be negative, got {v!r}")
+        out[str(name)] = amount
+    return out
+
+
 def _container_requests(pod: str, path: str, c: Mapping[str, Any]) -> dict[str, int]:
     c = _mapping(pod, path, c)
     res = _mapping(pod, f"{path}.resources", c.get("resources"))
     limits = _mapping(pod, f"{path}.resources.limits", res.get("limits"))
     requests = _mapping(pod, f"{path}.resources.requests", res.get("requests"))
-    merged = {**limits, **requests}  # requests default to limits
-    out: dict[str, int] = {}
-    for name, raw in merged.items():
-        src = "requests" if name in requests else "limits"
-        field = f"{path}.resources.{src}.{name}"
-        try:
-            v = _amount(name, raw)
-        except InvalidQuantity as exc:
-            raise InvalidPodSpec(pod, field, str(exc)) from None
-        if v < 0:
-            raise InvalidPodSpec(pod, field, f"must not be negative, got {raw!r}")
-        out[name] = v
+    out = _resource_list(pod, f"{path}.resources.requests", requests, limits, f"{path}.resources.limits")
     for name in (GPU_RESOURCE,):
         if name in requests and name in limits:
             try:
@@ -110,34 +125,161 @@ def _add(a: dict[str, int], b: Mapping[str, int]) -> None:
         a[k] = a.get(k, 0) + v
 
 
-def effective_requests(pod: Mapping[str, Any]) -> dict[str, int]:
-    """Per-resource pod requests with Kubernetes' init-container semantics."""
-    key = pod_key(pod)
-    spec = _mapping(key, "spec", pod.get("spec"))
+def _max_into(a: dict[str, int], b: Mapping[str, int]) -> None:
+    for k, v in b.items():
+        if v > a.get(k, -1):
+            a[k] = v
+
+
+Role = Literal["app", "sidecar", "init"]
+
+
+def _aggregate(per_container: list[tuple[Role, dict[str, int] | None]]) -> dict[str, int]:
+    """Containers' requests as one pod: app containers and sidecars summed, each ordinary init container
+    beside the sidecars started before it, the larger of the two (``None``: that container counts nothing)."""
     total: dict[str, int] = {}
-    for i, c in enumerate(_list(key, "spec.containers", spec.get("containers"))):
-        _add(total, _container_requests(key, f"spec.containers[{i}]", c))
     sidecars: dict[str, int] = {}
     init_max: dict[str, int] = {}
-    for i, c in enumerate(_list(key, "spec.initContainers", spec.get("initContainers"))):
-        r = _container_requests(key, f"spec.initContainers[{i}]", c)
-        if c.get("restartPolicy") == "Always":
-            _add(sidecars, r)
+    for role, r in per_container:
+        r = r or {}
+        if role == "app":
             _add(total, r)
-            continue
-        # an init container runs beside the sidecars started before it
-        for k in set(r) | set(sidecars):
-            init_max[k] = max(init_max.get(k, 0), r.get(k, 0) + sidecars.get(k, 0))
-    for k, v in init_max.items():
-        total[k] = max(total.get(k, 0), v)
-    for name, raw in _mapping(key, "spec.overhead", spec.get("overhead")).items():
-        try:
-            v = _amount(name, raw)
-        except InvalidQuantity as exc:
-            raise InvalidPodSpec(key, f"spec.overhead.{name}", str(exc)) from None
-        if v < 0:
-            raise InvalidPodSpec(key, f"spec.overhead.{name}", f"must not be negative, got {raw!r}")
-        total[name] = total.get(name, 0) + v
+        elif role == "sidecar":
+            _add(total, r)
+            _add(sidecars, r)
+            _max_into(init_max, sidecars)
+        else:
+            both = dict(sidecars)
+            _add(both, r)
+            _max_into(init_max, both)
+    _max_into(total, init_max)
+    return total
+
+
+def is_pod_level_resource(name: str) -> bool:
+    """What pod-level ``spec.resources`` may name (component-helpers ``IsSupportedPodLevelResource``)."""
+    return name in ("cpu", "memory") or name.startswith("hugepages-")
+
+
+def _containers(key: str, spec: Mapping[str, Any]) -> list[tuple[str, int, Any, Role]]:
+    """(kind, index, container, role): app containers, then init containers (restartable ones are sidecars)."""
+    out: list[tuple[str, int, Any, Role]] = []
+    for i, c in enumerate(_list(key, "spec.containers", spec.get("containers"))):
+        out.append(("containers", i, c, "app"))
+    for i, c in enumerate(_list(key, "spec.initContainers", spec.get("initContainers"))):
+        sidecar = isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
+        out.append(("initContainers", i, c, "sidecar" if sidecar else "init"))
+    return out
+
+
+def _pod_level(key: str, spec: Mapping[str, Any], containers: Mapping[str, int]) -> dict[str, int]:
+    """Pod-level requests after kube-apiserver's defaulting: a resource named in ``spec.resources.limits`` only
+    is requested at its containers' sum when they request it (cpu, memory), else at the limit; bad names and
+    requests below the containers' sum or above the limit are refused as kube-apiserver refuses them."""
+    res = _mapping(key, "spec.resources", spec.get("resources"))
+    if not res:
+        return {}
+    for part in ("requests", "limits"):
+        for name in _mapping(key, f"spec.resources.{part}", res.get(part)):
+            if not is_pod_level_resource(str(name)):
+                raise InvalidPodSpec(key, f"spec.resources.{part}.{name}",
+                                     "pod-level resources support only cpu, memory and hugepages-<size>")
+    if res.get("claims"):
+        raise InvalidPodSpec(key, "spec.resources.claims", "claims may not be set for resources at pod level")
+    requests = _resource_list(key, "spec.resources.requests", res.get("requests"))
+    limits = _resource_list(key, "spec.resources.limits", res.get("limits"))
+    out = dict(requests)
+    if limits:
+        for name, v in limits.items():
+            if name not in out:
+                overcommit = not name.startswith("hugepages-")
+                out[name] = containers[name] if overcommit and name in containers else v
+    for name, v in requests.items():
+        if name in containers and containers[name] > v:
+            raise InvalidPodSpec(key, f"spec.resources.requests.{name}",
+                                 f"must be greater than or equal to aggregate container requests ({v} < {containers[name]})")
+        if name in limits and limits[name] < v:
+            raise InvalidPodSpec(key, f"spec.resources.requests.{name}", f"must be less than or equal to the limit {limits[name]}")
+    return out
+
+
+def _overhead(key: str, spec: Mapping[str, Any]) -> dict[str, int]:
+    return _resource_list(key, "spec.overhead", spec.get("overhead"))
+
+
+def effective_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """Per-resource requests of a pod to place (kube-scheduler's ``PodRequests`` from the spec alone):
+    containers aggregated, pod-level resources over them, overhead added."""
+    key = pod_key(pod)
+    spec = _mapping(key, "spec", pod.get("spec"))
+    per: list[tuple[Role, dict[str, int] | None]] = [
+        (role, _container_requests(key, f"spec.{kind}[{i}]", c)) for kind, i, c, role in _containers(key, spec)]
+    total = _aggregate(per)
+    total.update(_pod_level(key, spec, total))
+    _add(total, _overhead(key, spec))
+    return total
+
+
+def resize_infeasible(pod: Mapping[str, Any]) -> bool:
+    """A ``PodResizePending`` condition with reason ``Infeasible``: the desired size will not be applied."""
+    for c in (_mapping(pod_key(pod), "status", pod.get("status")).get("conditions") or []):
+        if isinstance(c, Mapping) and c.get("type") == "PodResizePending":
+            return c.get("reason") == "Infeasible"
+    return False
+
+
+def counted_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """What a running pod holds on its node, as kube-scheduler's NodeInfo counts it (in-place resize GA):
+    per resource the larger of the desired, allocated and actuated sizes (desired left out while the resize
+    is ``Infeasible``), pod-level resources likewise, overhead added."""
+    key = pod_key(pod)
+    spec = _mapping(key, "spec", pod.get("spec"))
+    status = _mapping(key, "status", pod.get("status"))
+    infeasible = resize_infeasible(pod)
+    statuses: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    for kind in ("containerStatuses", "initContainerStatuses"):
+        for j, cs in enumerate(_list(key, f"status.{kind}", status.get(kind))):
+            if isinstance(cs, Mapping) and cs.get("name") not in statuses:
+                statuses[str(cs.get("name"))] = (f"status.{kind}[{j}]", cs)
+    desired: list[tuple[Role, dict[str, int] | None]] = []
+    allocated: list[tuple[Role, dict[str, int] | None]] = []
+    actuated: list[tuple[Role, dict[str, int] | None]] = []
+    for kind, i, c, role in _containers(key, spec):
+        want = _container_requests(key, f"spec.{kind}[{i}]", c)
+        desired.append((role, want))
+        path, cs = statuses.get(str(c.get("name")) if isinstance(c, Mapping) else "", ("", {}))
+        alloc = act = None
+        if cs.get("allocatedResources") is not None:
+            alloc = _resource_list(key, f"{path}.allocatedResources", cs.get("allocatedResources"))
+        cres = _mapping(key, f"{path}.resources", cs.get("resources"))
+        if cres.get("requests") is not None:
+            act = _resource_list(key, f"{path}.resources.requests", cres.get("requests"))
+        fallback = None if infeasible else want
+        allocated.append((role, alloc if alloc is not None else fallback))
+        actuated.append((role, act if act is not None else alloc if alloc is not None else fallback))
+    pod_alloc_raw = status.get("allocatedResources")
+    pod_res = _mapping(key, "status.resources", status.get("resources"))
+    if pod_alloc_raw is not None and pod_res.get("requests") is not None:
+        # pod-level resize: kubelet reports the pod's allocated and actuated sizes as a whole
+        alloc_total = _resource_list(key, "status.allocatedResources", pod_alloc_raw)
+        act_total = _resource_list(key, "status.resources.requests", pod_res.get("requests"))
+    else:
+        alloc_total, act_total = _aggregate(allocated), _aggregate(actuated)
+    want_total = _aggregate(desired)
+    total: dict[str, int] = {}
+    for part in ((act_total, alloc_total) if infeasible else (want_total, act_total, alloc_total)):
+        _max_into(total, part)
+    pod_want = _pod_level(key, spec, want_total)
+    if pod_want:
+        eff = {} if infeasible else dict(pod_want)
+        if status.get("resources") is not None:
+            _max_into(eff, _resource_list(key, "status.resources.requests", pod_res.get("requests")))
+            if pod_alloc_raw is not None:
+                _max_into(eff, _resource_list(key, "status.allocatedResources", pod_alloc_raw))
+        else:
+            eff = dict(pod_want)
+        total.update({k: v for k, v in eff.items() if is_pod_level_resource(k)})
+    _add(total, _overhead(key, spec))
     return total
 
 

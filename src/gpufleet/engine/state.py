@@ -221,13 +221,22 @@ class ClusterState:
         return c
 
     # --- reserve / unreserve ------------------------------------------------------
-    def check(self, a: Assignment) -> str | None:
-        """Why ``a`` cannot be reserved now, or None if it can."""
+    def check(self, a: Assignment, counts: bool = True) -> str | None:
+        """Why ``a`` cannot be reserved now, or None if it can.  ``counts=False`` checks devices only (GPUs,
+        MIG instances), not cpu, memory, pod slots and scalar resources: a pod kubelet already runs holds those
+        even where the node is over-committed (an in-place resize, another scheduler's pods)."""
         if a.pod_key in self.assignments:
             return f"pod {a.pod_key} is already assigned to {self.assignments[a.pod_key].node}"
         i = self.index.get(a.node)
         if i is None:
             return f"node {a.node} does not exist"
+        if counts:
+            why = self._check_counts(a, i)
+            if why:
+                return why
+        return self._check_devices(a, i)
+
+    def _check_counts(self, a: Assignment, i: int) -> str | None:
         if self.cpu_free[i] < a.cpu_milli:
             return f"node {a.node}: cpu {a.cpu_milli}m requested, {self.cpu_free[i]}m free"
         if self.mem_free[i] < a.memory_mib:
@@ -239,6 +248,9 @@ class ClusterState:
             have = int(sfree[i]) if sfree is not None else 0
             if have < amount:
                 return f"node {a.node}: {name} {amount} requested, {have} free"
+        return None
+
+    def _check_devices(self, a: Assignment, i: int) -> str | None:
         if len(set(a.gpu_indices)) != len(a.gpu_indices):
             return "GPU listed twice"
         if a.gpu_memory_mib and len(a.gpu_memory_mib) != len(a.gpu_indices):
@@ -263,9 +275,10 @@ class ClusterState:
                 return f"node {a.node}: MIG instance {inst} ({a.mig_profile}) is not free"
         return None
 
-    def reserve(self, a: Assignment) -> None:
-        """Take the assignment's resources; raises StateError rather than double-book."""
-        why = self.check(a)
+    def reserve(self, a: Assignment, overcommit: bool = False) -> None:
+        """Take the assignment's resources; raises StateError rather than double-book.  ``overcommit``: a
+        running pod's cpu, memory, pod slot and scalars are counted even beyond what is free (see ``check``)."""
+        why = self.check(a, counts=not overcommit)
         if why:
             raise StateError(why)
         i = self.index[a.node]
@@ -324,6 +337,24 @@ class ClusterState:
         self.version[i] += 1
         self.pods_on_node[a.node].discard(pod_key)
         return a
+
+    def resize(self, pod_key: str, cpu_milli: int, memory_mib: int, scalars: tuple[tuple[str, int], ...]) -> bool:
+        """A running pod now holds other cpu, memory or scalar amounts (in-place resize): counted as given, even
+        beyond what is free, so nothing else is placed into room the pod may take.  False if it holds nothing."""
+        a = self.assignments.get(pod_key)
+        if a is None:
+            return False
+        i = self.index[a.node]
+        self.cpu_free[i] += a.cpu_milli - cpu_milli
+        self.mem_free[i] += a.memory_mib - memory_mib
+        for name, amount in a.scalars:
+            self.scalar_free[name][i] += amount
+        kept = tuple((n, v) for n, v in scalars if n in self.scalar_free)
+        for name, amount in kept:
+            self.scalar_free[name][i] -= amount
+        self.assignments[pod_key] = replace(a, cpu_milli=cpu_milli, memory_mib=memory_mib, scalars=kept)
+        self.version[i] += 1
+        return True
 
     @contextmanager
     def transaction(self) -> Iterator["Transaction"]:

@@ -42,7 +42,7 @@ from .api import (
     NotFound,
     SchedulerApi,
 )
-from .convert import bound_assignment, is_terminal, node_from_json, node_ready
+from .convert import bound_assignment, held_amounts, is_terminal, node_from_json, node_ready
 from .loop_support import NOT_READY_TAINT, Stats, _rv, slim_pod
 from .policy_objects import PolicyObjects
 from .scheduling_queue import SchedulingQueue
@@ -259,12 +259,29 @@ class SchedulerCache:
         queue_ = self._queue_of_bound(pod)
         if (queue_, group) != (a.queue, a.pod_group):
             a = replace(a, queue=queue_, pod_group=group)
-        problem = self.state.check(a)
+        # devices are exclusive; cpu, memory and scalars a running pod holds count even past the node's free
+        # amount (an in-place resize not finished, another scheduler's pods), as kube-scheduler's NodeInfo counts
+        problem = self.state.check(a, counts=False)
         if problem:
             self.stats.double_book_refused += 1
             log.error("bound pod %s holds resources the snapshot already has taken: %s", key, problem)
             return
-        self.state.reserve(a)
+        self.state.reserve(a, overcommit=True)
+
+    def resized(self, key: str, pod: dict) -> bool:
+        """A held pod's cpu, memory or scalars changed (in-place resize): hold the new amounts; True if they did."""
+        a = self.state.assignments.get(key)
+        if a is None:
+            return False
+        try:
+            cpu, mem, scalars = held_amounts(pod, self.state, a.node)
+        except GpufleetError as exc:
+            log.warning("bound pod %s: %s; keeping what it held", key, exc)
+            return False
+        if (cpu, mem, scalars) == (a.cpu_milli, a.memory_mib, a.scalars):
+            return False
+        log.info("pod %s resized in place: holds cpu %dm memory %dMi (was %dm, %dMi)", key, cpu, mem, a.cpu_milli, a.memory_mib)
+        return self.state.resize(key, cpu, mem, scalars)
 
     def _classify(self, pod: dict) -> None:
         """Put a live pod object where it belongs (no snapshot changes)."""
@@ -333,7 +350,9 @@ class SchedulerCache:
                 self.reserve_bound(key, pod)
                 if old is not None:
                     if key not in self.state.assignments:
-                        self.state.reserve(old)  # the recorded GPUs clash with the snapshot: keep the model
+                        self.state.reserve(old, overcommit=True)  # the recorded GPUs clash with the snapshot: keep the model
+                    self.queue.wake_all()
+                if self.resized(key, pod):
                     self.queue.wake_all()
             return
         if key in in_flight or key in self.bound_pods:

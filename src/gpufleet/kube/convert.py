@@ -19,7 +19,7 @@ from ..engine.inventory import assignment_from_json, gpus_from_json, inventory_s
 from ..engine.model import Assignment, Gpu, MigInstance, Node, Taint
 from ..engine.podspec import (
     _NOT_SCALAR_PREFIXES,
-    effective_requests,
+    counted_requests,
     parse_pod,
     pod_key,
     scalar_requests,
@@ -158,6 +158,12 @@ def _bound_scalars(req: Mapping[str, int], state: ClusterState, node: str) -> tu
     return tuple((k, v) for k, v in scalar_requests(req) if k in state.scalar_cap and state.scalar_cap[k][i] > 0)
 
 
+def held_amounts(pod: Mapping[str, Any], state: ClusterState, node: str) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+    """cpu milli, memory MiB and scalars a bound pod holds now (in-place resize included)."""
+    req = counted_requests(pod)
+    return req.get("cpu", 0), req.get("memory", 0), _bound_scalars(req, state, node)
+
+
 def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
     """The resources a bound pod holds: its assignment annotation, else modelled from its requests.
 
@@ -168,7 +174,7 @@ def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
     the binding.
     """
     key = pod_key(pod)
-    req = effective_requests(pod)
+    req = counted_requests(pod)  # the larger of desired and allocated while an in-place resize is pending
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     spec = pod.get("spec") or {}
     node_name = spec.get("nodeName", "")
@@ -203,4 +209,4 @@ def bound_assignment(pod: Mapping[str, Any], state: ClusterState) -> Assignment:
                       priority=prio, scalars=_bound_scalars(req, state, node_name), terms=lenient_terms(pod))
 
 
-__all__ = ["bound_assignment", "is_terminal", "node_from_json", "node_ready", "parse_pod", "pod_key"]
+__all__ = ["bound_assignment", "held_amounts", "is_terminal", "node_from_json", "node_ready", "parse_pod", "pod_key"]

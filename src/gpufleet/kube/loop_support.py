@@ -96,7 +96,8 @@ def slim_pod(pod: dict) -> dict:
         return out
 
     ann_ = {k: v for k, v in (m.get("annotations") or {}).items() if k.startswith(ann.PREFIX)}
-    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead", "hostNetwork") if k in spec}
+    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead", "hostNetwork", "resources", "schedulingGroup")
+         if k in spec}
     # what other pods' constraints see: inter-pod (anti-)affinity terms (symmetry) and claimed volumes
     aff = {k: v for k, v in (spec.get("affinity") or {}).items() if k in ("podAffinity", "podAntiAffinity")}
     if aff:
@@ -110,7 +111,33 @@ def slim_pod(pod: dict) -> dict:
     meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "deletionTimestamp")
             if k in m}
     meta["annotations"] = ann_
-    return {"metadata": meta, "spec": s, "status": {"phase": (pod.get("status") or {}).get("phase")}}
+    return {"metadata": meta, "spec": s, "status": _resize_status(pod.get("status") or {})}
+
+
+def _resize_status(st: dict) -> dict:
+    """The status a running pod's held resources are counted from (in-place resize): phase, the resize
+    conditions, what kubelet allocated and actuated per container and for the pod."""
+    out: dict = {"phase": st.get("phase")}
+    conds = [c for c in st.get("conditions") or [] if isinstance(c, dict) and c.get("type") in ("PodResizePending", "PodResizeInProgress")]
+    if conds:
+        out["conditions"] = conds
+    for kind in ("containerStatuses", "initContainerStatuses"):
+        keep = []
+        for c in st.get(kind) or []:
+            if not isinstance(c, dict):
+                continue
+            k = {f: c[f] for f in ("name", "allocatedResources") if f in c}
+            if isinstance(c.get("resources"), dict) and "requests" in c["resources"]:
+                k["resources"] = {"requests": c["resources"]["requests"]}
+            if len(k) > 1:
+                keep.append(k)
+        if keep:
+            out[kind] = keep
+    if "allocatedResources" in st:
+        out["allocatedResources"] = st["allocatedResources"]
+    if isinstance(st.get("resources"), dict):
+        out["resources"] = {k: v for k, v in st["resources"].items() if k == "requests"}
+    return out
 
 
 def reason_text(status) -> str:
