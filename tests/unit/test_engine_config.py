@@ -33,7 +33,7 @@ def test_policy_names_include_the_six_paper_policies_and_default():
 def test_every_policy_profile_builds_and_schedules(name):
     prof = build_profile(name)
     assert isinstance(prof, Profile) and prof.name == name
-    reserve = ["StrandAwareFragScore"] if name in ("default", "strandfrag") else []  # the default's CPU reserve
+    reserve = ["SpotCapacity", "StrandAwareFragScore"] if name in ("default", "strandfrag") else []  # spot; the CPU reserve
     assert [f.name for f in prof.filters] == list(DEFAULT_FILTERS) + reserve
     assert prof.scores and all(w > 0 for _, w in prof.scores)
     assert prof.gpu_selector is not None

@@ -16,6 +16,7 @@ QUEUE = PREFIX + "queue"
 POD_GROUP = PREFIX + "pod-group"
 POD_GROUP_MIN = PREFIX + "pod-group-min-member"
 RECLAIM_OPT_OUT = PREFIX + "reclaim-opt-out"
+SPOT = PREFIX + "spot"  # prefer | allow | never: may the pod run on spot nodes (engine.capacity)
 
 # written by gpufleet itself
 ASSIGNMENT = PREFIX + "assignment"  # JSON: node, gpu indices/uuids, share
@@ -24,6 +25,6 @@ IDLE_WARNING = PREFIX + "idle-warning"
 EXTENDER_RETRY = PREFIX + "extender-retry"  # time the extender asked kube-scheduler to retry a pod it had parked
 
 POD_INPUT_ANNOTATIONS = frozenset(
-    {GPU_MILLI, GPU_MEMORY, GPU_MODELS, GPU_MODELS_DENY, QUEUE, POD_GROUP, POD_GROUP_MIN, RECLAIM_OPT_OUT}
+    {GPU_MILLI, GPU_MEMORY, GPU_MODELS, GPU_MODELS_DENY, QUEUE, POD_GROUP, POD_GROUP_MIN, RECLAIM_OPT_OUT, SPOT}
 )
 POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING, EXTENDER_RETRY})

@@ -34,7 +34,7 @@ each pod on one NVLink island.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -177,6 +177,24 @@ def _domains(st: ClusterState, members: Sequence[PodRequest], topology_key: str 
     return out
 
 
+def _partitioned(sched: Scheduler, members: Sequence[PodRequest], domains: list[np.ndarray]) -> Iterator[tuple[np.ndarray, bool]]:
+    """The domains, each cut by the node sets a filter keeps a whole gang within (``gang_partitions``: spot or
+    on-demand, in the plugin's order); with the flag that says it is the widest set of its partition."""
+    parts = None
+    for p in sched.profile.filters:
+        f = getattr(p, "gang_partitions", None)
+        if f is not None and (parts := f(members, sched.state)):
+            break
+    if not parts:
+        yield from ((d, bool(d.all())) for d in domains)
+        return
+    for part in parts:
+        for k, d in enumerate(domains):
+            m = d & part
+            if m.any():
+                yield m, k == len(domains) - 1
+
+
 def _try_place(sched: Scheduler, tx: Transaction, r: PodRequest, allowed: np.ndarray,
                used: list[int], waited_s: float = 0.0, take_held: bool = False) -> tuple[Decision, Cycle]:
     """Decide one member on the transaction's view: first on the nodes the gang uses."""
@@ -222,7 +240,7 @@ def place_gang(sched: Scheduler, group: str, members: Sequence[PodRequest], min_
             f"pod group {group}: {len(members)} of the {need} required members exist", plugin=PLUGIN))
     first_failure = ""
     best = 0
-    for allowed in _domains(st, members, topology_key):
+    for allowed, widest in _partitioned(sched, members, _domains(st, members, topology_key)):
         tx = Transaction(st)
         placed: list[Decision] = []
         cycles: list[Cycle] = []
@@ -234,7 +252,7 @@ def place_gang(sched: Scheduler, group: str, members: Sequence[PodRequest], min_
             if dec.ok:
                 placed.append(dec)
                 cycles.append(cycle)
-            elif not first_failure and allowed.all():
+            elif not first_failure and widest:
                 first_failure = f"{r.key}: {dec.status.message}"
         if len(placed) >= need:
             tx.commit()

@@ -144,6 +144,8 @@ class PodRequest:
     # labels and pod-to-pod / port / volume terms (None: no labels, no terms, as in a trace)
     terms: PodTerms | None = field(default=None, compare=False, hash=False)
     preempt_never: bool = False  # spec.preemptionPolicy: Never (waits, never evicts lower-priority pods)
+    priority_class: str = ""  # spec.priorityClassName
+    spot: str | None = None  # gpufleet.io/spot: prefer | allow | never (None: from the PriorityClass, see engine.capacity)
 
     @property
     def key(self) -> str:

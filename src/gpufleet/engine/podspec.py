@@ -445,6 +445,13 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         except ValueError:
             raise InvalidPodSpec(key, f"metadata.annotations[{ann.POD_GROUP_MIN}]", f"must be a positive integer, got {annotations[ann.POD_GROUP_MIN]!r}") from None
 
+    spot = annotations.get(ann.SPOT)
+    if spot is not None and spot.strip() not in ("prefer", "allow", "never"):
+        raise InvalidPodSpec(key, f"metadata.annotations[{ann.SPOT}]", f"must be prefer, allow or never, got {spot!r}")
+    pclass = spec.get("priorityClassName") or ""
+    if not isinstance(pclass, str):
+        raise InvalidPodSpec(key, "spec.priorityClassName", f"must be a string, got {pclass!r}")
+
     return PodRequest(
         name=meta.get("name") or "<unnamed>",
         namespace=meta.get("namespace") or "default",
@@ -470,4 +477,6 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         scalars=scalar_requests(req),
         terms=terms,
         preempt_never=pp == "Never",
+        priority_class=pclass,
+        spot=spot.strip() if spot is not None else None,
     )

@@ -21,6 +21,7 @@ from ..engine.plugins.nodeports import NodePorts
 from ..engine.plugins.noderesources import LeastAllocated, MostAllocated, NodeResourcesFit
 from ..engine.plugins.nodeunschedulable import NodeUnschedulable
 from ..engine.plugins.podtopologyspread import PodTopologySpread
+from ..engine.plugins import spotcapacity
 from ..engine.plugins.spread import Spread
 from ..engine.plugins.tainttoleration import TaintToleration
 from ..engine.plugins.volumes import NodeVolumeLimits, VolumeBinding
@@ -42,6 +43,7 @@ def registry() -> Registry:
     r.register("MostAllocated", MostAllocated)
     r.register("Spread", Spread)
     r.register("BestFitGpu", BestFitGpu)
+    r.register(spotcapacity.PLUGIN, spotcapacity.make)
     from ..engine.plugins.queuequota import register as _register_queues
     from . import paper
 
