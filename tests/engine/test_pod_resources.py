@@ -172,6 +172,14 @@ def test_state_counts_a_resized_pod_past_free_and_gives_it_back():
     assert st.resize("ml/a", 1000, 100, ())  # a resize down is done
     assert int(st.cpu_free[0]) == 1000 and st.assignments["ml/a"].cpu_milli == 1000
     assert not st.resize("ml/gone", 1, 1, ())
+    st.resize("ml/a", 3000, 100, ())
+    # the node set or a node changes: what was held stays held, over-committed or not
+    st.add_node(gpu_node("n2"))
+    st.update_node(gpu_node("n1", cpu_milli=4000, labels={"zone": "a"}))
+    assert set(st.assignments) == {"ml/a", "ml/b"} and int(st.cpu_free[st.index["n1"]]) == -1000
+    with st.transaction() as tx:
+        tx.evict("ml/a")
+    assert "ml/a" in st.assignments  # rolled back
     st.unreserve("ml/a")
     st.unreserve("ml/b")
-    assert int(st.cpu_free[0]) == 4000
+    assert int(st.cpu_free[st.index["n1"]]) == 4000

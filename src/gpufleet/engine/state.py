@@ -130,7 +130,7 @@ class ClusterState:
         self.assignments = {}
         for a in old.values():
             if a.node in self.index:
-                self.reserve(a)
+                self.reserve(a, overcommit=True)  # held before: kept, even where a resize over-committed the node
 
     def add_node(self, node: Node) -> None:
         if node.name in self.index:
@@ -148,7 +148,7 @@ class ClusterState:
         return lost
 
     def update_node(self, node: Node) -> list[Assignment]:
-        """Replace a node's spec (labels, taints, GPUs); keeps the pods that still fit.
+        """Replace a node's spec (labels, taints, GPUs); keeps the pods whose devices are still there.
 
         Returns the assignments that no longer fit (e.g. a GPU disappeared).
         """
@@ -164,7 +164,7 @@ class ClusterState:
         lost = []
         for a in on_node:
             try:
-                self.reserve(a)
+                self.reserve(a, overcommit=True)  # only lost devices lose a pod: kubelet keeps running the rest
             except StateError:
                 lost.append(a)
         return lost
@@ -398,6 +398,6 @@ class Transaction:
         for k in reversed(self.reserved):
             self.state.unreserve(k)
         for a in reversed(self.removed):
-            self.state.reserve(a)
+            self.state.reserve(a, overcommit=True)
         self.reserved.clear()
         self.removed.clear()
