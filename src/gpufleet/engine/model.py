@@ -66,6 +66,8 @@ class Node:
     gpu_slots: int = 0
     # kubelet's allocatable nvidia.com/gpu (healthy devices it will hand out); -1 = unknown (simulator)
     gpu_devices: int = -1
+    # status.declaredFeatures: node features kubelet declares (NodeDeclaredFeatures, GA in 1.37)
+    declared_features: frozenset[str] = frozenset()
 
 
 # --- pod requests ---------------------------------------------------------------
@@ -144,6 +146,8 @@ class PodRequest:
     # labels and pod-to-pod / port / volume terms (None: no labels, no terms, as in a trace)
     terms: PodTerms | None = field(default=None, compare=False, hash=False)
     preempt_never: bool = False  # spec.preemptionPolicy: Never (waits, never evicts lower-priority pods)
+    # node features the pod needs (kube-scheduler's NodeDeclaredFeatures infers them from the spec)
+    node_features: frozenset[str] = frozenset()
     priority_class: str = ""  # spec.priorityClassName
     spot: str | None = None  # gpufleet.io/spot: prefer | allow | never (None: from the PriorityClass, see engine.capacity)
 

@@ -283,6 +283,36 @@ def counted_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     return total
 
 
+# node features a pod needs, as kube-scheduler 1.37's NodeDeclaredFeatures infers them (component-helpers
+# nodedeclaredfeatures: only these three features have a scheduling requirement)
+FEATURE_RESTART_ALL = "RestartAllContainersOnContainerExits"
+FEATURE_USERNS_HOST_NETWORK = "UserNamespacesHostNetworkSupport"
+FEATURE_BIND_MOUNT_OPTIONS = "VolumeBindMountOptions"
+
+
+def required_node_features(pod: str, spec: Mapping[str, Any]) -> frozenset[str]:
+    """Features the pod's node must declare in ``status.declaredFeatures``: a container restart rule
+    ``RestartAllContainers``, host network with ``hostUsers: false``, a volume mount with ``bindMountOptions``."""
+    out: set[str] = set()
+    for kind in ("containers", "initContainers", "ephemeralContainers"):
+        for i, c in enumerate(_list(pod, f"spec.{kind}", spec.get(kind))):
+            if not isinstance(c, Mapping):
+                continue
+            if kind != "ephemeralContainers":
+                for rule in _list(pod, f"spec.{kind}[{i}].restartPolicyRules", c.get("restartPolicyRules")):
+                    if isinstance(rule, Mapping) and rule.get("action") == "RestartAllContainers":
+                        out.add(FEATURE_RESTART_ALL)
+            for j, m in enumerate(_list(pod, f"spec.{kind}[{i}].volumeMounts", c.get("volumeMounts"))):
+                if isinstance(m, Mapping) and _list(pod, f"spec.{kind}[{i}].volumeMounts[{j}].bindMountOptions", m.get("bindMountOptions")):
+                    out.add(FEATURE_BIND_MOUNT_OPTIONS)
+    host_users = spec.get("hostUsers")
+    if host_users is not None and not isinstance(host_users, bool):
+        raise InvalidPodSpec(pod, "spec.hostUsers", f"must be true or false, got {host_users!r}")
+    if spec.get("hostNetwork") and host_users is False:
+        out.add(FEATURE_USERNS_HOST_NETWORK)
+    return frozenset(out)
+
+
 def _requirement(pod: str, path: str, e: Any) -> Requirement:
     if not isinstance(e, Mapping):
         raise InvalidPodSpec(pod, path, "must be an object")
@@ -479,4 +509,5 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         preempt_never=pp == "Never",
         priority_class=pclass,
         spot=spot.strip() if spot is not None else None,
+        node_features=required_node_features(key, spec),
     )

@@ -97,9 +97,12 @@ def node_from_json(obj: Mapping[str, Any]) -> Node:
         v = q(key, lambda x: -(-to_milli(x) // 1000), 0)
         if v > 0:
             scalars.append((str(key), v))
+    features = status.get("declaredFeatures") or []
+    if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+        raise InvalidNodeSpec(name, "status.declaredFeatures", f"must be a list of feature names, got {features!r}")
     return Node(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, labels=labels, taints=tuple(taints),
                 unschedulable=bool(spec.get("unschedulable")), max_pods=pods, scalars=tuple(sorted(scalars)),
-                gpu_slots=slots, gpu_devices=devices)
+                gpu_slots=slots, gpu_devices=devices, declared_features=frozenset(features))
 
 
 def _gpus_from_nvidia_plugin(name: str, labels: Mapping[str, str], alloc: Mapping[str, Any], q) -> tuple[tuple[Gpu, ...], int]:

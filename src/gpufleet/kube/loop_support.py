@@ -214,7 +214,8 @@ class EventSink:
 
 
 # pod-to-pod and volume plugins: in extender mode kube-scheduler runs its own, so gpufleet leaves them out
-KUBE_SCHEDULER_HANDLES = ("NodePorts", "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread")
+KUBE_SCHEDULER_HANDLES = ("NodePorts", "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread",
+                          "NodeDeclaredFeatures")
 
 
 def without_plugins(profile: Profile, names: tuple[str, ...]) -> Profile:

@@ -17,6 +17,7 @@ from ..engine.plugins.gpufit import GpuFit
 from ..engine.plugins.gpuselect import BestFitGpu
 from ..engine.plugins.interpodaffinity import InterPodAffinity
 from ..engine.plugins.nodeaffinity import NodeAffinity
+from ..engine.plugins.nodedeclaredfeatures import NodeDeclaredFeatures
 from ..engine.plugins.nodeports import NodePorts
 from ..engine.plugins.noderesources import LeastAllocated, MostAllocated, NodeResourcesFit
 from ..engine.plugins.nodeunschedulable import NodeUnschedulable
@@ -32,6 +33,7 @@ def registry() -> Registry:
     r.register("NodeUnschedulable", NodeUnschedulable)
     r.register("NodeAffinity", NodeAffinity)
     r.register("TaintToleration", TaintToleration)
+    r.register("NodeDeclaredFeatures", NodeDeclaredFeatures)
     r.register("NodeResourcesFit", NodeResourcesFit)
     r.register("GpuFit", GpuFit)
     r.register("NodePorts", NodePorts)

@@ -3,5 +3,5 @@
 ``DEFAULT_FILTERS`` is the filter list of a profile that names none: kube-scheduler's filters, then ``GpuFit``.
 """
 
-DEFAULT_FILTERS = ("NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeResourcesFit", "NodePorts",
-                   "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread", "GpuFit")
+DEFAULT_FILTERS = ("NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeDeclaredFeatures", "NodeResourcesFit",
+                   "NodePorts", "VolumeBinding", "NodeVolumeLimits", "InterPodAffinity", "PodTopologySpread", "GpuFit")
