@@ -21,6 +21,17 @@ production, injected in tests).  What no sharer's process explains is
 exported unattributed, so per-GPU sums still equal the device's numbers; the
 other metrics are device-wide and exported once per GPU, unattributed.
 
+``gpufleet_pod_gpu_allocated`` says how much of each GPU a container holds (1 a
+whole GPU, 0.5 a 500-milli share, 3/7 a MIG 3g slice), labelled like the
+utilisation series plus the pod's workload (``workload_kind``, ``workload``:
+Deployment from a ReplicaSet's pod-template-hash, else the controller owner).
+Divided into the utilisation series it gives a pod's use of *its own part* of
+the GPU -- what an autoscaler must target (a 0.5 share busy 35% of the GPU is
+at 70% of what it holds); ``deploy/autoscaling`` records that.  It is exported
+only when the pods' assignments could be read (API access): without them a
+share could not be told from a whole GPU, and a wrong denominator would make an
+autoscaler act on garbage.
+
 One scrape reads NVML once per GPU (a custom collector): telemetry per GPU,
 the process list only when some GPU is shared, and no inventory walk (the
 GPU list is read at start and on ``refresh_inventory``).
@@ -33,11 +44,12 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Iterable, Mapping, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 
+from ..engine.gpu_models import mig_fraction
 from .nvml import Backend, GpuInfo
 
 log = logging.getLogger(__name__)
@@ -55,9 +67,11 @@ XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 HEALTH_METRIC = "gpufleet_gpu_healthy"
 PODRESOURCES_UP = "gpufleet_exporter_podresources_up"
 SCRAPE_SECONDS = "gpufleet_exporter_collect_seconds"
-ALL_METRICS = (*METRICS, XID_METRIC, HEALTH_METRIC, PODRESOURCES_UP, SCRAPE_SECONDS)
+ALLOCATED_METRIC = "gpufleet_pod_gpu_allocated"
+ALL_METRICS = (*METRICS, XID_METRIC, HEALTH_METRIC, PODRESOURCES_UP, SCRAPE_SECONDS)  # every scrape; ALLOCATED_METRIC when pods are known
 DEVICE_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 LABELS = DEVICE_LABELS + ["container", "namespace", "pod"]
+ALLOCATED_LABELS = LABELS + ["workload_kind", "workload"]
 PER_SHARER = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL")
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
@@ -71,6 +85,83 @@ class ContainerRef:
 
 class PodDevices(Protocol):
     def devices(self) -> dict[str, list[ContainerRef]]: ...  # GPU or MIG UUID -> containers holding it
+
+
+@dataclass(frozen=True)
+class PodMeta:
+    """What the allocation metric needs of a pod on this node (from its JSON)."""
+
+    gpu_milli: int = 0  # the assignment's compute share per GPU; 0 or 1000: whole GPUs (or a memory-only share)
+    gpu_memory_mib: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> MiB a memory share reserved there
+    mig: Mapping[str, float] = field(default_factory=dict)  # GPU UUID -> part of it the assigned MIG instances are
+    workload_kind: str = "Pod"
+    workload: str = ""
+
+
+def workload_of(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of the pod's workload, from the pod alone (no owner lookups on the node).
+
+    A ReplicaSet named ``<deployment>-<pod-template-hash>`` (the Deployment controller's naming, with the hash
+    also on the pod as the ``pod-template-hash`` label) is its Deployment; any other controller owner stands for
+    itself (StatefulSet, DaemonSet, Job, a bare ReplicaSet); a pod without one is its own workload.
+    """
+    meta = pod.get("metadata") or {}
+    refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, Mapping) and r.get("kind") and r.get("name")]
+    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    if ref is None:
+        return "Pod", str(meta.get("name") or "")
+    kind, name = str(ref["kind"]), str(ref["name"])
+    h = str((meta.get("labels") or {}).get("pod-template-hash") or "")
+    if kind == "ReplicaSet" and h and name.endswith("-" + h) and len(name) > len(h) + 1:
+        return "Deployment", name[: -len(h) - 1]
+    return kind, name
+
+
+def pod_meta_from_json(pods: Iterable[Mapping]) -> dict[tuple[str, str], PodMeta]:
+    """Pod JSON (the pods on this node) -> {(namespace, pod): PodMeta}; a malformed assignment counts as none."""
+    import json
+
+    from ..engine.annotations import ASSIGNMENT
+
+    out: dict[tuple[str, str], PodMeta] = {}
+    for p in pods:
+        meta = p.get("metadata") or {}
+        kind, name = workload_of(p)
+        milli, mem, mig = 0, dict[str, int](), dict[str, float]()
+        raw = (meta.get("annotations") or {}).get(ASSIGNMENT)
+        if raw:
+            try:
+                d = json.loads(raw)
+                m = d.get("gpu_milli") or 0
+                milli = m if isinstance(m, int) and 0 < m < 1000 else 0
+                gpus = [g for g in d.get("gpus") or [] if isinstance(g, Mapping) and g.get("uuid")]
+                for g, mib in zip(gpus, d.get("gpu_memory_mib") or []):
+                    if isinstance(mib, int) and mib > 0:
+                        mem[str(g["uuid"])] = mib
+                uuid_of = {g.get("index"): str(g["uuid"]) for g in gpus}
+                for inst in d.get("mig") or []:
+                    u = uuid_of.get(inst.get("gpu"))
+                    if u:
+                        mig[u] = mig.get(u, 0.0) + mig_fraction(str(d.get("mig_profile") or ""))
+            except (ValueError, AttributeError, TypeError):
+                milli, mem, mig = 0, {}, {}  # the scheduler and the device plugin report malformed annotations
+        out[(meta.get("namespace") or "default", meta.get("name") or "")] = PodMeta(milli, mem, mig, kind, name)
+    return out
+
+
+def held_fraction(gpu: GpuInfo, device: str, meta: PodMeta) -> float:
+    """How much of ``gpu`` a container holds through ``device`` (the GPU's or one of its MIG instances' UUID)."""
+    for m in gpu.mig:
+        if m.uuid == device:
+            return mig_fraction(m.profile)
+    if gpu.uuid in meta.mig:  # MIG instances the assignment names, attributed to their GPU
+        return min(1.0, meta.mig[gpu.uuid])
+    if 0 < meta.gpu_milli < 1000:
+        return meta.gpu_milli / 1000.0
+    mib = meta.gpu_memory_mib.get(gpu.uuid, 0)
+    if mib > 0 and gpu.memory_mib > 0:  # a memory-only share: its part of the GPU's memory
+        return min(1.0, mib / gpu.memory_mib)
+    return 1.0
 
 
 def device_uuid(device_id: str) -> str:
@@ -248,19 +339,30 @@ class CgroupResolver:
 
 
 class KubeNodePods:
-    """Pods on this node through the API (official client), for the resolver and the assignments."""
+    """Pods on this node through the API (official client), for the resolver, the assignments and the allocations.
 
-    def __init__(self, core_v1, node: str, ttl_s: float = 15.0) -> None:
-        self.core, self.node, self.ttl = core_v1, node, ttl_s
+    The list is kept ``ttl_s``; a pod kubelet reports that the list does not have yet (just started) makes it be
+    read again at once, at most every ``min_refresh_s``, so a new replica's series follow within a scrape or two.
+    """
+
+    def __init__(self, core_v1, node: str, ttl_s: float = 15.0, min_refresh_s: float = 2.0) -> None:
+        self.core, self.node, self.ttl, self.min_refresh_s = core_v1, node, ttl_s, min_refresh_s
         self._pods: list[dict] = []
         self._at = -1e18
 
-    def pods(self) -> list[dict]:
-        if time.monotonic() - self._at > self.ttl:
+    def pods(self, force: bool = False) -> list[dict]:
+        age = time.monotonic() - self._at
+        if age > self.ttl or (force and age > self.min_refresh_s):
             items = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}").items
             self._pods = [self.core.api_client.sanitize_for_serialization(x) for x in items]
             self._at = time.monotonic()
         return self._pods
+
+    def pod_meta(self, wanted: Collection[tuple[str, str]] = ()) -> dict[tuple[str, str], PodMeta]:
+        meta = pod_meta_from_json(self.pods())
+        if any(k not in meta for k in wanted):
+            meta = pod_meta_from_json(self.pods(force=True))
+        return meta
 
     def index(self) -> dict[str, PodEntry]:
         return pod_index_from_json(self.pods())
@@ -294,13 +396,15 @@ class GpuCollector:
     def __init__(self, backend: Backend, hostname: str, pods: PodDevices | None = None,
                  pid_to_container: Callable[[int], ContainerRef | None] | None = None,
                  assignments: Callable[[], Mapping[tuple[str, str], list[str]]] | None = None,
-                 health: Callable[[], Mapping[int, bool]] | None = None) -> None:
+                 health: Callable[[], Mapping[int, bool]] | None = None,
+                 pod_meta: Callable[[Collection[tuple[str, str]]], Mapping[tuple[str, str], PodMeta]] | None = None) -> None:
         self.backend = backend
         self.hostname = hostname
         self.pods = pods
         self.pid_to_container = pid_to_container or (lambda pid: None)
         self.assignments = assignments
         self.health = health
+        self.pod_meta = pod_meta
         self.xid_counts: dict[int, int] = {}
         self.last_xid: dict[int, int] = {}
         self._gpus: list[GpuInfo] = backend.gpus()
@@ -313,27 +417,52 @@ class GpuCollector:
             self.last_xid[e.gpu_index] = e.xid
             self.xid_counts[e.gpu_index] = self.xid_counts.get(e.gpu_index, 0) + 1
 
-    def _holders(self) -> tuple[dict[str, list[ContainerRef]], bool]:
+    def _holders(self) -> tuple[dict[str, list[ContainerRef]], bool, Mapping[tuple[str, str], PodMeta] | None]:
+        """(GPU/MIG UUID -> containers, PodResources answered, pod metadata or None when it could not be read)."""
         if self.pods is None:
-            return {}, False
+            return {}, False, None
         try:
             holders = self.pods.devices()
         except Exception as exc:  # kubelet away (restarting): device metrics still flow, unattributed
             log.debug("PodResources List failed: %s", exc)
-            return {}, False
+            return {}, False, None
+        meta = None
+        if self.pod_meta is not None:  # first: it re-reads the node's pods when a new one holds a GPU
+            try:
+                meta = self.pod_meta({(r.namespace, r.pod) for refs in holders.values() for r in refs})
+            except Exception as exc:
+                log.debug("pod metadata unavailable: %s", exc)
         if self.assignments is not None:
             try:
                 holders = apply_assignments(holders, self.assignments())
             except Exception as exc:
                 log.debug("assignments unavailable: %s", exc)
-        return holders, True
+                meta = None  # who holds which GPU is kubelet's guess now: no allocations from it
+        return holders, True, meta
+
+    def _allocated(self, holders: Mapping[str, list[ContainerRef]], meta: Mapping[tuple[str, str], PodMeta]) -> GaugeMetricFamily:
+        fam = GaugeMetricFamily(ALLOCATED_METRIC, "Part of this GPU the container holds (1 a whole GPU, 0.5 a 500-milli "
+                                "share, 3/7 a MIG 3g instance); DCGM_FI_DEV_GPU_UTIL over it is the use of its own part.",
+                                labels=ALLOCATED_LABELS)
+        for g in self._gpus:
+            held: dict[ContainerRef, float] = {}
+            for dev in (g.uuid, *(m.uuid for m in g.mig)):
+                for r in holders.get(dev, []):
+                    pm = meta.get((r.namespace, r.pod))
+                    if pm is not None:  # a pod not listed yet: no series rather than a guess
+                        held[r] = held.get(r, 0.0) + held_fraction(g, dev, pm)
+            for r, frac in held.items():
+                pm = meta[(r.namespace, r.pod)]
+                fam.add_metric([str(g.index), g.uuid, f"nvidia{g.index}", g.name, self.hostname, r.container, r.namespace,
+                                r.pod, pm.workload_kind, pm.workload], round(frac, 6))
+        return fam
 
     def collect(self):
         t0 = time.perf_counter()
         fams = {name: GaugeMetricFamily(name, help_, labels=LABELS) for name, (help_, _) in METRICS.items()}
         xid = GaugeMetricFamily(XID_METRIC, "Value of the last XID error encountered.", labels=LABELS)
         healthy = GaugeMetricFamily(HEALTH_METRIC, "1 if the GPU is healthy (no fatal XID, NVML answers), else 0.", labels=DEVICE_LABELS)
-        holders, up = self._holders()
+        holders, up, meta = self._holders()
         users_of: dict[int, list[ContainerRef]] = {}
         for g in self._gpus:
             users = list(holders.get(g.uuid, []))
@@ -409,6 +538,8 @@ class GpuCollector:
         yield from fams.values()
         yield xid
         yield healthy
+        if meta is not None:
+            yield self._allocated(holders, meta)
         pr = GaugeMetricFamily(PODRESOURCES_UP, "1 if kubelet's PodResources API answered this scrape.")
         pr.add_metric([], 1.0 if up else 0.0)
         yield pr
@@ -421,9 +552,10 @@ def build_collector(backend: Backend, hostname: str, pod_resources_socket: str |
                     health: Callable[[], Mapping[int, bool]] | None = None, proc_root: str = "/proc") -> GpuCollector:
     """The production wiring: PodResources, and with API access the pid resolver and gpufleet assignments."""
     pods = KubeletPodResources(pod_resources_socket) if pod_resources_socket else None
-    resolver = assignments = None
+    resolver = assignments = pod_meta = None
     if core_v1 is not None and node_name:
         node_pods = KubeNodePods(core_v1, node_name)
         resolver = CgroupResolver(node_pods.index, proc_root=proc_root)
         assignments = node_pods.assignments
-    return GpuCollector(backend, hostname, pods, resolver, assignments, health)
+        pod_meta = node_pods.pod_meta
+    return GpuCollector(backend, hostname, pods, resolver, assignments, health, pod_meta)

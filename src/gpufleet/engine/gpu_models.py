@@ -9,6 +9,7 @@ for memory-based fractional requests against those nodes).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -73,3 +74,13 @@ def mig_profile_memory_mib(profile: str) -> int | None:
             if p == profile:
                 best = max(best or 0, mem)
     return best
+
+
+MIG_SLICES = 7  # compute slices of a MIG-capable GPU (A100, H100, H200)
+_MIG_RE = re.compile(r"^(\d+)g\.")
+
+
+def mig_fraction(profile: str) -> float:
+    """``3g.40gb`` -> 3/7 of a GPU; unknown shapes count as a whole GPU."""
+    m = _MIG_RE.match(profile)
+    return min(1.0, int(m.group(1)) / MIG_SLICES) if m else 1.0

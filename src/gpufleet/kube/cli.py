@@ -106,6 +106,11 @@ class Metrics:
                                  ["reason"], registry=self.registry)
         self.held_room = Counter("gpufleet_held_room_placements_total", "Pods placed in room the policy held for pods not "
                                  "yet here (the default's CPU reserve) rather than evict lower-priority pods", registry=self.registry)
+        self.queue_pending_pods = Gauge("gpufleet_queue_pending_pods", "Pods waiting for gpufleet, per team queue (0 when none)",
+                                        ["queue"], registry=self.registry)
+        self.queue_pending_gpus = Gauge("gpufleet_queue_pending_gpus", "GPUs the pods waiting in a team queue ask for (a "
+                                        "500-milli share 0.5, a MIG instance its slices of 7; 0 when none)", ["queue"],
+                                        registry=self.registry)
 
     def on_attempt(self, result: str, seconds: float) -> None:
         self.attempts.labels(result).inc()

@@ -24,19 +24,21 @@ from typing import Any
 from .api import Gone, SchedulerApi
 from .leader import LeaseElector
 from .loop import SchedulerLoop
+from .queue_metrics import QueueGauges, pending_by_queue
 
 log = logging.getLogger("gpufleet.scheduler")
 
 
 class Runner:
     def __init__(self, api: SchedulerApi, loop: SchedulerLoop, elector: LeaseElector | None = None, metrics: Any = None,
-                 watch_timeout_s: int = 60, slice_s: float = 0.2, lock: Any = None):
+                 watch_timeout_s: int = 60, slice_s: float = 0.2, lock: Any = None, queue_metrics_every_s: float = 1.0):
         self.api = api
         self.loop = loop
         self.elector = elector
         self.metrics = metrics
         self.watch_timeout_s = watch_timeout_s
         self.slice_s = slice_s
+        self.queue_metrics_every_s = queue_metrics_every_s  # per-queue pending gauges: a pass over the pending pods
         self.q: queue.Queue = queue.Queue()
         self.ready = threading.Event()
         self.relists = {"node": 0, "pod": 0}
@@ -134,6 +136,10 @@ class Runner:
             t.start()
             self._threads.append(t)
         binds_seen = held_seen = 0
+        queues_at = -1e18
+        queue_gauges = None
+        if self.metrics is not None and hasattr(self.metrics, "queue_pending_gpus"):
+            queue_gauges = QueueGauges(self.metrics.queue_pending_pods, self.metrics.queue_pending_gpus)
         evictions_seen = {"preempted": 0, "reclaimed": 0, "already_gone": 0}
         while not stop.is_set():
             leading = self.leading()
@@ -172,6 +178,11 @@ class Runner:
                     binds_seen = loop.stats.binds
                 for s in loop.stats.e2e_s:
                     m.e2e.observe(s)
+                if queue_gauges is not None and time.monotonic() - queues_at >= self.queue_metrics_every_s:
+                    queues_at = time.monotonic()
+                    with self.lock:
+                        by_queue = pending_by_queue(loop.pending, loop.cache.request, (q.name for q in loop.objects.queues))
+                    queue_gauges.update(by_queue)
             loop.stats.e2e_s.clear()
         with self.lock:
             loop.close()

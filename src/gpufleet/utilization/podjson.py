@@ -10,23 +10,13 @@ everywhere, a MIG 3g.40gb slice as 3/7 of a GPU).  Bad values raise
 from __future__ import annotations
 
 import datetime as _dt
-import re
 from typing import Any, Mapping
 
 from ..engine import annotations as ann
 from ..engine.errors import InvalidPodSpec
+from ..engine.gpu_models import mig_fraction
 from ..engine.inventory import assignment_from_json
 from ..engine.podspec import GPU_RESOURCE, MIG_PREFIX, effective_requests, pod_key
-
-MIG_SLICES = 7  # compute slices of a MIG-capable GPU (A100, H100, H200)
-_MIG_RE = re.compile(r"^(\d+)g\.")
-
-
-def mig_fraction(profile: str) -> float:
-    """``3g.40gb`` -> 3/7 of a GPU; unknown shapes count as a whole GPU."""
-    m = _MIG_RE.match(profile)
-    return min(1.0, int(m.group(1)) / MIG_SLICES) if m else 1.0
-
 
 def gpus_held(pod: Mapping[str, Any], gpu_total_mib: Mapping[tuple[str, int], int] | None = None) -> float:
     """GPUs the pod holds, fractional for shares and MIG slices (0.0: no GPU).
