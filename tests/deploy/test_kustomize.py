@@ -20,7 +20,11 @@ ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
-BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass"]
+BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass", "autoscaling"]
+# the one workload that is not gpufleet's image: the ecosystem's metrics adapter, at the version
+# scripts/build-prometheus-adapter.sh builds for the autoscaling tests
+ADAPTER_VERSION = re.search(r"^VERSION=(v[0-9.]+)$", (ROOT / "scripts" / "build-prometheus-adapter.sh").read_text(), re.MULTILINE)[1]  # type: ignore[index]
+THIRD_PARTY = {"prometheus-adapter": f"registry.k8s.io/prometheus-adapter/prometheus-adapter:{ADAPTER_VERSION}"}
 
 
 def kustomizations() -> list[Path]:
@@ -52,6 +56,8 @@ def all_docs() -> list[dict]:
 
 def test_workloads_run_this_version_of_the_image_as_the_image_expects():
     cs = containers(all_docs())
+    assert {n: c["image"] for n, _, c in cs if n in THIRD_PARTY} == THIRD_PARTY
+    cs = [x for x in cs if x[0] not in THIRD_PARTY]
     assert {n for n, _, _ in cs} == {"gpufleet-scheduler", "gpufleet-extender", "gpufleet-agent", "gpufleet-reclaim"}
     for name, spec, c in cs:
         assert c["image"] == IMAGE, (name, c["image"])  # bump pyproject's version and the manifests together
@@ -105,6 +111,8 @@ def test_kubectl_kustomize_builds(base):
     images = {c["image"] for _, _, c in containers(docs)}
     if base.endswith("e2e-overlay"):
         assert images == {"localhost/gpufleet:e2e-test"}
+    elif base == "autoscaling":
+        assert images == {THIRD_PARTY["prometheus-adapter"]}
     elif images:
         assert images == {IMAGE}
     if base == "":
