@@ -166,7 +166,8 @@ def test_aliases_run_once(d, capsys):
 
 
 @pytest.mark.parametrize("cmd", [["explain", "ns/p"], ["top", "--once"], ["reclaim", "--prometheus", "http://127.0.0.1:1"],
-                                 ["recommend", "--prometheus", "http://127.0.0.1:1"], ["scheduler"], ["extender"]])
+                                 ["recommend", "--prometheus", "http://127.0.0.1:1"], ["scheduler"], ["extender"],
+                                 ["explain-hpa", "ns/h"]])
 def test_missing_cluster_same_exit_code_everywhere(d, capsys, cmd):
     assert run([*cmd, "--kubeconfig", "/nonexistent/kubeconfig"]) == 2
     assert "--kubeconfig /nonexistent/kubeconfig: no such file" in one_line(capsys.readouterr().err)
@@ -180,7 +181,7 @@ def test_kubeconfig_that_is_not_a_file_says_what_it_is(d, capsys, path, why):
     assert f"--kubeconfig {path}: {why}" in one_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("cmd", [["explain", "ns/p"], ["top", "--once"]])
+@pytest.mark.parametrize("cmd", [["explain", "ns/p"], ["top", "--once"], ["explain-hpa", "ns/h"]])
 def test_unreachable_api_server_is_one_line_exit_1(d, capsys, cmd):
     assert run([*cmd, "--kubeconfig", "kc.yaml"]) == 1
     assert "cannot reach the Kubernetes API server (127.0.0.1:1)" in one_line(capsys.readouterr().err)

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reclaim": ("gpufleet.utilization.reclaim_cli", "find idle GPUs and reclaim them under a policy"),
     "recommend": ("gpufleet.utilization.recommend_cli", "recommend right-sized GPU requests per workload"),
     "top": ("gpufleet.utilization.top_cli", "terminal view of GPU allocation and utilisation"),
+    "explain-hpa": ("gpufleet.utilization.hpa_cli", "explain why an autoscaler on GPU metrics does or does not scale"),
 }
 
 
