@@ -30,14 +30,35 @@ HAVE_ASSETS = bool(ASSETS) and all((Path(ASSETS) / b).is_file() for b in ("etcd"
 TOKEN = "gpufleet-integration-admin-token"
 
 
+REQUIRED = os.environ.get("GPUFLEET_REQUIRE_APISERVER", "") not in ("", "0")
+
+
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
+    if REQUIRED and not HAVE_ASSETS:
+        raise pytest.UsageError(f"GPUFLEET_REQUIRE_APISERVER is set but KUBEBUILDER_ASSETS ({ASSETS or 'unset'}) lacks "
+                                "kube-apiserver or etcd: the apiserver tier would be skipped")
     skip = pytest.mark.skip(reason="KUBEBUILDER_ASSETS with kube-apiserver and etcd not set")
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.integration)
             if not HAVE_ASSETS:
                 item.add_marker(skip)
+
+
+_SKIPPED: list[str] = []
+
+
+def pytest_runtest_logreport(report):
+    if REQUIRED and report.skipped and Path(str(report.fspath)).parent == Path(__file__).parent:
+        _SKIPPED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if REQUIRED and _SKIPPED:
+        print(f"\nFAILED: GPUFLEET_REQUIRE_APISERVER is set but {len(_SKIPPED)} apiserver-tier test(s) skipped: "
+              + ", ".join(_SKIPPED[:10]))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _free_port() -> int:
@@ -96,7 +117,10 @@ class ControlPlane:
              "--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.0.0.0/24",
              "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--enable-priority-and-fairness=false",
              "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000", "--event-ttl=10m",
-             "--allow-privileged=true", "--advertise-address=127.0.0.1", *self.extra_args],
+             "--allow-privileged=true", "--advertise-address=127.0.0.1",
+             # 1.3x refuses a loopback advertise address with the endpoint reconciler; nothing here needs the
+             # kubernetes Service endpoints
+             "--endpoint-reconciler-type=none", *self.extra_args],
             stdout=open(api_log, "wb"), stderr=subprocess.STDOUT)
         self.procs.append(api)
         self.url = f"https://127.0.0.1:{api_port}"
