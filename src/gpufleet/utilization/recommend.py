@@ -39,6 +39,7 @@ class WorkloadUsage:
     util_pct: Sequence[float]  # samples, 0..100 of a whole GPU
     mem_used_mib: Sequence[float]  # samples, MiB per GPU
     pod_hours: float  # pod-hours observed in the window
+    example_pod: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # one of its pods (for patches)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class _Group:
     util: list[float] = field(default_factory=list)
     mem: list[float] = field(default_factory=list)
     pod_hours: float = 0.0
+    example: Mapping[str, Any] | None = None
 
 
 def workloads(pods: Sequence[Mapping[str, Any]], owners: Mapping[tuple[str, str, str], Mapping[str, Any]],
@@ -150,6 +152,8 @@ def workloads(pods: Sequence[Mapping[str, Any]], owners: Mapping[tuple[str, str,
         g = groups.setdefault(f"{ns}/{kind}/{name}", _Group())
         key = pod_key(p)
         g.pods += 1
+        if g.example is None or held > max(g.requested):
+            g.example = p  # the largest request's pod: the one the recommendation is compared with
         g.requested.append(held)
         g.devices.append(max(1, devices if held >= 1 else 1))
         g.gpu_mem.append(node_gpu_memory_mib.get((p.get("spec") or {}).get("nodeName") or "", DEFAULT_GPU_MEMORY_MIB))
@@ -160,7 +164,8 @@ def workloads(pods: Sequence[Mapping[str, Any]], owners: Mapping[tuple[str, str,
     out = []
     for w, g in sorted(groups.items()):
         # one request per workload: its pods share a template; the largest wins if they differ
-        out.append(WorkloadUsage(w, g.pods, max(g.requested), max(g.devices), min(g.gpu_mem), g.util, g.mem, round(g.pod_hours, 3)))
+        out.append(WorkloadUsage(w, g.pods, max(g.requested), max(g.devices), min(g.gpu_mem), g.util, g.mem, round(g.pod_hours, 3),
+                                 g.example))
     return out
 
 

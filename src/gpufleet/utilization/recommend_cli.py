@@ -17,7 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", default="5m", help="sample step (default 5m)")
     p.add_argument("--headroom", type=float_range(1, 10), default=1.2, help="multiply p95 use by this, 1-10 (default 1.2)")
     p.add_argument("--namespace", help="only this namespace")
-    p.add_argument("--json", action="store_true", help="JSON output")
+    p.add_argument("--json", action="store_true", help="JSON output (with the patch, or why none, per workload)")
+    p.add_argument("--patches", metavar="DIR", help="write one strategic-merge patch per workload to change into DIR "
+                   "(<namespace>.<kind>.<name>.yaml) and print the kubectl patch commands that apply them")
 
 
 def gather(kube, prom, window_s: float, step_s: float, now: float, namespace: str | None = None):
@@ -76,10 +78,14 @@ class KubeReader:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.errors import ConfigError
+    from .patches import Patch, patch_for
     from .reclaim import parse_duration
     from .recommend import recommend, render_table
     from .sources import PrometheusSource, SourceError
 
+    if args.patches is not None and not _writable_dir(args.patches):
+        print(f"gpufleet recommend: --patches {args.patches}: not a directory this user can write", file=sys.stderr)
+        return 2
     try:
         window_s, step_s = parse_duration("--window", args.window), parse_duration("--step", args.step)
         if not 0 < step_s <= window_s:
@@ -94,11 +100,46 @@ def run(args: argparse.Namespace) -> int:
     except SourceError as exc:
         print(f"gpufleet recommend: {exc}", file=sys.stderr)
         return 1
+    example = {w.workload: w.example_pod for w in usage}
     recs = sorted((recommend(w, headroom=args.headroom) for w in usage), key=lambda r: (-r.gpu_hours_freed, r.workload))
+    patches = {r.workload: patch_for(r, example[r.workload] or {}) for r in recs}
+    commands = []
+    if args.patches is not None:
+        import os
+
+        import yaml
+
+        for p in patches.values():
+            if isinstance(p, Patch):
+                path = os.path.join(args.patches, p.file_name)
+                with open(path + ".tmp", "w") as f:
+                    f.write(f"# gpufleet recommend: {p.kind} {p.namespace}/{p.name}\n# {p.kubectl(path)}\n")
+                    yaml.safe_dump(p.body, f, sort_keys=False)
+                os.replace(path + ".tmp", path)
+                commands.append(p.kubectl(path))
     if args.json:
-        print(json.dumps({"window_s": window_s, "recommendations": [r.to_json() for r in recs], "skipped": skipped}, indent=1))
+        out = []
+        for r in recs:
+            d = r.to_json()
+            p = patches[r.workload]
+            d["patch"], d["patch_skipped"] = (p.to_json(), None) if isinstance(p, Patch) else (None, p)
+            out.append(d)
+        print(json.dumps({"window_s": window_s, "recommendations": out, "skipped": skipped}, indent=1))
     else:
         print(render_table(recs))
         for s in skipped:
             print(f"skipped: {s}")
+        if args.patches is not None:
+            print(f"{len(commands)} patch(es) in {args.patches}; apply with:" if commands else f"no workload to patch ({args.patches} unchanged)")
+            for c in commands:
+                print("  " + c)
+            for w, p in sorted(patches.items()):
+                if not isinstance(p, Patch) and not p.startswith("no change"):
+                    print(f"  no patch for {w}: {p}")
     return 0
+
+
+def _writable_dir(path: str) -> bool:
+    import os
+
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
