@@ -60,6 +60,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-drain-seconds", type=float_range(0, 600), default=5.0,
                    help="on SIGTERM: taint the node NoSchedule (gpufleet.io/agent-restarting), wait this long for pods "
                         "already bound to be admitted, then stop; the taint is removed once the plugins are registered again")
+    p.add_argument("--dra", action="store_true",
+                   help="serve the GPUs through Dynamic Resource Allocation (resource.k8s.io/v1): publish ResourceSlices and "
+                        "serve kubelet's DRA plugin API instead of the device plugin (docs/dra.md)")
+    p.add_argument("--dra-driver-name", default="gpu.gpufleet.io", help="with --dra: the DRA driver name (default gpu.gpufleet.io)")
+    p.add_argument("--kubelet-plugins-dir", default="/var/lib/kubelet/plugins",
+                   help="with --dra: kubelet's plugin directory; the DRA socket is <dir>/<driver>/dra.sock")
+    p.add_argument("--kubelet-registry-dir", default="/var/lib/kubelet/plugins_registry",
+                   help="with --dra: kubelet's plugin watcher directory (registration socket <driver>-reg.sock)")
+    p.add_argument("--cdi-dir", default="/var/run/cdi", help="with --dra: where the claims' CDI specs go (default /var/run/cdi)")
+    p.add_argument("--no-dra-shares", action="store_true",
+                   help="with --dra: publish whole GPUs as exclusive devices (no consumable-capacity shares)")
+    p.add_argument("--dra-nvidia-attributes", action="store_true",
+                   help="with --dra: also publish the attributes under gpu.nvidia.com/, so selectors written for NVIDIA's "
+                        "driver match unchanged")
+    p.add_argument("--sysfs-root", default="/sys", help="with --dra: sysfs, for the PCIe root of each GPU (default /sys)")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v)")
 
@@ -80,7 +95,7 @@ class Agent:
 
     def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
                  collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0,
-                 device_specs: str = "all", recorder=None, dev_root: str = "/dev") -> None:
+                 device_specs: str = "all", recorder=None, dev_root: str = "/dev", dra=None) -> None:
         from .health import HealthTracker
         from .plugin import KubeletWatcher
 
@@ -107,12 +122,16 @@ class Agent:
         self.dev_root = dev_root
         self.recorder = recorder  # reconcile.ForeignPodRecorder: kubelet's GPUs of pods other schedulers bound
         self.untaint: Callable[[], bool | None] | None = None  # removes the restart taint once all plugins registered
+        self.dra = dra  # dra.driver.DraDriver: DRA mode, no device plugins
         self._build_plugins()
 
     def _build_plugins(self) -> None:
         from .plugin import DevicePlugin, resources_for
 
         c = self.cfg
+        if self.dra is not None:
+            self.plugins = []
+            return
         self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, slots=c.slots, pods=self.pods,
                                      state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None,
                                      device_specs=self.device_specs, dev_root=self.dev_root)
@@ -158,7 +177,9 @@ class Agent:
         if self.clock() - self._last_discovery >= self.rediscover_s:
             self._last_discovery = self.clock()
             self.rediscover()
-        kubelet_new = self.kubelet.changed()
+        kubelet_new = self.kubelet.changed() if self.dra is None else False
+        if self.dra is not None:
+            self.dra.step()
         for p in self.plugins:
             if kubelet_new or not p.serving():
                 p.stop()
@@ -172,7 +193,8 @@ class Agent:
                 except Exception as exc:
                     log.warning("registering %s failed: %s; retrying", p.resource, exc)
                     self.kubelet.forget()
-        registered = self.untaint is not None and all(p.serving() for p in self.plugins) and not self.kubelet_pending()
+        registered = self.untaint is not None and (self.dra.registered() if self.dra is not None else
+                                                   all(p.serving() for p in self.plugins) and not self.kubelet_pending())
         if registered and self.untaint is not None and self.untaint() is not None:
             self.untaint = None
         self.health = self.tracker.update()
@@ -180,6 +202,8 @@ class Agent:
             self.collector.note_xids(self.tracker.recent_xids)
         for p in self.plugins:
             p.set_health(self.health)
+        if self.dra is not None:
+            self.dra.update(self.gpus, self.driver, self.health, self.tracker.reasons)
         now = self.clock()
         if self.labeller is not None and now - self._last_labels >= self.cfg.label_interval_s:
             from .labels import desired_labels, inventory_json
@@ -234,8 +258,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet agent: {exc}", file=sys.stderr, flush=True)
         return 1
     if fake:
-        print(f"gpufleet agent: using the FAKE NVML backend (profile {fake}); no real GPU is read", flush=True)
+        print(f"gpufleet agent: using the FAKE NVML backend (profile {fake}); no real GPU is read", flush=True,
+              file=sys.stderr if args.once and args.dra else sys.stdout)  # --dra --once prints JSON only
     gpus, driver = backend.gpus(), backend.driver()
+    if args.dra and not args.once and not args.node_name:
+        print("gpufleet agent: --dra needs --node-name (or $NODE_NAME): the ResourceSlices are the node's", file=sys.stderr, flush=True)
+        return 2
+    dra_opts = None
+    if args.dra:
+        from .dra.devices import DraOptions
+
+        dra_opts = DraOptions(driver=args.dra_driver_name, shares=not args.no_dra_shares,
+                              nvidia_attributes=args.dra_nvidia_attributes, sysfs_root=args.sysfs_root)
+    if args.once and dra_opts is not None:
+        import json
+
+        from .dra.devices import build_devices
+
+        print(json.dumps({"driver": dra_opts.driver, "devices": build_devices(gpus, driver, dra_opts).devices}, indent=1))
+        return 0
     if args.once:
         print(f"driver {driver.driver_version}, CUDA {driver.cuda_version[0]}.{driver.cuda_version[1]}; {len(gpus)} GPU(s)")
         for g in gpus:
@@ -257,16 +298,21 @@ def run(args: argparse.Namespace) -> int:
             config.load_kube_config(args.kubeconfig) if args.kubeconfig else config.load_incluster_config()
             core = client.CoreV1Api()
         except Exception as exc:
+            if args.dra:
+                print(f"gpufleet agent: --dra needs API access (ResourceSlices, ResourceClaims): {exc}", file=sys.stderr, flush=True)
+                return 1
             print(f"gpufleet agent: no API access ({exc}); serving the device plugin with kubelet's device choice, "
                   "node labels are off", flush=True)
     else:
         print("gpufleet agent: no --node-name/NODE_NAME; serving the device plugin only, node labels are off", flush=True)
     pods = labeller = None
-    if core is not None:
-        from .labels import NodeLabeller
+    if core is not None and not args.dra:
         from .podsource import KubePodSource
 
         pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None, api_wait_s=args.api_wait_s)
+    if core is not None:
+        from .labels import NodeLabeller
+
         labeller = None if args.no_labels else NodeLabeller(core, args.node_name)
     try:
         os.makedirs(args.state_dir, exist_ok=True)
@@ -293,13 +339,28 @@ def run(args: argparse.Namespace) -> int:
         log.info("device specs: %s%s", device_specs,
                  f" (not handed to containers, absent here: {', '.join(missing)})" if device_specs == "existing" and missing else "")
     recorder = None
-    if core is not None and args.pod_resources_socket:
+    if core is not None and args.pod_resources_socket and not args.dra:
         from .exporter import KubeletPodResources
         from .reconcile import ForeignPodRecorder
 
         recorder = ForeignPodRecorder(core, args.node_name, KubeletPodResources(args.pod_resources_socket))
+    dra = None
+    if dra_opts is not None:
+        from kubernetes import client as kclient
+
+        from .dra.cdi import CdiWriter
+        from .dra.driver import DraDriver
+        from .dra.kubeapi import KubeDraApi
+
+        minor = {g.index: getattr(g, "dev_minor", g.index) for g in gpus}
+        dra = DraDriver(KubeDraApi(kclient.ApiClient(), instance=args.node_name), args.node_name, dra_opts, args.state_dir,
+                        CdiWriter(args.cdi_dir, args.dev_root, device_specs, cfg.mps_pipe_dir, lambda i: minor.get(i, i)),
+                        args.kubelet_plugins_dir, args.kubelet_registry_dir)
     agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
-                  recorder=recorder, dev_root=args.dev_root)
+                  recorder=recorder, dev_root=args.dev_root, dra=dra)
+    if dra is not None:
+        dra.update(agent.gpus, agent.driver, agent.health, {})
+        dra.start()
     agent_holder.append(agent)
     if core is not None and not args.no_labels:
         from .labels import set_restart_taint
@@ -311,7 +372,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     cfg_mtime = _mtime(args.config)
-    log.info("serving %s from %s", ", ".join(p.resource for p in agent.plugins), args.device_plugin_dir)
+    if dra is not None:
+        log.info("serving DRA driver %s for node %s (plugin %s)", dra.opts.driver, args.node_name, dra.plugin.socket)
+    else:
+        log.info("serving %s from %s", ", ".join(p.resource for p in agent.plugins), args.device_plugin_dir)
     while not stop.is_set():
         m = _mtime(args.config)
         if m != cfg_mtime:
@@ -332,6 +396,8 @@ def run(args: argparse.Namespace) -> int:
             log.info("waiting %.0f s for pods already bound here to be admitted", args.stop_drain_seconds)
             time.sleep(args.stop_drain_seconds)
     agent.stop_plugins()
+    if dra is not None:
+        dra.stop()
     log.info("stopped")
     return 0
 
