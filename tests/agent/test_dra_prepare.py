@@ -211,6 +211,19 @@ def test_bad_allocations_are_refused_naming_the_object_and_field(tmp_path, resul
     assert n.prepare("good", "u-good")[0].device == "gpu-2"
 
 
+def test_opaque_config_for_this_driver_is_refused_other_drivers_config_ignored(tmp_path):
+    n = Node(tmp_path)
+    c = claim("cfg", "u1", [result("gpu-2")])
+    c["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig"}}},
+        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {"sharing": "MPS"}}}]
+    n.api.add_claim(c)
+    with pytest.raises(PrepareError, match=r"config\[1\].opaque \(from its DeviceClass\): this driver takes no opaque"):
+        n.prepare("cfg", "u1")
+    del c["status"]["allocation"]["devices"]["config"][1]
+    assert n.prepare("cfg", "u1")[0].device == "gpu-2"
+
+
 def test_claims_for_other_drivers_results_are_skipped(tmp_path):
     n = Node(tmp_path)
     n.add("mixed", "u1", [result("nic-0", driver="nic.example.com", pool="x"), result("gpu-4")])

@@ -20,7 +20,8 @@ ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
-BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass", "autoscaling"]
+BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass", "autoscaling", "dra",
+         "dra/extended-resource"]
 # the one workload that is not gpufleet's image: the ecosystem's metrics adapter, at the version
 # scripts/build-prometheus-adapter.sh builds for the autoscaling tests
 ADAPTER_VERSION = re.search(r"^VERSION=(v[0-9.]+)$", (ROOT / "scripts" / "build-prometheus-adapter.sh").read_text(), re.MULTILINE)[1]  # type: ignore[index]
@@ -58,13 +59,14 @@ def test_workloads_run_this_version_of_the_image_as_the_image_expects():
     cs = containers(all_docs())
     assert {n: c["image"] for n, _, c in cs if n in THIRD_PARTY} == THIRD_PARTY
     cs = [x for x in cs if x[0] not in THIRD_PARTY]
-    assert {n for n, _, _ in cs} == {"gpufleet-scheduler", "gpufleet-extender", "gpufleet-agent", "gpufleet-reclaim"}
+    assert {n for n, _, _ in cs} == {"gpufleet-scheduler", "gpufleet-extender", "gpufleet-agent", "gpufleet-agent-dra",
+                                     "gpufleet-reclaim"}
     for name, spec, c in cs:
         assert c["image"] == IMAGE, (name, c["image"])  # bump pyproject's version and the manifests together
-        assert c["args"][0] == name.removeprefix("gpufleet-") and "command" not in c  # the image's entrypoint
+        assert c["args"][0] == name.removeprefix("gpufleet-").removesuffix("-dra") and "command" not in c  # the entrypoint
         sc = c["securityContext"]
         assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
-        if name != "gpufleet-agent":  # the image's numeric user; the agent alone runs as root (device-plugin dir)
+        if not name.startswith("gpufleet-agent"):  # the image's numeric user; the agent alone runs as root (kubelet's dirs)
             assert sc["runAsNonRoot"] and "runAsUser" not in sc and spec["serviceAccountName"] == name
 
 

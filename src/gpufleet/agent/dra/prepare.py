@@ -185,6 +185,13 @@ class Preparer:
         results = (alloc.get("devices") or {}).get("results")
         if not isinstance(results, list):
             raise PrepareError(f"{where}: status.allocation.devices.results is missing or not a list", reason="InvalidAllocation")
+        for i, c in enumerate((alloc.get("devices") or {}).get("config") or []):
+            opaque = c.get("opaque") if isinstance(c, dict) else None
+            if isinstance(opaque, dict) and opaque.get("driver") == self.driver:
+                src = "its DeviceClass" if c.get("source") == "FromClass" else "the claim"
+                raise PrepareError(f"{where}: status.allocation.devices.config[{i}].opaque (from {src}): this driver takes no "
+                                   "opaque configuration (a share is asked for with capacity.requests); refusing rather "
+                                   "than ignoring it", reason="UnsupportedConfig")
         published, faults = self.inventory()
         out: list[PreparedDevice] = []
         for i, r in enumerate(results):

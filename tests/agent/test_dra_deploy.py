@@ -1,0 +1,67 @@
+"""deploy/dra: the DaemonSet's args are the agent's flags and its mounts the paths those flags name, its RBAC is what
+the driver calls, the DeviceClasses select this driver's devices; the device-plugin DaemonSet stays off DRA nodes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from gpufleet.agent.dra.devices import DRIVER, DraOptions, build_devices
+from gpufleet.agent.main import add_arguments
+from gpufleet.agent.nvml import PROFILES
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+
+
+def load(rel: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / rel).read_text()) if d]
+
+
+def test_daemonset_args_mounts_and_node_selection():
+    docs = {d["kind"]: d for d in load("dra/daemonset.yaml")}
+    spec = docs["DaemonSet"]["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(c["args"][1:])
+    assert args.dra and args.dra_driver_name == DRIVER
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    for path in (args.kubelet_plugins_dir, args.kubelet_registry_dir, args.cdi_dir, args.state_dir):
+        m = mounts[path]
+        assert host[m["name"]] == path and not m.get("readOnly")  # the same path inside and on the host
+    assert spec["nodeSelector"] == {"gpufleet.io/gpu-mode": "dra"}
+    cm = docs["ConfigMap"]["data"]["agent.yaml"]
+    assert "recoverAfterSeconds" in cm
+    # the device-plugin agent keeps off those nodes
+    agent = next(d for d in load("agent/daemonset.yaml") if d["kind"] == "DaemonSet")
+    terms = agent["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for t in terms["nodeSelectorTerms"]:
+        assert {"key": "gpufleet.io/gpu-mode", "operator": "NotIn", "values": ["dra"]} in t["matchExpressions"]
+
+
+def test_rbac_is_what_the_driver_calls():
+    role = next(d for d in load("dra/daemonset.yaml") if d["kind"] == "ClusterRole")
+    grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert grants == {("resource.k8s.io", "resourceslices", v) for v in ("get", "list", "watch", "create", "update", "delete")} | {
+        ("resource.k8s.io", "resourceclaims", "get"), ("", "nodes", "get"), ("", "nodes", "patch"),
+        ("events.k8s.io", "events", "create")}
+
+
+def test_device_classes_select_this_drivers_devices():
+    classes = {d["metadata"]["name"]: d for d in load("dra/deviceclasses.yaml") + load("dra/extended-resource/deviceclass.yaml")}
+    assert set(classes) == {"gpu.gpufleet.io", "mig.gpufleet.io", "gpu-share.gpufleet.io", "gpu-extended.gpufleet.io"}
+    assert classes["gpu-extended.gpufleet.io"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert sum("extendedResourceName" in c["spec"] for c in classes.values()) == 1
+    drv, gpus = PROFILES["a100-mig"]
+    devs = build_devices(gpus, drv, DraOptions()).devices
+    for name, c in classes.items():
+        (sel,) = c["spec"]["selectors"]
+        expr = " ".join(sel["cel"]["expression"].split())
+        assert expr.startswith(f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == "), name
+        want = "mig" if name.startswith("mig") else "gpu"
+        assert f".type == '{want}'" in expr
+        assert any(d["attributes"]["type"]["string"] == want for d in devs)
+    assert "device.allowMultipleAllocations" in classes["gpu-share.gpufleet.io"]["spec"]["selectors"][0]["cel"]["expression"]
