@@ -38,9 +38,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, GpufleetError
 from .framework import Cycle, Decision, Scheduler
 from .model import GPU_MILLI, PodRequest
+from .podterms import UnsupportedPodField
 from .queues import request_vector
 from .state import ClusterState, Transaction
 from .status import Status
@@ -51,9 +52,21 @@ DEFAULT_TIMEOUT_S = 600.0
 MAX_NODE_TRIES = 4  # single nodes tried for a whole gang before spreading it
 
 
+# Kubernetes' own PodGroup (GenericWorkload, beta in 1.37): pods name it in spec.schedulingGroup.podGroupName
+SCHEDULING_API = "scheduling.k8s.io/v1beta1"
+# fields of a scheduling.k8s.io PodGroup gpufleet does not honour: its pods are refused naming the field
+_UNSUPPORTED_GROUP_FIELDS = {
+    "schedulingConstraints": "topology constraints (TopologyAwareWorkloadScheduling, alpha) are not supported by gpufleet",
+    "parentCompositePodGroupName": "composite pod groups (CompositePodGroup, alpha) are not supported by gpufleet",
+    "resourceClaims": "pod group resource claims (DRA) are not supported by gpufleet",
+}
+
+
 @dataclass
 class PodGroup:
-    """A gang: pods sharing a ``gpufleet.io/pod-group`` annotation or a PodGroup object."""
+    """A gang: pods sharing a ``gpufleet.io/pod-group`` annotation, a gpufleet.io PodGroup object, or a
+    ``scheduling.k8s.io`` PodGroup their ``spec.schedulingGroup`` names (``api``); ``gang=False`` is a
+    scheduling.k8s.io group with the ``basic`` policy: its pods are placed one by one."""
 
     name: str
     namespace: str = "default"
@@ -62,6 +75,9 @@ class PodGroup:
     timeout_s: float = DEFAULT_TIMEOUT_S
     priority: int = 0
     created_s: float = 0.0
+    api: str = "gpufleet.io/v1alpha1"
+    gang: bool = True
+    unsupported: tuple[str, str] | None = None  # (field, why): its pods are refused naming it
 
     @property
     def key(self) -> str:
@@ -92,6 +108,65 @@ class PodGroup:
         if not isinstance(prio, int) or isinstance(prio, bool):
             raise ConfigError(f"{where}: field spec.priority: must be an integer, got {prio!r}")
         return cls(name, ns, mm, q, float(t), prio, created_s)
+
+
+    @classmethod
+    def from_scheduling_json(cls, obj: Mapping[str, Any], created_s: float = 0.0) -> "PodGroup":
+        """A ``scheduling.k8s.io/v1beta1`` PodGroup (what a Workload's podGroupTemplates become): the ``gang``
+        policy's ``minCount`` is the gang's minimum, ``basic`` places its pods one by one; ``spec.priority`` is
+        the group's priority (kube-scheduler's ``PodGroupPriority``).  ConfigError names object and field."""
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not name or not isinstance(name, str):
+            raise ConfigError("PodGroup: field metadata.name is required")
+        ns = meta.get("namespace") or "default"  # type: ignore[union-attr]
+        where = f"PodGroup {ns}/{name} ({SCHEDULING_API})"
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{where}: field spec: required object")
+        pol = spec.get("schedulingPolicy")
+        if not isinstance(pol, Mapping) or ("gang" in pol) == ("basic" in pol):
+            raise ConfigError(f"{where}: field spec.schedulingPolicy: exactly one of basic or gang is required")
+        mc = 1
+        if "gang" in pol:
+            gang = pol["gang"]
+            raw = gang.get("minCount") if isinstance(gang, Mapping) else None
+            if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+                raise ConfigError(f"{where}: field spec.schedulingPolicy.gang.minCount: must be an integer >= 1, got {raw!r}")
+            mc = raw
+        prio = spec.get("priority")
+        if prio is not None and (not isinstance(prio, int) or isinstance(prio, bool)):
+            raise ConfigError(f"{where}: field spec.priority: must be an integer, got {prio!r}")
+        bad = next(((f"spec.{f}", why) for f, why in _UNSUPPORTED_GROUP_FIELDS.items() if spec.get(f)), None)
+        return cls(name, ns, mc, None, DEFAULT_TIMEOUT_S, prio or 0, created_s, SCHEDULING_API, "gang" in pol, bad)
+
+
+class PodGroupNotReady(GpufleetError):
+    """A pod's ``spec.schedulingGroup`` names a PodGroup that is not there (yet) or that gpufleet cannot honour:
+    the pod waits (kube-scheduler's GangScheduling PreEnqueue waits for the group to appear)."""
+
+
+def resolve_scheduling_group(r: PodRequest, groups: Mapping[str, PodGroup], served: bool = True) -> PodRequest:
+    """The pod as its ``scheduling.k8s.io`` PodGroup makes it: a gang member (``pod_group``, the group's
+    ``minCount``) under the gang policy, a single pod under basic.  Raises ``PodGroupNotReady`` while the
+    group is missing (``served=False``: the API server does not serve the kind) and ``UnsupportedPodField``
+    for a group field gpufleet does not honour.  Used by the live loop, ``explain`` and the simulator alike."""
+    if not r.scheduling_group:
+        return r
+    key = f"{r.namespace}/{r.scheduling_group}"
+    g = groups.get(key)
+    if g is None or g.api != SCHEDULING_API:
+        if not served:
+            raise PodGroupNotReady(f"pod {r.key}: field spec.schedulingGroup.podGroupName: the API server does not "
+                                   f"serve {SCHEDULING_API} PodGroups (enable the GenericWorkload feature gate and "
+                                   f"--runtime-config={SCHEDULING_API}=true)")
+        raise PodGroupNotReady(f"waiting for the pod's pod group {r.scheduling_group!r} ({SCHEDULING_API}) to appear")
+    if g.unsupported is not None:
+        field_, why = g.unsupported
+        raise UnsupportedPodField(r.key, "spec.schedulingGroup.podGroupName", f"its PodGroup {key}: field {field_}: {why}")
+    if not g.gang:
+        return r
+    return replace(r, pod_group=r.scheduling_group, pod_group_min=max(r.pod_group_min, g.min_member))
 
 
 def group_key(r: PodRequest) -> str | None:
@@ -264,6 +339,27 @@ def place_gang(sched: Scheduler, group: str, members: Sequence[PodRequest], min_
         + (f"; first failure: {first_failure}" if first_failure else ""), plugin=PLUGIN))
 
 
+def gang_dry_run(sched: Scheduler, members: Sequence[PodRequest]) -> list[tuple[str, str | None, Status]]:
+    """Each member as a gang placement tries it anywhere (higher priority first, near the members placed
+    before it): (pod, node it would get or None, why not).  Changes nothing (``gpufleet explain``)."""
+    st = sched.state
+    tx = Transaction(st)
+    cycles: list[Cycle] = []
+    used: list[int] = []
+    out: list[tuple[str, str | None, Status]] = []
+    try:
+        for r in sorted(members, key=lambda r: -r.priority):
+            dec, cycle = _try_place(sched, tx, r, np.ones(len(st), dtype=bool), used)
+            if dec.ok and dec.assignment is not None:
+                cycles.append(cycle)
+                out.append((r.key, dec.assignment.node, dec.status))
+            else:
+                out.append((r.key, None, dec.status))
+    finally:
+        _release(sched, tx, cycles)
+    return out
+
+
 def schedule_gangs(sched: Scheduler, gangs: Mapping[str, tuple[Sequence[PodRequest], int]],
                    waited_s: Mapping[str, float] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, GangResult]:
     """Try complete gangs one at a time (priority, then name); never two with tentative reservations."""
@@ -354,6 +450,17 @@ class GangScheduler:
         g.group.priority = max(g.group.priority, r.priority)
         if r.key not in g.running:
             g.members[r.key] = r
+
+    def note_running(self, group: str, pod_keys: Iterable[str]) -> None:
+        """Members found already bound (placed before this scheduler knew the gang: a restart, another
+        scheduler): they count toward ``min_member`` as kube-scheduler counts a group's scheduled pods, so a
+        replacement member of a running gang goes alone once the minimum runs."""
+        g = self.gangs.get(group)
+        if g is None:
+            return
+        g.running.update(k for k in pod_keys if k not in g.members)
+        if len(g.running) >= g.group.min_member:
+            g.placed = True
 
     def remove(self, pod_key: str) -> bool:
         """A member left (deleted, finished): forget it, releasing a held or running reservation.
@@ -589,5 +696,6 @@ class GangScheduler:
         return self.hold_text(now) if fits else ""
 
 
-__all__ = ["GangResult", "GangScheduler", "PodGroup", "group_key", "groups_from_pods", "place_gang", "schedule_gangs",
+__all__ = ["SCHEDULING_API", "GangResult", "GangScheduler", "PodGroup", "PodGroupNotReady", "group_key",
+           "resolve_scheduling_group", "gang_dry_run", "groups_from_pods", "place_gang", "schedule_gangs",
            "DEFAULT_TOPOLOGY_KEY"]

@@ -148,6 +148,8 @@ class PodRequest:
     preempt_never: bool = False  # spec.preemptionPolicy: Never (waits, never evicts lower-priority pods)
     # node features the pod needs (kube-scheduler's NodeDeclaredFeatures infers them from the spec)
     node_features: frozenset[str] = frozenset()
+    # spec.schedulingGroup.podGroupName: a scheduling.k8s.io PodGroup (gang.resolve_scheduling_group makes it a gang)
+    scheduling_group: str | None = None
     priority_class: str = ""  # spec.priorityClassName
     spot: str | None = None  # gpufleet.io/spot: prefer | allow | never (None: from the PriorityClass, see engine.capacity)
 

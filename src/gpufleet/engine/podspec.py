@@ -466,6 +466,16 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
     pp = spec.get("preemptionPolicy") or "PreemptLowerPriority"
     if pp not in ("PreemptLowerPriority", "Never"):
         raise InvalidPodSpec(key, "spec.preemptionPolicy", f"must be PreemptLowerPriority or Never, got {pp!r}")
+    scheduling_group = None
+    if spec.get("schedulingGroup") is not None:
+        sg = _mapping(key, "spec.schedulingGroup", spec.get("schedulingGroup"))
+        scheduling_group = sg.get("podGroupName")
+        if not isinstance(scheduling_group, str) or not scheduling_group:
+            raise InvalidPodSpec(key, "spec.schedulingGroup.podGroupName", f"must be a PodGroup name, got {scheduling_group!r}")
+        other = annotations.get(ann.POD_GROUP)
+        if other is not None and other != scheduling_group:
+            raise InvalidPodSpec(key, f"metadata.annotations[{ann.POD_GROUP}]", f"names pod group {other!r} but "
+                                 f"spec.schedulingGroup names {scheduling_group!r}: a pod belongs to one group")
     group_min = 0
     if ann.POD_GROUP_MIN in annotations:
         try:
@@ -510,4 +520,5 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         priority_class=pclass,
         spot=spot.strip() if spot is not None else None,
         node_features=required_node_features(key, spec),
+        scheduling_group=scheduling_group,
     )

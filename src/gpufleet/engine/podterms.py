@@ -221,6 +221,9 @@ def unsupported_fields(pod: str, spec: Mapping[str, Any]) -> None:
     """Raise ``UnsupportedPodField`` for a scheduling field the engine does not honour."""
     if spec.get("resourceClaims"):
         raise UnsupportedPodField(pod, "spec.resourceClaims", "dynamic resource allocation (DRA) is not supported by gpufleet")
+    if spec.get("workloadRef"):
+        raise UnsupportedPodField(pod, "spec.workloadRef", "the Kubernetes 1.35 alpha Workload API is not supported by gpufleet; "
+                                  "1.37's spec.schedulingGroup (scheduling.k8s.io/v1beta1 PodGroup) is")
 
 
 def parse_terms(pod: str, meta: Mapping[str, Any], spec: Mapping[str, Any]) -> PodTerms:
@@ -249,7 +252,7 @@ def lenient_terms(pod: Mapping[str, Any]) -> PodTerms:
     spec = pod.get("spec") or {}
     key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
     try:
-        return parse_terms(key, meta, {k: v for k, v in spec.items() if k != "resourceClaims"})
+        return parse_terms(key, meta, {k: v for k, v in spec.items() if k not in ("resourceClaims", "workloadRef")})
     except InvalidPodSpec:
         raw = meta.get("labels")
         labels: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}

@@ -74,6 +74,8 @@ POLICY_KINDS = {
     "namespace": "/api/v1/namespaces",
     "queue": "/apis/gpufleet.io/v1alpha1/queues",
     "podgroup": "/apis/gpufleet.io/v1alpha1/podgroups",
+    # Kubernetes' own gangs (GenericWorkload, beta in 1.37): pods name one in spec.schedulingGroup
+    "schedpodgroup": "/apis/scheduling.k8s.io/v1beta1/podgroups",
     "pdb": "/apis/policy/v1/poddisruptionbudgets",
     # volumes: where a pod's PersistentVolume can be used, per-node attach limits (VolumeBinding, NodeVolumeLimits)
     "pvc": "/api/v1/persistentvolumeclaims",
@@ -81,8 +83,8 @@ POLICY_KINDS = {
     "storageclass": "/apis/storage.k8s.io/v1/storageclasses",
     "csinode": "/apis/storage.k8s.io/v1/csinodes",
 }
-# watched even without queues (--no-queues): pod constraints need them (namespaceSelector, volumes)
-CONSTRAINT_KINDS = ("namespace", "pvc", "pv", "storageclass", "csinode")
+# watched even without queues (--no-queues): pod constraints need them (namespaceSelector, volumes, native gangs)
+CONSTRAINT_KINDS = ("namespace", "pvc", "pv", "storageclass", "csinode", "schedpodgroup")
 
 
 def _merge(dst: dict, patch: dict) -> None:

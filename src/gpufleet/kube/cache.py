@@ -23,6 +23,7 @@ from ..engine import annotations as ann
 from ..engine.errors import ConfigError, GpufleetError
 from ..engine.framework import Scheduler
 from ..engine.framework import Profile
+from ..engine.gang import SCHEDULING_API, resolve_scheduling_group
 from ..engine.model import Assignment, Node, PodRequest
 from ..engine.podspec import parse_pod, pod_key
 from ..engine.plugins.queuequota import QueueQuota
@@ -48,6 +49,7 @@ from .policy_objects import PolicyObjects
 from .scheduling_queue import SchedulingQueue
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
+NATIVE_GROUPS = "schedpodgroup"  # scheduling.k8s.io PodGroups (see api.POLICY_KINDS)
 
 
 class CacheHooks(Protocol):
@@ -204,6 +206,8 @@ class SchedulerCache:
         if c is not None and rv is not None and c[0] == rv:
             return c[1]
         r = parse_pod(pod)
+        if r.scheduling_group and NATIVE_GROUPS in self.policy_kinds:  # a scheduling.k8s.io gang or basic group
+            r = resolve_scheduling_group(r, self.objects.groups, served=NATIVE_GROUPS not in self.objects.unserved)
         if r.pod_group:
             g = self.objects.groups.get(f"{r.namespace}/{r.pod_group}")
             if g is not None:
@@ -212,6 +216,18 @@ class SchedulerCache:
             r = self.objects.namespace_queues.apply(r)
         self._req_cache[key] = (rv, r)
         return r
+
+    def group_of(self, pod: dict) -> str | None:
+        """The gang a pod belongs to: its ``gpufleet.io/pod-group`` annotation, or the scheduling.k8s.io PodGroup
+        its ``spec.schedulingGroup`` names when that group is a gang gpufleet honours (None: a single pod)."""
+        m = pod.get("metadata") or {}
+        group = (m.get("annotations") or {}).get(ann.POD_GROUP)
+        if group is not None or NATIVE_GROUPS not in self.policy_kinds:
+            return group
+        sg = (pod.get("spec") or {}).get("schedulingGroup")
+        name = sg.get("podGroupName") if isinstance(sg, Mapping) else None
+        g = self.objects.groups.get(f"{m.get('namespace') or 'default'}/{name}") if isinstance(name, str) else None
+        return name if g is not None and g.api == SCHEDULING_API and g.gang and g.unsupported is None else None
 
     def pod_labels(self) -> dict[str, dict[str, str]]:
         return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
@@ -255,7 +271,7 @@ class SchedulerCache:
             except GpufleetError as exc2:
                 log.warning("bound pod %s: %s", key, exc2)
                 return
-        group = ((pod.get("metadata") or {}).get("annotations") or {}).get(ann.POD_GROUP)
+        group = self.group_of(pod)
         queue_ = self._queue_of_bound(pod)
         if (queue_, group) != (a.queue, a.pod_group):
             a = replace(a, queue=queue_, pod_group=group)

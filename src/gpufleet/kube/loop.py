@@ -65,10 +65,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Callable
 
-from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
 from ..engine.framework import Decision, Profile, Scheduler
-from ..engine.gang import GangScheduler, group_key
+from ..engine.gang import GangScheduler, PodGroupNotReady, gang_dry_run, group_key
 from ..engine.model import Assignment, PodRequest
 from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
@@ -277,7 +276,7 @@ class SchedulerLoop:
 
     # --- scheduling -------------------------------------------------------------------
     def _in_gang(self, pod: dict) -> bool:
-        return ann.POD_GROUP in ((pod.get("metadata") or {}).get("annotations") or {})
+        return self.cache.group_of(pod) is not None
 
     def due(self) -> list[str]:
         """Pods to try now, one by one (gang members go through ``due_gang_members``).
@@ -365,9 +364,22 @@ class SchedulerLoop:
             self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
             return len(keys)
 
+    def _seed_running(self, groups: set[str]) -> None:
+        """Gangs the GangScheduler sees for the first time: their members already bound count as running."""
+        if not groups:
+            return
+        found: dict[str, list[str]] = {}
+        for k, p in self.cache.bound_pods.items():
+            name = self.cache.group_of(p)
+            if name and (g := f"{k.split('/', 1)[0]}/{name}") in groups:
+                found.setdefault(g, []).append(k)
+        for g, members in found.items():
+            self.gangs.note_running(g, members)
+
     def _gang_round(self, keys: list[str]) -> int:
         """Hand arrived gang members to the GangScheduler, step it, bind what it placed."""
         now = self.clock()
+        new: set[str] = set()
         for k in keys:
             pod = self.queue.pending.get(k)
             if pod is None:
@@ -377,10 +389,14 @@ class SchedulerLoop:
             except GpufleetError:
                 self.schedule_one(pod)  # reports the invalid spec
                 continue
-            g = self.cache.objects.groups.get(group_key(r) or "")
+            gk = group_key(r) or ""
+            if gk not in self.gangs.gangs:
+                new.add(gk)
+            g = self.cache.objects.groups.get(gk)
             if g is not None:
                 self.gangs.add_group(g, now)
             self.gangs.add(r, now)
+        self._seed_running(new)
         had_hold = bool(self.gangs.held)
         results = self.gangs.step(now)
         if had_hold and not self.gangs.held:
@@ -414,6 +430,11 @@ class SchedulerLoop:
         t0 = self.clock()
         try:
             req = self.cache.request(key, pod)
+        except PodGroupNotReady as exc:  # its scheduling.k8s.io PodGroup is not there yet: wait for it
+            self.count_attempt("unschedulable", t0)
+            self._failed_event(key, pod, str(exc))
+            self.queue.defer(key)
+            return "unschedulable"
         except GpufleetError as exc:
             self.count_attempt("invalid", t0)
             self._failed_event(key, pod, f"invalid pod spec: {exc}")
@@ -483,6 +504,7 @@ class SchedulerLoop:
         A hold is taken to have started when its gang's first member was created."""
         now = self.clock()
         first: list[float] = []
+        new: set[str] = set()
         for k, p in list(self.queue.pending.items()):
             if not self._in_gang(p):
                 continue
@@ -492,10 +514,13 @@ class SchedulerLoop:
                 continue
             t = self.queue.arrival(k, now)  # its creation time on the loop's clock
             first.append(t)
-            g = self.cache.objects.groups.get(group_key(r) or "")
+            gk = group_key(r) or ""
+            g = self.cache.objects.groups.get(gk)
             if g is not None:
                 self.gangs.add_group(g, t)
             self.gangs.add(r, t)
+            new.add(gk)
+        self._seed_running(new)
         if first:
             self.gangs.step(min(first))
             self.gangs.step(now)
@@ -513,6 +538,8 @@ class SchedulerLoop:
             gang = why + (f"\n  {gang}" if gang else "")
         if dec.ok:
             fits = f"fits: best node {dec.assignment.node} (score {dec.score:.1f}, {dec.feasible_nodes} feasible)"  # type: ignore[union-attr]
+            if gang:  # a gang member is placed with its gang or not at all: the gang lines say which
+                fits = "alone it " + fits
             return fits + (f"\n  {gang}" if gang else ""), by_node
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
         rp = None
@@ -540,12 +567,36 @@ class SchedulerLoop:
 
         def in_group(p: dict) -> bool:
             m = p.get("metadata") or {}
-            return (m.get("namespace") or "default") == req.namespace and (m.get("annotations") or {}).get(ann.POD_GROUP) == req.pod_group
-        waiting = sum(1 for p in self.queue.pending.values() if in_group(p))
+            return (m.get("namespace") or "default") == req.namespace and self.cache.group_of(p) == req.pod_group
+        waiting = {key: p for key, p in self.queue.pending.items() if in_group(p)}
         running = sum(1 for p in self.cache.bound_pods.values() if in_group(p))
         need = max(req.pod_group_min, 1)
         what = "places all-or-nothing" if running < need else "is running; extra members go one by one"
-        return f"pod group {k}: {waiting} member(s) waiting, {running} running, minMember {need} -- the gang {what}"
+        line = f"pod group {k}: {len(waiting)} member(s) waiting, {running} running, minMember {need} -- the gang {what}"
+        return line + "\n  " + self._gang_fit(k, waiting, max(need - running, 1))
+
+    def _gang_fit(self, group: str, waiting: dict[str, dict], need: int) -> str:
+        """Which waiting members fit now, placed together (dry run), and which do not and why."""
+        # members the gang round already holds or placed in this snapshot (explain replays it) fit where they are
+        held = {key: a.node for key in waiting if (a := self.cache.state.assignments.get(key))}
+        members = []
+        for key, p in waiting.items():
+            if key not in held:
+                try:
+                    members.append(self.cache.request(key, p))
+                except GpufleetError:
+                    pass  # its own explain names the bad field
+        tried = gang_dry_run(self.cache.sched, members)
+        fit = [f"{key} on {node} (held)" if key in self.gangs.held else f"{key} on {node}" for key, node in sorted(held.items())]
+        fit += [f"{key} on {node}" for key, node, _ in tried if node]
+        out = [f"{key}: {reason_text(why)}" for key, node, why in tried if not node]
+        verdict = "all-or-nothing: it is placed" if len(fit) >= need else "all-or-nothing: none is placed"
+        text = f"gang (dry run): {len(fit)} of the {need} member(s) it needs fit now ({verdict})"
+        if fit:
+            text += "; fit: " + ", ".join(fit)
+        if out:
+            text += "; do not fit: " + "; ".join(out)
+        return text
 
 
 __all__ = ["SchedulerLoop", "Stats", "bind_job"]

@@ -1,5 +1,5 @@
 """The cluster objects that shape scheduling besides nodes and pods: namespaces,
-Queues, PodGroups and PodDisruptionBudgets, kept from list+watch.
+Queues, PodGroups (gpufleet.io's and scheduling.k8s.io's) and PodDisruptionBudgets, kept from list+watch.
 
 They only become engine inputs here (``Queue``, ``NamespaceQueues``,
 ``PodGroup``, ``PodDisruptionBudget``), so the loop stays a thin adapter.  A
@@ -51,7 +51,7 @@ class PolicyObjects:
             self._ns = None
         elif kind == "namespace":
             self._ns = None
-        elif kind == "podgroup":
+        elif kind in ("podgroup", "schedpodgroup"):
             self._groups = None
         elif kind == "pdb":
             self._pdbs = None
@@ -80,16 +80,21 @@ class PolicyObjects:
 
     @property
     def groups(self) -> dict[str, PodGroup]:
-        """PodGroup objects by namespace/name."""
+        """PodGroup objects by namespace/name: gpufleet.io's, and scheduling.k8s.io's (Kubernetes' own gangs,
+        which win when both kinds name the same group: pods name those in their spec)."""
         if self._groups is None:
-            out = {}
-            for k, o in self.raw["podgroup"].items():
-                try:
-                    g = PodGroup.from_json(o)
-                except ConfigError as exc:
-                    self.report(f"PodGroup {k}", str(exc))
-                    continue
-                out[g.key] = g
+            out: dict[str, PodGroup] = {}
+            for kind, parse in (("podgroup", PodGroup.from_json), ("schedpodgroup", PodGroup.from_scheduling_json)):
+                for k, o in self.raw[kind].items():
+                    try:
+                        g = parse(o)
+                    except ConfigError as exc:
+                        self.report(f"PodGroup {k}", str(exc))
+                        continue
+                    if g.key in out:
+                        self.report(f"PodGroup {k} ({out[g.key].api})", f"a {g.api} PodGroup has the same name; "
+                                    f"pods naming {g.key} in spec.schedulingGroup use that one")
+                    out[g.key] = g
             self._groups = out
         return self._groups
 
