@@ -280,3 +280,45 @@ def _reg(c):
     reg = CollectorRegistry()
     reg.register(c)
     return reg
+
+
+class DraPodResources(pbg.PodResourcesListerServicer):
+    """kubelet's List for pods whose GPUs came from DRA claims: dynamic_resources, no device IDs."""
+
+    def List(self, request, context):  # noqa: N802
+        def claim_res(dev, share=None):
+            r = pb.ClaimResource(driver_name="gpu.gpufleet.io", pool_name="n", device_name=dev,
+                                 cdi_devices=[pb.CDIDevice(name=f"k8s.gpu.gpufleet.io/claim=u-{dev}")])
+            if share:
+                r.share_id = share
+            return r
+
+        pods = [("ml", "whole", "gpu-1", None), ("ml", "s1", "gpu-2", "a"), ("ml", "s2", "gpu-2", "b"),
+                ("ml", "other-driver", "nic-0", None)]
+        out = []
+        for ns, name, dev, share in pods:
+            res = claim_res(dev, share)
+            if name == "other-driver":
+                res.driver_name = "nic.example.com"
+            out.append(pb.PodResources(namespace=ns, name=name, containers=[pb.ContainerResources(
+                name="c", dynamic_resources=[pb.DynamicResource(claim_name=f"{name}-gpu", claim_namespace=ns,
+                                                                claim_resources=[res])])]))
+        return pb.ListPodResourcesResponse(pod_resources=out)
+
+
+def test_dra_claims_devices_are_attributed_through_the_drivers_device_map():
+    k = Kubelet([])
+    k.svc = DraPodResources()
+    k.start()
+    try:
+        uuids = {("gpu.gpufleet.io", "n", f"gpu-{i}"): f"GPU-t4-{i:02d}" for i in range(4)}
+        pr = KubeletPodResources(k.sock, dra_uuid=lambda d, p, n: uuids.get((d, p, n)))
+        holders = pr.devices()
+        assert {u: sorted(r.pod for r in refs) for u, refs in holders.items()} == {"GPU-t4-01": ["whole"], "GPU-t4-02": ["s1", "s2"]}
+        assert KubeletPodResources(k.sock).devices() == {}  # a device-plugin agent does not read claims
+        fams = scrape(GpuCollector(FakeBackend("t4"), "n", pr))
+        # the exclusive claim's GPU carries its pod; the shared one's device-wide series stay unattributed, as for shares
+        assert sorted(by(fams, "DCGM_FI_DEV_GPU_TEMP", "gpu", "pod")) == [("0", ""), ("1", "whole"), ("2", ""), ("3", "")]
+    finally:
+        k.srv.stop(0).wait()
+        shutil.rmtree(k.dir, ignore_errors=True)

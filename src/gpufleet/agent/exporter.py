@@ -176,8 +176,11 @@ class KubeletPodResources:
     call) and re-made after an error, e.g. when kubelet restarted.
     """
 
-    def __init__(self, socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock", timeout_s: float = 2.0) -> None:
+    def __init__(self, socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock", timeout_s: float = 2.0,
+                 dra_uuid: Callable[[str, str, str], str | None] | None = None) -> None:
         self.socket, self.timeout_s = socket, timeout_s
+        # DRA claims' devices (driver, pool, device) -> GPU/MIG UUID: the agent in --dra mode knows its own
+        self.dra_uuid = dra_uuid
         self._channel: Any = None
         self._stub: Any = None
         self._lock = threading.Lock()
@@ -219,6 +222,15 @@ class KubeletPodResources:
                         lst = out.setdefault(device_uuid(dev), [])
                         if ref not in lst:
                             lst.append(ref)
+                if self.dra_uuid is None:
+                    continue
+                for dr in c.dynamic_resources:
+                    for cr in dr.claim_resources:
+                        u = self.dra_uuid(cr.driver_name, cr.pool_name, cr.device_name)
+                        if u:
+                            lst = out.setdefault(u, [])
+                            if ref not in lst:
+                                lst.append(ref)
         return out
 
 
@@ -549,9 +561,10 @@ class GpuCollector:
 
 
 def build_collector(backend: Backend, hostname: str, pod_resources_socket: str | None, core_v1=None, node_name: str = "",
-                    health: Callable[[], Mapping[int, bool]] | None = None, proc_root: str = "/proc") -> GpuCollector:
+                    health: Callable[[], Mapping[int, bool]] | None = None, proc_root: str = "/proc",
+                    dra_uuid: Callable[[str, str, str], str | None] | None = None) -> GpuCollector:
     """The production wiring: PodResources, and with API access the pid resolver and gpufleet assignments."""
-    pods = KubeletPodResources(pod_resources_socket) if pod_resources_socket else None
+    pods = KubeletPodResources(pod_resources_socket, dra_uuid=dra_uuid) if pod_resources_socket else None
     resolver = assignments = pod_meta = None
     if core_v1 is not None and node_name:
         node_pods = KubeNodePods(core_v1, node_name)

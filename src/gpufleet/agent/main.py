@@ -327,7 +327,9 @@ def run(args: argparse.Namespace) -> int:
         from .exporter import build_collector
 
         collector = build_collector(backend, args.node_name or os.uname().nodename, args.pod_resources_socket, core,
-                                    args.node_name, health=lambda: agent_holder[0].health if agent_holder else {})
+                                    args.node_name, health=lambda: agent_holder[0].health if agent_holder else {},
+                                    dra_uuid=lambda drv, pool, dev: agent_holder[0].dra.uuid_of(drv, pool, dev)
+                                    if agent_holder and agent_holder[0].dra is not None else None)
         reg = CollectorRegistry()
         reg.register(collector)
         host, port = args.metrics_addr.rsplit(":", 1)

@@ -60,6 +60,14 @@ class DraDriver:
         with self._lock:
             return dict(self.devices.published), dict(self.faults)
 
+    def uuid_of(self, driver: str, pool: str, device: str) -> str | None:
+        """The GPU or MIG UUID behind one of this driver's devices (PodResources -> per-pod metrics)."""
+        if driver != self.opts.driver or pool != self.node:
+            return None
+        with self._lock:
+            p = self.devices.published.get(device)
+        return p.uuid if p is not None else None
+
     def update(self, gpus: list[GpuInfo], drv: DriverInfo, health: dict[int, bool], reasons: dict[int, str]) -> None:
         """A health round (or a new discovery): recompute devices, taints and the health stream."""
         now = self.clock()
