@@ -47,8 +47,10 @@ if [[ -n ${OUT:-} ]]; then mkdir -p "$OUT" && LOG=$OUT/install.log; else LOG=$WO
 WHEELS=${DEVICE_CHECK_WHEELS:-}
 [[ -z $WHEELS && -d $ROOT/.whl ]] && WHEELS=$ROOT/.whl
 
-# 1. gpufleet itself, built with the setuptools already installed (no download)
-if "${PIP[@]}" install -q --no-deps --no-build-isolation --no-index --target "$SITE" "$ROOT" >>"$LOG" 2>&1; then
+# 1. gpufleet itself, built with the setuptools already installed (no download), from a copy so that the
+#    build leaves nothing in the checkout
+rm -rf "$WORK/build" && mkdir -p "$WORK/build" && cp -r "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOT/src" "$WORK/build/"
+if "${PIP[@]}" install -q --no-deps --no-build-isolation --no-index --target "$SITE" "$WORK/build" >>"$LOG" 2>&1; then
   say "installed gpufleet from $ROOT into $SITE"
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 else
