@@ -1105,13 +1105,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"device_check: --{name} must be at least 1", file=sys.stderr)
             return 2
-    try:
-        import gpufleet  # noqa: F401
-    except ImportError as exc:
-        print(f"device_check: gpufleet is not importable ({exc}); run bench/device_check.sh, which installs it", file=sys.stderr)
-        return 1
     return Check(args).run()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        from gpufleet.cli.main import run_script
+    except ImportError as exc:
+        print(f"device_check.py: gpufleet is not importable ({exc}); bench/device_check.sh installs it", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(run_script("device_check.py", main))
