@@ -465,7 +465,7 @@ class GpuCollector:
                         held[r] = held.get(r, 0.0) + held_fraction(g, dev, pm)
             for r, frac in held.items():
                 pm = meta[(r.namespace, r.pod)]
-                fam.add_metric([str(g.index), g.uuid, f"nvidia{g.index}", g.name, self.hostname, r.container, r.namespace,
+                fam.add_metric([str(g.index), g.uuid, f"nvidia{g.dev_minor}", g.name, self.hostname, r.container, r.namespace,
                                 r.pod, pm.workload_kind, pm.workload], round(frac, 6))
         return fam
 
