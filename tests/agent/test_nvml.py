@@ -415,5 +415,9 @@ def test_fake_backend_reads_processes_from_a_file(tmp_path, monkeypatch):
     assert [p.pid for p in be.processes()] == [11, 12]
     t = be.telemetry(2)
     assert (t.gpu_util_pct, t.fb_used_mib) == (50, 1500)
-    f.write_text("[{half")
+    f.write_text("[{half")  # being rewritten: the last good load stands (no drop to 0 an autoscaler would act on)
+    assert [p.pid for p in be.processes()] == [11, 12] and be.telemetry(2).gpu_util_pct == 50
+    f.write_text(_json.dumps([{"pid": 13, "gpu": 1, "sm_util_pct": 70}]))
+    assert [(p.pid, p.sm_util_pct) for p in be.processes()] == [(13, 70)] and be.telemetry(2).gpu_util_pct == 0
+    f.unlink()  # no control file: no load
     assert be.processes() == []

@@ -162,6 +162,7 @@ class FakeBackend:
     _procs: list[ProcessUsage] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _gpus: list[GpuInfo] | None = None
+    _control: tuple[str, list[ProcessUsage]] = ("", [])  # ($GPUFLEET_FAKE_PROCESSES, its last good content)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -213,18 +214,27 @@ class FakeBackend:
         return self._all_processes()
 
     def _all_processes(self) -> list[ProcessUsage]:
-        """Per-process GPU use: what a test set, plus ``$GPUFLEET_FAKE_PROCESSES`` (a JSON list of
-        ``{pid, gpu, used_memory_mib, sm_util_pct}``, re-read on every call) so a real node's test can load
-        GPUs with its containers' real PIDs."""
+        """Per-process GPU use: what a test set, plus the test control ``$GPUFLEET_FAKE_PROCESSES``.
+
+        The control is a JSON file, a list of ``{pid, gpu, used_memory_mib, sm_util_pct}``, re-read on every call,
+        so a real node's test can load GPUs with its containers' real PIDs and change the load while the agent runs
+        (docs/agent.md).  A file that cannot be read or parsed (being rewritten in place) keeps the last good
+        content, so a reader never sees the load drop to nothing between two writes; a removed file is no load.
+        """
         out = list(self._procs)
         path = os.environ.get("GPUFLEET_FAKE_PROCESSES")
         if path:
             try:
                 with open(path) as f:
-                    out += [ProcessUsage(int(d["pid"]), int(d["gpu"]), int(d.get("used_memory_mib", 0)), int(d.get("sm_util_pct", 0)))
-                            for d in json.load(f)]
+                    loaded = [ProcessUsage(int(d["pid"]), int(d["gpu"]), int(d.get("used_memory_mib", 0)), int(d.get("sm_util_pct", 0)))
+                              for d in json.load(f)]
+                self._control = (path, loaded)
+            except FileNotFoundError:
+                self._control = (path, [])
             except (OSError, ValueError, KeyError, TypeError):
-                pass  # no load file (yet) or a half-written one: no extra processes this time
+                pass  # half-written: the last good content stands
+            if self._control[0] == path:
+                out += self._control[1]
         return out
 
     def telemetry(self, index: int) -> Telemetry:
