@@ -99,14 +99,18 @@ def test_prometheus_down():
     def down(expr):
         raise SourceError("GET http://prom:9090/api/v1/query?...: [Errno 111] Connection refused")
 
-    kube = cluster(ApiError(500, 'unable to fetch metrics from custom metrics API: Get "http://prom:9090/api/v1/query": '
-                                 'dial tcp 127.0.0.1:9090: connect: connection refused'),
+    kube = cluster(ApiError(500, "Internal error occurred: unable to fetch metrics"),  # prometheus-adapter's words
                    conditions=[{"type": "ScalingActive", "status": "False", "reason": "FailedGetPodsMetric",
                                 "message": "the HPA was unable to compute the replica count: unable to get metric gpu_utilization"}])
     text = "\n".join(diagnose(gather(kube, NS, "infer", down, "http://prom:9090")))
     assert "ScalingActive False (FailedGetPodsMetric)" in text
     assert "cause: Prometheus at http://prom:9090 does not answer" in text
     assert "cause: the adapter cannot query Prometheus" in text
+
+
+def test_the_adapter_cannot_list_pods():
+    text = "\n".join(diagnose(gather(cluster(ApiError(500, "Internal error occurred: unable to list matching resources")), NS, "infer")))
+    assert "cause: the adapter cannot list the target's pods: its RBAC" in text
 
 
 def test_an_adapter_rule_that_matches_nothing():

@@ -243,8 +243,13 @@ def _diagnose_metric(f: Facts, mf: MetricFacts, pods: list[str]) -> list[str]:
             out.append(f"cause: the adapter serves no metric {name!r} for this object: no rule of its config matches that "
                        "name, or the rule's series is not in Prometheus (yet: the adapter re-lists series every "
                        "--metrics-relist-interval)" + _missing_record(mf))
-        elif "prometheus" in low or "connection refused" in low or "no such host" in low or "timeout" in low:
-            out.append("cause: the adapter cannot query Prometheus (down, or --prometheus-url wrong)")
+        elif mf.status >= 500 and "unable to fetch metrics" in low or "prometheus" in low or "connection refused" in low:
+            # prometheus-adapter answers any failed PromQL query with exactly "unable to fetch metrics"
+            out.append("cause: the adapter cannot query Prometheus (down, or its --prometheus-url is wrong; the "
+                       "adapter's log has Prometheus' error)")
+        elif "unable to list matching resources" in low:
+            out.append("cause: the adapter cannot list the target's pods: its RBAC (ClusterRole gpufleet:prometheus-adapter) "
+                       "or its kubeconfig")
         else:
             out += _why_no_values(f, mf, pods, name)
         return out
