@@ -312,10 +312,10 @@ def test_dra_claims_devices_are_attributed_through_the_drivers_device_map():
     k.start()
     try:
         uuids = {("gpu.gpufleet.io", "n", f"gpu-{i}"): f"GPU-t4-{i:02d}" for i in range(4)}
-        pr = KubeletPodResources(k.sock, dra_uuid=lambda d, p, n: uuids.get((d, p, n)))
+        pr = KubeletPodResources(k.sock, timeout_s=10, dra_uuid=lambda d, p, n: uuids.get((d, p, n)))  # a busy CI box
         holders = pr.devices()
         assert {u: sorted(r.pod for r in refs) for u, refs in holders.items()} == {"GPU-t4-01": ["whole"], "GPU-t4-02": ["s1", "s2"]}
-        assert KubeletPodResources(k.sock).devices() == {}  # a device-plugin agent does not read claims
+        assert KubeletPodResources(k.sock, timeout_s=10).devices() == {}  # a device-plugin agent does not read claims
         fams = scrape(GpuCollector(FakeBackend("t4"), "n", pr))
         # the exclusive claim's GPU carries its pod; the shared one's device-wide series stay unattributed, as for shares
         assert sorted(by(fams, "DCGM_FI_DEV_GPU_TEMP", "gpu", "pod")) == [("0", ""), ("1", "whole"), ("2", ""), ("3", "")]
