@@ -15,7 +15,7 @@ from gpufleet.agent.nvml import PROFILES
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 C_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # what NVIDIA's gpu-kubelet-plugin publishes for a whole GPU (deviceinfo.go) and a MIG device (mig.go), by type
-NVIDIA_GPU = {"type": "string", "uuid": "string", "productName": "string", "architecture": "string",
+NVIDIA_GPU = {"type": "string", "uuid": "string", "productName": "string", "brand": "string", "architecture": "string",
               "cudaComputeCapability": "version", "driverVersion": "version", "cudaDriverVersion": "version"}
 NVIDIA_MIG = {**NVIDIA_GPU, "parentUUID": "string", "profile": "string"}
 
@@ -39,7 +39,7 @@ def test_whole_gpu_has_nvidias_names_types_and_formats():
     assert attr(d, "type") == ("string", "gpu")
     assert attr(d, "uuid") == ("string", "GPU-h100-05")
     assert attr(d, "productName") == ("string", "NVIDIA H100 80GB HBM3")
-    assert attr(d, "architecture") == ("string", "Hopper")
+    assert attr(d, "architecture") == ("string", "Hopper") and attr(d, "brand") == ("string", "Nvidia")
     assert attr(d, "cudaComputeCapability") == ("version", "9.0.0")
     assert attr(d, "driverVersion") == ("version", "550.90.7")  # strict semver: no leading zero
     assert attr(d, "cudaDriverVersion") == ("version", "12.4.0")

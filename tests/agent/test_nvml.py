@@ -145,6 +145,13 @@ def stub_pynvml(n_gpus=2, init_error=None, mig_gpu=None, nvswitch=False, device_
     m.nvmlDeviceGetHandleByIndex = lambda i: gpus[i]
     m.nvmlDeviceGetUUID = lambda h: (f"GPU-stub-{h.i}" if h.kind == "gpu" else f"MIG-stub-{h.parent}-{h.k}").encode()
     m.nvmlDeviceGetMinorNumber = lambda h: (minors or list(range(n_gpus)))[h.i]
+
+    def brand(h):
+        if h.i >= 1:
+            raise NVMLError(NOT_SUPPORTED)
+        return 14  # NVML_BRAND_NVIDIA
+
+    m.nvmlDeviceGetBrand = brand
     m.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
     m.nvmlSystemGetCudaDriverVersion_v2 = lambda: 12040
     m.nvmlDeviceGetName = lambda h: "NVIDIA A100-SXM4-80GB"
@@ -400,6 +407,12 @@ def test_real_backend_device_nodes_follow_the_minor_number(monkeypatch, tmp_path
     assert [(g.index, g.dev_minor) for g in gpus] == [(0, 3), (1, 0)]
     p = DevicePlugin("nvidia.com/gpu", gpus, str(tmp_path), device_specs="all", dev_root=str(tmp_path))
     assert [s.container_path for s in p.device_spec_list([0])][:1] == ["/dev/nvidia3"]
+
+
+def test_real_backend_brand_for_the_dra_attribute(monkeypatch):
+    stub, _ = stub_pynvml(n_gpus=2)
+    monkeypatch.setitem(sys.modules, "pynvml", stub)
+    assert [g.brand for g in NvmlBackend().gpus()] == ["Nvidia", ""]  # a GPU that cannot say: no attribute, no error
 
 
 def test_fake_backend_reads_processes_from_a_file(tmp_path, monkeypatch):

@@ -354,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
         from .dra.driver import DraDriver
         from .dra.kubeapi import KubeDraApi
 
-        minor = {g.index: getattr(g, "dev_minor", g.index) for g in gpus}
+        minor = {g.index: g.dev_minor for g in gpus}
         dra = DraDriver(KubeDraApi(kclient.ApiClient(), instance=args.node_name), args.node_name, dra_opts, args.state_dir,
                         CdiWriter(args.cdi_dir, args.dev_root, device_specs, cfg.mps_pipe_dir, lambda i: minor.get(i, i)),
                         args.kubelet_plugins_dir, args.kubelet_registry_dir)

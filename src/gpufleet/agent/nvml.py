@@ -76,6 +76,7 @@ class GpuInfo:
     nvlink_peers: tuple[int, ...] = ()
     mig_capable: bool = False
     minor_number: int | None = None  # N of /dev/nvidiaN; None: the same as the index (NVML need not agree)
+    brand: str = ""  # NVML's product brand as go-nvlib names it ("Nvidia", "Tesla", ...); "" when unknown
 
     @property
     def dev_minor(self) -> int:
@@ -131,6 +132,12 @@ class Backend(Protocol):
 
 # --- fake --------------------------------------------------------------------------------
 
+# nvmlBrandType_t -> the names go-nvlib (and so NVIDIA's DRA driver's `brand` attribute) gives them
+BRANDS = {0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan", 7: "NvidiaVApps",
+          8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming", 12: "QuadroRTX", 13: "NvidiaRTX",
+          14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX"}
+
+
 def _a100(i: int, mig: bool) -> GpuInfo:
     migs: tuple[MigInfo, ...] = ()
     if mig:  # mixed strategy: GPU 0 = 7x 1g.10gb, GPU 1 = 1x 3g.40gb + 2x 2g.20gb
@@ -141,16 +148,18 @@ def _a100(i: int, mig: bool) -> GpuInfo:
                     MigInfo("2g.20gb", 19_968, 2, f"MIG-a100-{i}-2"))
     peers = tuple(j for j in range(8) if j != i)
     return GpuInfo(i, f"GPU-a100-{i:02d}", "NVIDIA A100-SXM4-80GB", 81_920, f"00000000:{0x07 + i * 8:02X}:00.0", 0 if i < 4 else 1,
-                   (8, 0), "ampere", mig_enabled=mig, mig=migs, nvlink_peers=peers, mig_capable=True)
+                   (8, 0), "ampere", mig_enabled=mig, mig=migs, nvlink_peers=peers, mig_capable=True, brand="Nvidia")
 
 
 PROFILES: dict[str, tuple[DriverInfo, list[GpuInfo]]] = {
     "a100-mig": (DriverInfo("550.54.15", (12, 4)), [_a100(i, i < 2) for i in range(8)]),
     "h100-nvlink": (DriverInfo("550.90.07", (12, 4)), [
         GpuInfo(i, f"GPU-h100-{i:02d}", "NVIDIA H100 80GB HBM3", 81_559, f"00000000:{0x18 + i * 16:02X}:00.0", 0 if i < 4 else 1,
-                (9, 0), "hopper", nvlink_peers=tuple(j for j in range(8) if j != i), mig_capable=True) for i in range(8)]),
+                (9, 0), "hopper", nvlink_peers=tuple(j for j in range(8) if j != i), mig_capable=True, brand="Nvidia")
+        for i in range(8)]),
     "t4": (DriverInfo("535.161.08", (12, 2)), [
-        GpuInfo(i, f"GPU-t4-{i:02d}", "Tesla T4", 15_360, f"00000000:{0x3B + i:02X}:00.0", 0, (7, 5), "turing") for i in range(4)]),
+        GpuInfo(i, f"GPU-t4-{i:02d}", "Tesla T4", 15_360, f"00000000:{0x3B + i:02X}:00.0", 0, (7, 5), "turing", brand="Nvidia")
+        for i in range(4)]),
 }
 
 
@@ -412,6 +421,10 @@ class NvmlBackend:
                 dev_minor = int(nv.nvmlDeviceGetMinorNumber(h))
             except (nv.NVMLError, AttributeError):
                 dev_minor = None
+            try:
+                brand = BRANDS.get(int(nv.nvmlDeviceGetBrand(h)), "")
+            except (nv.NVMLError, AttributeError, TypeError, ValueError):
+                brand = ""
             capable, enabled, migs = self._mig(h, mem)
             peers, switch = self._links(h, i, keys)
             if switch is None:  # NVSwitch systems (DGX/HGX A100, H100): links end at switches, not at GPUs
@@ -422,7 +435,8 @@ class NvmlBackend:
             if switch:
                 switched.add(i)
             out.append(GpuInfo(i, self._uuids[i], name, mem, buses[i], numa, (major, minor), arch_family(major, minor),
-                               enabled, tuple(migs), tuple(sorted(peers)), mig_capable=capable, minor_number=dev_minor))
+                               enabled, tuple(migs), tuple(sorted(peers)), mig_capable=capable, minor_number=dev_minor,
+                               brand=brand))
         if switched:  # every GPU on the switches reaches every other one on them
             out = [replace(g, nvlink_peers=tuple(sorted(set(g.nvlink_peers) | (switched - {g.index}))))
                    if g.index in switched else g for g in out]

@@ -168,10 +168,9 @@ def _v(v: str) -> dict:
 def _common(g: GpuInfo, drv: DriverInfo, opts: DraOptions) -> dict[str, dict]:
     """Attributes a GPU and its MIG instances share, unqualified (the driver's domain)."""
     attrs: dict[str, dict] = {"productName": _s(g.name)}
-    brand = getattr(g, "brand", "") or ""
-    if brand:
-        attrs["brand"] = _s(brand)
-    arch = getattr(g, "architecture", "") or _ARCH_BY_FAMILY.get(g.family, "")
+    if g.brand:
+        attrs["brand"] = _s(g.brand)
+    arch = _ARCH_BY_FAMILY.get(g.family, "")
     if arch:
         attrs["architecture"] = _s(arch)
     for key, raw in (("cudaComputeCapability", f"{g.compute_capability[0]}.{g.compute_capability[1]}"),
