@@ -72,6 +72,13 @@ def test_assignment_round_trip(a):
     assert gpu_uuids_of(text) == [{1: "GPU-1", 3: "GPU-3"}.get(j, "") for j in a.gpu_indices]
 
 
+def test_assignment_names_the_queue_the_pod_was_admitted_under():
+    """The node agent labels its cost series with it (agent.allocation); without a queue the key is absent."""
+    a = Assignment("ns/p", "n", 0, 0, gpu_indices=(0,), gpu_milli=250, gpu_memory_mib=(0,), queue="team-a")
+    assert json.loads(assignment_to_json(a))["queue"] == "team-a"
+    assert "queue" not in json.loads(assignment_to_json(Assignment("ns/p", "n", 0, 0)))
+
+
 def test_assignment_carries_pod_resources_given_by_caller():
     a = assignment_from_json("ns/p", '{"node": "n"}', cpu_milli=500, memory_mib=64, priority=7)
     assert (a.cpu_milli, a.memory_mib, a.priority, a.gpu_indices) == (500, 64, 7, ())

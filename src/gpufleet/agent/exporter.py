@@ -71,7 +71,7 @@ ALLOCATED_METRIC = "gpufleet_pod_gpu_allocated"
 ALL_METRICS = (*METRICS, XID_METRIC, HEALTH_METRIC, PODRESOURCES_UP, SCRAPE_SECONDS)  # every scrape; ALLOCATED_METRIC when pods are known
 DEVICE_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname"]
 LABELS = DEVICE_LABELS + ["container", "namespace", "pod"]
-ALLOCATED_LABELS = LABELS + ["workload_kind", "workload"]
+ALLOCATED_LABELS = LABELS + ["workload_kind", "workload", "queue"]
 PER_SHARER = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL")
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 
@@ -96,6 +96,7 @@ class PodMeta:
     mig: Mapping[str, float] = field(default_factory=dict)  # GPU UUID -> part of it the assigned MIG instances are
     workload_kind: str = "Pod"
     workload: str = ""
+    queue: str = ""  # the team queue the scheduler admitted it under (assignment), else its gpufleet.io/queue
 
 
 def workload_of(pod: Mapping[str, Any]) -> tuple[str, str]:
@@ -121,7 +122,7 @@ def pod_meta_from_json(pods: Iterable[Mapping]) -> dict[tuple[str, str], PodMeta
     """Pod JSON (the pods on this node) -> {(namespace, pod): PodMeta}; a malformed assignment counts as none."""
     import json
 
-    from ..engine.annotations import ASSIGNMENT
+    from ..engine.annotations import ASSIGNMENT, QUEUE
 
     out: dict[tuple[str, str], PodMeta] = {}
     for p in pods:
@@ -129,9 +130,12 @@ def pod_meta_from_json(pods: Iterable[Mapping]) -> dict[tuple[str, str], PodMeta
         kind, name = workload_of(p)
         milli, mem, mig = 0, dict[str, int](), dict[str, float]()
         raw = (meta.get("annotations") or {}).get(ASSIGNMENT)
+        queue = str((meta.get("annotations") or {}).get(QUEUE) or "")
         if raw:
             try:
                 d = json.loads(raw)
+                if isinstance(d.get("queue"), str) and d["queue"]:
+                    queue = d["queue"]
                 m = d.get("gpu_milli") or 0
                 milli = m if isinstance(m, int) and 0 < m < 1000 else 0
                 gpus = [g for g in d.get("gpus") or [] if isinstance(g, Mapping) and g.get("uuid")]
@@ -145,7 +149,7 @@ def pod_meta_from_json(pods: Iterable[Mapping]) -> dict[tuple[str, str], PodMeta
                         mig[u] = mig.get(u, 0.0) + mig_fraction(str(d.get("mig_profile") or ""))
             except (ValueError, AttributeError, TypeError):
                 milli, mem, mig = 0, {}, {}  # the scheduler and the device plugin report malformed annotations
-        out[(meta.get("namespace") or "default", meta.get("name") or "")] = PodMeta(milli, mem, mig, kind, name)
+        out[(meta.get("namespace") or "default", meta.get("name") or "")] = PodMeta(milli, mem, mig, kind, name, queue)
     return out
 
 
@@ -379,6 +383,13 @@ class KubeNodePods:
     def index(self) -> dict[str, PodEntry]:
         return pod_index_from_json(self.pods())
 
+    def node_labels(self) -> dict[str, str]:
+        """This node's labels (instance type, spot or on-demand), re-read at most every minute."""
+        if time.monotonic() - getattr(self, "_labels_at", -1e18) > 60.0:
+            self._labels = dict(self.core.read_node(self.node).metadata.labels or {})
+            self._labels_at = time.monotonic()
+        return self._labels
+
     def assignments(self) -> dict[tuple[str, str], list[str]]:
         import json
 
@@ -409,8 +420,10 @@ class GpuCollector:
                  pid_to_container: Callable[[int], ContainerRef | None] | None = None,
                  assignments: Callable[[], Mapping[tuple[str, str], list[str]]] | None = None,
                  health: Callable[[], Mapping[int, bool]] | None = None,
-                 pod_meta: Callable[[Collection[tuple[str, str]]], Mapping[tuple[str, str], PodMeta]] | None = None) -> None:
+                 pod_meta: Callable[[Collection[tuple[str, str]]], Mapping[tuple[str, str], PodMeta]] | None = None,
+                 cost: "CostContext | None" = None) -> None:
         self.backend = backend
+        self.cost = cost  # who holds which share of each GPU, what it is and costs (agent.allocation)
         self.hostname = hostname
         self.pods = pods
         self.pid_to_container = pid_to_container or (lambda pid: None)
@@ -466,7 +479,7 @@ class GpuCollector:
             for r, frac in held.items():
                 pm = meta[(r.namespace, r.pod)]
                 fam.add_metric([str(g.index), g.uuid, f"nvidia{g.dev_minor}", g.name, self.hostname, r.container, r.namespace,
-                                r.pod, pm.workload_kind, pm.workload], round(frac, 6))
+                                r.pod, pm.workload_kind, pm.workload, pm.queue], round(frac, 6))
         return fam
 
     def collect(self):
@@ -552,6 +565,8 @@ class GpuCollector:
         yield healthy
         if meta is not None:
             yield self._allocated(holders, meta)
+        if self.cost is not None and meta is not None:  # who holds what is known (the allocation series above)
+            yield from self._cost_families()
         pr = GaugeMetricFamily(PODRESOURCES_UP, "1 if kubelet's PodResources API answered this scrape.")
         pr.add_metric([], 1.0 if up else 0.0)
         yield pr
@@ -560,15 +575,49 @@ class GpuCollector:
         yield dur
 
 
+    def _cost_families(self) -> list:
+        from .allocation import families
+
+        c = self.cost
+        assert c is not None
+        try:
+            labels = c.node_labels()
+        except Exception as exc:  # API away: the node's instance and capacity type are unknown: no cost series
+            log.debug("node labels unavailable: %s", exc)
+            return []
+        book, ok = c.prices()
+        return families(self._gpus, self.hostname, c.node, labels, book, ok)
+
+
+class CostContext:
+    """What the cost series need beyond the allocation series: the node's labels and the price file."""
+
+    def __init__(self, node_pods: "KubeNodePods", prices_path: str | None = None) -> None:
+        from .allocation import PriceFile
+
+        self.node = node_pods.node
+        self._pods = node_pods
+        self._prices = PriceFile(prices_path)
+
+    def node_labels(self) -> Mapping[str, str]:
+        return self._pods.node_labels()
+
+    def prices(self):
+        return self._prices.get()
+
+
 def build_collector(backend: Backend, hostname: str, pod_resources_socket: str | None, core_v1=None, node_name: str = "",
                     health: Callable[[], Mapping[int, bool]] | None = None, proc_root: str = "/proc",
-                    dra_uuid: Callable[[str, str, str], str | None] | None = None) -> GpuCollector:
-    """The production wiring: PodResources, and with API access the pid resolver and gpufleet assignments."""
+                    dra_uuid: Callable[[str, str, str], str | None] | None = None,
+                    prices_path: str | None = None) -> GpuCollector:
+    """The production wiring: PodResources, and with API access the pid resolver, gpufleet assignments and the
+    cost series (``agent.allocation``)."""
     pods = KubeletPodResources(pod_resources_socket, dra_uuid=dra_uuid) if pod_resources_socket else None
-    resolver = assignments = pod_meta = None
+    resolver = assignments = pod_meta = cost = None
     if core_v1 is not None and node_name:
         node_pods = KubeNodePods(core_v1, node_name)
         resolver = CgroupResolver(node_pods.index, proc_root=proc_root)
         assignments = node_pods.assignments
         pod_meta = node_pods.pod_meta
-    return GpuCollector(backend, hostname, pods, resolver, assignments, health, pod_meta)
+        cost = CostContext(node_pods, prices_path)
+    return GpuCollector(backend, hostname, pods, resolver, assignments, health, pod_meta, cost)

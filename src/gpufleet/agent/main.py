@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-labels", action="store_true", help="do not label the node")
     p.add_argument("--interval", type=float_range(0.05, 3600), default=2.0, help="seconds between health/registration checks (default 2)")
     p.add_argument("--metrics-addr", type=host_port, default="0.0.0.0:9400", help="HOST:PORT for Prometheus /metrics (dcgm-exporter names); '' to disable")
+    p.add_argument("--prices", default=os.environ.get("GPUFLEET_PRICES"), metavar="FILE",
+                   help="price file for the GPU price series (docs/cost.md; default $GPUFLEET_PRICES, else the built-in "
+                        "list prices; re-read when it changes)")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="kubelet's PodResources socket, to attribute GPU metrics to pods")
     p.add_argument("--api-wait-s", type=float_range(0, 600), default=30.0,
@@ -329,7 +332,8 @@ def run(args: argparse.Namespace) -> int:
         collector = build_collector(backend, args.node_name or os.uname().nodename, args.pod_resources_socket, core,
                                     args.node_name, health=lambda: agent_holder[0].health if agent_holder else {},
                                     dra_uuid=lambda drv, pool, dev: agent_holder[0].dra.uuid_of(drv, pool, dev)
-                                    if agent_holder and agent_holder[0].dra is not None else None)
+                                    if agent_holder and agent_holder[0].dra is not None else None,
+                                    prices_path=args.prices)
         reg = CollectorRegistry()
         reg.register(collector)
         host, port = args.metrics_addr.rsplit(":", 1)

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recommend": ("gpufleet.utilization.recommend_cli", "recommend right-sized GPU requests per workload"),
     "top": ("gpufleet.utilization.top_cli", "terminal view of GPU allocation and utilisation"),
     "explain-hpa": ("gpufleet.utilization.hpa_cli", "explain why an autoscaler on GPU metrics does or does not scale"),
+    "cost": ("gpufleet.utilization.cost_cli", "GPU-hours and cost per namespace, team queue and workload"),
 }
 
 

@@ -119,6 +119,8 @@ def assignment_to_json(a: Assignment, gpu_uuids: Mapping[int, str] | None = None
     if a.mig:
         d["mig"] = [{"gpu": g, "instance_id": i} for g, i in a.mig]
         d["mig_profile"] = a.mig_profile
+    if a.queue:  # the team queue the pod was admitted under: the node agent's cost series carry it
+        d["queue"] = a.queue
     return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
