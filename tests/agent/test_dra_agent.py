@@ -11,10 +11,12 @@ from gpufleet.agent.config import AgentConfig
 from gpufleet.agent.dra.cdi import CdiWriter
 from gpufleet.agent.dra.devices import DraOptions
 from gpufleet.agent.dra.driver import DraDriver
+from gpufleet.agent.labels import NodeLabeller
 from gpufleet.agent.main import Agent
 from gpufleet.agent.nvml import FakeBackend
 
 from .dra_fake import FakeDraApi
+from .test_labels import FakeCore
 
 
 def taints(api: FakeDraApi) -> dict[str, list]:
@@ -30,12 +32,15 @@ def test_agent_in_dra_mode_publishes_taints_a_faulty_gpu_and_untaints_it_on_reco
     dra = DraDriver(api, "node-a", DraOptions(), str(root / "st"), CdiWriter(str(root / "cdi")),
                     plugins_dir=str(root / "plugins"), registry_dir=str(root / "reg"), clock=lambda: now[0])
     dra.events.api = None
-    agent = Agent(be, AgentConfig(recover_after_s=60), sockdir, str(root / "st"), clock=lambda: now[0], dra=dra)
+    core = FakeCore(annotations={"gpufleet.io/gpu-inventory": '{"gpus": []}'})  # left from device-plugin mode
+    agent = Agent(be, AgentConfig(recover_after_s=60), sockdir, str(root / "st"), clock=lambda: now[0], dra=dra,
+                  labeller=NodeLabeller(core, "node-a"))
     dra.start()
     try:
         agent.step()
         agent.step()  # the first step's health round set the devices; this one publishes them
         assert agent.plugins == [] and kubelet.registered == []  # no device plugin next to the DRA driver
+        assert core.labels["nvidia.com/gpu.count"] == "8" and "gpufleet.io/gpu-inventory" not in core.annotations
         (s,) = api.slices.values()
         assert [d["name"] for d in s["spec"]["devices"]] == [f"gpu-{i}" for i in range(8)]
         assert taints(api) == {}

@@ -7,7 +7,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from gpufleet.agent.labels import NodeLabeller, desired_labels, label_patch, owned
+from gpufleet.agent.labels import NO_INVENTORY, NodeLabeller, desired_labels, label_patch, owned
 from gpufleet.agent.nvml import FakeBackend
 
 
@@ -57,6 +57,9 @@ def test_patch_sets_changes_removes_stale_and_leaves_others_alone():
     assert label_patch(want, want) is None
     p = label_patch(want, want, inventory='{"v":2}', current_inventory='{"v":1}')
     assert p == {"metadata": {"annotations": {"gpufleet.io/gpu-inventory": '{"v":2}'}}}
+    # DRA mode: no inventory; one left from device-plugin mode is removed
+    assert label_patch(want, want, NO_INVENTORY, '{"v":1}') == {"metadata": {"annotations": {"gpufleet.io/gpu-inventory": None}}}
+    assert label_patch(want, want, NO_INVENTORY, None) is None
 
 
 class FakeCore:
@@ -76,7 +79,11 @@ class FakeCore:
                 self.labels.pop(k, None)
             else:
                 self.labels[k] = v
-        self.annotations.update(body["metadata"].get("annotations", {}))
+        for k, v in body["metadata"].get("annotations", {}).items():
+            if v is None:
+                self.annotations.pop(k, None)
+            else:
+                self.annotations[k] = v
 
 
 def test_node_labeller_patches_only_on_change():

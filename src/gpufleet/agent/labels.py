@@ -94,6 +94,11 @@ def desired_labels(driver: DriverInfo, gpus: list[GpuInfo], mig_strategy: str = 
     return out
 
 
+# The agent in DRA mode publishes no inventory annotation (its ResourceSlices are the node's inventory, and a
+# scheduler must not place device-plugin pods there): one left from device-plugin mode is removed.
+NO_INVENTORY = ""
+
+
 def label_patch(current: Mapping[str, str], desired: Mapping[str, str], inventory: str | None = None,
                 current_inventory: str | None = None) -> dict | None:
     """A JSON merge patch for the Node, or None when nothing changes."""
@@ -107,7 +112,10 @@ def label_patch(current: Mapping[str, str], desired: Mapping[str, str], inventor
     patch: dict = {}
     if labels:
         patch.setdefault("metadata", {})["labels"] = labels
-    if inventory is not None and inventory != current_inventory:
+    if inventory == NO_INVENTORY:
+        if current_inventory is not None:
+            patch.setdefault("metadata", {})["annotations"] = {ann.INVENTORY: None}
+    elif inventory is not None and inventory != current_inventory:
         patch.setdefault("metadata", {})["annotations"] = {ann.INVENTORY: inventory}
     return patch or None
 

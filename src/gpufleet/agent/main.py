@@ -213,7 +213,10 @@ class Agent:
             from .plugin import resources_for
 
             c = self.cfg
+            from .labels import NO_INVENTORY
+
             self.labeller.sync(desired_labels(self.driver, self.gpus, c.mig_strategy, c.replicas, c.rename_shared),
+                               NO_INVENTORY if self.dra is not None else  # DRA: the ResourceSlices are the inventory
                                inventory_json(self.gpus, self.health, gpu_slots=c.slots,
                                               gpu_resource=resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)[0]))
             self._last_labels = now
