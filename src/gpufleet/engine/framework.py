@@ -292,6 +292,8 @@ class Scheduler:
     def _assignment(self, cycle: Cycle, node: int, choice: GpuChoice) -> Assignment:
         r = cycle.request
         st = self.state
+        if r.dra is not None:  # the pod's claims hold its devices (ClusterState.hold_claim), not its assignment
+            choice = GpuChoice()
         mems: tuple[int, ...] = ()
         if choice.gpu_indices:
             if r.gpu_milli >= GPU_MILLI:
@@ -313,6 +315,7 @@ class Scheduler:
             pod_group=r.pod_group,
             scalars=r.scalars,
             terms=r.terms,
+            claims=r.dra.keys if r.dra is not None else (),
         )
 
     # --- public API ---------------------------------------------------------------
@@ -354,6 +357,9 @@ class Scheduler:
         if r.gpu_count > 0:
             sel = self.profile.gpu_selector
             picked = sel.select_gpus(cycle, self.state, node) if sel else None
+            if r.dra is not None:  # DRA: the policy's GPUs are the allocator's first choice (DynamicResources.reserve)
+                cycle.data["dra.choice"] = picked
+                picked = GpuChoice()
             if picked is None:
                 cycle.status = Status.error(
                     f"GPU selection found no devices on node {self.state.nodes[node].name} that passed the filters",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from .constraints import PodTerms
+    from .dra.pods import PodClaims
 
 GPU_MILLI = 1000  # a whole GPU
 
@@ -152,6 +153,9 @@ class PodRequest:
     scheduling_group: str | None = None
     priority_class: str = ""  # spec.priorityClassName
     spot: str | None = None  # gpufleet.io/spot: prefer | allow | never (None: from the PriorityClass, see engine.capacity)
+    # the pod's ResourceClaims (DRA), resolved by the adapter; the GPU fields above then describe what they ask
+    # for, for scoring, and the claims' devices are held by the claims, not by the pod's assignment
+    dra: PodClaims | None = field(default=None, compare=False, hash=False)
 
     @property
     def key(self) -> str:
@@ -206,3 +210,4 @@ class Assignment:
     pod_group: str | None = None
     scalars: tuple[tuple[str, int], ...] = ()
     terms: PodTerms | None = field(default=None, compare=False, hash=False, repr=False)
+    claims: tuple[str, ...] = ()  # ResourceClaims (namespace/name) the pod uses: their devices are held per claim

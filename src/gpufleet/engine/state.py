@@ -25,6 +25,7 @@ from .model import GPU_MILLI, Assignment, Node
 from .podindex import PodIndex
 
 if TYPE_CHECKING:
+    from .dra.usage import ClaimHold, DraState
     from .volumes import VolumeCatalog
 
 # Epochs are unique across all states: plugins cache node-metadata masks per epoch, and
@@ -44,6 +45,12 @@ class ClusterState:
         self.epoch = 0  # renewed (globally unique) when the node set or node metadata changes
         self.pod_index = PodIndex(0)
         self.volumes: VolumeCatalog | None = None  # a VolumeCatalog (PVCs, PVs, CSINode limits) when the adapter provides one
+        # DRA: the slices, classes and allocated devices (None: no DRA), and the devices each allocated ResourceClaim
+        # holds on the GPU columns here (a claim, not a pod, holds them: several pods may share one)
+        self.dra: DraState | None = None
+        self.claim_holds: dict[str, ClaimHold] = {}
+        self.claim_users: dict[str, set[str]] = {}
+        self._hold_applied: dict[str, tuple[int, list[tuple[int, int, int]], list[tuple[str, tuple[int, int]]]]] = {}
         self._rebuild(list(nodes), usage=None)
 
     # --- construction -------------------------------------------------------------
@@ -128,9 +135,13 @@ class ClusterState:
         self.pods_on_node = {x.name: set() for x in nodes}
         old = usage or {}
         self.assignments = {}
+        self.claim_users = {}
         for a in old.values():
             if a.node in self.index:
                 self.reserve(a, overcommit=True)  # held before: kept, even where a resize over-committed the node
+        self._hold_applied = {}
+        for h in self.claim_holds.values():
+            self._apply_hold(h)
 
     def add_node(self, node: Node) -> None:
         if node.name in self.index:
@@ -218,7 +229,69 @@ class ClusterState:
         c.pod_index = self.pod_index.copy()
         c.model_names = list(self.model_names)
         c._model_ids = dict(self._model_ids)
+        c.claim_holds = dict(self.claim_holds)
+        c.claim_users = {k: set(v) for k, v in self.claim_users.items()}
+        c._hold_applied = dict(self._hold_applied)
+        c.dra = self.dra.copy() if self.dra is not None else None
         return c
+
+    # --- DRA: devices held by ResourceClaims ------------------------------------------
+    def hold_claim(self, h: "ClaimHold") -> None:
+        """An allocated claim takes its devices: the GPU columns (as far as they are free) and the DRA state.
+
+        Never raises: a claim another scheduler allocated is counted even where this model thought the GPU
+        taken (the node side refuses a double allocation); only what was free is taken from the columns, and
+        exactly that is given back."""
+        if h.key in self.claim_holds:
+            self.release_claim(h.key)
+        self.claim_holds[h.key] = h
+        self._apply_hold(h)
+        if self.dra is not None and h.allocation is not None:
+            self.dra.allocated.add(h.allocation)
+
+    def _apply_hold(self, h: "ClaimHold") -> None:
+        i = self.index.get(h.node) if h.node else None
+        if i is None:
+            return
+        gpus = []
+        for j, milli, mem in h.gpus:
+            if j >= self.gpu_n[i] or not self.gpu_usable[i, j]:
+                continue
+            m = min(milli, int(self.gpu_free_milli[i, j]))
+            b = min(mem, int(self.gpu_mem_free[i, j]))
+            self.gpu_free_milli[i, j] -= m
+            self.gpu_mem_free[i, j] -= b
+            gpus.append((j, m, b))
+        migs = []
+        for prof, inst in h.mig:
+            free = self.mig_free[i].get(prof)
+            if free is not None and inst in free:
+                free.remove(inst)
+                self.mig_count[prof][i] -= 1
+                migs.append((prof, inst))
+        self._hold_applied[h.key] = (i, gpus, migs)
+        self.version[i] += 1
+
+    def release_claim(self, key: str) -> "ClaimHold | None":
+        """A claim was deallocated (or deleted): its devices are free again."""
+        h = self.claim_holds.pop(key, None)
+        if h is None:
+            return None
+        applied = self._hold_applied.pop(key, None)
+        if applied is not None:
+            i, gpus, migs = applied
+            for j, m, b in gpus:
+                self.gpu_free_milli[i, j] += m
+                self.gpu_mem_free[i, j] += b
+            for prof, inst in migs:
+                free = self.mig_free[i].setdefault(prof, [])
+                free.append(inst)
+                free.sort()
+                self.mig_count.setdefault(prof, np.zeros(len(self.nodes), dtype=np.int64))[i] += 1
+            self.version[i] += 1
+        if self.dra is not None and h.allocation is not None:
+            self.dra.allocated.remove(h.allocation)
+        return h
 
     # --- reserve / unreserve ------------------------------------------------------
     def check(self, a: Assignment, counts: bool = True) -> str | None:
@@ -310,6 +383,8 @@ class ClusterState:
         self.version[i] += 1
         self.assignments[a.pod_key] = a
         self.pods_on_node[a.node].add(a.pod_key)
+        for c in a.claims:
+            self.claim_users.setdefault(c, set()).add(a.pod_key)
 
     def unreserve(self, pod_key: str) -> Assignment | None:
         """Give back a pod's resources; returns its assignment (None if unknown)."""
@@ -336,6 +411,12 @@ class ClusterState:
             self.pod_index.remove(pod_key)
         self.version[i] += 1
         self.pods_on_node[a.node].discard(pod_key)
+        for c in a.claims:
+            users = self.claim_users.get(c)
+            if users is not None:
+                users.discard(pod_key)
+                if not users:
+                    del self.claim_users[c]
         return a
 
     def resize(self, pod_key: str, cpu_milli: int, memory_mib: int, scalars: tuple[tuple[str, int], ...]) -> bool:
@@ -374,6 +455,7 @@ class Transaction:
         self.state = state
         self.reserved: list[str] = []
         self.removed: list[Assignment] = []
+        self.released: list[ClaimHold] = []  # claims whose last user this transaction evicted
         self.committed = False
 
     def reserve(self, a: Assignment) -> None:
@@ -387,6 +469,11 @@ class Transaction:
                 self.reserved.remove(pod_key)
             else:
                 self.removed.append(a)
+            for c in a.claims:  # a claim nobody uses any more is deallocated (the resourceclaim controller does it)
+                if c not in self.state.claim_users:
+                    h = self.state.release_claim(c)
+                    if h is not None:
+                        self.released.append(h)
         return a
 
     def commit(self) -> None:
@@ -397,7 +484,10 @@ class Transaction:
             return
         for k in reversed(self.reserved):
             self.state.unreserve(k)
+        for h in reversed(self.released):
+            self.state.hold_claim(h)
         for a in reversed(self.removed):
             self.state.reserve(a, overcommit=True)
         self.reserved.clear()
         self.removed.clear()
+        self.released.clear()

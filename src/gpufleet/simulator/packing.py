@@ -128,14 +128,26 @@ def run_packing(
     progress: Callable[[int], None] | None = None,
     time_decisions: bool = False,
     placing_bound: bool = True,
+    dra: str | None = None,
 ) -> PackingRun:
     """The FGD paper's packing experiment: pods arrive until ``tune`` x capacity, each placed or turned away.
 
     ``placing_bound``: also the LP bound for placements that keep every pod this run placed before its first
-    refusal (``idle.bound_placing_first_pct``, about 0.2 s on the default trace)."""
+    refusal (``idle.bound_placing_first_pct``, about 0.2 s on the default trace).
+    ``dra``: "claims" or "constrained" asks every GPU pod's devices by ResourceClaim (``simulator/dra.py``)."""
     t0 = time.perf_counter()
     state = ClusterState(nodes)
     profile = build_profile(policy)
+    shape = None
+    if dra is not None:
+        from ..engine.dra.plugin import ensure_dra
+        from .dra import ClaimShaper, catalog
+
+        if dra not in ("claims", "constrained"):
+            raise ValueError(f"dra must be 'claims' or 'constrained', not {dra!r}")
+        state.dra = catalog(nodes)
+        ensure_dra(profile)
+        shape = ClaimShaper(nodes, constrained=dra == "constrained")
     if not isinstance(policy, str):  # an inline profile config
         policy = profile.name
     sched = Scheduler(profile, state, seed=seed)
@@ -171,6 +183,8 @@ def run_packing(
     idle_sum = float(idle.sum())
     for k, (tp, name) in enumerate(order):
         req = tp.request(name)
+        if shape is not None:
+            req = shape(req)
         if snap is None and arrived_milli + req.total_gpu_milli > capacity:  # the 100%-arrived point
             snap = rec.snapshot(state)
             snap_at = k

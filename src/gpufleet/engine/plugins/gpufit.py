@@ -66,7 +66,7 @@ class GpuFit:
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         n = len(state)
-        if r.gpu_count == 0:
+        if r.gpu_count == 0 or r.dra is not None:  # a pod asking by ResourceClaim: DynamicResources decides, with its reasons
             return FilterResult(all_pass(n), passes_all=True)
         k = r.gpu_count
         mm = model_mask(state, r)

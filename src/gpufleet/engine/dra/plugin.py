@@ -1,0 +1,338 @@
+"""DynamicResources: kube-scheduler's DRA plugin in the engine (preFilter, filter, reserve).
+
+* preFilter: every claim exists (a claim from a template waits until the resourceclaim controller has
+  created it), none is being deleted, an allocated claim still has room in ``reservedFor``, every
+  class exists and every selector compiles; otherwise the pod is unresolvable with a reason naming the
+  claim, the request and the field.
+* filter: an allocated claim keeps the pod to the nodes its allocation names; unallocated claims must
+  be allocatable on the node.  The common claim (one request for N devices, no constraint) is decided
+  for all nodes at once from the GPU columns and the device table; any other runs the allocator
+  (``allocator.py``) on each node that could have room.
+* reserve: the allocator runs on the chosen node with the devices the placement policy picked first
+  (``prefer``), so the allocation is the fragmentation-aware one; the claims then hold their devices
+  in the snapshot (in-flight: no other pod gets them) and ``cycle.data[DRA_ALLOCATIONS]`` tells the
+  adapter what to write (the allocation and ``reservedFor``, before the bind).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..framework import Cycle, FilterResult
+from ..model import GPU_MILLI
+from ..state import ClusterState
+from ..status import Status
+from .allocator import AllocationError, Allocator, NoAllocation, consumed_capacity, taint_blocks
+from .objects import RESERVED_FOR_MAX, Allocation, DeviceRef, ExactRequest, ResourceClaim
+from .usage import MIB, GPU_MILLI_CAPACITY, DeviceTable
+
+DRA_ALLOCATIONS = "dra.allocations"  # cycle.data: [(claim, allocation or None if it was allocated already)]
+_DATA = "dra.cycle"
+
+
+@dataclass
+class _Data:
+    allocated: list[tuple[ResourceClaim, Allocation]] = field(default_factory=list)
+    to_allocate: list[ResourceClaim] = field(default_factory=list)
+    results: dict[int, list[Allocation]] = field(default_factory=dict)  # node -> allocations found by the filter
+    held: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DynamicResources:
+    name: str = "DynamicResources"
+    max_steps: int = 200_000
+
+    # --- preFilter ---------------------------------------------------------------------
+    def pre_filter(self, cycle: Cycle, state: ClusterState) -> Status:
+        r = cycle.request
+        if r.dra is None or not r.dra.claims:
+            return Status.success()
+        if state.dra is None:
+            return Status.unresolvable("pod has ResourceClaims but the cluster has no DRA devices", plugin=self.name)
+        data = _Data()
+        for pc in r.dra.claims:
+            c = pc.claim
+            if c is None:
+                return Status.unresolvable(pc.problem or f"resourceclaim for {pc.name!r} not found", plugin=self.name)
+            if c.deleting:
+                return Status.unresolvable(f"resourceclaim {c.key} is being deleted", plugin=self.name)
+            alloc = c.allocation
+            hold = state.claim_holds.get(c.key)
+            if alloc is None and hold is not None:
+                alloc = hold.allocation  # allocated in flight (a pod sharing it was placed a moment ago)
+            if alloc is not None:
+                if len(c.reserved_for) >= RESERVED_FOR_MAX and not c.reserved_by(r.dra.pod_uid):
+                    return Status.unresolvable(f"resourceclaim {c.key} is in use by {RESERVED_FOR_MAX} pods", plugin=self.name)
+                data.allocated.append((c, alloc))
+            else:
+                data.to_allocate.append(c)
+        if data.to_allocate:
+            a = self._allocator(state)
+            try:
+                for c in data.to_allocate:
+                    a.compile_check(c)
+            except AllocationError as exc:
+                cycle.data["dra.error_object"] = (exc.obj, exc.field)
+                return Status.unresolvable(str(exc), plugin=self.name)
+        cycle.data[_DATA] = data
+        return Status.success()
+
+    def _allocator(self, state: ClusterState, prefer=None) -> Allocator:
+        assert state.dra is not None
+        cat = state.dra.catalog
+        return Allocator(cat.inventory, cat.classes, state.dra.allocated, cat.selectors, prefer=prefer, max_steps=self.max_steps)
+
+    # --- filter ------------------------------------------------------------------------
+    REASONS = ("resourceclaim not available on the node",)
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        data: _Data | None = cycle.data.get(_DATA)
+        n = len(state)
+        if data is None:
+            return FilterResult(np.ones(n, dtype=bool), passes_all=True)
+        ok = np.ones(n, dtype=bool)
+        reasons: list[str] = [self.REASONS[0]]
+        codes = np.zeros(n, dtype=np.int64)
+        for _, alloc in data.allocated:
+            ok &= _allocation_nodes(alloc, state)
+        if not data.to_allocate:
+            return FilterResult(ok, tuple(reasons), codes)
+        assert state.dra is not None
+        table = state.dra.catalog.table(state)
+        a = self._allocator(state)
+        fast = self._fast(data.to_allocate, table, state, a, cycle)
+        if isinstance(fast, Status):  # a CEL runtime error: the pod's attempt stops here, with it as the reason
+            return FilterResult(np.zeros(n, dtype=bool), fast.reasons)
+        if fast is not None:
+            room, why = fast
+            newly = ok & ~room
+            if newly.any():
+                reasons.append(why)
+                codes[newly] = 1
+            return FilterResult(ok & room, tuple(reasons), codes)
+        # the general case: the allocator on every node that is still in the running
+        seen: dict[str, int] = {}
+        for i in np.flatnonzero(ok):
+            node = state.nodes[int(i)]
+            try:
+                data.results[int(i)] = a.allocate(node.name, node.labels, data.to_allocate)
+            except NoAllocation as exc:
+                ok[i] = False
+                codes[i] = seen.setdefault(exc.reason, len(reasons))
+                if codes[i] == len(reasons):
+                    reasons.append(exc.reason)
+            except AllocationError as exc:
+                cycle.data["dra.error_object"] = (exc.obj, exc.field)
+                return FilterResult(np.zeros(n, dtype=bool), (str(exc),))
+        return FilterResult(ok, tuple(reasons), codes)
+
+    def _fast(self, claims: list[ResourceClaim], table: DeviceTable, state: ClusterState, a: Allocator,
+              cycle: Cycle) -> tuple[np.ndarray, str] | Status | None:
+        """One claim, one ExactCount request, no constraint, node-local devices: count free matching devices per node."""
+        if len(claims) != 1:
+            return None
+        c = claims[0]
+        if len(c.spec.requests) != 1 or c.spec.constraints or c.spec.requests[0].exactly is None:
+            return None
+        spec = c.spec.requests[0].exactly
+        if spec.allocation_mode != "ExactCount" or spec.admin_access:
+            return None
+        cls = state.dra.catalog.classes.get(spec.device_class_name)  # type: ignore[union-attr]
+        assert cls is not None
+        mask, err = state.dra.catalog.match_mask(table, cls, spec, c, a)  # type: ignore[union-attr]
+        if err is not None:
+            cycle.data["dra.error_object"] = (err.obj, err.field)
+            return Status.unresolvable(str(err))
+        k = np.flatnonzero(mask)
+        if k.size == 0:
+            return np.zeros(len(state), dtype=bool), _none_match(c, spec)
+        if (table.node[k] < 0).any() or table.counters[k].any() or table.is_mig[k].any():
+            return None
+        per_node = self._per_node(k, table, state, spec)
+        if per_node is None:
+            return None
+        return per_node >= spec.count, (f"claim {c.key}, request {spec.name}: fewer than {spec.count} free device(s) "
+                                        f"of class {spec.device_class_name}" + (" matching its selectors" if spec.selectors else ""))
+
+    def _per_node(self, k: np.ndarray, table: DeviceTable, state: ClusterState, spec: ExactRequest) -> np.ndarray | None:
+        """Per node, how many of the candidate devices ``k`` can take the request now (None: not decidable here).
+
+        GPU devices are judged on the GPU columns, as [node, GPU] grids built once per request shape, so a
+        decision over 40,000 GPUs is a few whole-array operations."""
+        assert state.dra is not None
+        n = len(state)
+        gpu = table.gpu[k]
+        on_gpu = gpu >= 0
+        count = np.zeros(n, dtype=np.int64)
+        if on_gpu.any():
+            req_key = tuple(sorted((spec.capacity_requests or {}).items()))
+            gk = ("grid", k.tobytes(), req_key)
+            grid = table.need_cache.get(gk)
+            if grid is None:
+                kk = k[on_gpu]
+                kinds = table.cap_kind[kk]
+                per_kind = np.zeros((len(table.cap_kinds), 2), dtype=np.int64)
+                for kid in np.unique(kinds).tolist():
+                    got = _gpu_need(table.cap_kinds[kid], spec)
+                    if got is None:
+                        table.need_cache[gk] = False
+                        return None
+                    per_kind[kid] = got
+                need = per_kind[kinds]
+                cand = np.zeros(state.gpu_free_milli.shape, dtype=bool)
+                m2 = np.zeros(cand.shape, dtype=np.int64)
+                b2 = np.zeros(cand.shape, dtype=np.int64)
+                rows, cols = table.node[kk], gpu[on_gpu]
+                cand[rows, cols] = True
+                m2[rows, cols] = need[:, 0]
+                b2[rows, cols] = need[:, 1]
+                whole = m2 >= GPU_MILLI
+                grid = table.need_cache[gk] = (cand, m2, b2, whole, bool(whole[cand].all()), bool((~whole[cand]).all()))
+            if grid is False:
+                return None
+            cand, m2, b2, whole, all_whole, no_whole = grid
+            fm, mf = state.gpu_free_milli, state.gpu_mem_free
+            if all_whole:
+                fit = (fm >= GPU_MILLI) & (mf == state.gpu_mem_cap)
+            elif no_whole:
+                fit = (fm >= m2) & (mf >= b2)
+            else:
+                fit = np.where(whole, (fm >= GPU_MILLI) & (mf == state.gpu_mem_cap), (fm >= m2) & (mf >= b2))
+            fit &= cand & state.gpu_usable
+            if table.any_taints:
+                blocked = np.zeros(cand.shape, dtype=bool)
+                for dk in k[on_gpu].tolist():
+                    if table.refs[dk].device.taints and taint_blocks(table.refs[dk].device, spec):
+                        blocked[table.node[dk], table.gpu[dk]] = True
+                fit &= ~blocked
+            count += fit.sum(axis=1)
+        alloc = state.dra.allocated
+        for dk in k[~on_gpu].tolist():  # other devices: few; checked one by one
+            ref = table.refs[dk]
+            if ref.device.allow_multiple_allocations:
+                return None
+            if not alloc.in_use(ref.device_id) and not taint_blocks(ref.device, spec):
+                count[table.node[dk]] += 1
+        return count
+
+    # --- reserve -----------------------------------------------------------------------
+    def reserve(self, cycle: Cycle, state: ClusterState) -> Status:
+        data: _Data | None = cycle.data.get(_DATA)
+        if data is None or cycle.assignment is None:
+            return Status.success()
+        out: list[tuple[ResourceClaim, Allocation | None]] = [(c, None) for c, _ in data.allocated]
+        if data.to_allocate:
+            node = state.index[cycle.assignment.node]
+            allocs = data.results.get(node) if cycle.data.get("dra.choice") is None else None
+            if allocs is None:
+                try:
+                    allocs = self._allocator(state, prefer=_prefer(cycle, state, node)).allocate(
+                        state.nodes[node].name, state.nodes[node].labels, data.to_allocate)
+                except (NoAllocation, AllocationError) as exc:
+                    return Status.unschedulable(f"node {state.nodes[node].name}: {exc}", plugin=self.name)
+            table = state.dra.catalog.table(state)  # type: ignore[union-attr]
+            for c, alloc in zip(data.to_allocate, allocs):
+                state.hold_claim(table.hold_for(c.key, alloc.node_name or state.nodes[node].name, alloc, state))
+                data.held.append(c.key)
+                out.append((c, alloc))
+        cycle.data[DRA_ALLOCATIONS] = out
+        return Status.success()
+
+    def unreserve(self, cycle: Cycle, state: ClusterState) -> None:
+        data: _Data | None = cycle.data.get(_DATA)
+        if data is None:
+            return
+        for key in data.held:
+            state.release_claim(key)
+        data.held.clear()
+        cycle.data.pop(DRA_ALLOCATIONS, None)
+
+
+def _gpu_need(ref: DeviceRef, spec: ExactRequest) -> tuple[int, int] | None:
+    """(milli, MiB) a request takes of a GPU device; (1000, all) for a whole one; None if it takes none of it."""
+    d = ref.device
+    consumed = consumed_capacity(spec.capacity_requests, d.capacity, ref.driver)
+    if consumed is None:
+        return (1 << 40, 1 << 40)  # lacks a requested capacity: never fits
+    if not d.allow_multiple_allocations:
+        return (GPU_MILLI, 0)
+    mem = consumed.get(f"{ref.driver}/memory")
+    full = d.capacity.get("memory")
+    if mem is None or full is None:
+        return None
+    if mem >= full.value:
+        return (GPU_MILLI, 0)
+    milli = int(consumed.get(f"{ref.driver}/{GPU_MILLI_CAPACITY}", 0))
+    return (milli, -(-int(mem) // MIB))
+
+
+def _none_match(c: ResourceClaim, spec: ExactRequest) -> str:
+    return f"claim {c.key}, request {spec.name}: no device of class {spec.device_class_name}" + (
+        " matches its selectors" if spec.selectors else "")
+
+
+def _allocation_nodes(alloc: Allocation, state: ClusterState) -> np.ndarray:
+    n = len(state)
+    if alloc.node_name is not None:
+        m = np.zeros(n, dtype=bool)
+        i = state.index.get(alloc.node_name)
+        if i is not None:
+            m[i] = True
+        return m
+    if alloc.node_selector is None:
+        return np.ones(n, dtype=bool)
+    from .objects import _P
+
+    sel = _P("ResourceClaim", "?").node_selector("status.allocation.nodeSelector", alloc.node_selector)
+    return np.array([sel is None or sel.matches(x.name, x.labels) for x in state.nodes], dtype=bool)
+
+
+def _prefer(cycle: Cycle, state: ClusterState, node: int):
+    """Device order for the allocator on the chosen node: the GPUs the policy picked first, then by how they fit.
+
+    Whole GPUs: as the node lists them.  Shares: the fullest GPU that still fits first (best fit), so
+    GPUs stay whole for whole-GPU pods.  MIG: instances on the GPU with the fewest free instances first.
+    """
+    choice = cycle.data.get("dra.choice")
+    picked = list(choice.gpu_indices) if choice is not None else []
+    picked_mig = list(choice.mig) if choice is not None else []
+    table = state.dra.catalog.table(state)  # type: ignore[union-attr]
+
+    def order(_claim: int, _spec: ExactRequest, cands: list[DeviceRef]) -> list[DeviceRef]:
+        def key(ref: DeviceRef):
+            k = table.index.get(ref.device_id)
+            if k is None or table.gpu[k] < 0:
+                return (2, 0, 0)
+            j = int(table.gpu[k])
+            if k in table.mig:
+                inst = table.mig[k][1]
+                if inst in picked_mig:
+                    return (0, picked_mig.index(inst), 0)
+                prof = table.mig[k][0]
+                per_gpu = sum(1 for g, _ in state.mig_free[node].get(prof, []) if g == j)
+                return (1, per_gpu, j)
+            if j in picked:
+                return (0, picked.index(j), 0)
+            return (1, int(state.gpu_free_milli[node, j]), j)
+        return sorted(cands, key=key)
+    return order
+
+
+def ensure_dra(profile) -> "DynamicResources":
+    """The profile's DynamicResources plugin, added (preFilter, last filter, reserve) where it has none:
+    adapters that see DRA objects call this, as the live loop adds QueueQuota."""
+    for p in profile.pre_filters:
+        if isinstance(p, DynamicResources):
+            return p
+    p = DynamicResources()
+    profile.pre_filters.append(p)
+    profile.filters.append(p)
+    profile.reserves.append(p)
+    return p
+
+
+def register(r) -> None:
+    r.register("DynamicResources", DynamicResources)
