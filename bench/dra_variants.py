@@ -25,6 +25,14 @@ from gpufleet.simulator.packing import run_packing  # noqa: E402
 POLICIES = ("default", "fgd", "bestfit")
 
 
+def rel(x: float | None, y: float | None) -> str:
+    return f"{(x - y) / y * 100:+.1f}%" if x is not None and y else "-"
+
+
+def fmt(x: float | None) -> str:
+    return f"{x:.2f}" if x is not None else "-"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="default,pinned20,multigpu50")
@@ -60,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
             xs = [r["unallocated_gpu_pct"] for r in rows if r["variant"] == v and r["requests"] == req and r["policy"] == p]
             mean[p] = sum(xs) / len(xs) if xs else None
         d, f, b = mean["default"], mean["fgd"], mean["bestfit"]
-        rel = (lambda x, y: f"{(x - y) / y * 100:+.1f}%" if x is not None and y else "-")
-        fmt = (lambda x: f"{x:.2f}" if x is not None else "-")
         print(f"| {v} | {req} | {fmt(d)} | {fmt(f)} | {fmt(b)} | {rel(d, f)} | {rel(d, b)} |")
     return 0
 
