@@ -39,9 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--no-plain", action="store_true", help="DRA-shaped runs only")
+    ap.add_argument("--plain-only", action="store_true", help="device-plugin runs only (the baseline)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    seeds = [int(s) for s in a.seeds.split(",")]
+    try:
+        seeds = [int(s) for s in a.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds: a comma-separated list of integers, not {a.seeds!r}")
     rows = []
     nodes = _nodes()
     for variant in a.variants.split(","):
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             pods = variant_pods(variant, seed, nodes)
             for policy in a.policies.split(","):
-                for dra in ((mode,) if a.no_plain else (None, mode)):
+                for dra in ((mode,) if a.no_plain else (None,) if a.plain_only else (None, mode)):
                     t0 = time.perf_counter()
                     r = run_packing(nodes, pods, policy, seed=seed, placing_bound=False, dra=dra)
                     rows.append({"variant": variant, "seed": seed, "policy": policy, "requests": dra or "device-plugin",
@@ -73,4 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("dra_variants.py", main))
