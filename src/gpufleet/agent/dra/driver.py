@@ -104,7 +104,7 @@ class DraDriver:
 
     def step(self) -> None:
         if not self.plugin.serving():
-            if self.plugin._server is not None:
+            if self.plugin.started:
                 log.warning("DRA plugin sockets %s / %s vanished: serving and registering again", self.plugin.socket,
                             self.plugin.reg_socket)
             self.plugin.stop(remove_sockets=False)

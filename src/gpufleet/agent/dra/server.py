@@ -208,6 +208,10 @@ class KubeletPlugin:
                 except FileNotFoundError:
                     pass
 
+    @property
+    def started(self) -> bool:
+        return self._server is not None
+
     def serving(self) -> bool:
         """Server up and both sockets still the ones it made (someone may have wiped the directories)."""
         return self._server is not None and self._ident() == self._idents and self._idents is not None
