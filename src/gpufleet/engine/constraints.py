@@ -160,6 +160,9 @@ class PersistentVolume:
     access_modes: tuple[str, ...] = ()
     claim_ref: str = ""  # namespace/name of the claim it is (being) bound to
     phase: str = "Available"
+    volume_mode: str = "Filesystem"
+    attributes_class: str = ""  # spec.volumeAttributesClassName (VolumeAttributesClass, GA 1.34)
+    deleting: bool = False  # metadata.deletionTimestamp set: never bound to a new claim
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,8 @@ class ClaimInfo:
     access_modes: tuple[str, ...] = ()
     request_bytes: int = 0
     uid: str = ""
+    volume_mode: str = "Filesystem"
+    attributes_class: str = ""  # spec.volumeAttributesClassName: a PV must name the same class to be bound to it
 
 
 @dataclass(frozen=True)

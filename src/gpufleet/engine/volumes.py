@@ -48,11 +48,15 @@ class VolumeCatalog:
         return sc.binding_mode if sc is not None else self.binding_modes.get(storage_class, "Immediate")
 
     def candidates(self, claim: ClaimInfo) -> list[PersistentVolume]:
-        """Available PVs that could be bound to an unbound claim (class, size, access modes), smallest first."""
+        """Available PVs that could be bound to an unbound claim (class, size, volume mode, attributes class, access
+        modes), smallest first."""
         key = f"{claim.namespace}/{claim.name}"
         out = []
         for pv in self.volumes.values():
             if pv.storage_class != claim.storage_class or pv.capacity_bytes < claim.request_bytes:
+                continue
+            # kube-scheduler's FindMatchingVolume: same volume mode and VolumeAttributesClass, not being deleted
+            if pv.volume_mode != claim.volume_mode or pv.attributes_class != claim.attributes_class or pv.deleting:
                 continue
             if pv.claim_ref not in ("", key) or self.assumed.get(pv.name, key) != key:
                 continue
@@ -95,7 +99,9 @@ def claim_from_json(obj: Mapping[str, Any]) -> ClaimInfo:
                      volume_name=spec.get("volumeName") or "", phase=(obj.get("status") or {}).get("phase") or "Pending",
                      storage_class=spec.get("storageClassName") or "",
                      access_modes=tuple(str(x) for x in spec.get("accessModes") or ()),
-                     request_bytes=_bytes(req), uid=str(m.get("uid") or ""))
+                     request_bytes=_bytes(req), uid=str(m.get("uid") or ""),
+                     volume_mode=spec.get("volumeMode") or "Filesystem",
+                     attributes_class=spec.get("volumeAttributesClassName") or "")
 
 
 def _topology_terms(raw: Any) -> tuple[SelectorTerm, ...]:
@@ -147,7 +153,10 @@ def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
     return PersistentVolume(name, tuple(terms), driver, storage_class=spec.get("storageClassName") or "",
                             capacity_bytes=_bytes((spec.get("capacity") or {}).get("storage")),
                             access_modes=tuple(str(x) for x in spec.get("accessModes") or ()), claim_ref=claim_ref,
-                            phase=(obj.get("status") or {}).get("phase") or "Available")
+                            phase=(obj.get("status") or {}).get("phase") or "Available",
+                            volume_mode=spec.get("volumeMode") or "Filesystem",
+                            attributes_class=spec.get("volumeAttributesClassName") or "",
+                            deleting=bool(m.get("deletionTimestamp")))
 
 
 def csinode_limits(obj: Mapping[str, Any]) -> tuple[str, dict[str, int]]:

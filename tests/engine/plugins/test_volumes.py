@@ -127,3 +127,27 @@ def test_wait_for_first_consumer_static_and_dynamic():
     assert verdicts(VolumeBinding(), parse_pod(kpod("x", claims=("cloud",))), st) == {"n0": None, "n1": NO_PV_TO_BIND, "n2": None}
     assert [(c.name, pv) for c, pv in plan_bindings(cat, "default", ("cloud",), nodes[0])] == [("cloud", "")]
     assert plan_bindings(cat, "default", ("cloud",), nodes[1]) is None
+
+
+def test_a_pv_matches_a_claim_only_with_its_volume_mode_and_attributes_class():
+    """kube-scheduler's FindMatchingVolume: volumeMode and volumeAttributesClassName (GA in 1.34) must be equal,
+    and a PV being deleted is never bound."""
+    from gpufleet.engine.volumes import claim_from_json, pv_from_json
+
+    def pv(name, **spec):
+        meta = {"name": name}
+        if spec.pop("deleting", False):
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return pv_from_json({"metadata": meta, "spec": {"storageClassName": "local", "capacity": {"storage": "10Gi"},
+                                                        "accessModes": ["ReadWriteOnce"], **spec}})
+
+    def claim(**spec):
+        return claim_from_json({"metadata": {"name": "c", "namespace": "default"}, "spec": {
+            "storageClassName": "local", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, **spec}})
+
+    pvs = [pv("fs"), pv("block", volumeMode="Block"), pv("gold", volumeAttributesClassName="gold"),
+           pv("gone", deleting=True)]
+    cat = VolumeCatalog(volumes={p.name: p for p in pvs})
+    assert [p.name for p in cat.candidates(claim())] == ["fs"]
+    assert [p.name for p in cat.candidates(claim(volumeMode="Block"))] == ["block"]
+    assert [p.name for p in cat.candidates(claim(volumeAttributesClassName="gold"))] == ["gold"]
