@@ -2,16 +2,16 @@
 
 Real-node tier, skipped unless these name what it needs (and it runs as root):
 
-    GPUFLEET_E2E_RECIPE     the real-node recipe's directory (cp-up.sh, run-e2e.sh, lib/env.sh; ../shared/e2e here)
+    GPUFLEET_E2E_BIN        the binaries scripts/build-k8s.sh built (kubelet, kube-controller-manager, kubectl,
+                            containerd v2, and the control plane unless KUBEBUILDER_ASSETS names another folder)
     GPUFLEET_E2E_IMAGE_TAR  the image as a docker-archive (scripts/build-image.sh --save FILE)
     GPUFLEET_E2E_IMAGE      its name in that archive (default ghcr.io/gpufleet/gpufleet:<version>)
-    GPUFLEET_E2E_BIN        kubelet, kube-controller-manager, kubectl (default: the recipe's E2E_BIN)
-    KUBEBUILDER_ASSETS      kube-apiserver, etcd, kube-scheduler (default: the recipe's K8S_BIN)
+    GPUFLEET_E2E_RECIPE     the real-node recipe (default the project's tests/e2e/recipe)
 
 GPUFLEET_E2E_NODE_UP=1 uses a node that ``tests/e2e/node_up.sh`` left up and leaves it up (the gpufleet objects
 are still removed).  The node is shared host state, one at a time: run it under the lock,
 
-    flock -w 1200 /work/realnode.lock env GPUFLEET_E2E_RECIPE=... GPUFLEET_E2E_IMAGE_TAR=... \\
+    flock -w 1200 /work/realnode.lock env GPUFLEET_E2E_BIN=... GPUFLEET_E2E_IMAGE_TAR=... \\
         python -m pytest -p no:cacheprovider tests/deploy/test_deploy_image.py
 
 What happens: the node comes up as the real-node tier's does (``tests/e2e/node_up.sh`` on the recipe, through
@@ -25,7 +25,7 @@ containers those device nodes).  The checks: the agent's DaemonSet pod registers
 ServiceAccount; the scheduler's pod runs under its ServiceAccount and RBAC, holds the lease and is Ready within 5 s of
 its container starting; a GPU pod is placed by it, admitted by kubelet through the agent and sees exactly its
 assigned GPUs; the extender answers kube-scheduler's filter verb in-cluster; the reclaim controller completes rounds.
-Everything is torn down at the end (``kubectl delete -k``, the recipe's ``run-e2e.sh --cleanup``).
+Everything is torn down at the end (``kubectl delete -k``, the recipe's ``node-down.sh``).
 """
 
 from __future__ import annotations
@@ -47,11 +47,13 @@ import yaml
 from gpufleet.agent.config import load_agent_config
 from gpufleet.agent.nvml import FakeBackend
 from tests.e2e.harness import RealNode
+from tests.e2e.locations import locations
 
 ROOT = Path(__file__).parents[2]
 OVERLAY = Path(__file__).parent / "e2e-overlay"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-RECIPE = os.environ.get("GPUFLEET_E2E_RECIPE", "")
+RECIPE = locations()["recipe"]
+E2E_BIN = locations()["bin"]
 IMAGE_TAR = os.environ.get("GPUFLEET_E2E_IMAGE_TAR", "")
 IMAGE = os.environ.get("GPUFLEET_E2E_IMAGE", f"ghcr.io/gpufleet/gpufleet:{VERSION}")
 OVERLAY_IMAGE = "localhost/gpufleet:e2e-test"  # the overlay's images: entry
@@ -76,7 +78,7 @@ SLOTS = shipped_agent_config().slots  # kubelet devices per GPU: sharesPerGpu (d
 ALLOCATABLE = str(GPUS * SLOTS)  # what kubelet must show once the DaemonSet's agent registered (80 as shipped)
 
 pytestmark = [
-    pytest.mark.skipif(not (RECIPE and IMAGE_TAR), reason="real-node tier: set GPUFLEET_E2E_RECIPE and GPUFLEET_E2E_IMAGE_TAR"),
+    pytest.mark.skipif(not (E2E_BIN and IMAGE_TAR), reason="real-node tier: set GPUFLEET_E2E_BIN and GPUFLEET_E2E_IMAGE_TAR"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the real node needs root"),
     pytest.mark.slow,
 ]
@@ -87,8 +89,8 @@ def recipe_env() -> dict[str, str]:
     env = {**os.environ, "HERE": RECIPE, "GPUFLEET_SRC": str(ROOT)}
     if os.environ.get("GPUFLEET_E2E_BIN"):
         env["E2E_BIN"] = os.environ["GPUFLEET_E2E_BIN"]
-    if os.environ.get("KUBEBUILDER_ASSETS"):
-        env["K8S_BIN"] = os.environ["KUBEBUILDER_ASSETS"]
+    if os.environ.get("KUBEBUILDER_ASSETS") or E2E_BIN:
+        env["K8S_BIN"] = os.environ.get("KUBEBUILDER_ASSETS") or E2E_BIN
     out = subprocess.run(["bash", "-c", ('. "$HERE/lib/env.sh"; for v in K8S_BIN E2E_BIN E2E_DATA E2E_LOGS; '
                           'do echo "$v=${!v}"; done')], env=env, check=True, capture_output=True, text=True).stdout
     return dict(line.split("=", 1) for line in out.split())
@@ -99,12 +101,12 @@ class Node:
         e = recipe_env()
         self.logs = Path(e["E2E_LOGS"])
         self.logs.mkdir(parents=True, exist_ok=True)
-        # the real-node tier's handle: node_up.sh up, the recipe's run-e2e.sh --cleanup down
+        # the real-node tier's handle: node_up.sh up, the recipe's node-down.sh down
         self.real = RealNode({"bin": e["E2E_BIN"], "assets": e["K8S_BIN"], "recipe": RECIPE}, Path(e["E2E_DATA"]), self.logs)
         self.data = self.real.data
         self.kubectl = str(Path(e["E2E_BIN"]) / "kubectl")
         self.kcfg = str(self.real.kubeconfig)
-        self.ctr = ["ctr", "-a", str(self.data / "containerd" / "containerd.sock"), "-n", "k8s.io"]
+        self.ctr = [str(Path(e["E2E_BIN"]) / "ctr"), "-a", str(self.data / "containerd" / "containerd.sock"), "-n", "k8s.io"]
 
     def make_fake_devnodes(self) -> list[str]:
         """/dev/nvidia0..N-1, nvidiactl, nvidia-uvm{,-tools} as on a GPU node (the agent hands them to containers,
@@ -161,7 +163,7 @@ def ts(s: str) -> dt.datetime:
 
 @pytest.fixture(scope="module")
 def node():
-    assert (Path(RECIPE) / "run-e2e.sh").is_file(), f"no run-e2e.sh in GPUFLEET_E2E_RECIPE={RECIPE}"
+    assert (Path(RECIPE) / "node-down.sh").is_file(), f"no node-down.sh in GPUFLEET_E2E_RECIPE={RECIPE}"
     assert Path(IMAGE_TAR).is_file(), f"GPUFLEET_E2E_IMAGE_TAR={IMAGE_TAR}: no such file"
     n = Node()
     reuse = os.environ.get("GPUFLEET_E2E_NODE_UP") == "1"  # a node left by `node_up.sh`: neither start nor stop it
@@ -191,7 +193,7 @@ def node():
             n.k("delete", "pod", pod, "-n", "default", "--grace-period=1", "--ignore-not-found", check=False, timeout=90)
         n.k("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true", check=False, timeout=120)
         if not reuse:
-            out = n.real.down()  # the recipe's run-e2e.sh --cleanup: every process by PID, host changes (dev nodes) undone
+            out = n.real.down()  # the recipe's node-down.sh: every process by PID, host changes (dev nodes) undone
             with open(log, "a") as f:
                 f.write(out)
         shutil.rmtree(AGENT_STATE, ignore_errors=True)

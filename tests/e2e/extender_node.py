@@ -3,9 +3,8 @@
 
 The node itself (etcd, kube-apiserver, kube-controller-manager, containerd,
 kubelet) comes up as the real-node tier's does: ``tests/e2e/node_up.sh`` on the
-real-node recipe (not part of the project: ``GPUFLEET_E2E_RECIPE`` names its
-folder), driven by ``harness.RealNode``; teardown is the recipe's ``run-e2e.sh
---cleanup``.  This module adds, each as its own process recorded by PID:
+project's real-node recipe (``tests/e2e/recipe``), driven by ``harness.RealNode``;
+teardown is the recipe's ``node-down.sh``.  This module adds, each as its own process recorded by PID:
 
 * ``gpufleet agent --nvml fake:h100-nvlink`` (8 GPUs) with its default
   configuration: every GPU is ``sharesPerGpu`` (10) kubelet devices, so node
@@ -52,24 +51,17 @@ from gpufleet.agent.config import AgentConfig
 from gpufleet.agent.nvml import FakeBackend
 
 from .harness import RealNode
+from .locations import locations, why_not
 from .harness import wait as wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "k8s-e2e-node"
 
 
-def _default_recipe() -> str:
-    for p in (REPO.parent / "shared" / "e2e", REPO.parents[1] / "shared" / "e2e"):
-        if (p / "run-e2e.sh").is_file():
-            return str(p)
-    return ""
-
-
-RECIPE = Path(os.environ.get("GPUFLEET_E2E_RECIPE") or _default_recipe() or "/nonexistent")
-# the recipe's own names, or the project's (GPUFLEET_E2E_BIN for the node's binaries, KUBEBUILDER_ASSETS for the control plane's)
-E2E_BIN_ENV = os.environ.get("GPUFLEET_E2E_BIN") or os.environ.get("E2E_BIN") or ""
-K8S_BIN = Path(os.environ.get("K8S_BIN") or os.environ.get("KUBEBUILDER_ASSETS") or RECIPE / ".." / ".." / "k8s-bin").resolve()
-E2E_BIN = Path(E2E_BIN_ENV or RECIPE / ".." / ".." / "k8s-e2e" / "bin").resolve()
+_LOC = locations()
+RECIPE = Path(_LOC["recipe"])
+K8S_BIN = Path(_LOC["assets"] or "/nonexistent").resolve()
+E2E_BIN = Path(_LOC["bin"] or "/nonexistent").resolve()
 E2E_DATA = Path(os.environ.get("E2E_DATA") or Path(os.environ.get("TMPDIR", "/tmp")) / "k8s-e2e-data")
 E2E_LOGS = Path(os.environ.get("E2E_LOGS") or Path(os.environ.get("TMPDIR", "/tmp")) / "k8s-e2e-logs")
 AGENT_PROFILE = "h100-nvlink"
@@ -79,16 +71,7 @@ SHARES_PER_GPU = AgentConfig().shares_per_gpu  # the agent's default: kubelet de
 
 def missing() -> str:
     """Why the real-node tier cannot run here ('' when it can)."""
-    if not E2E_BIN_ENV and not os.environ.get("GPUFLEET_E2E_RECIPE"):
-        return "set GPUFLEET_E2E_BIN (kubelet, kube-controller-manager, kubectl) or GPUFLEET_E2E_RECIPE to run the real-node tier"
-    if not (RECIPE / "run-e2e.sh").is_file() or not (RECIPE / "cp-up.sh").is_file():
-        return f"no real-node recipe (cp-up.sh, run-e2e.sh) at {RECIPE}; set GPUFLEET_E2E_RECIPE"
-    for b in (K8S_BIN / "kube-scheduler", K8S_BIN / "kube-apiserver", E2E_BIN / "kubelet"):
-        if not b.is_file():
-            return f"{b} missing"
-    if os.geteuid() != 0:
-        return "the real node needs root"
-    return ""
+    return why_not(_LOC)
 
 
 def free_port() -> int:
@@ -154,7 +137,7 @@ class Proc:
 
 # --- the node (tests/e2e/node_up.sh on the recipe, as the real-node tier) ----------------------
 def real_node() -> RealNode:
-    """The node's handle (nothing started yet): node_up.sh / run-e2e.sh --cleanup with this harness's locations."""
+    """The node's handle (nothing started yet): node_up.sh / node-down.sh with this harness's locations."""
     E2E_LOGS.mkdir(parents=True, exist_ok=True)
     return RealNode({"bin": str(E2E_BIN), "assets": str(K8S_BIN), "recipe": str(RECIPE)}, E2E_DATA, E2E_LOGS)
 
@@ -196,7 +179,7 @@ def node_up(node: RealNode, log: Path) -> None:
 
 
 def node_down(node: RealNode, log: Path) -> None:
-    """Stop the agent started here (by its recorded PID), then the recipe's ``run-e2e.sh --cleanup`` (every other
+    """Stop the agent started here (by its recorded PID), then the recipe's ``node-down.sh`` (every other
     process by PID, host changes undone)."""
     with open(log, "a") as f:
         try:

@@ -1,7 +1,7 @@
 """Drive a real node for the e2e tier: bring-up and teardown through the recipe, processes by PID, pods by kubectl.
 
 Every process the tier starts is recorded in the recipe's ``node-pids`` file ("name pid exe"), so the recipe's
-``run-e2e.sh --cleanup`` stops it by PID (after checking /proc/PID/exe) and undoes the node's host changes, also
+``node-down.sh`` stops it by PID (after checking /proc/PID/exe) and undoes the node's host changes, also
 after an interrupted run.  Restarts (kubelet, kube-apiserver, agent, scheduler) stop a process by its recorded PID
 and start the same command line again.
 """
@@ -43,7 +43,7 @@ class RealNode:
         return time.monotonic() - t
 
     def down(self) -> str:
-        r = subprocess.run(["bash", str(Path(self.loc["recipe"]) / "run-e2e.sh"), "--cleanup"], env=self.env,
+        r = subprocess.run(["bash", str(Path(self.loc["recipe"]) / "node-down.sh")], env=self.env,
                            capture_output=True, text=True, timeout=300, check=False)
         return r.stdout[-3000:] + r.stderr[-1000:]
 

@@ -1,13 +1,11 @@
-"""Real-node tier: gpufleet as an extender of the real kube-scheduler v1.28 on a real kubelet.
+"""Real-node tier: gpufleet as an extender of the real kube-scheduler on a real kubelet (the release
+``scripts/build-k8s.sh`` built; 1.37 by default).
 
-Skipped unless ``GPUFLEET_E2E_BIN`` (kubelet, kube-controller-manager, kubectl; or ``E2E_BIN``) or
-``GPUFLEET_E2E_RECIPE`` (the real-node recipe's folder: cp-up.sh, run-e2e.sh) is set,
-the binaries exist and we are root.  The node is one host-wide thing: set
+Skipped unless ``GPUFLEET_E2E_BIN`` names the built binaries (tests/e2e/locations.py), and we are root.  The node is one host-wide thing: set
 ``GPUFLEET_E2E_LOCK`` to a lock file to serialize with other users of it.
 About 6 minutes:
 
-    sudo GPUFLEET_E2E_BIN=/path/k8s-e2e/bin KUBEBUILDER_ASSETS=/path/k8s-bin GPUFLEET_E2E_RECIPE=/path/shared/e2e \\
-        python -m pytest -s tests/e2e/test_extender_node.py
+    sudo GPUFLEET_E2E_BIN=$(scripts/build-k8s.sh --print-dir 1.37.2) python -m pytest -s tests/e2e/test_extender_node.py
 
 The node comes up as the real-node tier's (tests/e2e/node_up.sh: control plane,
 containerd, kubelet) with ``gpufleet agent --nvml fake:h100-nvlink`` in its
