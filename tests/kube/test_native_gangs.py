@@ -178,3 +178,18 @@ def test_preempting_a_member_takes_its_whole_gang():
     loop = make(api, clock)
     run(api, loop, clock, rounds=3)
     assert sorted(k for k, _ in api.evicted) == ["ml/w0", "ml/w1"]  # never half a gang
+
+
+def test_explain_names_a_missing_pod_group_and_scheduling_gates():
+    from gpufleet.kube import explain_cli
+    from gpufleet.policies import build_profile
+
+    api = cluster(gpus_per_node=4, nodes=1)
+    api.add_pod(member("w0", "nowhere"))
+    gated = pod("gated", ns="ml")
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    api.add_pod(gated)
+    code, text = explain_cli.explain(api, build_profile("bestfit"), "ml/w0")
+    assert code == 0 and "waiting for the pod's pod group 'nowhere'" in text
+    code, text = explain_cli.explain(api, build_profile("bestfit"), "ml/gated")
+    assert code == 0 and text.startswith("ml/gated: waiting for its scheduling gates to be removed (example.com/quota); once they are: fits")

@@ -19,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[int, str]:
     """(exit code, text) for one pod against a fresh snapshot; changes nothing."""
     from ..engine.errors import GpufleetError
+    from ..engine.gang import PodGroupNotReady
     from .loop import SchedulerLoop
 
     ns, name = key.split("/", 1)
@@ -34,8 +35,13 @@ def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[i
     loop.replay_gangs()  # what the scheduler's gang round holds now (a hold may be what keeps the pod out)
     try:
         summary, by_node = loop.explain(pod)
+    except PodGroupNotReady as exc:  # its scheduling.k8s.io PodGroup is missing: the pod waits, as kube-scheduler's
+        return 0, f"{key}: {exc}"
     except GpufleetError as exc:
         return 1, f"{key}: invalid pod spec: {exc}"
+    gates = [str(g.get("name")) for g in (pod.get("spec") or {}).get("schedulingGates") or [] if isinstance(g, dict)]
+    if gates:  # nobody schedules it before the gates go (kube-scheduler's SchedulingGates); say what happens then
+        summary = f"waiting for its scheduling gates to be removed ({', '.join(gates)}); once they are: {summary}"
     lines = [f"{key}: {summary}"]
     width = max((len(n) for n in by_node), default=4)
     for n, reason in sorted(by_node.items(), key=lambda kv: (kv[1] != "fits", kv[0])):
