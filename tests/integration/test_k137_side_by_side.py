@@ -461,3 +461,51 @@ def test_a_claim_gets_only_a_volume_of_its_attributes_class(cluster):
                 delete()
             except ApiException as exc:  # not made: the test failed before
                 print(f"cleanup: {exc.status}")
+
+
+# --- VolumeLimitScaling (beta, on in 1.37): CSIDriver preventPodSchedulingIfMissing ----------------
+
+
+def test_a_driver_that_must_be_installed_keeps_pods_off_nodes_without_it(cluster):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    storage = client.StorageV1Api(cluster.api)
+    driver, pv = f"{cluster.prefix}-{cluster.ns}.csi.example.com", f"{cluster.prefix}-{cluster.ns}-pv"
+    made: list = []
+    try:
+        storage.create_csi_driver({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": driver},
+                                   "spec": {"attachRequired": True, "preventPodSchedulingIfMissing": True}})
+        made.append(lambda: storage.delete_csi_driver(driver))
+        for short, has, cpu in (("with", driver, "2"), ("without", "other.csi.example.com", "8")):
+            name = cluster.node(short, cpu=cpu)
+            storage.create_csi_node({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": name},
+                                     "spec": {"drivers": [{"name": has, "nodeID": name}]}})
+            made.append(lambda name=name: storage.delete_csi_node(name))
+        cluster.core.create_persistent_volume({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                     "csi": {"driver": driver, "volumeHandle": pv}, "claimRef": {"namespace": cluster.ns, "name": "data"}}})
+        made.append(lambda: cluster.core.delete_persistent_volume(pv))
+        cluster.core.create_namespaced_persistent_volume_claim(cluster.ns, {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                     "resources": {"requests": {"storage": "1Gi"}}}})
+        uid = cluster.core.read_namespaced_persistent_volume_claim("data", cluster.ns).metadata.uid
+        cluster.core.patch_persistent_volume(pv, {"spec": {"claimRef": {"uid": uid}}})
+        cluster.core.patch_persistent_volume_status(pv, {"status": {"phase": "Bound"}})
+        cluster.core.patch_namespaced_persistent_volume_claim_status("data", cluster.ns, {"status": {"phase": "Bound"}})
+        prefer_without = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": HOST, "operator": "In", "values": [cluster.node_name("without")]}]}}]}}
+        for i in range(3):  # they would rather go to the node without the driver, which also has room for all three
+            cluster.pod(f"user{i}", cpu="1", volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}],
+                        affinity=prefer_without)
+        got = cluster.expect({}, bound_count=2)  # the node with the driver takes two; the third waits
+        assert {n for n in got.values() if n} == {"with"}, got
+    finally:
+        for p in cluster.core.list_namespaced_pod(cluster.ns).items:
+            cluster.core.delete_namespaced_pod(p.metadata.name, cluster.ns, grace_period_seconds=0)
+        for delete in [lambda: cluster.core.delete_namespaced_persistent_volume_claim("data", cluster.ns), *reversed(made)]:
+            try:
+                delete()
+            except ApiException as exc:
+                print(f"cleanup: {exc.status}")

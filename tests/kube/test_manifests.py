@@ -32,7 +32,7 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
     cluster = next(x for x in d if x["kind"] == "ClusterRole")
     watched = {("", "namespaces"), ("gpufleet.io", "queues"), ("gpufleet.io", "podgroups"), ("policy", "poddisruptionbudgets"),
                ("", "persistentvolumeclaims"), ("", "persistentvolumes"),  # VolumeBinding
-               ("storage.k8s.io", "storageclasses"), ("storage.k8s.io", "csinodes"),
+               ("storage.k8s.io", "storageclasses"), ("storage.k8s.io", "csinodes"), ("storage.k8s.io", "csidrivers"),
                ("scheduling.k8s.io", "podgroups")}  # Kubernetes' own gangs (spec.schedulingGroup)
     assert grants(cluster) == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"),
                                ("", "pods", "watch"), ("", "pods", "delete"),  # preemption and reclaim

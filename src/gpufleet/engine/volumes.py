@@ -41,6 +41,9 @@ class VolumeCatalog:
     binding_modes: dict[str, str] = field(default_factory=dict)  # StorageClass -> volumeBindingMode
     attach_limits: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> CSI driver -> max volumes
     classes: dict[str, StorageClassInfo] = field(default_factory=dict)
+    node_drivers: dict[str, frozenset[str]] = field(default_factory=dict)  # node -> CSI drivers its CSINode lists
+    # CSIDrivers with preventPodSchedulingIfMissing (VolumeLimitScaling, beta in 1.37): only nodes listing them
+    required_drivers: frozenset[str] = frozenset()
     assumed: dict[str, str] = field(default_factory=dict)  # PV -> claim key, promised by this scheduler, not yet bound
 
     def binding_mode(self, storage_class: str) -> str:
@@ -79,9 +82,16 @@ class VolumeCatalog:
         return out
 
     def driver_of(self, claim_key: str) -> str:
+        """The CSI driver that attaches a claim's volume: its bound PV's, else its StorageClass's provisioner
+        (the volume it will get), as kube-scheduler's NodeVolumeLimits counts an unbound claim."""
         c = self.claims.get(claim_key)
-        pv = self.volumes.get(c.volume_name) if c is not None and c.volume_name else None
-        return pv.driver if pv is not None else ""
+        if c is None:
+            return ""
+        pv = self.volumes.get(c.volume_name) if c.volume_name else None
+        if pv is not None or c.volume_name:
+            return pv.driver if pv is not None else ""
+        sc = self.classes.get(c.storage_class)
+        return sc.provisioner if sc is not None and sc.provisioner != "kubernetes.io/no-provisioner" else ""
 
 
 def _bytes(v: Any) -> int:
@@ -157,6 +167,18 @@ def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
                             volume_mode=spec.get("volumeMode") or "Filesystem",
                             attributes_class=spec.get("volumeAttributesClassName") or "",
                             deleting=bool(m.get("deletionTimestamp")))
+
+
+def csinode_drivers(obj: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
+    """The CSI drivers a CSINode says are installed on its node."""
+    name = (obj.get("metadata") or {}).get("name") or ""
+    return name, frozenset(str(d["name"]) for d in (obj.get("spec") or {}).get("drivers") or []
+                           if isinstance(d, Mapping) and d.get("name"))
+
+
+def csidriver_required(obj: Mapping[str, Any]) -> tuple[str, bool]:
+    """A CSIDriver's name, and whether pods need it installed on their node (``spec.preventPodSchedulingIfMissing``)."""
+    return (obj.get("metadata") or {}).get("name") or "", (obj.get("spec") or {}).get("preventPodSchedulingIfMissing") is True
 
 
 def csinode_limits(obj: Mapping[str, Any]) -> tuple[str, dict[str, int]]:

@@ -82,9 +82,10 @@ POLICY_KINDS = {
     "pv": "/api/v1/persistentvolumes",
     "storageclass": "/apis/storage.k8s.io/v1/storageclasses",
     "csinode": "/apis/storage.k8s.io/v1/csinodes",
+    "csidriver": "/apis/storage.k8s.io/v1/csidrivers",  # preventPodSchedulingIfMissing (VolumeLimitScaling)
 }
 # watched even without queues (--no-queues): pod constraints need them (namespaceSelector, volumes, native gangs)
-CONSTRAINT_KINDS = ("namespace", "pvc", "pv", "storageclass", "csinode", "schedpodgroup")
+CONSTRAINT_KINDS = ("namespace", "pvc", "pv", "storageclass", "csinode", "csidriver", "schedpodgroup")
 
 
 def _merge(dst: dict, patch: dict) -> None:

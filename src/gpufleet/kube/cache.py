@@ -32,6 +32,8 @@ from ..engine.state import ClusterState
 from ..engine.volumes import (
     VolumeCatalog,
     claim_from_json,
+    csidriver_required,
+    csinode_drivers,
     csinode_limits,
     pv_from_json,
     storageclass_from_json,
@@ -431,7 +433,7 @@ class SchedulerCache:
         if kind in (None, "namespace"):
             self.state.set_namespace_labels({(o.get("metadata") or {}).get("name", ""): dict((o.get("metadata") or {}).get("labels") or {})
                                              for o in raw["namespace"].values()})
-        if kind in (None, "pvc", "pv", "storageclass", "csinode"):
+        if kind in (None, "pvc", "pv", "storageclass", "csinode", "csidriver"):
             if "pvc" in self.objects.unserved or "pvc" not in self.policy_kinds:
                 self.state.volumes = None
                 return
@@ -450,6 +452,8 @@ class SchedulerCache:
                 name, limits = csinode_limits(o)
                 if limits:
                     cat.attach_limits[name] = limits
+                cat.node_drivers[name] = csinode_drivers(o)[1]
+            cat.required_drivers = frozenset(d for d, need in map(csidriver_required, raw["csidriver"].values()) if need)
             self.state.volumes = cat
 
     def _policy_changed(self, kind: str) -> None:

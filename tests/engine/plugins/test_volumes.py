@@ -151,3 +151,31 @@ def test_a_pv_matches_a_claim_only_with_its_volume_mode_and_attributes_class():
     assert [p.name for p in cat.candidates(claim())] == ["fs"]
     assert [p.name for p in cat.candidates(claim(volumeMode="Block"))] == ["block"]
     assert [p.name for p in cat.candidates(claim(volumeAttributesClassName="gold"))] == ["gold"]
+
+
+def test_a_driver_that_must_be_installed_keeps_pods_off_nodes_without_it():
+    """VolumeLimitScaling (beta, on in 1.37): a CSIDriver with preventPodSchedulingIfMissing is needed on the node
+    (its CSINode lists it), for a bound claim's PV and for an unbound claim's StorageClass provisioner alike."""
+    from gpufleet.engine.constraints import StorageClassInfo
+    from gpufleet.engine.plugins.volumes import NOT_INSTALLED
+    from gpufleet.engine.volumes import claim_from_json, csidriver_required, csinode_drivers, pv_from_json
+
+    st = ClusterState([gpu_node("with"), gpu_node("without")])
+    bound_pv = pv_from_json({"metadata": {"name": "pv1"}, "spec": {"csi": {"driver": "disk.example.com", "volumeHandle": "v1"}}})
+    claims = {"default/bound": claim_from_json({"metadata": {"name": "bound", "namespace": "default"},
+                                                 "spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}),
+              "default/new": claim_from_json({"metadata": {"name": "new", "namespace": "default"},
+                                               "spec": {"storageClassName": "fast", "accessModes": ["ReadWriteOnce"]}})}
+    cat = VolumeCatalog(claims=claims, volumes={"pv1": bound_pv},
+                        classes={"fast": StorageClassInfo("fast", "WaitForFirstConsumer", "disk.example.com")},
+                        node_drivers=dict([csinode_drivers({"metadata": {"name": "with"}, "spec": {"drivers": [{"name": "disk.example.com"}]}}),
+                                           csinode_drivers({"metadata": {"name": "without"}, "spec": {"drivers": []}})]))
+    st.volumes = cat
+    why = NOT_INSTALLED.format(driver="disk.example.com")
+    for claim in ("bound", "new"):
+        pod_ = parse_pod(kpod("x", claims=(claim,)))
+        assert verdicts(NodeVolumeLimits(), pod_, st) == {"with": None, "without": None}  # the driver does not ask for it
+        cat.required_drivers = frozenset(d for d, need in [csidriver_required(
+            {"metadata": {"name": "disk.example.com"}, "spec": {"preventPodSchedulingIfMissing": True}})] if need)
+        assert verdicts(NodeVolumeLimits(), pod_, st) == {"with": None, "without": why}
+        cat.required_drivers = frozenset()

@@ -12,7 +12,9 @@ CSINode's ``allocatable.count``, else ``attachable-volumes-csi-<driver>`` or
 an in-tree ``attachable-volumes-aws-ebs`` / ``-gce-pd`` / ``-azure-disk`` /
 ``-cinder`` in its allocatable, mapped to the CSI driver it migrated to), the
 distinct claims of that driver on the node plus the pod's new ones must stay
-within it.
+within it (an unbound claim counts for its StorageClass's provisioner); and a CSIDriver with
+``preventPodSchedulingIfMissing`` keeps the pod off nodes whose CSINode does not list it
+(VolumeLimitScaling, beta in 1.37).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ VOLUME_AFFINITY = "node(s) had volume node affinity conflict"
 NO_PV_TO_BIND = "node(s) didn't find available persistent volumes to bind"
 RWOP_IN_USE = "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode"
 MAX_VOLUMES = "node(s) exceed max volume count"
+NOT_INSTALLED = "{driver} CSI driver is not installed on the node"
 
 
 @dataclass
@@ -99,8 +102,18 @@ class NodeVolumeLimits:
         ok = np.ones(n, dtype=bool)
         if not new_by_driver:
             return FilterResult(ok, (MAX_VOLUMES,))
+        reasons = [MAX_VOLUMES]
+        codes = np.zeros(n, dtype=np.int64)
         used = state.pod_index.claims
         for i, node in enumerate(state.nodes):
+            # VolumeLimitScaling (beta, on in 1.37): a driver that asks for it must be installed on the node
+            missing = sorted(d for d in new_by_driver if d in cat.required_drivers and d not in cat.node_drivers.get(node.name, ()))
+            if missing:
+                why = NOT_INSTALLED.format(driver=missing[0])
+                if why not in reasons:
+                    reasons.append(why)
+                ok[i], codes[i] = False, reasons.index(why)
+                continue
             limits = cat.limits_of(node) if cat.attach_limits or node.scalars else {}
             for d, new in new_by_driver.items():
                 if d not in limits:
@@ -108,4 +121,4 @@ class NodeVolumeLimits:
                 on_node = {k for k, nodes in used.items() if i in nodes and cat.driver_of(k) == d}
                 if len(on_node | new) > limits[d]:
                     ok[i] = False
-        return FilterResult(ok, (MAX_VOLUMES,))
+        return FilterResult(ok, tuple(reasons), codes)
