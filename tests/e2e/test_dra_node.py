@@ -1,0 +1,346 @@
+"""DRA on a real node: kubelet + containerd (CDI) + the STOCK kube-scheduler, gpufleet's agent in --dra mode.
+
+The agent (fake A100 node with MIG, fake device nodes and a fake sysfs for PCIe roots) publishes its
+ResourceSlices; kube-scheduler allocates every claim from them (no gpufleet scheduler runs), kubelet calls the
+agent's kubelet plugin, containerd applies its CDI specs. Pods: one GPU; two GPUs under a matchAttribute
+(pcieRoot) constraint; a MIG slice; two 20 GiB shares on one GPU by consumable capacity; one claim shared by two
+pods; `nvidia.com/gpu: 1` through the extended-resource DeviceClass; a claim no device meets.
+
+Asserted for every Running pod: the container's NVIDIA_VISIBLE_DEVICES and /dev/nvidia* and kubelet's
+PodResources name exactly the devices of its claims' allocations; then an agent restart and a kubelet restart
+lose nothing (pods keep running, slices come back, new claims are prepared, old ones unprepared); and a claim
+allocated by hand to a device another pod holds is refused by the plugin (event naming both claims), its
+container never created.  The report goes to $E2E_LOGS/gpufleet-dra-e2e-report.txt.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpufleet.agent.nvml import FakeBackend
+
+from .conftest import e2e_env
+from .harness import KUBELET_ROOT, NODE, RealNode, wait
+
+PROFILE = "a100-mig"
+GPUS = FakeBackend(PROFILE).gpus()
+DRIVER = "gpu.gpufleet.io"
+REPO = Path(__file__).resolve().parents[2]
+CDI_DIR = Path("/var/run/cdi")
+# fake PCIe topology: whole GPUs 2-4 under one root complex, 5-7 under another
+PCIE_ROOT = {2: "pci0000:00", 3: "pci0000:00", 4: "pci0000:00", 5: "pci0000:80", 6: "pci0000:80", 7: "pci0000:80",
+             0: "pci0000:00", 1: "pci0000:80"}
+
+
+def bdf(g) -> str:
+    return g.pci_bus_id.lower()[4:] if len(g.pci_bus_id) == 16 else g.pci_bus_id.lower()
+
+
+@pytest.fixture(scope="module")
+def dra_node():
+    loc, why = e2e_env()
+    if why:
+        pytest.skip(why)
+    lock = None
+    if os.environ.get("GPUFLEET_E2E_LOCK"):
+        lock = open(os.environ["GPUFLEET_E2E_LOCK"], "a")  # noqa: SIM115 - held until teardown
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    base = Path(tempfile.mkdtemp(prefix="gpufleet-dra-e2e-"))
+    data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
+    node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
+    node.logs.mkdir(parents=True, exist_ok=True)
+    cdi_existed = CDI_DIR.exists()
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        node.timings = {"node up s": round(node.up(), 1)}  # type: ignore[attr-defined]
+        yield node
+    finally:
+        (node.logs / "teardown.log").write_text(node.down())
+        for p in CDI_DIR.glob("k8s.gpu.gpufleet.io-claim_*.json") if CDI_DIR.exists() else []:
+            p.unlink()
+        if not cdi_existed and CDI_DIR.exists() and not any(CDI_DIR.iterdir()):
+            CDI_DIR.rmdir()
+        signal.signal(signal.SIGTERM, old_term)
+        if lock is not None:
+            lock.close()
+
+
+def prepare_host(node: RealNode) -> None:
+    fakedev = node.data / "fakedev"
+    fakedev.mkdir(exist_ok=True)
+    for name, minor in [(f"nvidia{g.index}", g.index) for g in GPUS] + [("nvidiactl", 255)]:
+        if not (fakedev / name).exists():
+            os.mknod(fakedev / name, 0o666 | 0o020000, os.makedev(195, minor))
+    sysfs = node.data / "sys"
+    (sysfs / "bus" / "pci" / "devices").mkdir(parents=True, exist_ok=True)
+    for g in GPUS:
+        root = PCIE_ROOT[g.index]
+        (sysfs / "devices" / root / bdf(g)).mkdir(parents=True, exist_ok=True)
+        link = sysfs / "bus" / "pci" / "devices" / bdf(g)
+        if not link.is_symlink():
+            os.symlink(f"../../../devices/{root}/{bdf(g)}", link)
+
+
+def start_agent(node: RealNode) -> None:
+    node.gpufleet("gpufleet-agent", ["agent", "--dra", "--nvml", f"fake:{PROFILE}", "--node-name", NODE,
+                                     "--kubeconfig", str(node.kubeconfig), "--state-dir", str(node.data / "gpufleet-agent"),
+                                     "--dev-root", str(node.data / "fakedev"), "--sysfs-root", str(node.data / "sys"),
+                                     "--metrics-addr", "127.0.0.1:19400", "--interval", "1"])
+
+
+def slices(node: RealNode) -> list[dict]:
+    return [s for s in node.get_json("resourceslices")["items"] if s["spec"].get("driver") == DRIVER]
+
+
+def device_uuids(node: RealNode) -> dict[str, tuple[str, int]]:
+    """device name -> (UUID, GPU index) from the published slices."""
+    out = {}
+    for s in slices(node):
+        for d in s["spec"].get("devices") or []:
+            a = d["attributes"]
+            out[d["name"]] = (a["uuid"]["string"], a["index"]["int"])
+    return out
+
+
+def template(name: str, request: dict, constraints: list | None = None) -> dict:
+    spec: dict = {"devices": {"requests": [request]}}
+    if constraints:
+        spec["devices"]["constraints"] = constraints
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"spec": spec}}
+
+
+def pod(name: str, claims: list[dict] | None = None, limits: dict | None = None) -> dict:
+    c: dict = {"name": "c", "image": "local/busybox:1", "imagePullPolicy": "Never",
+               "command": ["sh", "-c", "env; echo DEVS; ls /dev; sleep 3600"],
+               "resources": {"limits": {"cpu": "10m", "memory": "16Mi", **(limits or {})},
+                             "requests": {"cpu": "10m", "memory": "16Mi"}}}
+    spec: dict = {"terminationGracePeriodSeconds": 1, "containers": [c]}
+    if claims:
+        spec["resourceClaims"] = claims
+        c["resources"]["claims"] = [{"name": cl["name"]} for cl in claims]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+def workload() -> list[dict]:
+    gpu = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufleet.io"}}
+    share = {"name": "gpu", "exactly": {"deviceClassName": "gpu-share.gpufleet.io", "capacity": {"requests": {"memory": "20Gi", "gpuMilli": "300"}},
+                                        "selectors": [{"cel": {"expression": "device.attributes['gpu.gpufleet.io'].index == 7"}}]}}
+    items = [
+        template("one-gpu", gpu),
+        template("two-gpus", {"name": "gpus", "exactly": {"deviceClassName": "gpu.gpufleet.io", "count": 2}},
+                 [{"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]),
+        template("mig-1g", {"name": "mig", "exactly": {"deviceClassName": "mig.gpufleet.io", "selectors": [
+            {"cel": {"expression": "device.attributes['gpu.gpufleet.io'].profile == '1g.10gb'"}}]}}),
+        template("share-20g", share),
+        template("h100", {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufleet.io", "selectors": [
+            {"cel": {"expression": "device.attributes['gpu.gpufleet.io'].productName.contains('H100')"}}]}}),
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "shared-gpu", "namespace": "default"},
+         "spec": {"devices": {"requests": [gpu]}}},
+    ]
+    pods = [pod("one", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]),
+            pod("pair", [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]),
+            pod("mig", [{"name": "mig", "resourceClaimTemplateName": "mig-1g"}]),
+            pod("share-a", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}]),
+            pod("share-b", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}]),
+            pod("shared-1", [{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
+            pod("shared-2", [{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
+            pod("extended", limits={"nvidia.com/gpu": "1"}),
+            pod("impossible", [{"name": "gpu", "resourceClaimTemplateName": "h100"}])]
+    return items + pods
+
+
+def claims_of(node: RealNode, p: dict) -> list[str]:
+    st = p.get("status") or {}
+    names = [c["resourceClaimName"] for c in st.get("resourceClaimStatuses") or [] if c.get("resourceClaimName")]
+    names += [c["resourceClaimName"] for c in p["spec"].get("resourceClaims") or [] if c.get("resourceClaimName")]
+    ext = (st.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    return names + ([ext] if ext else [])
+
+
+def dynamic_resources() -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+    """(namespace, pod) -> kubelet's PodResources claim devices (driver, pool, device)."""
+    import grpc
+
+    from gpufleet.agent.podresources import podresources_pb2 as pb
+    from gpufleet.agent.podresources import podresources_pb2_grpc as pbg
+
+    with grpc.insecure_channel(f"unix://{KUBELET_ROOT}/pod-resources/kubelet.sock") as ch:
+        resp = pbg.PodResourcesListerStub(ch).List(pb.ListPodResourcesRequest(), timeout=10)
+    out: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for p in resp.pod_resources:
+        for c in p.containers:
+            for dr in c.dynamic_resources:
+                for cr in dr.claim_resources:
+                    out.setdefault((p.namespace, p.name), []).append((cr.driver_name, cr.pool_name, cr.device_name))
+    return out
+
+
+SEEN: dict[str, tuple[dict[str, str], list[str]]] = {}  # pod -> (its GPU env, its /dev/nvidia*), for the report
+
+
+def check_running(node: RealNode, names: list[str], problems: list[str]) -> dict[str, list[str]]:
+    """Every pod: env, /dev and PodResources equal its claims' allocated devices. Returns pod -> devices."""
+    uuids = device_uuids(node)
+    pr = dynamic_resources()
+    out = {}
+    for name in names:
+        p = node.get_json("pod", name)
+        if p["status"].get("phase") != "Running":
+            problems.append(f"{name}: {p['status'].get('phase')} {json.dumps(p['status'].get('conditions'))[:300]}")
+            continue
+        devices: list[str] = []
+        for cn in claims_of(node, p):
+            c = node.get_json("resourceclaim", cn)
+            devices += [r["device"] for r in c["status"]["allocation"]["devices"]["results"] if r["driver"] == DRIVER]
+        out[name] = devices
+        want = [uuids[d][0] for d in devices]
+        want_idx = sorted({uuids[d][1] for d in devices})
+        log = node.pod_logs("default", name)
+        env = dict(line.split("=", 1) for line in log.split("DEVS")[0].splitlines() if "=" in line)
+        devs = log.split("DEVS", 1)[1].split() if "DEVS" in log else []
+        SEEN[name] = ({k: v for k, v in env.items() if k.startswith(("NVIDIA_", "CUDA_MPS", "GPUFLEET_"))},
+                      sorted(d for d in devs if d.startswith("nvidia")))
+        if env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") != want:
+            problems.append(f"{name}: NVIDIA_VISIBLE_DEVICES {env.get('NVIDIA_VISIBLE_DEVICES')} != allocated {want}")
+        have_idx = sorted(int(d[6:]) for d in devs if d.startswith("nvidia") and d[6:].isdigit())
+        if have_idx != want_idx or "nvidiactl" not in devs:
+            problems.append(f"{name}: /dev nvidia{have_idx} (+ctl {'nvidiactl' in devs}) != allocated GPUs {want_idx}")
+        got = sorted(d for drv, pool, d in pr.get(("default", name), []) if drv == DRIVER and pool == NODE)
+        if got != sorted(devices):
+            problems.append(f"{name}: PodResources {got} != allocated {sorted(devices)}")
+    return out
+
+
+def unprepared(node: RealNode, name: str, problems: list[str], after: str) -> None:
+    """Delete a pod; its claim must be unprepared by the plugin (CDI spec gone) and deallocated."""
+    uids = [node.get_json("resourceclaim", cn)["metadata"]["uid"] for cn in claims_of(node, node.get_json("pod", name))]
+    node.kubectl("delete", "pod", name, "--grace-period=1")
+    if not wait(lambda: not any((CDI_DIR / f"k8s.gpu.gpufleet.io-claim_{u}.json").exists() for u in uids), 90):
+        problems.append(f"pod {name} deleted after {after}: its claim was not unprepared (CDI spec left)")
+
+
+def test_dra_with_the_stock_kube_scheduler(dra_node):
+    node = dra_node
+    timings: dict = node.timings  # type: ignore[attr-defined]
+    report: list[str] = []
+    problems: list[str] = []
+    prepare_host(node)
+    t = time.monotonic()
+    start_agent(node)
+    assert wait(lambda: len(device_uuids(node)) == 16, 60), f"slices: {slices(node)}"
+    timings["agent start -> slices published s"] = round(time.monotonic() - t, 1)
+    classes = [d for p in ("deploy/dra/deviceclasses.yaml", "deploy/dra/extended-resource/deviceclass.yaml")
+               for d in yaml.safe_load_all((REPO / p).read_text()) if d]
+    node.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
+    t = time.monotonic()
+    items = workload()
+    first = [i for i in items if i["kind"] != "Pod" or i["metadata"]["name"].startswith("share-")]  # GPU 7 for the shares
+    node.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
+    wait(lambda: all(node.get_json("pod", n)["status"].get("phase") == "Running" for n in ("share-a", "share-b")), 120, 1)
+    node.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                          "items": [i for i in items if i not in first]}))
+    running = ["one", "pair", "mig", "share-a", "share-b", "shared-1", "shared-2", "extended"]
+    ok = wait(lambda: all(node.get_json("pod", n)["status"].get("phase") == "Running" for n in running), 180, 1)
+    timings["8 pods with claims created -> Running s"] = round(time.monotonic() - t, 1) if ok else None
+    held = check_running(node, running, problems)
+    report.append("devices: " + json.dumps(held))
+    uuids = device_uuids(node)
+    if held.get("pair") and len({PCIE_ROOT[uuids[d][1]] for d in held["pair"]}) != 1:
+        problems.append(f"pair: GPUs {held['pair']} not on one PCIe root")
+    if held.get("share-a") != held.get("share-b") or held.get("share-a") != ["gpu-7"]:
+        problems.append(f"shares not on one GPU: {held.get('share-a')} {held.get('share-b')}")
+    if held.get("shared-1") != held.get("shared-2"):
+        problems.append(f"the shared claim's pods differ: {held.get('shared-1')} {held.get('shared-2')}")
+    for n in ("share-a", "share-b"):
+        e = SEEN.get(n, ({}, []))[0]
+        if (e.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), e.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")) != ("30", "0=20480MB"):
+            problems.append(f"{n}: the share's MPS limits are not in its environment: {e}")
+    report += [f"  {n}: {json.dumps(SEEN[n])}" for n in running if n in SEEN]
+    imp = node.get_json("pod", "impossible")
+    if imp["status"].get("phase") != "Pending" or imp["spec"].get("nodeName"):
+        problems.append(f"impossible: {imp['status'].get('phase')} on {imp['spec'].get('nodeName')}")
+    ev = [e for e in node.get_json("events", "--field-selector", "involvedObject.name=impossible")["items"]
+          if e.get("reason") == "FailedScheduling"]
+    report.append(f"impossible: {ev[-1]['message'][:300] if ev else 'no FailedScheduling event'}")
+
+    # the agent restarts: nothing lost; a claim prepared before is unprepared after, a new one prepared
+    node.stop("gpufleet-agent")
+    t = time.monotonic()
+    start_agent(node)
+    check_running(node, running, problems)
+    unprepared(node, "one", problems, "the agent restart")
+    node.kubectl("create", "-f", "-", input=json.dumps(pod("after-agent", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])))
+    ok = wait(lambda: node.get_json("pod", "after-agent")["status"].get("phase") == "Running", 120, 1)
+    timings["agent restart -> new claim's pod Running s"] = round(time.monotonic() - t, 1) if ok else None
+    running = [n for n in running if n != "one"] + ["after-agent"]
+
+    # kubelet restarts: it wipes the node's slices; the agent republishes; pods keep running; claims still prepared
+    gen = max(s["spec"]["pool"]["generation"] for s in slices(node))
+    argv = node.stop("kubelet")
+    time.sleep(2)
+    t = time.monotonic()
+    node.start("kubelet", argv)
+    ok = wait(lambda: slices(node) and max(s["spec"]["pool"]["generation"] for s in slices(node)) > gen
+              and len(device_uuids(node)) == 16, 120, 0.5)
+    timings["kubelet restart -> slices republished s"] = round(time.monotonic() - t, 1) if ok else None
+    if not ok:
+        problems.append(f"slices after the kubelet restart: {[(s['metadata']['name'], s['spec']['pool']) for s in slices(node)]}")
+    check_running(node, running, problems)
+    unprepared(node, "extended", problems, "the kubelet restart")
+    node.kubectl("create", "-f", "-", input=json.dumps(pod("after-kubelet", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])))
+    ok = wait(lambda: node.get_json("pod", "after-kubelet")["status"].get("phase") == "Running", 150, 1)
+    timings["kubelet restart -> new claim's pod Running s"] = round(time.monotonic() - t, 1) if ok else None
+    running = [n for n in running if n != "extended"] + ["after-kubelet"]
+    check_running(node, running, problems)
+
+    # coexistence: a claim allocated by another allocator to the GPU pod "after-agent" holds, for a pod bound here
+    held_dev = [r["device"] for cn in claims_of(node, node.get_json("pod", "after-agent"))
+                for r in node.get_json("resourceclaim", cn)["status"]["allocation"]["devices"]["results"]]
+    intruder = pod("intruder", [{"name": "gpu", "resourceClaimName": "stolen"}])
+    intruder["spec"]["nodeName"] = NODE
+    node.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "stolen", "namespace": "default"},
+         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufleet.io"}}]}}}))
+    node.kubectl("create", "-f", "-", input=json.dumps(intruder))
+    ipod = node.get_json("pod", "intruder")
+    claim = node.get_json("resourceclaim", "stolen")
+    claim["status"] = {"allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": held_dev[0]}]},
+                                      "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                                          {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}},
+                       "reservedFor": [{"resource": "pods", "name": "intruder", "uid": ipod["metadata"]["uid"]}]}
+    node.kubectl("replace", "--subresource=status", "-f", "-", input=json.dumps(claim))
+
+    def refused() -> bool:
+        evs = node.get_json("events")["items"]
+        return any(e.get("reason") == "DeviceAlreadyAllocated" and (e.get("regarding") or e.get("involvedObject") or {}).get("name")
+                   in ("stolen", "intruder") for e in evs)
+    if not wait(refused, 90, 1):
+        problems.append("the doubly allocated claim was not refused with a DeviceAlreadyAllocated event")
+    time.sleep(5)
+    ipod = node.get_json("pod", "intruder")
+    if ipod["status"].get("phase") == "Running" or any((s.get("state") or {}).get("running")
+                                                       for s in ipod["status"].get("containerStatuses") or []):
+        problems.append("the doubly allocated pod's container runs")
+    msgs = [e.get("note") or e.get("message") for e in node.get_json("events")["items"] if e.get("reason") == "DeviceAlreadyAllocated"]
+    report.append(f"double allocation refused: {msgs[:1]}")
+    (node.logs / "events.txt").write_text(node.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
+    report.append("timings: " + json.dumps(timings))
+    report += [f"PROBLEM {p}" for p in problems]
+    text = "\n".join(report)
+    (node.logs / "gpufleet-dra-e2e-report.txt").write_text(text + "\n")
+    print("\n" + text)
+    assert not problems, "\n".join(problems)
