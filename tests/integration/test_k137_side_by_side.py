@@ -1,7 +1,7 @@
 """The 1.3x pod semantics side by side: the same scenario under kube-scheduler 1.37 and under gpufleet.
 
 Each scenario runs twice on one kube-apiserver 1.37 (with the Workload API on: ``GenericWorkload``,
-``scheduling.k8s.io/v1beta1``): once with its pods addressed to the stock kube-scheduler 1.37 running
+``scheduling.k8s.io/v1beta1``; and ``TaintTolerationComparisonOperators``): once with its pods addressed to the stock kube-scheduler 1.37 running
 against it, once to gpufleet's scheduler; both must reach the outcome the scenario states (which pods
 bind, on which node where only one is right, which wait).  Only the scenario's own nodes exist while it
 runs, so the two schedulers see the same cluster.  Nodes have no kubelet: a running pod's in-place
@@ -35,7 +35,8 @@ GPUFLEET = "gpufleet"
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 SETTLE_S = 3.0  # how long a pod that must wait is watched not to bind
-GATES = ("--feature-gates=GenericWorkload=true",)
+# the Workload API (beta, off by default) and toleration comparison operators (alpha), on for both schedulers
+GATES = ("--feature-gates=GenericWorkload=true,TaintTolerationComparisonOperators=true",)
 
 
 def _release(binary: Path) -> tuple[int, int]:
@@ -509,3 +510,15 @@ def test_a_driver_that_must_be_installed_keeps_pods_off_nodes_without_it(cluster
                 delete()
             except ApiException as exc:
                 print(f"cleanup: {exc.status}")
+
+
+# --- toleration operators Gt / Lt (TaintTolerationComparisonOperators, alpha in 1.35) ---------------
+
+
+def test_toleration_comparison_operators(cluster):
+    for short, v in (("m40", "40"), ("m80", "80")):
+        cluster.node(short, taints=[{"key": "example.com/mem", "value": v, "effect": "NoSchedule"}])
+    cluster.pod("big", tolerations=[{"key": "example.com/mem", "operator": "Gt", "value": "50", "effect": "NoSchedule"}])
+    cluster.pod("small", tolerations=[{"key": "example.com/mem", "operator": "Lt", "value": "50", "effect": "NoSchedule"}])
+    cluster.pod("none")
+    cluster.expect({"big": "m80", "small": "m40", "none": None})

@@ -98,8 +98,11 @@ class PreferredTerm:
 
 @dataclass(frozen=True)
 class Toleration:
+    """``Gt`` / ``Lt`` (TaintTolerationComparisonOperators, alpha in 1.35): the taint's value, an integer, is
+    greater / less than the toleration's; a value that is not an integer is never tolerated."""
+
     key: str = ""
-    operator: Literal["Equal", "Exists"] = "Equal"
+    operator: Literal["Equal", "Exists", "Gt", "Lt"] = "Equal"
     value: str = ""
     effect: str = ""  # empty matches every effect
 
@@ -108,6 +111,14 @@ class Toleration:
             return False
         if self.operator == "Exists":
             return not self.key or self.key == taint.key
+        if self.operator in ("Gt", "Lt"):
+            if self.key and self.key != taint.key:
+                return False
+            try:
+                mine, theirs = int(self.value), int(taint.value)
+            except ValueError:
+                return False
+            return theirs > mine if self.operator == "Gt" else theirs < mine
         return self.key == taint.key and self.value == taint.value
 
 

@@ -46,6 +46,7 @@ def scalar_requests(req: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((k, v) for k, v in req.items()
                         if v > 0 and k not in ("cpu", "memory", "pods", GPU_RESOURCE) and not k.startswith(_NOT_SCALAR_PREFIXES)))
 _OPERATORS = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"}
+_TOLERATION_OPS: dict[str, Literal["Equal", "Exists", "Gt", "Lt"]] = {"Equal": "Equal", "Exists": "Exists", "Gt": "Gt", "Lt": "Lt"}
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -447,10 +448,14 @@ def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
         if not isinstance(t, Mapping):
             raise InvalidPodSpec(key, f"spec.tolerations[{i}]", "must be an object")
         op = t.get("operator") or "Equal"
-        if op not in ("Equal", "Exists"):
+        if op not in _TOLERATION_OPS:
             raise InvalidPodSpec(key, f"spec.tolerations[{i}].operator", f"unknown operator {op!r}")
-        tols.append(Toleration(t.get("key") or "", "Exists" if op == "Exists" else "Equal", str(t.get("value") or ""),
-                               t.get("effect") or ""))
+        if op in ("Gt", "Lt"):  # TaintTolerationComparisonOperators (alpha in 1.35): an integer to compare with
+            try:
+                int(str(t.get("value")))
+            except ValueError:
+                raise InvalidPodSpec(key, f"spec.tolerations[{i}].value", f"operator {op} needs an integer, got {t.get('value')!r}") from None
+        tols.append(Toleration(t.get("key") or "", _TOLERATION_OPS[op], str(t.get("value") or ""), t.get("effect") or ""))
 
     for f in ("name", "namespace", "uid"):
         if not isinstance(meta.get(f) or "", str):

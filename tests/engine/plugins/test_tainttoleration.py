@@ -70,3 +70,25 @@ def test_prefer_no_schedule_taints_score_lower():
     tol = make_pod(tolerations=[{"key": "spot", "operator": "Exists"}])
     assert scores(TaintToleration(), tol, st).tolist() == pytest.approx([100.0, 100.0, 0.0])
     assert scores(TaintToleration(), make_pod(), state_of(make_node("a"))).tolist() == [100.0]
+
+
+@pytest.mark.parametrize("tol, taint, ok", [
+    # TaintTolerationComparisonOperators (alpha in 1.35): the taint's integer value against the toleration's
+    (Toleration("mem", "Gt", "40", ""), Taint("mem", "80", "NoSchedule"), True),
+    (Toleration("mem", "Gt", "40", ""), Taint("mem", "40", "NoSchedule"), False),
+    (Toleration("mem", "Lt", "40", ""), Taint("mem", "20", "NoSchedule"), True),
+    (Toleration("mem", "Lt", "40", ""), Taint("mem", "80", "NoSchedule"), False),
+    (Toleration("mem", "Gt", "40", ""), Taint("mem", "lots", "NoSchedule"), False),
+    (Toleration("mem", "Gt", "40", ""), Taint("other", "80", "NoSchedule"), False),
+    (Toleration("mem", "Gt", "40", "NoExecute"), Taint("mem", "80", "NoSchedule"), False),
+])
+def test_comparison_operators(tol, taint, ok):
+    assert tol.tolerates(taint) is ok
+
+
+def test_a_comparison_operator_needs_an_integer_named_by_field():
+    from gpufleet.engine.errors import InvalidPodSpec
+
+    with pytest.raises(InvalidPodSpec) as exc:
+        make_pod(tolerations=[{"key": "mem", "operator": "Gt", "value": "big"}])
+    assert exc.value.field == "spec.tolerations[0].value"
