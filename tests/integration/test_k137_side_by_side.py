@@ -522,3 +522,29 @@ def test_toleration_comparison_operators(cluster):
     cluster.pod("small", tolerations=[{"key": "example.com/mem", "operator": "Lt", "value": "50", "effect": "NoSchedule"}])
     cluster.pod("none")
     cluster.expect({"big": "m80", "small": "m40", "none": None})
+
+
+# --- matchLabelKeys in topology spread; sidecar containers -----------------------------------------
+
+
+def test_match_label_keys_in_topology_spread(cluster):
+    cluster.node("a1", labels={ZONE: "a"})
+    cluster.node("b1", labels={ZONE: "b"})
+    for i in range(2):  # the previous rollout, all in zone a
+        cluster.pod(f"old{i}", labels={"app": "web", "hash": "old"}, nodeSelector={ZONE: "a"})
+    cluster.expect({"old0": "a1", "old1": "a1"})
+    tsc = _spread({"app": "web"}, matchLabelKeys=["hash"])  # only this rollout's pods count
+    for i in range(2):
+        cluster.pod(f"new{i}", labels={"app": "web", "hash": "new"}, topologySpreadConstraints=tsc)
+    got = cluster.expect({"old0": "a1", "old1": "a1", "new0": "*", "new1": "*"})
+    assert {got["new0"], got["new1"]} == {"a1", "b1"}  # counting the old pods too would put both in zone b
+
+
+def test_sidecars_run_beside_init_containers(cluster):
+    cluster.node("n1", cpu="4")
+    cluster.pod("app", cpu="1", initContainers=[
+        {"name": "side", "image": "busybox", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+        {"name": "init", "image": "busybox", "resources": {"requests": {"cpu": "3"}}}])  # max(1 + 1, 1 + 3) = 4 CPUs
+    cluster.expect({"app": "n1"})
+    cluster.pod("next", cpu="100m")
+    cluster.expect({"app": "n1", "next": None})
