@@ -141,8 +141,8 @@ def test_quota_admission_and_reclaim_of_borrowed_gpus(control_plane, admin, core
         # over quota with nothing left to borrow: waits, with the queue named in the reason
         core.create_namespaced_pod(na, pod_body("a4", scheduler=f"gpufleet-{tag}"))
         core.create_namespaced_pod(na, pod_body("a5", scheduler=f"gpufleet-{tag}"))
-        assert wait_until(lambda: any(n == "a5" and r == "FailedScheduling" and qa in m for n, r, m in ev_reasons(admin, na))
-                          or any(n == "a4" and r == "FailedScheduling" and qa in m for n, r, m in ev_reasons(admin, na)), 15)
+        assert wait_until(lambda: any(n in ("a4", "a5") and r == "FailedScheduling" and qa in m
+                                      for n, r, m in ev_reasons(admin, na)), 30), ev_reasons(admin, na)
     finally:
         s.stop()
         for q in (qa, qb):
