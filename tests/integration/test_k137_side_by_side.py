@@ -163,6 +163,14 @@ class Cluster:
             "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup", "metadata": {"name": name},
             "spec": {"schedulingPolicy": policy}})
 
+    def group_condition(self, name: str) -> tuple[str, str] | None:
+        """(status, reason) of a PodGroup's PodGroupInitiallyScheduled condition, as the scheduler wrote it."""
+        pg = self.custom.get_namespaced_custom_object("scheduling.k8s.io", "v1beta1", self.ns, "podgroups", name)
+        for c in (pg.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodGroupInitiallyScheduled":
+                return c.get("status"), c.get("reason")
+        return None
+
     def placed(self) -> dict[str, str | None]:
         return {p.metadata.name: p.spec.node_name for p in self.core.list_namespaced_pod(self.ns).items}
 
@@ -308,9 +316,11 @@ def test_a_gang_that_does_not_fit_binds_nothing_until_it_does(cluster):
     cluster.podgroup("train", 3)
     _members(cluster, "train", ["w0", "w1", "w2"], gpus=4)
     cluster.expect({"w0": None, "w1": None, "w2": None})  # two of three would fit: none binds
+    assert wait_until(lambda: cluster.group_condition("train") == ("False", "Unschedulable"), 20), cluster.group_condition("train")
     cluster.node("n3", cpu="16", gpus=4)
     got = cluster.expect({"w0": "*", "w1": "*", "w2": "*"})
     assert len(set(got.values())) == 3
+    assert wait_until(lambda: cluster.group_condition("train") == ("True", "Scheduled"), 20), cluster.group_condition("train")
 
 
 def test_a_gang_binds_once_its_last_member_exists(cluster):
@@ -318,6 +328,7 @@ def test_a_gang_binds_once_its_last_member_exists(cluster):
     cluster.podgroup("job", 2)
     _members(cluster, "job", ["w0"], gpus=2)
     cluster.expect({"w0": None})
+    assert cluster.group_condition("job") is None  # waiting for its members: nothing written yet
     _members(cluster, "job", ["w1"], gpus=2)
     cluster.expect({"w0": "n1", "w1": "n1"})
 
@@ -328,6 +339,30 @@ def test_members_wait_for_their_pod_group_to_appear(cluster):
     cluster.expect({"w0": None, "w1": None})
     cluster.podgroup("late", 2)
     cluster.expect({"w0": "n1", "w1": "n1"})
+
+
+def test_members_must_share_their_pod_groups_priority(cluster):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    sched = client.SchedulingV1Api(cluster.api)
+    pc = f"{cluster.prefix}-{cluster.ns}-high"
+    sched.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": pc},
+                                 "value": 1000})
+    try:
+        cluster.node("n1", cpu="16", gpus=4)
+        for group in ("mixed", "same"):
+            cluster.custom.create_namespaced_custom_object("scheduling.k8s.io", "v1beta1", cluster.ns, "podgroups", {
+                "apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup", "metadata": {"name": group},
+                "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}, "priorityClassName": pc}})
+        _members(cluster, "mixed", ["m0"], gpus=1)  # priority 0 in a group of priority 1000: the group is refused
+        cluster.pod("s0", cpu="1", gpus=1, schedulingGroup={"podGroupName": "same"}, priorityClassName=pc)
+        cluster.expect({"m0": None, "s0": "n1"})
+    finally:
+        try:
+            sched.delete_priority_class(pc)
+        except ApiException as exc:
+            print(f"cleanup: {exc.status}")
 
 
 def test_a_basic_pod_group_places_its_pods_one_by_one(cluster):

@@ -38,6 +38,7 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
                                ("", "pods", "watch"), ("", "pods", "delete"),  # preemption and reclaim
                                ("", "pods/binding", "create"), ("", "pods/status", "patch"),  # nominatedNodeName
                                ("events.k8s.io", "events", "create"),
+                               ("scheduling.k8s.io", "podgroups/status", "patch"),  # PodGroupInitiallyScheduled
                                ("", "persistentvolumeclaims", "patch"), ("", "persistentvolumes", "patch")} | {
         (g, r, v) for g, r in watched for v in ("list", "watch")}
     from gpufleet.kube.api import POLICY_KINDS  # every kind the loop lists is granted

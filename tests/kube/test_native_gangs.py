@@ -193,3 +193,50 @@ def test_explain_names_a_missing_pod_group_and_scheduling_gates():
     assert code == 0 and "waiting for the pod's pod group 'nowhere'" in text
     code, text = explain_cli.explain(api, build_profile("bestfit"), "ml/gated")
     assert code == 0 and text.startswith("ml/gated: waiting for its scheduling gates to be removed (example.com/quota); once they are: fits")
+
+
+def test_members_must_share_their_pod_groups_priority():
+    api = cluster(gpus_per_node=4, nodes=1)
+    api.put_object("schedpodgroup", podgroup("hi", 1, priority=1000))
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(member("low", "hi"))  # priority 0
+    api.add_pod(member("high", "hi", priority=1000))
+    run(api, loop, clock, rounds=2)
+    assert bound(api) == ["ml/high"]
+    msg = messages(api, "ml/low", "FailedScheduling")[-1]
+    assert "spec.priority" in msg and "must equal the priority of its PodGroup ml/hi (1000)" in msg
+
+
+def condition(api, key: str) -> tuple[str, str] | None:
+    for c in (api.objects["schedpodgroup"][key].get("status") or {}).get("conditions") or []:
+        if c["type"] == "PodGroupInitiallyScheduled":
+            return c["status"], c["reason"]
+    return None
+
+
+def test_the_pod_group_says_whether_its_gang_was_placed_as_kube_scheduler_writes_it():
+    from tests.kube.test_loop import node
+
+    api = cluster(gpus_per_node=4, nodes=2)
+    api.put_object("schedpodgroup", podgroup("big", 3))
+    clock = Clock()
+    loop = make(api, clock)
+    for i in range(3):
+        api.add_pod(member(f"w{i}", "big", gpus=4))
+    run(api, loop, clock, rounds=2)
+    assert condition(api, "ml/big") == ("False", "Unschedulable")
+    api.add_node(node("n2", gpus=4, cpu="64"))
+    run(api, loop, clock)
+    assert len(bound(api)) == 3 and condition(api, "ml/big") == ("True", "Scheduled")
+    assert len(api.objects["schedpodgroup"]["ml/big"]["status"]["conditions"]) == 1
+
+
+def test_a_gang_waiting_for_its_members_writes_no_condition():
+    api = cluster(gpus_per_node=4, nodes=1)
+    api.put_object("schedpodgroup", podgroup("incomplete", 2))
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(member("lone", "incomplete"))
+    run(api, loop, clock, rounds=2)
+    assert bound(api) == [] and condition(api, "ml/incomplete") is None

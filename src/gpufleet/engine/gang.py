@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigError, GpufleetError
+from .errors import ConfigError, GpufleetError, InvalidPodSpec
 from .framework import Cycle, Decision, Scheduler
 from .model import GPU_MILLI, PodRequest
 from .podterms import UnsupportedPodField
@@ -164,6 +164,9 @@ def resolve_scheduling_group(r: PodRequest, groups: Mapping[str, PodGroup], serv
     if g.unsupported is not None:
         field_, why = g.unsupported
         raise UnsupportedPodField(r.key, "spec.schedulingGroup.podGroupName", f"its PodGroup {key}: field {field_}: {why}")
+    if r.priority != g.priority:  # kube-scheduler's validatePodGroup refuses the whole group likewise
+        raise InvalidPodSpec(r.key, "spec.priority", f"must equal the priority of its PodGroup {key} ({g.priority}): "
+                             f"all pods of a pod group share its priority, got {r.priority}")
     if not g.gang:
         return r
     return replace(r, pod_group=r.scheduling_group, pod_group_min=max(r.pod_group_min, g.min_member))

@@ -59,8 +59,9 @@ class SchedulerApi(Protocol):
         """Merge ``annotations`` into the pod's (``uid``: only that pod, not a newer one of the same name)."""
         ...
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None: ...
-    def patch_object(self, kind: str, namespace: str, name: str, patch: dict) -> None:
-        """JSON merge patch of one of ``POLICY_KINDS`` (volume binding: a PV's claimRef, a claim's selected node)."""
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> None:
+        """JSON merge patch of one of ``POLICY_KINDS`` (volume binding: a PV's claimRef, a claim's selected node;
+        ``subresource="status"``: a PodGroup's scheduling condition)."""
         ...
 
 
@@ -186,7 +187,7 @@ class FakeApi:
         with self._cv:
             self._touch(kind, "DELETED", self.objects[kind].pop(key))
 
-    def patch_object(self, kind: str, namespace: str, name: str, patch: dict) -> None:
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> None:
         with self._cv:
             self._count(f"patch_{kind}")
             key = f"{namespace}/{name}" if namespace else name
@@ -451,9 +452,11 @@ class KubernetesApi:
             body["gracePeriodSeconds"] = grace_period_s
         self._request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
 
-    def patch_object(self, kind: str, namespace: str, name: str, patch: dict) -> None:
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> None:
         base, resource = POLICY_KINDS[kind].rsplit("/", 1)
         path = f"{base}/namespaces/{namespace}/{resource}/{name}" if namespace else f"{base}/{resource}/{name}"
+        if subresource:
+            path += f"/{subresource}"
         self._request("PATCH", path, patch, content_type="application/merge-patch+json")
 
     def nominate(self, namespace: str, name: str, node: str) -> None:

@@ -86,6 +86,7 @@ from .binder import bind_job as bind_job  # re-exported: kube/extender.py import
 from .cache import SchedulerCache
 from .evictor import Evictions
 from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, reason_text, without_plugins
+from . import podgroup_status
 from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
 from .policy_objects import PolicyObjects
 from .preemption import Preemptor
@@ -407,6 +408,7 @@ class SchedulerLoop:
                 if held is not None:
                     self.stats.held_room += len(held.placed)
                     res = held
+            podgroup_status.report(self.api, self.cache.objects, res)  # a scheduling.k8s.io PodGroup's condition
             for d in res.placed:
                 pod = self.queue.pending.get(d.pod_key)
                 if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
