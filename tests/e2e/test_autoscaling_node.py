@@ -254,6 +254,10 @@ def stack():
         node.up()
         s = Stack(node)
         s.report.append(f"node up {time.monotonic() - t:.0f} s")
+        pid = node.pid_of("kube-controller-manager")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if pid else []
+        creds = [a for a in argv if a.startswith("--use-service-account-credentials=")]
+        assert creds and creds[-1].endswith("=true"), f"kube-controller-manager without ServiceAccount credentials: {argv}"
         start_gpufleet(node)
         install_adapter_objects(s)
         start_prometheus(node)
@@ -408,6 +412,8 @@ def test_inference_scales_on_its_gpu_utilisation(stack):
     s.report.append(f"custom.metrics.k8s.io deployments.apps/{app} gpu_utilization: {obj.get('value') or obj['items'][0]['value']}")
     s.kubectl_apply(hpas)
     assert wait(lambda: s.condition(ns, app, "ScalingActive")[0] == "True", 90), s.condition(ns, app, "ScalingActive")
+    # the controller read the metrics as its own ServiceAccount (created for it only with ServiceAccount credentials)
+    assert s.node.kubectl("get", "serviceaccount", "-n", "kube-system", "horizontal-pod-autoscaler", "-o", "name").strip()
     time.sleep(20)  # a sync or two at 60% of 70: nothing moves
     assert s.replicas(ns, app) == 1
 
