@@ -33,8 +33,8 @@ TABLE = REPO / "docs" / "compatibility.md"
 TIERS: dict[str, tuple[str, list[str], list[str], bool]] = {
     "apiserver": ("gpufleet's scheduler, extender, explain, queues and gangs on a real kube-apiserver + etcd, "
                   "side by side with the real kube-scheduler", ["tests/integration"], ["control-plane"], False),
-    "node": ("agent (device plugin, GFD labels, metrics, health) and scheduler on a real kubelet + containerd v2",
-             ["tests/e2e/test_real_node.py"], [], True),
+    "node": ("agent (device plugin, DRA driver, GFD labels, metrics, health), scheduler and autoscaling on a real "
+             "kubelet + containerd v2 (CDI)", ["tests/e2e", "--ignore=tests/e2e/test_extender_node.py"], [], True),
     "extender": ("gpufleet as an extender of the real kube-scheduler, with a real kubelet and Prometheus",
                  ["tests/e2e/test_extender_node.py"], [], True),
     "image": ("the container image deployed by the project's own manifests (kubectl apply -k) on a real node",
@@ -78,6 +78,8 @@ def _skip_reasons(path: Path) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     tiers = [t.strip() for t in args.tier.split(",") if t.strip()]
+    if args.image_tar and not Path(args.image_tar).is_file():
+        _die(f"--image-tar: {args.image_tar} is not a file")
     for t in tiers:
         if t not in TIERS:
             _die(f"--tier: unknown tier '{t}' (one of {', '.join(TIERS)})")
@@ -101,7 +103,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     rc = 0
     for t in tiers:
         what, paths, _, root = TIERS[t]
-        env = dict(os.environ, KUBEBUILDER_ASSETS=str(bindir), PYTHONPATH=str(REPO / "src"))
+        env = dict(os.environ, KUBEBUILDER_ASSETS=str(bindir), KUBECTL=str(bindir / "kubectl"), PYTHONPATH=str(REPO / "src"))
+        if args.image_tar:
+            env["GPUFLEET_E2E_IMAGE_TAR"] = args.image_tar
         if root:
             env["GPUFLEET_E2E_BIN"] = str(bindir)
             env.setdefault("GPUFLEET_E2E_LOCK", "/tmp/gpufleet-realnode.lock")
@@ -172,6 +176,8 @@ def main(argv: list[str]) -> int:
     r = sub.add_parser("run", help="run tiers on one release and record them")
     r.add_argument("--release", default="1.37.2")
     r.add_argument("--tier", default=",".join(TIERS))
+    r.add_argument("--image-tar", default=os.environ.get("GPUFLEET_E2E_IMAGE_TAR", ""),
+                   help="the image as a docker-archive for the image tier (scripts/build-image.sh --save FILE)")
     r.add_argument("--no-table", action="store_true", help="record only; do not rewrite docs/compatibility.md")
     sub.add_parser("table", help="rewrite docs/compatibility.md from docs/compat/*.json")
     args = ap.parse_args(argv)
