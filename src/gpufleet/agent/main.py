@@ -74,9 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cdi-dir", default="/var/run/cdi", help="with --dra: where the claims' CDI specs go (default /var/run/cdi)")
     p.add_argument("--no-dra-shares", action="store_true",
                    help="with --dra: publish whole GPUs as exclusive devices (no consumable-capacity shares)")
-    p.add_argument("--dra-nvidia-attributes", action="store_true",
-                   help="with --dra: also publish the attributes under gpu.nvidia.com/, so selectors written for NVIDIA's "
-                        "driver match unchanged")
+    p.add_argument("--dra-nvidia-attributes", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --dra: also publish the attributes under gpu.nvidia.com/, so selectors and constraints written "
+                        "for NVIDIA's driver match unchanged (default on; --no-dra-nvidia-attributes publishes them under "
+                        "the driver's own domain only)")
     p.add_argument("--sysfs-root", default="/sys", help="with --dra: sysfs, for the PCIe root of each GPU (default /sys)")
     p.add_argument("--once", action="store_true", help="discover, print what would be advertised and labelled, exit")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO, DEBUG with gpufleet -v)")

@@ -57,7 +57,7 @@ _BDF = re.compile(r"^([0-9a-f]{4}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-9a-f])$")
 class DraOptions:
     driver: str = DRIVER
     shares: bool = True  # whole GPUs take several claims by consumable capacity
-    nvidia_attributes: bool = False  # also publish attributes under gpu.nvidia.com/
+    nvidia_attributes: bool = True  # also publish attributes under gpu.nvidia.com/ (NVIDIA's claims match unchanged)
     sysfs_root: str = "/sys"  # for resource.kubernetes.io/pcieRoot
 
 
