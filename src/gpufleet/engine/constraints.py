@@ -163,6 +163,7 @@ class PersistentVolume:
     volume_mode: str = "Filesystem"
     attributes_class: str = ""  # spec.volumeAttributesClassName (VolumeAttributesClass, GA 1.34)
     deleting: bool = False  # metadata.deletionTimestamp set: never bound to a new claim
+    labels: tuple[tuple[str, str], ...] = ()  # what a claim's spec.selector matches
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,8 @@ class ClaimInfo:
     uid: str = ""
     volume_mode: str = "Filesystem"
     attributes_class: str = ""  # spec.volumeAttributesClassName: a PV must name the same class to be bound to it
+    selector: LabelSelector | None = None  # spec.selector: only PVs whose labels it matches; None: any
+    bad_selector: str = ""  # why spec.selector could not be read: no PV matches it (never silently any)
 
 
 @dataclass(frozen=True)

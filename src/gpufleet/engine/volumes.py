@@ -51,8 +51,8 @@ class VolumeCatalog:
         return sc.binding_mode if sc is not None else self.binding_modes.get(storage_class, "Immediate")
 
     def candidates(self, claim: ClaimInfo) -> list[PersistentVolume]:
-        """Available PVs that could be bound to an unbound claim (class, size, volume mode, attributes class, access
-        modes), smallest first."""
+        """Available PVs that could be bound to an unbound claim (class, size, volume mode, attributes class, the
+        claim's label selector, access modes), smallest first."""
         key = f"{claim.namespace}/{claim.name}"
         out = []
         for pv in self.volumes.values():
@@ -60,6 +60,8 @@ class VolumeCatalog:
                 continue
             # kube-scheduler's FindMatchingVolume: same volume mode and VolumeAttributesClass, not being deleted
             if pv.volume_mode != claim.volume_mode or pv.attributes_class != claim.attributes_class or pv.deleting:
+                continue
+            if claim.bad_selector or (claim.selector is not None and not claim.selector.matches(dict(pv.labels))):
                 continue
             if pv.claim_ref not in ("", key) or self.assumed.get(pv.name, key) != key:
                 continue
@@ -102,16 +104,23 @@ def _bytes(v: Any) -> int:
 
 
 def claim_from_json(obj: Mapping[str, Any]) -> ClaimInfo:
+    from .podterms import parse_selector
+
     m = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     req = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
+    selector, bad = None, ""
+    try:
+        selector = parse_selector(f"persistentvolumeclaim {m.get('namespace') or 'default'}/{m.get('name')}", "spec.selector", spec.get("selector"))
+    except InvalidPodSpec as exc:
+        bad = str(exc)
     return ClaimInfo(namespace=m.get("namespace") or "default", name=m.get("name") or "",
                      volume_name=spec.get("volumeName") or "", phase=(obj.get("status") or {}).get("phase") or "Pending",
                      storage_class=spec.get("storageClassName") or "",
                      access_modes=tuple(str(x) for x in spec.get("accessModes") or ()),
                      request_bytes=_bytes(req), uid=str(m.get("uid") or ""),
                      volume_mode=spec.get("volumeMode") or "Filesystem",
-                     attributes_class=spec.get("volumeAttributesClassName") or "")
+                     attributes_class=spec.get("volumeAttributesClassName") or "", selector=selector, bad_selector=bad)
 
 
 def _topology_terms(raw: Any) -> tuple[SelectorTerm, ...]:
@@ -166,7 +175,8 @@ def pv_from_json(obj: Mapping[str, Any]) -> PersistentVolume:
                             phase=(obj.get("status") or {}).get("phase") or "Available",
                             volume_mode=spec.get("volumeMode") or "Filesystem",
                             attributes_class=spec.get("volumeAttributesClassName") or "",
-                            deleting=bool(m.get("deletionTimestamp")))
+                            deleting=bool(m.get("deletionTimestamp")),
+                            labels=tuple(sorted((str(k), str(v)) for k, v in (m.get("labels") or {}).items())))
 
 
 def csinode_drivers(obj: Mapping[str, Any]) -> tuple[str, frozenset[str]]:

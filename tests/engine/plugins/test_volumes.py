@@ -179,3 +179,23 @@ def test_a_driver_that_must_be_installed_keeps_pods_off_nodes_without_it():
             {"metadata": {"name": "disk.example.com"}, "spec": {"preventPodSchedulingIfMissing": True}})] if need)
         assert verdicts(NodeVolumeLimits(), pod_, st) == {"with": None, "without": why}
         cat.required_drivers = frozenset()
+
+
+def test_a_claims_label_selector_picks_the_volumes_it_may_get():
+    from gpufleet.engine.volumes import claim_from_json, pv_from_json
+
+    def pv(name, labels):
+        return pv_from_json({"metadata": {"name": name, "labels": labels}, "spec": {
+            "storageClassName": "local", "capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"]}})
+
+    def claim(selector):
+        return claim_from_json({"metadata": {"name": "c", "namespace": "default"}, "spec": {
+            "storageClassName": "local", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+            "selector": selector}})
+
+    cat = VolumeCatalog(volumes={p.name: p for p in (pv("fast", {"tier": "nvme"}), pv("slow", {"tier": "hdd"}))})
+    assert [p.name for p in cat.candidates(claim(None))] == ["fast", "slow"]
+    assert [p.name for p in cat.candidates(claim({"matchLabels": {"tier": "nvme"}}))] == ["fast"]
+    assert [p.name for p in cat.candidates(claim({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["nvme"]}]}))] == ["slow"]
+    bad = claim({"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["1"]}]})
+    assert "spec.selector" in bad.bad_selector and cat.candidates(bad) == []  # never silently any volume
