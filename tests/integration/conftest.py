@@ -11,6 +11,7 @@ pods with grace period 0.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -33,8 +34,25 @@ TOKEN = "gpufleet-integration-admin-token"
 REQUIRED = os.environ.get("GPUFLEET_REQUIRE_APISERVER", "") not in ("", "0")
 
 
+def assets_release() -> tuple[int, int]:
+    """The Kubernetes release of $KUBEBUILDER_ASSETS' kube-apiserver, (0, 0) when unknown."""
+    if not HAVE_ASSETS:
+        return (0, 0)
+    out = subprocess.run([str(Path(ASSETS) / "kube-apiserver"), "--version"], capture_output=True, text=True, timeout=60).stdout
+    m = re.search(r"v(\d+)\.(\d+)", out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
+    marked = [i for i in items if i.get_closest_marker("min_release") is not None]
+    release = assets_release() if marked and HAVE_ASSETS else (0, 0)
+    too_new = [i for i in marked if release < tuple(i.get_closest_marker("min_release").args)] if HAVE_ASSETS else []
+    if too_new:  # not skipped: never collected for this release, and said so on the terminal
+        config.hook.pytest_deselected(items=too_new)
+        items[:] = [i for i in items if i not in too_new]
+        print(f"\napiserver tier: {len(too_new)} test(s) need a newer Kubernetes than the assets' "
+              f"{release[0]}.{release[1]}: deselected ({', '.join(sorted({i.module.__name__.rsplit('.', 1)[-1] for i in too_new}))})")
     if REQUIRED and not HAVE_ASSETS:
         raise pytest.UsageError(f"GPUFLEET_REQUIRE_APISERVER is set but KUBEBUILDER_ASSETS ({ASSETS or 'unset'}) lacks "
                                 "kube-apiserver or etcd: the apiserver tier would be skipped")

@@ -1,14 +1,17 @@
-"""The 1.3x pod semantics side by side: the same scenario under kube-scheduler 1.37 and under gpufleet.
+"""The 1.3x pod semantics side by side: the same scenario under the stock kube-scheduler and under gpufleet.
 
-Each scenario runs twice on one kube-apiserver 1.37 (with the Workload API on: ``GenericWorkload``,
-``scheduling.k8s.io/v1beta1``; and ``TaintTolerationComparisonOperators``): once with its pods addressed to the stock kube-scheduler 1.37 running
-against it, once to gpufleet's scheduler; both must reach the outcome the scenario states (which pods
-bind, on which node where only one is right, which wait).  Only the scenario's own nodes exist while it
-runs, so the two schedulers see the same cluster.  Nodes have no kubelet: a running pod's in-place
-resize is played by writing what kubelet would (``pods/resize``, then ``pods/status``).
+Each scenario runs twice on one kube-apiserver (1.37 in CI; every scenario not marked ``needs_137`` also on
+1.35, the oldest supported minor): once with its pods addressed to the stock kube-scheduler of the same
+release running against it, once to gpufleet's scheduler; both must reach the outcome the scenario states
+(which pods bind, on which node where only one is right, which wait).  Only the scenario's own nodes exist
+while it runs, so the two schedulers see the same cluster.  Both run with ``TaintTolerationComparisonOperators``
+and, on 1.37, the Workload API (``GenericWorkload``, ``scheduling.k8s.io/v1beta1``) on.  Nodes have no
+kubelet: a running pod's in-place resize is played by writing what kubelet would (``pods/resize``, then
+``pods/status``), and the PV controller's part likewise.
 
-Needs ``$KUBEBUILDER_ASSETS`` with kube-apiserver, etcd and kube-scheduler of release 1.37 or later
-(skipped otherwise).  The fields and what gpufleet does with each: docs/pod-fields.md.
+Needs ``$KUBEBUILDER_ASSETS`` with kube-apiserver, etcd and kube-scheduler of one release, 1.35 or later;
+scenarios marked ``needs_137`` are deselected (and said so) on older assets.  The fields and what gpufleet
+does with each: docs/pod-fields.md.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from .conftest import ASSETS, HAVE_ASSETS, ControlPlane
+from .conftest import ASSETS, HAVE_ASSETS, ControlPlane, assets_release
 from .test_kube_scheduler import Sched
 
 KUBE = "kube-scheduler"  # the stock scheduler's profile name (pods say schedulerName: kube-scheduler)
@@ -35,8 +38,12 @@ GPUFLEET = "gpufleet"
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 SETTLE_S = 3.0  # how long a pod that must wait is watched not to bind
-# the Workload API (beta, off by default) and toleration comparison operators (alpha), on for both schedulers
-GATES = ("--feature-gates=GenericWorkload=true,TaintTolerationComparisonOperators=true",)
+RELEASE = assets_release()
+FLOOR = (1, 35)  # the oldest supported minor: every scenario not marked needs_137 runs there too
+needs_137 = pytest.mark.min_release(1, 37)  # the Workload API's v1beta1, NodeDeclaredFeatures GA, VolumeLimitScaling beta
+# on for both schedulers: toleration comparison operators (alpha since 1.35); the Workload API (beta, off) on 1.37
+GATES = (f"--feature-gates=TaintTolerationComparisonOperators=true{',GenericWorkload=true' if RELEASE >= (1, 37) else ''}",)
+RUNTIME = ("--runtime-config=scheduling.k8s.io/v1beta1=true",) if RELEASE >= (1, 37) else ()
 
 
 def _release(binary: Path) -> tuple[int, int]:
@@ -56,10 +63,10 @@ def cp137():
     bins = Path(ASSETS)
     if not HAVE_ASSETS or not (bins / "kube-scheduler").is_file():
         pytest.skip("KUBEBUILDER_ASSETS with kube-apiserver, etcd and kube-scheduler not set")
-    if min(_release(bins / "kube-apiserver"), _release(bins / "kube-scheduler")) < (1, 37):
-        pytest.skip("the side-by-side tier needs kube-apiserver and kube-scheduler 1.37 or later")
+    if _release(bins / "kube-scheduler") != RELEASE or RELEASE < FLOOR:
+        pytest.skip(f"the side-by-side tier needs kube-apiserver and kube-scheduler of one release, {FLOOR[0]}.{FLOOR[1]} or later")
     d = Path(tempfile.mkdtemp(prefix="gpufleet-k137-"))
-    cp = ControlPlane(ASSETS, d, extra_args=(*GATES, "--runtime-config=scheduling.k8s.io/v1beta1=true"))
+    cp = ControlPlane(ASSETS, d, extra_args=(*GATES, *RUNTIME))
     try:
         cp.start()
         yield cp
@@ -291,6 +298,7 @@ def test_a_resize_down_in_progress_holds_the_old_size_until_actuated(cluster):
 # --- node declared features (NodeDeclaredFeatures, GA in 1.37) ----------------------------------
 
 
+@needs_137
 def test_a_pod_needing_a_node_feature_goes_only_where_it_is_declared(cluster):
     cluster.node("old", cpu="8", declared=[])
     cluster.node("new", cpu="8", declared=["RestartAllContainersOnContainerExits"])
@@ -310,6 +318,7 @@ def _members(cluster: Cluster, group: str, names: list[str], gpus: int) -> None:
         cluster.pod(n, cpu="1", gpus=gpus, schedulingGroup={"podGroupName": group})
 
 
+@needs_137
 def test_a_gang_that_does_not_fit_binds_nothing_until_it_does(cluster):
     cluster.node("n1", cpu="16", gpus=4)
     cluster.node("n2", cpu="16", gpus=4)
@@ -323,6 +332,7 @@ def test_a_gang_that_does_not_fit_binds_nothing_until_it_does(cluster):
     assert wait_until(lambda: cluster.group_condition("train") == ("True", "Scheduled"), 20), cluster.group_condition("train")
 
 
+@needs_137
 def test_a_gang_binds_once_its_last_member_exists(cluster):
     cluster.node("n1", cpu="16", gpus=4)
     cluster.podgroup("job", 2)
@@ -333,6 +343,7 @@ def test_a_gang_binds_once_its_last_member_exists(cluster):
     cluster.expect({"w0": "n1", "w1": "n1"})
 
 
+@needs_137
 def test_members_wait_for_their_pod_group_to_appear(cluster):
     cluster.node("n1", cpu="16", gpus=4)
     _members(cluster, "late", ["w0", "w1"], gpus=1)
@@ -341,6 +352,7 @@ def test_members_wait_for_their_pod_group_to_appear(cluster):
     cluster.expect({"w0": "n1", "w1": "n1"})
 
 
+@needs_137
 def test_members_must_share_their_pod_groups_priority(cluster):
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
@@ -365,6 +377,7 @@ def test_members_must_share_their_pod_groups_priority(cluster):
             print(f"cleanup: {exc.status}")
 
 
+@needs_137
 def test_a_basic_pod_group_places_its_pods_one_by_one(cluster):
     cluster.node("n1", cpu="16", gpus=4)
     cluster.node("n2", cpu="16", gpus=4)
@@ -502,6 +515,7 @@ def test_a_claim_gets_only_a_volume_of_its_attributes_class(cluster):
 # --- VolumeLimitScaling (beta, on in 1.37): CSIDriver preventPodSchedulingIfMissing ----------------
 
 
+@needs_137
 def test_a_driver_that_must_be_installed_keeps_pods_off_nodes_without_it(cluster):
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
