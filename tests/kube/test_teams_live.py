@@ -144,6 +144,8 @@ def test_preemption_takes_the_fewest_lower_priority_pods_and_respects_a_budget()
     api.add_pod(pod("single", ns="ml"))
     run(api, loop, clock)
     assert len(bound(api)) == 3
+    for k in ("ml/guarded", "ml/single"):  # kubelet started them (a budget counts only running pods)
+        api.update_pod({**api.pods[k], "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
     api.put_object("pdb", {"metadata": {"name": "db", "namespace": "ml"}, "spec": {"selector": {"matchLabels": {"app": "db"}}},
                            "status": {"disruptionsAllowed": 0}})
     api.add_pod(pod("urgent", ns="ml", gpus=1, priority=100))
@@ -453,3 +455,53 @@ def test_a_pod_of_higher_priority_than_the_holding_gang_ends_the_hold():
     api.add_pod(pod("urgent", ns="ml", priority=10))
     run(api, loop, clock, rounds=1)
     assert "ml/urgent" in bound(api) and loop.gangs.releases.get("preempted") == 1 and not api.evicted
+
+
+# --- issue 35: victims by age from the pods' timestamps; budgets with matchExpressions -------------------
+
+
+def _created(p, second):
+    """Created at that second, started and Ready (a budget counts only running pods; the eviction API lets
+    pods that have not started go without asking it)."""
+    p["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:{second:02d}Z"
+    p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return p
+
+
+def test_reclaim_takes_the_youngest_by_creation_time_even_after_a_restart_relisted_them_in_name_order():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 2))
+    api.put_object("queue", queue("qb", 2))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    api.put_object("namespace", namespace("team-b", "qb"))
+    # bound before this scheduler started (a failover): a-1 created last, a-3 first
+    for name, second in (("a-1", 40), ("a-10", 30), ("a-2", 20), ("a-3", 10)):
+        api.add_pod(_created(pod(name, node_name="n0"), second))
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("b0", ns="team-b"))
+    run(api, loop, clock)
+    assert [k for k, _ in api.evicted] == ["team-a/a-1"]  # the youngest borrowed pod by creationTimestamp
+
+
+def test_a_budget_with_match_expressions_protects_its_pods_from_preemption_and_reclaim():
+    api = cluster(gpus_per_node=4)
+    api.put_object("queue", queue("qa", 2))
+    api.put_object("queue", queue("qb", 2))
+    api.put_object("namespace", namespace("team-a", "qa"))
+    api.put_object("namespace", namespace("team-b", "qb"))
+    for name, second, app in (("a0", 10, "batch"), ("a1", 20, "batch"), ("a2", 30, "db"), ("a3", 40, "db")):
+        api.add_pod(_created(pod(name, node_name="n0", labels={"app": app}), second))
+    api.put_object("pdb", {"metadata": {"name": "db", "namespace": "team-a", "generation": 1}, "spec": {
+        "minAvailable": 2, "selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["db"]}]}},
+        "status": {"observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2}})
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("b0", ns="team-b"))
+    run(api, loop, clock)
+    assert [k for k, _ in api.evicted] == ["team-a/a1"]  # a3, a2 (younger) are protected: the youngest batch pod goes
+    api.add_pod(pod("urgent", ns="team-a", priority=100))  # preemption: the other batch pod, never a db pod
+    api.put_object("queue", queue("qa", 3))
+    run(api, loop, clock)
+    assert [k for k, _ in api.evicted] == ["team-a/a1", "team-a/a0"]
+    assert {"team-a/a2", "team-a/a3"} <= set(bound(api))

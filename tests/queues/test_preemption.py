@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from gpufleet.engine.disruption import IntOrPercent, PdbStatus, PodDisruptionBudget, budgets_from
 from gpufleet.engine.errors import ConfigError
-from gpufleet.engine.preemption import PodDisruptionBudget, explain_preemption, find_gang_victims, find_victims, preempt
+from gpufleet.engine.preemption import explain_preemption, find_gang_victims, find_victims, preempt
+from gpufleet.engine.selector import LabelSelector
 
 from .helpers import cluster, gpu_pod
+
+
+def budget(name, ns, match, allowed):
+    return PodDisruptionBudget(name, ns, LabelSelector(match), status=PdbStatus(disruptions_allowed=allowed))
 
 
 def one_node_full():
@@ -49,25 +55,26 @@ def test_equal_counts_prefer_lower_priority_and_other_nodes_compete():
 def test_pod_disruption_budgets_are_respected():
     state, s, labels = one_node_full()
     hi = gpu_pod("urgent", n=2, prio=100)
-    pair_pdb = PodDisruptionBudget("pair", "default", (("app", "pair"),), 0)
-    plan = find_victims(s, hi, pdbs=[pair_pdb], pod_labels=labels)
+    pair_pdb = budget("pair", "default", (("app", "pair"),), 0)
+    plan = find_victims(s, hi, budgets=budgets_from([pair_pdb], labels))
     assert sorted(v.pod_key for v in plan.victims) == ["default/small-a", "default/small-b"]
     # the small pods' budget allows one disruption: two would break it, so nothing works
-    small_pdb = PodDisruptionBudget("small", "default", (("app", "small"),), 1)
-    assert find_victims(s, hi, pdbs=[pair_pdb, small_pdb], pod_labels=labels) is None
-    lines = explain_preemption(s, hi, pdbs=[pair_pdb, small_pdb], pod_labels=labels)
+    small_pdb = budget("small", "default", (("app", "small"),), 1)
+    assert find_victims(s, hi, budgets=budgets_from([pair_pdb, small_pdb], labels)) is None
+    lines = explain_preemption(s, hi, budgets=budgets_from([pair_pdb, small_pdb], labels))
     assert lines[0] == "preemption (dry run): no set of lower-priority pods would make room for default/urgent (priority 100)"
     assert any("default/pair is protected" in x for x in lines)
     # a budget in another namespace covers nothing here
-    other = PodDisruptionBudget("pair", "prod", (("app", "pair"),), 0)
-    assert [v.pod_key for v in find_victims(s, hi, pdbs=[other], pod_labels=labels).victims] == ["default/pair"]
+    other = budget("pair", "prod", (("app", "pair"),), 0)
+    assert [v.pod_key for v in find_victims(s, hi, budgets=budgets_from([other], labels)).victims] == ["default/pair"]
     # a veto callable works too
     assert find_victims(s, hi, pdb_allows=lambda a: a.pod_key != "default/pair").victims[0].pod_key.startswith("default/small")
     pdb = PodDisruptionBudget.from_json({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                                          "metadata": {"name": "web", "namespace": "prod"},
                                          "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "web"}}},
                                          "status": {"disruptionsAllowed": 1}})
-    assert pdb == PodDisruptionBudget("web", "prod", (("app", "web"),), 1)
+    assert pdb == PodDisruptionBudget("web", "prod", LabelSelector((("app", "web"),)), IntOrPercent(2),
+                                      status=PdbStatus(disruptions_allowed=1))
     with pytest.raises(ConfigError, match="PodDisruptionBudget prod/x: field status.disruptionsAllowed"):
         PodDisruptionBudget.from_json({"metadata": {"name": "x", "namespace": "prod"}, "status": {"disruptionsAllowed": -1}})
 
@@ -114,8 +121,8 @@ def test_gang_victims_make_room_for_every_member_at_once_and_change_nothing():
     assert len(find_gang_victims(s, "default/train", members[:1], need=1).victims) == 2
     # a budget that allows 3 disruptions cannot cover both members
     labels = {f"default/low{i}": {"app": "low"} for i in range(4)}
-    pdb = PodDisruptionBudget("low", "default", (("app", "low"),), 3)
-    assert find_gang_victims(s, "default/train", members, need=2, pdbs=[pdb], pod_labels=labels) is None
+    pdb = budget("low", "default", (("app", "low"),), 3)
+    assert find_gang_victims(s, "default/train", members, need=2, budgets=budgets_from([pdb], labels)) is None
     # equal priority: no victims
     assert find_gang_victims(s, "default/train", [gpu_pod("w", n=2, prio=1, group="train")], need=1) is None
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpufleet.engine.errors import ConfigError
 from gpufleet.engine.queues import NamespaceQueues, Queue, QueueTree, apply_reclaim, load_queues, namespace_queue
 from gpufleet.engine.status import Code
+from gpufleet.engine.selector import LabelSelector
 
 from .helpers import brute_usage, cluster, gpu_pod
 
@@ -145,8 +148,16 @@ def test_queue_custom_resource_parsing_and_errors():
                                   "namespaceSelector": {"matchLabels": {"team": "ml"}}}})
     assert q.quota == {"gpu_milli": 8000, "cpu_milli": 64000, "memory_mib": 262144, "gpu_memory_mib": 81920, "mig:1g.10gb": 7}
     assert q.borrowing_limit == {"gpu_milli": 500} and q.weight == 3 and q.parent == "org"
-    assert q.namespace_selector == {"team": "ml"}
-    bad = [({"metadata": {}}, "Queue: field metadata.name is required"),
+    assert q.namespace_selector == LabelSelector((("team", "ml"),))
+    q = Queue.from_json({"metadata": {"name": "ml"}, "spec": {"namespaceSelector": {
+        "matchExpressions": [{"key": "team", "operator": "In", "values": ["ml", "nlp"]}, {"key": "frozen", "operator": "DoesNotExist"}]}}})
+    m = NamespaceQueues([q], [{"metadata": {"name": n, "labels": lb}} for n, lb in
+                              (("a", {"team": "nlp"}), ("b", {"team": "nlp", "frozen": "1"}), ("c", {"team": "web"}))])
+    assert [m.queue_for_namespace(n) for n in "abc"] == ["ml", None, None]
+    bad = [({"metadata": {"name": "x"}, "spec": {"namespaceSelector": {"matchExpressions": [{"key": "t", "operator": "Gt",
+                                                                                               "values": ["1"]}]}}},
+            "Queue x: field spec.namespaceSelector.matchExpressions[0].operator: unknown operator 'Gt'"),
+           ({"metadata": {}}, "Queue: field metadata.name is required"),
            ({"metadata": {"name": "x"}, "spec": {"quota": {"bananas": 1}}}, "Queue x: field spec.quota.bananas: unknown resource"),
            ({"metadata": {"name": "x"}, "spec": {"quota": {"cpu": "lots"}}}, "Queue x: field spec.quota.cpu"),
            ({"metadata": {"name": "x"}, "spec": {"quota": {"nvidia.com/gpu": -1}}}, "spec.quota.nvidia.com/gpu: must be a non-negative"),
@@ -155,7 +166,7 @@ def test_queue_custom_resource_parsing_and_errors():
            ({"metadata": {"name": "x"}, "spec": {"quota": [1]}}, "field spec.quota: expected an object"),
            ({"metadata": {"name": "x"}, "spec": {"quotas": {}}}, "field spec.quotas: unknown field")]
     for obj, msg in bad:
-        with pytest.raises(ConfigError, match=msg.replace(".", r"\.").replace("(", r"\(")):
+        with pytest.raises(ConfigError, match=re.escape(msg)):
             Queue.from_json(obj)
     good, errors = load_queues([{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}, "spec": {"weight": -2}},
                                 {"metadata": {"name": "a"}}, "junk"])
@@ -164,7 +175,7 @@ def test_queue_custom_resource_parsing_and_errors():
 
 
 def test_namespace_to_queue_mapping():
-    qs = [Queue("vision", namespace_selector={"team": "vision"}), Queue("nlp", namespaces=("nlp-train",))]
+    qs = [Queue("vision", namespace_selector=LabelSelector((("team", "vision"),))), Queue("nlp", namespaces=("nlp-train",))]
     nss = [{"metadata": {"name": "v1", "labels": {"team": "vision"}}},
            {"metadata": {"name": "v2", "labels": {"team": "vision"}, "annotations": {"gpufleet.io/queue": "nlp"}}},
            {"metadata": {"name": "lab", "labels": {"gpufleet.io/queue": "vision"}}},

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from gpufleet.engine.disruption import PodDisruptionBudget
 from gpufleet.engine.errors import ConfigError
 from gpufleet.utilization.reclaim import (
     NamespacePolicy,
@@ -17,7 +18,6 @@ from gpufleet.utilization.reclaim import (
     idle_run,
     load_config,
     parse_duration,
-    pdb_from_json,
     pod_info_from_json,
 )
 from gpufleet.utilization.reclaim_controller import Reclaimer
@@ -105,7 +105,7 @@ def test_recorded_series_under_report_warn_evict_policies():
     assert acts["prod/idle-warned-10m"].action == "report" and "eviction in 50m" in acts["prod/idle-warned-10m"].reason
     assert acts["prod/idle-unwarned"].action == "warn" and "grace period" in acts["prod/idle-unwarned"].reason
     assert acts["prod/pdb-a"].action == "evict"  # the PDB allows one disruption ...
-    assert acts["prod/pdb-b"].action == "protect" and "PodDisruptionBudget serve" in acts["prod/pdb-b"].reason  # ... not two
+    assert acts["prod/pdb-b"].action == "protect" and "PodDisruptionBudget prod/serve allows 1" in acts["prod/pdb-b"].reason  # ... not two
     assert acts["prod/recovered"].action == "clear"
     assert acts["prod/bare"].action == "evict" and "bare pod" in acts["prod/bare"].reason  # unix-seconds warning accepted
     assert acts["prod/old-warning"].action == "warn"  # a warning from an earlier idle episode does not count
@@ -203,14 +203,16 @@ def test_config_errors_name_the_field():
 def test_json_adapters():
     assert pod_info_from_json({"metadata": {"name": "x", "creationTimestamp": "2025-01-01T00:00:00Z"},
                                "spec": {"containers": [{"name": "c"}]}}) is None
-    pdb = pdb_from_json({"metadata": {"namespace": "a", "name": "b"}, "spec": {}, "status": {"disruptionsAllowed": 0}})
-    assert pdb.match_labels is None and not pdb.selects(PodInfo("a", "p", 1, 0))
-    everything = pdb_from_json({"metadata": {"namespace": "a", "name": "b"}, "spec": {"selector": {}}, "status": {"disruptionsAllowed": 0}})
-    assert everything.selects(PodInfo("a", "p", 1, 0)) and not everything.selects(PodInfo("other", "p", 1, 0))
+    # reclaim reads budgets with the one PodDisruptionBudget type (tests/unit/test_disruption.py has the rest)
+    null = PodDisruptionBudget.from_json({"metadata": {"namespace": "a", "name": "b"}, "spec": {}, "status": {"disruptionsAllowed": 0}})
+    assert null.selector is None and not null.covers_pod(PodInfo("a", "p", 1, 0).facts())
+    everything = PodDisruptionBudget.from_json({"metadata": {"namespace": "a", "name": "b"}, "spec": {"selector": {}},
+                                                "status": {"disruptionsAllowed": 0}})
+    assert everything.covers_pod(PodInfo("a", "p", 1, 0).facts()) and not everything.covers_pod(PodInfo("other", "p", 1, 0).facts())
     from gpufleet.engine.errors import InvalidPodSpec
 
-    with pytest.raises(InvalidPodSpec, match="matchExpressions"):
-        pdb_from_json({"metadata": {"name": "b"}, "spec": {"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}})
+    with pytest.raises(ConfigError, match="matchExpressions"):
+        PodDisruptionBudget.from_json({"metadata": {"name": "b"}, "spec": {"selector": {"matchExpressions": [{"key": "a", "operator": "Near"}]}}})
     with pytest.raises(InvalidPodSpec, match="creationTimestamp"):
         pod_info_from_json({"metadata": {"name": "x", "creationTimestamp": "yesterday"},
                             "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})

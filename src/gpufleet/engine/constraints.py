@@ -18,41 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .model import Requirement, SelectorTerm
-
-
-@dataclass(frozen=True)
-class LabelSelector:
-    """``metav1.LabelSelector``: matchLabels AND matchExpressions; empty matches all."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    match_expressions: tuple[Requirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        for k, v in self.match_labels:
-            if labels.get(k) != v:
-                return False
-        for r in self.match_expressions:
-            v2 = labels.get(r.key)
-            op = r.operator
-            if op == "In":
-                if v2 is None or v2 not in r.values:
-                    return False
-            elif op == "NotIn":
-                if v2 is not None and v2 in r.values:
-                    return False
-            elif op == "Exists":
-                if v2 is None:
-                    return False
-            elif op == "DoesNotExist":
-                if v2 is not None:
-                    return False
-            else:  # Gt/Lt are not label-selector operators; the parser refuses them
-                return False
-        return True
-
-
-EVERYTHING = LabelSelector()
+from .model import SelectorTerm
+from .selector import EVERYTHING, LabelSelector
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,27 @@ class Requirement:
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
     values: tuple[str, ...] = ()
 
+    def matches(self, value: str | None) -> bool:
+        """Whether a label (or field) with this value, None when absent, meets the requirement.
+
+        The one place the operators are evaluated: label selectors (``selector``) and node
+        selectors (``plugins._common``) both call it.  Gt/Lt compare integers; a value that is
+        not one fails."""
+        op = self.operator
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        try:
+            iv, lim = int(value), int(self.values[0])  # type: ignore[arg-type]
+        except (TypeError, ValueError, IndexError):
+            return False
+        return iv > lim if op == "Gt" else iv < lim
+
 
 @dataclass(frozen=True)
 class SelectorTerm:

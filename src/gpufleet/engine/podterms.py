@@ -15,15 +15,13 @@ from typing import Any
 
 from .constraints import (
     HostPort,
-    LabelSelector,
     PodAffinityTerm,
     PodTerms,
     SpreadConstraint,
 )
 from .errors import InvalidPodSpec
-from .model import Requirement
+from .selector import LabelSelector, parse_label_selector, with_label_keys
 
-_LABEL_OPS = {"In", "NotIn", "Exists", "DoesNotExist"}
 # inline volume sources whose placement rules (zone labels, single-writer) the engine does not model
 UNSUPPORTED_VOLUME_SOURCES = ("gcePersistentDisk", "awsElasticBlockStore", "azureDisk", "cinder", "rbd", "iscsi",
                               "portworxVolume", "vsphereVolume", "photonPersistentDisk", "scaleIO", "storageos")
@@ -59,42 +57,8 @@ def _str_list(pod: str, path: str, v: Any) -> tuple[str, ...]:
 
 
 def parse_selector(pod: str, path: str, v: Any) -> LabelSelector | None:
-    """A ``metav1.LabelSelector``; None when absent (matches nothing)."""
-    if v is None:
-        return None
-    sel = _obj(pod, path, v)
-    ml = _obj(pod, f"{path}.matchLabels", sel.get("matchLabels"))
-    labels = []
-    for k, val in ml.items():
-        if not isinstance(val, str):
-            raise InvalidPodSpec(pod, f"{path}.matchLabels[{k}]", f"must be a string, got {val!r}")
-        labels.append((str(k), val))
-    exprs = []
-    for i, e in enumerate(_lst(pod, f"{path}.matchExpressions", sel.get("matchExpressions"))):
-        p = f"{path}.matchExpressions[{i}]"
-        e = _obj(pod, p, e)
-        op = e.get("operator")
-        if op not in _LABEL_OPS:
-            raise InvalidPodSpec(pod, f"{p}.operator", f"unknown operator {op!r}; known: {', '.join(sorted(_LABEL_OPS))}")
-        key = e.get("key")
-        if not isinstance(key, str) or not key:
-            raise InvalidPodSpec(pod, f"{p}.key", "must be a non-empty string")
-        values = tuple(str(x) for x in _lst(pod, f"{p}.values", e.get("values")))
-        if op in ("In", "NotIn") and not values:
-            raise InvalidPodSpec(pod, f"{p}.values", f"operator {op} needs at least one value")
-        if op in ("Exists", "DoesNotExist") and values:
-            raise InvalidPodSpec(pod, f"{p}.values", f"operator {op} takes no values")
-        exprs.append(Requirement(key, op, values))
-    return LabelSelector(tuple(sorted(labels)), tuple(exprs))
-
-
-def _with_label_keys(sel: LabelSelector | None, labels: Mapping[str, str], match: tuple[str, ...],
-                     mismatch: tuple[str, ...] = ()) -> LabelSelector | None:
-    if sel is None or not (match or mismatch):
-        return sel
-    extra = [Requirement(k, "In", (labels[k],)) for k in match if k in labels]
-    extra += [Requirement(k, "NotIn", (labels[k],)) for k in mismatch if k in labels]
-    return LabelSelector(sel.match_labels, sel.match_expressions + tuple(extra))
+    """A ``metav1.LabelSelector`` in a pod's spec; None when absent (matches nothing)."""
+    return parse_label_selector(v, path, lambda f, m: InvalidPodSpec(pod, f, m))
 
 
 def _affinity_term(pod: str, path: str, t: Any, ns: str, labels: Mapping[str, str], weight: int = 0) -> PodAffinityTerm:
@@ -108,7 +72,7 @@ def _affinity_term(pod: str, path: str, t: Any, ns: str, labels: Mapping[str, st
     both = set(match) & set(mismatch)
     if both:
         raise InvalidPodSpec(pod, f"{path}.mismatchLabelKeys", f"key(s) {sorted(both)} also in matchLabelKeys")
-    sel = _with_label_keys(sel, labels, match, mismatch)
+    sel = with_label_keys(sel, labels, match, mismatch)
     names = frozenset(_str_list(pod, f"{path}.namespaces", t.get("namespaces")))
     ns_sel = parse_selector(pod, f"{path}.namespaceSelector", t.get("namespaceSelector"))
     if not names and ns_sel is None:
@@ -156,7 +120,7 @@ def _spread(pod: str, path: str, c: Any, labels: Mapping[str, str]) -> SpreadCon
             raise InvalidPodSpec(pod, f"{path}.{f}", f"must be Honor or Ignore, got {v!r}")
         pol[f] = v
     sel = parse_selector(pod, f"{path}.labelSelector", c.get("labelSelector"))
-    sel = _with_label_keys(sel, labels, _str_list(pod, f"{path}.matchLabelKeys", c.get("matchLabelKeys")))
+    sel = with_label_keys(sel, labels, _str_list(pod, f"{path}.matchLabelKeys", c.get("matchLabelKeys")))
     return SpreadConstraint(skew, tk, wu, sel, md or 1, pol["nodeAffinityPolicy"], pol["nodeTaintsPolicy"])
 
 

@@ -24,49 +24,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .disruption import NO_BUDGETS, Budgets
 from .framework import Scheduler
 from .model import Assignment, PodRequest
 
 MAX_CHECKS_PER_NODE = 256  # fit checks spent looking for a smaller set than the greedy one
-
-
-@dataclass(frozen=True)
-class PodDisruptionBudget:
-    """A PodDisruptionBudget as data: which pods it covers and how many may go now."""
-
-    name: str
-    namespace: str
-    match_labels: tuple[tuple[str, str], ...]
-    disruptions_allowed: int
-
-    def covers(self, pod_key: str, labels: Mapping[str, str]) -> bool:
-        ns = pod_key.split("/", 1)[0]
-        return ns == self.namespace and all(labels.get(k) == v for k, v in self.match_labels)
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> "PodDisruptionBudget":
-        """A ``policy/v1`` PodDisruptionBudget with its status (``status.disruptionsAllowed``)."""
-        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-        name = meta.get("name") if isinstance(meta, Mapping) else None
-        if not name:
-            raise ConfigError("PodDisruptionBudget: field metadata.name is required")
-        ns = meta.get("namespace") or "default"  # type: ignore[union-attr]
-        where = f"PodDisruptionBudget {ns}/{name}"
-        sel = (obj.get("spec") or {}).get("selector") or {}
-        if sel.get("matchExpressions"):
-            raise ConfigError(f"{where}: field spec.selector.matchExpressions: not supported, use matchLabels")
-        ml = sel.get("matchLabels") or {}
-        if not isinstance(ml, Mapping):
-            raise ConfigError(f"{where}: field spec.selector.matchLabels: expected an object")
-        allowed = (obj.get("status") or {}).get("disruptionsAllowed", 0)
-        if not isinstance(allowed, int) or isinstance(allowed, bool) or allowed < 0:
-            raise ConfigError(f"{where}: field status.disruptionsAllowed: must be a non-negative integer, got {allowed!r}")
-        return cls(name, ns, tuple(sorted(ml.items())), allowed)
 
 
 @dataclass
@@ -74,19 +40,6 @@ class Plan:
     node: str
     victims: list[Assignment]
     explanation: list[str] = field(default_factory=list)
-
-
-def _budget_check(pdbs: Sequence[PodDisruptionBudget], labels_of: Mapping[str, Mapping[str, str]],
-                  victims: Iterable[Assignment]) -> str | None:
-    """The first PDB the victims would break, as a phrase, or None."""
-    if not pdbs:
-        return None
-    vs = list(victims)
-    for b in pdbs:
-        n = sum(1 for a in vs if b.covers(a.pod_key, labels_of.get(a.pod_key, {})))
-        if n > b.disruptions_allowed:
-            return f"PodDisruptionBudget {b.namespace}/{b.name} allows {b.disruptions_allowed} disruption(s)"
-    return None
 
 
 def _rank(victims: Sequence[Assignment]) -> tuple[int, int, int, int]:
@@ -114,14 +67,13 @@ def _could_fit(sched: Scheduler, r: PodRequest, node: int, freed: Sequence[Assig
 
 
 def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None,
-                 age_rank: Mapping[str, int] | None = None, pdbs: Sequence[PodDisruptionBudget] = (),
-                 pod_labels: Mapping[str, Mapping[str, str]] | None = None,
+                 age_rank: Mapping[str, int] | None = None, budgets: Budgets = NO_BUDGETS,
                  notes: list[str] | None = None, max_candidates: int | None = None, start: int = 0,
                  exclude: Collection[str] = ()) -> Plan | None:
     """The best node and the fewest lower-priority victims there; a dry run (changes nothing).
 
-    ``pdb_allows`` may veto single pods; ``pdbs`` (with ``pod_labels``: pod key -> labels)
-    are budgets the whole victim set must respect.  ``age_rank``: pod key -> order of
+    ``pdb_allows`` may veto single pods; ``budgets`` are the PodDisruptionBudgets (with the
+    facts about the pods) the whole victim set must keep (``Budgets.check``).  ``age_rank``: pod key -> order of
     creation (larger = younger); default: the order the pods were placed.  ``notes``
     collects why other nodes were not chosen.  ``max_candidates``: stop once this
     many nodes have a workable plan and take the best of those, looking at nodes
@@ -131,7 +83,6 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
     never victims again, and neither is a pod group with one of them.
     """
     st = sched.state
-    labels = pod_labels or {}
     allows = pdb_allows or (lambda a: True)
     order = age_rank if age_rank is not None else {k: i for i, k in enumerate(st.assignments)}
     by_group: dict[str, list[Assignment]] = {}
@@ -140,7 +91,7 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
             by_group.setdefault(f"{a.pod_key.split('/', 1)[0]}/{a.pod_group}", []).append(a)
     best: Plan | None = None
     no_lower = too_small = 0
-    protected: dict[str, int] = {}
+    protected: dict[str, int] = {}  # why a lower-priority pod is not a victim
     leaving: set[str] = set()
     n_nodes = len(st.nodes)
     candidates = 0
@@ -162,9 +113,12 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
             if exclude and any(b.pod_key in exclude for b in unit):
                 leaving.update(b.pod_key for b in unit if b.pod_key in exclude)
                 continue  # already going: evicting it again would change nothing
-            why = next((b.pod_key for b in unit if not allows(b)), None)
-            if why is None and pdbs:
-                why = _budget_check(pdbs, labels, unit) and unit[0].pod_key
+            vetoed = next((b.pod_key for b in unit if not allows(b)), None)
+            why = f"{vetoed} is protected, not a victim" if vetoed else None
+            if why is None and budgets:
+                broken = budgets.check(b.pod_key for b in unit)
+                if broken:
+                    why = f"{unit[0].pod_key} is protected ({broken}), not a victim"
             if why:
                 protected[why] = protected.get(why, 0) + 1
                 continue
@@ -177,7 +131,7 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
         if not _could_fit(sched, r, i, allv):
             too_small += 1
             continue
-        plan = _plan_node(sched, r, i, units, pdbs, labels)
+        plan = _plan_node(sched, r, i, units, budgets)
         if plan is None:
             too_small += 1
             continue
@@ -192,8 +146,7 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
         if leaving:
             notes.append(f"{len(leaving)} lower-priority pod(s) already on their way out, not victims again: "
                          + ", ".join(sorted(leaving)[:5]) + (" ..." if len(leaving) > 5 else ""))
-        for k, _n in sorted(protected.items()):
-            notes.append(f"{k} is protected (PodDisruptionBudget or gang with higher priority), not a victim")
+        notes.extend(sorted(protected))
     if best is not None:
         best.explanation.insert(0, f"{r.key} (priority {r.priority}) fits on {best.node} after evicting "
                                    f"{len(best.victims)} lower-priority pod(s)")
@@ -201,7 +154,7 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
 
 
 def _plan_node(sched: Scheduler, r: PodRequest, i: int, units: list[list[Assignment]],
-               pdbs: Sequence[PodDisruptionBudget], labels: Mapping[str, Mapping[str, str]]) -> Plan | None:
+               budgets: Budgets) -> Plan | None:
     st = sched.state
     node = st.nodes[i].name
     checks = 0
@@ -209,7 +162,7 @@ def _plan_node(sched: Scheduler, r: PodRequest, i: int, units: list[list[Assignm
     def fits_without(chosen: Sequence[list[Assignment]]) -> bool:
         nonlocal checks
         victims = [a for u in chosen for a in u]
-        if _budget_check(pdbs, labels, victims) or not _could_fit(sched, r, i, victims):
+        if budgets.check(a.pod_key for a in victims) or not _could_fit(sched, r, i, victims):
             return False
         checks += 1
         with st.transaction() as tx:
@@ -220,7 +173,7 @@ def _plan_node(sched: Scheduler, r: PodRequest, i: int, units: list[list[Assignm
     # greedy: lowest priority, youngest first, until it fits (within the PDB budgets)
     greedy: list[list[Assignment]] = []
     for u in units:
-        if _budget_check(pdbs, labels, [a for g in greedy + [u] for a in g]):
+        if budgets.check(a.pod_key for g in greedy + [u] for a in g):
             continue
         greedy.append(u)
         if fits_without(greedy):
@@ -253,7 +206,7 @@ def _plan_node(sched: Scheduler, r: PodRequest, i: int, units: list[list[Assignm
 
 
 def find_gang_victims(sched: Scheduler, group: str, members: Sequence[PodRequest], need: int,
-                      pdbs: Sequence[PodDisruptionBudget] = (), **kw: Any) -> Plan | None:
+                      budgets: Budgets = NO_BUDGETS, **kw: Any) -> Plan | None:
     """Victims that make room for ``need`` members of a gang at once; a dry run (changes nothing).
 
     Members (largest first) are placed one by one on the state as the plan
@@ -263,7 +216,6 @@ def find_gang_victims(sched: Scheduler, group: str, members: Sequence[PodRequest
     None when some member cannot be made to fit.
     """
     st = sched.state
-    labels = kw.get("pod_labels") or {}
     victims: list[Assignment] = []
     with st.transaction() as tx:  # never committed: rolls back on the way out
         placed = 0
@@ -272,8 +224,8 @@ def find_gang_victims(sched: Scheduler, group: str, members: Sequence[PodRequest
                 break
             dec = sched.decide(sched.new_cycle(r, take_held=True))
             if not dec.ok:
-                plan = find_victims(sched, r, pdbs=pdbs, **kw)
-                if plan is None or _budget_check(pdbs, labels, victims + plan.victims):
+                plan = find_victims(sched, r, budgets=budgets, **kw)
+                if plan is None or budgets.check(a.pod_key for a in victims + plan.victims):
                     return None
                 for a in plan.victims:
                     tx.evict(a.pod_key)
@@ -310,4 +262,4 @@ def preempt(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], 
     return plan
 
 
-__all__ = ["Plan", "PodDisruptionBudget", "explain_preemption", "find_gang_victims", "find_victims", "preempt"]
+__all__ = ["Plan", "explain_preemption", "find_gang_victims", "find_victims", "preempt"]

@@ -121,15 +121,24 @@ def plan_room(sched: Scheduler, tree: QueueTree | None, req: PodRequest,
               exclude: AbstractSet[str] = frozenset()) -> RoomPlan | None:
     """Reclaim lent quota first, else preempt lower-priority pods; a dry run (changes nothing).
 
-    ``preemption_args`` gives ``find_victims``'s keyword arguments (``pdbs``, ``pod_labels``,
-    ``age_rank``, candidate bounds); it is called only when preemption is considered.
+    ``preemption_args`` gives ``find_victims``'s keyword arguments (``budgets``, ``age_rank``,
+    candidate bounds); reclaim reads its ``budgets`` and ``age_rank`` too, so both choose victims
+    by the same age and keep the same PodDisruptionBudgets.  It is called at most once, and only
+    when reclaim or preemption gets as far as choosing victims.
     ``exclude``: pods that are never victims (already on their way out, held by a gang).
 
     Held room goes before running pods: a pod that could reclaim or preempt but also fits in room a
     plugin holds for pods not yet here (the default's CPU reserve) gets a ``held`` plan, and nobody is
     evicted.  The dry runs let it take held room as well (``take_held``), and so must the caller when
     it places the pod after its victims are gone."""
-    reclaim = tree.plan_reclaim(sched, req, exclude=exclude) if tree is not None else None
+    memo: list[Mapping[str, Any]] = []
+
+    def args() -> Mapping[str, Any]:  # computed once, only when reclaim or preemption gets that far
+        if not memo:
+            memo.append(preemption_args() if preemption_args else {})
+        return memo[0]
+
+    reclaim = tree.plan_reclaim(sched, req, exclude=exclude, victim_args=args) if tree is not None else None
     may_preempt = not req.preempt_never and any(a.priority < req.priority for a in sched.state.assignments.values())
     node = held_room_node(sched, req) if reclaim is not None or may_preempt else None
     if node is not None:
@@ -140,7 +149,7 @@ def plan_room(sched: Scheduler, tree: QueueTree | None, req: PodRequest,
         return RoomPlan("reclaimed", reclaim.victims, reclaim.explanation,
                         f"reclaimed: queue {req.queue} needs its quota back for {req.key}")
     if may_preempt:
-        plan = find_victims(sched, req, exclude=exclude, **(preemption_args() if preemption_args else {}))
+        plan = find_victims(sched, req, exclude=exclude, **args())
         if plan is not None:
             return RoomPlan("preempted", plan.victims, plan.explanation,
                             f"preempted by {req.key} (priority {req.priority}) on {plan.node}", plan.node)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from ..engine import annotations as ann
+from ..engine.disruption import NO_BUDGETS, Budgets, PodFacts
 from ..engine.errors import ConfigError, GpufleetError
 from ..engine.framework import Scheduler
 from ..engine.framework import Profile
@@ -46,7 +47,7 @@ from .api import (
     SchedulerApi,
 )
 from .convert import bound_assignment, held_amounts, is_terminal, node_from_json, node_ready
-from .loop_support import NOT_READY_TAINT, Stats, _rv, slim_pod
+from .loop_support import NOT_READY_TAINT, Stats, _rv, pod_age_key, slim_pod
 from .policy_objects import PolicyObjects
 from .scheduling_queue import SchedulingQueue
 
@@ -110,6 +111,7 @@ class SchedulerCache:
         self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
         self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
         self._pod_rv: dict[str, int] = {}
+        self._first_rv: dict[str, int] = {}  # pod -> its resourceVersion when first seen (ages within one second)
         self._node_rv: dict[str, int] = {}
         self._req_cache: dict[str, tuple[int | None, PodRequest]] = {}
 
@@ -157,6 +159,7 @@ class SchedulerCache:
         self._pod_rv.clear()
         for p in pods:
             self._classify(p)
+        self._first_rv = {k: v for k, v in self._first_rv.items() if k in self._pod_rv}
         for k in old_pending - set(self.queue.pending):
             self.queue.forget(k)
         self.hooks.rebuild()
@@ -231,12 +234,20 @@ class SchedulerCache:
         g = self.objects.groups.get(f"{m.get('namespace') or 'default'}/{name}") if isinstance(name, str) else None
         return name if g is not None and g.api == SCHEDULING_API and g.gang and g.unsupported is None else None
 
-    def pod_labels(self) -> dict[str, dict[str, str]]:
-        return {k: dict(((p.get("metadata") or {}).get("labels") or {})) for k, p in self.bound_pods.items()}
+    def budgets(self) -> Budgets:
+        """The PodDisruptionBudgets with the facts (labels, phase, Ready) about the bound pods they may cover."""
+        pdbs = self.objects.pdbs
+        if not pdbs:
+            return NO_BUDGETS
+        return Budgets(tuple(pdbs), {k: PodFacts.from_pod(p) for k, p in self.bound_pods.items()})
 
     def age_rank(self) -> dict[str, int]:
-        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
-        return {k: self._pod_rv.get(k, 0) for k in self.state.assignments}
+        """Larger = younger (``pod_age_key``: started later), so the youngest go first."""
+        out = {}
+        for k in self.state.assignments:
+            p = self.bound_pods.get(k)
+            out[k] = pod_age_key(p, self._first_rv.get(k, 0)) if p is not None else 1 << 126  # in flight: youngest
+        return out
 
     def _queue_of_bound(self, pod: dict) -> str | None:
         m = pod.get("metadata") or {}
@@ -308,6 +319,7 @@ class SchedulerCache:
         rv = _rv(pod)
         if rv is not None:
             self._pod_rv[key] = rv
+            self._first_rv.setdefault(key, rv)
         if is_terminal(pod):
             return
         spec = pod.get("spec") or {}
@@ -344,10 +356,12 @@ class SchedulerCache:
             return  # older than what we hold (a relist already had it)
         if type_ == "DELETED":
             self._pod_rv.pop(key, None)
+            self._first_rv.pop(key, None)
             self.hooks.drop_pod(key)
             return
         if rv is not None:
             self._pod_rv[key] = rv
+            self._first_rv.setdefault(key, rv)
         if is_terminal(pod):
             self.hooks.drop_pod(key)
             return
@@ -486,6 +500,7 @@ class SchedulerCache:
             for k in set(self.queue.pending) | set(self.bound_pods) | set(self.hooks.in_flight()):
                 if k not in keys:
                     self._pod_rv.pop(k, None)
+                    self._first_rv.pop(k, None)
                     self.hooks.drop_pod(k)
             for p in items:
                 self._pod_event("MODIFIED", p)

@@ -546,7 +546,8 @@ class SchedulerLoop:
         msg = reason_text(dec.status) + (f"\n  {gang}" if gang else "")
         rp = None
         if self.cache.tree is not None:
-            rp = self.cache.tree.plan_reclaim(self.cache.sched, req, exclude=self.preemptor.leaving())
+            rp = self.cache.tree.plan_reclaim(self.cache.sched, req, exclude=self.preemptor.leaving(), victim_args=lambda: dict(
+                budgets=self.cache.budgets(), age_rank=self.cache.age_rank()))
         may_preempt = not req.preempt_never and any(a.priority < req.priority for a in self.cache.state.assignments.values())
         if (rp is not None or may_preempt) and (node := held_room_node(self.cache.sched, req)) is not None:
             return msg + (f"\n  held room (dry run): fits on {node} in room held for pods not yet here, and takes it "
@@ -556,7 +557,7 @@ class SchedulerLoop:
         if req.preempt_never:
             msg += "\n  preemption: none (spec.preemptionPolicy: Never)"
         elif may_preempt:
-            lines = explain_preemption(self.cache.sched, req, pdbs=self.cache.objects.budgets, pod_labels=self.cache.pod_labels(),
+            lines = explain_preemption(self.cache.sched, req, budgets=self.cache.budgets(),
                                        age_rank=self.cache.age_rank(), exclude=self.preemptor.leaving())
             msg += "\n  " + "\n  ".join(lines)
         return msg, by_node

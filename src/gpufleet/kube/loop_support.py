@@ -25,6 +25,7 @@ from .api import (
 )
 
 if TYPE_CHECKING:
+    from ..engine.disruption import Budgets
     from ..engine.framework import Scheduler
     from ..engine.queues import QueueTree
     from ..engine.state import ClusterState
@@ -72,12 +73,12 @@ class ClusterView(Protocol):
         """Hold a bound pod's resources in the snapshot (unless they clash with what it holds)."""
         ...
 
-    def pod_labels(self) -> dict[str, dict[str, str]]:
-        """Bound pods' labels (PodDisruptionBudget selectors)."""
+    def budgets(self) -> Budgets:
+        """The PodDisruptionBudgets with the facts about the bound pods they may cover."""
         ...
 
     def age_rank(self) -> dict[str, int]:
-        """Older pods (smaller resourceVersion when first seen bound) rank lower, so the youngest go first."""
+        """Larger = younger (started later, see ``pod_age_key``), so the youngest go first."""
         ...
 
 
@@ -108,17 +109,22 @@ def slim_pod(pod: dict) -> dict:
     s["containers"] = [ctr(c) for c in spec.get("containers") or [] if isinstance(c, dict)]
     if spec.get("initContainers"):
         s["initContainers"] = [ctr(c) for c in spec["initContainers"] if isinstance(c, dict)]
-    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "deletionTimestamp")
-            if k in m}
+    meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "deletionTimestamp",
+                              "creationTimestamp") if k in m}
     meta["annotations"] = ann_
     return {"metadata": meta, "spec": s, "status": _resize_status(pod.get("status") or {})}
 
 
 def _resize_status(st: dict) -> dict:
     """The status a running pod's held resources are counted from (in-place resize): phase, the resize
-    conditions, what kubelet allocated and actuated per container and for the pod."""
+    conditions, what kubelet allocated and actuated per container and for the pod; and what a
+    PodDisruptionBudget and the victim order ask of it (Ready, startTime)."""
     out: dict = {"phase": st.get("phase")}
-    conds = [c for c in st.get("conditions") or [] if isinstance(c, dict) and c.get("type") in ("PodResizePending", "PodResizeInProgress")]
+    if st.get("startTime"):
+        out["startTime"] = st["startTime"]  # a victim's age (youngest first)
+    # Ready: what a PodDisruptionBudget asks of a victim; the resize conditions: what it holds
+    conds = [c for c in st.get("conditions") or [] if isinstance(c, dict)
+             and c.get("type") in ("Ready", "PodResizePending", "PodResizeInProgress")]
     if conds:
         out["conditions"] = conds
     for kind in ("containerStatuses", "initContainerStatuses"):
@@ -162,6 +168,25 @@ def _created_s(obj: dict) -> float | None:
         return datetime.datetime.fromisoformat(ts).timestamp()  # "...Z": Python 3.11 reads it
     except ValueError:
         return None
+
+
+def _time_s(ts: object) -> float | None:
+    import datetime
+
+    if not isinstance(ts, str):
+        return None
+    try:
+        return datetime.datetime.fromisoformat(ts).timestamp()
+    except ValueError:
+        return None
+
+
+def pod_age_key(pod: dict, first_seen_rv: int) -> int:
+    """Larger = younger.  A pod's age is when it started (``status.startTime``, else its
+    ``creationTimestamp``), the time kube-scheduler orders victims by; within one second (the
+    timestamps' resolution), the pod the scheduler saw first (its resourceVersion then) is older."""
+    t = _time_s((pod.get("status") or {}).get("startTime")) or _created_s(pod) or 0.0
+    return (int(t) << 64) + max(0, first_seen_rv)
 
 
 def _rv(obj: dict) -> int | None:

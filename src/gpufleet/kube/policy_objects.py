@@ -4,8 +4,11 @@ Queues, PodGroups (gpufleet.io's and scheduling.k8s.io's) and PodDisruptionBudge
 They only become engine inputs here (``Queue``, ``NamespaceQueues``,
 ``PodGroup``, ``PodDisruptionBudget``), so the loop stays a thin adapter.  A
 malformed object is reported once, by name and field, and left out; it never
-stops the others.  A kind the API does not serve (the CRDs not installed) is
-simply empty: the scheduler then behaves as if there were no queues or groups.
+stops the others.  A PodDisruptionBudget that cannot be read is not left out:
+it protects every pod of its namespace until it is fixed (leaving it out would
+leave its pods unprotected).  A kind the API does not serve (the CRDs not
+installed) is simply empty: the scheduler then behaves as if there were no
+queues or groups.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Iterable
 
 from ..engine.errors import ConfigError
 from ..engine.gang import PodGroup
-from ..engine.preemption import PodDisruptionBudget
+from ..engine.disruption import PodDisruptionBudget
 from ..engine.queues import NamespaceQueues, Queue, load_queues
 from .api import POLICY_KINDS, object_key
 
@@ -99,14 +102,16 @@ class PolicyObjects:
         return self._groups
 
     @property
-    def budgets(self) -> list[PodDisruptionBudget]:
+    def pdbs(self) -> list[PodDisruptionBudget]:
+        """Every PodDisruptionBudget; one that cannot be read protects its whole namespace (fail closed)."""
         if self._pdbs is None:
             out = []
             for k, o in self.raw["pdb"].items():
                 try:
                     out.append(PodDisruptionBudget.from_json(o))
                 except ConfigError as exc:
-                    self.report(f"PodDisruptionBudget {k}", str(exc))
+                    self.report(f"PodDisruptionBudget {k}", f"{exc}; until it is fixed it protects every pod of its namespace")
+                    out.append(PodDisruptionBudget.fail_closed(o, str(exc)))
             self._pdbs = out
         return self._pdbs
 

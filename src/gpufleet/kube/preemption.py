@@ -75,7 +75,7 @@ class Preemptor:
             leaving = self.leaving() | set(gangs.held)  # held pods are not running: nothing to evict
             cache = self.cache
             return plan_room(cache.sched, cache.tree, req, lambda: dict(
-                pdbs=cache.objects.budgets, pod_labels=cache.pod_labels(), age_rank=cache.age_rank(),
+                budgets=cache.budgets(), age_rank=cache.age_rank(),
                 **self._candidate_bound()), exclude=leaving)
         finally:
             self._planned(t0)
@@ -151,8 +151,8 @@ class Preemptor:
         members, need, prio, now = want
         t0 = time.monotonic()
         try:
-            plan = find_gang_victims(self.cache.sched, group, members, need, pdbs=self.cache.objects.budgets,
-                                     pod_labels=self.cache.pod_labels(), age_rank=self.cache.age_rank(),
+            plan = find_gang_victims(self.cache.sched, group, members, need, budgets=self.cache.budgets(),
+                                     age_rank=self.cache.age_rank(),
                                      exclude=self.leaving() | set(gangs.held), **self._candidate_bound())
         finally:
             self._planned(t0)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..engine import annotations as ann
+from ..engine.disruption import Budgets, PodDisruptionBudget, PodFacts
 from ..engine.errors import ConfigError, InvalidPodSpec
 from ..engine.podspec import pod_key
 from .podjson import controller_of, created_s, gpus_held, parse_time
@@ -170,10 +171,14 @@ class PodInfo:
     owner_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    ready: bool = True  # the Ready condition: a pod that is not may be evicted without spending a disruption
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def facts(self) -> PodFacts:
+        return PodFacts(self.namespace, self.name, self.labels, "Running", self.ready)
 
 
 def pod_info_from_json(pod: Mapping[str, Any]) -> PodInfo | None:
@@ -190,63 +195,7 @@ def pod_info_from_json(pod: Mapping[str, Any]) -> PodInfo | None:
     owner = controller_of(pod) or ("", "")
     return PodInfo(meta.get("namespace") or "default", meta.get("name") or "<unnamed>", gpus, created_s(pod), prio,
                    spec.get("priorityClassName") or "", owner[0], owner[1], dict(meta.get("labels") or {}),
-                   dict(meta.get("annotations") or {}))
-
-
-@dataclass(frozen=True)
-class LabelRequirement:
-    key: str
-    operator: str  # In | NotIn | Exists | DoesNotExist
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        has = self.key in labels
-        if self.operator == "In":
-            return has and labels[self.key] in self.values
-        if self.operator == "NotIn":
-            return not has or labels[self.key] not in self.values
-        if self.operator == "Exists":
-            return has
-        return not has  # DoesNotExist
-
-
-@dataclass(frozen=True)
-class Pdb:
-    namespace: str
-    name: str
-    disruptions_allowed: int
-    match_labels: Mapping[str, str] | None = field(default_factory=dict)  # None: a null selector, selects nothing
-    match_expressions: tuple[LabelRequirement, ...] = ()
-
-    def selects(self, pod: PodInfo) -> bool:
-        if pod.namespace != self.namespace or self.match_labels is None:
-            return False
-        return all(pod.labels.get(k) == v for k, v in self.match_labels.items()) and all(
-            r.matches(pod.labels) for r in self.match_expressions)
-
-
-def pdb_from_json(obj: Mapping[str, Any]) -> Pdb:
-    """policy/v1 PodDisruptionBudget JSON -> Pdb.  Raises InvalidPodSpec naming the PDB and field."""
-    meta = obj.get("metadata") or {}
-    key = f"PodDisruptionBudget {meta.get('namespace') or 'default'}/{meta.get('name') or '<unnamed>'}"
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    allowed = status.get("disruptionsAllowed", 0)
-    if isinstance(allowed, bool) or not isinstance(allowed, int):
-        raise InvalidPodSpec(key, "status.disruptionsAllowed", f"must be an integer, got {allowed!r}")
-    sel = spec.get("selector")
-    if sel is None:
-        return Pdb(meta.get("namespace") or "default", meta.get("name") or "", allowed, None)
-    if not isinstance(sel, Mapping):
-        raise InvalidPodSpec(key, "spec.selector", "must be an object")
-    exprs = []
-    for i, e in enumerate(sel.get("matchExpressions") or []):
-        op = e.get("operator") if isinstance(e, Mapping) else None
-        if op not in ("In", "NotIn", "Exists", "DoesNotExist") or not e.get("key"):
-            raise InvalidPodSpec(key, f"spec.selector.matchExpressions[{i}]", f"needs a key and a known operator, got {e!r}")
-        exprs.append(LabelRequirement(e["key"], op, tuple(str(v) for v in e.get("values") or ())))
-    return Pdb(meta.get("namespace") or "default", meta.get("name") or "", allowed,
-               {str(k): str(v) for k, v in (sel.get("matchLabels") or {}).items()}, tuple(exprs))
+                   dict(meta.get("annotations") or {}), PodFacts.from_pod(pod).ready)
 
 
 # --- decision ---------------------------------------------------------------------------
@@ -312,7 +261,8 @@ def _truthy(v: Any) -> bool:
 
 
 def decide(now_s: float, pods: Iterable[PodInfo], util: Mapping[str, Sequence[tuple[float, float]]],
-           config: ReclaimConfig | Mapping[str, NamespacePolicy], pdbs: Iterable[Pdb] = ()) -> list[Action]:
+           config: ReclaimConfig | Mapping[str, NamespacePolicy],
+           pdbs: Iterable[PodDisruptionBudget] = ()) -> list[Action]:
     """One action per pod that needs one (busy pods with nothing to clear need none), in pod-key order.
 
     ``util`` maps ``namespace/pod`` to ``[(timestamp_s, gpu_util_pct)]``; for a
@@ -320,10 +270,11 @@ def decide(now_s: float, pods: Iterable[PodInfo], util: Mapping[str, Sequence[tu
     """
     if not isinstance(config, ReclaimConfig):
         config = ReclaimConfig(dict(config))
-    budgets = {(p.namespace, p.name): p.disruptions_allowed for p in pdbs}
-    pdb_list = list(pdbs)
+    pods = sorted(pods, key=lambda p: p.key)
+    budgets = Budgets(tuple(pdbs), {p.key: p.facts() for p in pods})
+    planned: list[str] = []  # evictions this round already plans: they spend the same budgets
     out: list[Action] = []
-    for p in sorted(pods, key=lambda p: p.key):
+    for p in pods:
         key = p.key
         pol = config.for_namespace(p.namespace)
         warned_raw = p.annotations.get(ann.IDLE_WARNING)
@@ -387,14 +338,12 @@ def decide(now_s: float, pods: Iterable[PodInfo], util: Mapping[str, Sequence[tu
         if since < pol.grace_s:
             act("report", what + f"; warned {_fmt(since)} ago, eviction in {_fmt(pol.grace_s - since)}", idle_s)
             continue
-        blocking = [b for b in pdb_list if b.selects(p) and budgets[(b.namespace, b.name)] <= 0]
-        if blocking:
-            act("protect", f"idle, but PodDisruptionBudget {blocking[0].name} allows no disruption now "
-                f"(idle {_fmt(idle_s)}, holding {p.gpus:g} GPU)", idle_s)
+        broken = budgets.check([*planned, key])
+        if broken:
+            act("protect", f"idle, but {broken} with this round's evictions (idle {_fmt(idle_s)}, "
+                f"holding {p.gpus:g} GPU)", idle_s)
             continue
-        for b in pdb_list:
-            if b.selects(p):
-                budgets[(b.namespace, b.name)] -= 1
+        planned.append(key)
         tail = f"; warned {_fmt(since)} ago"
         if not p.owner_kind:
             tail += "; bare pod: nothing will recreate it"

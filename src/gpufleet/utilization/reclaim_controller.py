@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ..engine.errors import GpufleetError
 from .kube_actions import ReclaimKube, rfc3339
-from .reclaim import Action, ReclaimConfig, decide, pdb_from_json, pod_info_from_json, summarize
+from ..engine.disruption import PodDisruptionBudget
+from .reclaim import Action, ReclaimConfig, decide, pod_info_from_json, summarize
 from .sources import Series, SourceError
 
 log = logging.getLogger("gpufleet.reclaim")
@@ -95,11 +96,12 @@ class Reclaimer:
         pdbs = []
         for raw in self.kube.list_pdbs():
             try:
-                pdbs.append(pdb_from_json(raw))
-            except GpufleetError as exc:
+                pdbs.append(PodDisruptionBudget.from_json(raw))
+            except GpufleetError as exc:  # fail closed: it protects every pod of its namespace
                 skipped.append(str(exc))
                 m.errors.labels("bad-pdb").inc()
-                log.warning("skipping PodDisruptionBudget: %s", exc)
+                log.warning("unreadable PodDisruptionBudget protects its whole namespace: %s", exc)
+                pdbs.append(PodDisruptionBudget.fail_closed(raw, str(exc)))
         actions = decide(now, pods, util, self.config, pdbs)
         res = RoundResult(actions, skipped=skipped)
         mode = "applied" if self.apply else "dry-run"

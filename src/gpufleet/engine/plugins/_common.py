@@ -13,24 +13,7 @@ from ..state import ClusterState
 
 
 def _req_matches(req: Requirement, labels: dict[str, str], node_name: str) -> bool:
-    if req.key == "metadata.name":
-        v: str | None = node_name
-    else:
-        v = labels.get(req.key)
-    op = req.operator
-    if op == "In":
-        return v is not None and v in req.values
-    if op == "NotIn":
-        return v is None or v not in req.values
-    if op == "Exists":
-        return v is not None
-    if op == "DoesNotExist":
-        return v is None
-    try:
-        iv, lim = int(v), int(req.values[0])  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return iv > lim if op == "Gt" else iv < lim
+    return req.matches(node_name if req.key == "metadata.name" else labels.get(req.key))
 
 
 def term_matches(term: SelectorTerm, labels: dict[str, str], node_name: str) -> bool:

@@ -11,6 +11,7 @@ from .. import annotations as ann
 from ..errors import ConfigError, GpufleetError
 from ..model import GPU_MILLI, Assignment, PodRequest
 from ..quantity import to_int, to_mib, to_milli
+from ..selector import LabelSelector, parse_label_selector, selects
 
 RESOURCES = ("gpu_milli", "gpu_memory_mib", "cpu_milli", "memory_mib")
 PLUGIN = "QueueQuota"  # the plugin the tree's statuses name
@@ -75,7 +76,7 @@ class Queue:
     weight: int = 1
     parent: str | None = None
     namespaces: tuple[str, ...] = ()  # namespaces whose pods go here
-    namespace_selector: dict[str, str] = field(default_factory=dict)  # matchLabels on the namespace
+    namespace_selector: LabelSelector | None = None  # on the namespace's labels; None: no namespace by label
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "Queue":
@@ -108,13 +109,9 @@ class Queue:
         nss = spec.get("namespaces") or []
         if not isinstance(nss, list) or not all(isinstance(x, str) for x in nss):
             raise ConfigError(f"{where}: field spec.namespaces: must be a list of namespace names")
-        sel = spec.get("namespaceSelector") or {}
-        if not isinstance(sel, Mapping):
-            raise ConfigError(f"{where}: field spec.namespaceSelector: expected an object")
-        ml = sel.get("matchLabels", {}) or {}
-        if set(sel) - {"matchLabels"} or not isinstance(ml, Mapping) or not all(isinstance(v, str) for v in ml.values()):
-            raise ConfigError(f"{where}: field spec.namespaceSelector: only matchLabels (string values) is supported")
-        return cls(name, quota, borrow, w, parent, tuple(nss), dict(ml))
+        sel = parse_label_selector(spec.get("namespaceSelector"), "spec.namespaceSelector",
+                                   lambda f, m: ConfigError(f"{where}: field {f}: {m}"))
+        return cls(name, quota, borrow, w, parent, tuple(nss), sel)
 
 
 def parse_resources(raw: Any, where: str) -> Vector:
@@ -211,7 +208,7 @@ class NamespaceQueues:
             if namespace in q.namespaces:
                 return q.name
         for q in sorted(self.queues, key=lambda q: q.name):
-            if q.namespace_selector and all(labels.get(k) == v for k, v in q.namespace_selector.items()):
+            if selects(q.namespace_selector, labels):
                 return q.name
         return None
 

@@ -4,10 +4,11 @@ dominant-resource fair order, and reclaim plans.  Pure: it decides from the stat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..disruption import NO_BUDGETS, Budgets
 from ..errors import ConfigError
 from ..model import Assignment, PodRequest
 from ..state import ClusterState
@@ -328,13 +329,17 @@ class QueueTree:
         return out
 
     # --- reclaim ------------------------------------------------------------------------
-    def borrowed(self, exclude: Collection[str] = ()) -> list[Assignment]:
+    def borrowed(self, exclude: Collection[str] = (), age_rank: Mapping[str, int] | None = None,
+                 budgets: Budgets = NO_BUDGETS) -> list[Assignment]:
         """Running pods beyond their queue's nominal quota (reclaim candidates), lowest priority
         then youngest first; per queue only as many as it is over its quota.
 
         ``exclude``: pods already on their way out (an eviction in flight): never candidates,
-        and what they hold no longer counts as borrowed."""
+        and what they hold no longer counts as borrowed.  ``age_rank``: pod key -> age (larger =
+        younger), the same the preemption planner takes; default: the order pods were placed in.
+        ``budgets``: a pod no PodDisruptionBudget lets go now is passed over for the next youngest."""
         self._sync()
+        victim_key = self._victim_key(age_rank)
         overs: dict[str, Vector] = {}
         for name, u in self._use.items():
             over = {k: x - nom for k, x in u.items() if (nom := self.nominal(name, k)) is not None and x > nom}
@@ -358,19 +363,29 @@ class QueueTree:
         out: dict[str, Assignment] = {}
         for name, pods in by_queue.items():
             over = overs[name]
-            for a in sorted(pods, key=self._victim_key):
+            for a in sorted(pods, key=victim_key):
+                if budgets and budgets.check((a.pod_key,)):
+                    continue
                 v = request_vector(a)
                 if any(x > 0 and v.get(k, 0) > 0 for k, x in over.items()):
                     out[a.pod_key] = a
                     add_vector(over, v, -1)
                     if all(x <= 0 for x in over.values()):
                         break
-        return sorted(out.values(), key=self._victim_key)
+        return sorted(out.values(), key=victim_key)
 
-    def _victim_key(self, a: Assignment) -> tuple[int, int]:
-        return (a.priority, -self.order_seq.get(a.pod_key, 1 << 62))
+    def _age_of(self, age_rank: Mapping[str, int] | None) -> Callable[[str], int]:
+        if age_rank is not None:
+            return lambda k: age_rank.get(k, 1 << 126)
+        return lambda k: self.order_seq.get(k, 1 << 62)
 
-    def plan_reclaim(self, sched: "Scheduler", r: PodRequest, exclude: Collection[str] = ()) -> ReclaimPlan | None:
+    def _victim_key(self, age_rank: Mapping[str, int] | None) -> Callable[[Assignment], tuple[int, int]]:
+        """Lowest priority first, then youngest first."""
+        age = self._age_of(age_rank)
+        return lambda a: (a.priority, -age(a.pod_key))
+
+    def plan_reclaim(self, sched: "Scheduler", r: PodRequest, exclude: Collection[str] = (),
+                     victim_args: Callable[[], Mapping[str, Any]] | None = None) -> ReclaimPlan | None:
         """Borrowed pods of *other* queues to preempt so that ``r`` fits, when ``r`` is within its
         own queue's nominal quota; None when reclaim does not apply or would not help.
 
@@ -378,10 +393,19 @@ class QueueTree:
         together) until the pod fits, victims that turn out not to be needed are put back,
         and everything is rolled back.  ``apply_reclaim`` carries a plan out.  Pods in
         ``exclude`` (evictions in flight) are never chosen again, nor pod groups with one.
+        ``victim_args`` gives what the preemption planner is given too, read only when there are
+        candidates: ``budgets`` (PodDisruptionBudgets: a unit that would break one is skipped)
+        and ``age_rank`` (which pods are youngest).
         """
         if not r.queue or r.queue not in self.queues or not self.within_nominal(r.queue, request_vector(r)):
             return None
-        cands = [a for a in self.borrowed(exclude) if a.queue != r.queue]
+        if not self.borrowed(exclude):
+            return None
+        args = victim_args() if victim_args is not None else {}
+        budgets: Budgets = args.get("budgets") or NO_BUDGETS
+        age_rank: Mapping[str, int] | None = args.get("age_rank")
+        age = self._age_of(age_rank)
+        cands = [a for a in self.borrowed(exclude, age_rank, budgets) if a.queue != r.queue]
         if not cands:
             return None
         st = self.state
@@ -397,9 +421,14 @@ class QueueTree:
             if exclude and any(b.pod_key in exclude for b in unit):
                 continue
             units.append(unit)
+        protected: list[str] = []
         with st.transaction() as tx:
             taken: list[list[Assignment]] = []
             for u in units:
+                broken = budgets.check(a.pod_key for g in taken + [u] for a in g) if budgets else None
+                if broken:
+                    protected.append(f"{u[0].pod_key} is protected ({broken}), not reclaimed")
+                    continue
                 for a in u:
                     tx.evict(a.pod_key)
                 taken.append(u)
@@ -408,7 +437,7 @@ class QueueTree:
             else:
                 return None
             # reprieve: put back (highest priority, oldest first) what is not needed after all
-            for u in sorted(taken, key=lambda u: (-max(a.priority for a in u), min(self._age(a) for a in u))):
+            for u in sorted(taken, key=lambda u: (-max(a.priority for a in u), min(age(a.pod_key) for a in u))):
                 if not all(st.check(a) is None for a in u):
                     continue
                 for a in u:
@@ -422,10 +451,7 @@ class QueueTree:
             victims = [a for u in taken for a in u]
         lines = [f"{r.key} is within queue {r.queue}'s quota; reclaiming {len(victims)} borrowed pod(s)"]
         lines += [f"reclaim {a.pod_key} from queue {a.queue} on {a.node} (priority {a.priority})" for a in victims]
-        return ReclaimPlan(r.key, r.queue, victims, lines)
-
-    def _age(self, a: Assignment) -> int:
-        return self.order_seq.get(a.pod_key, 1 << 62)
+        return ReclaimPlan(r.key, r.queue, victims, lines + protected)
 
 
 def apply_reclaim(sched: "Scheduler", plan: ReclaimPlan, on_evict: Callable[[Assignment], None] | None = None) -> None:
