@@ -107,7 +107,6 @@ def test_bad_pods_name_pod_and_field(p, field):
 
 
 @pytest.mark.parametrize("spec,field", [
-    ({"resourceClaims": [{"name": "gpu"}]}, "spec.resourceClaims"),
     ({"volumes": [{"name": "d", "gcePersistentDisk": {"pdName": "x"}}]}, "spec.volumes[0].gcePersistentDisk"),
 ])
 def test_unsupported_fields_are_named(spec, field):

@@ -27,6 +27,9 @@ def test_kustomizations_list_existing_files():
             (DEPLOY / base / r).is_file() or (DEPLOY / base / r / "kustomization.yaml").is_file() for r in k["resources"])
 
 
+DRA_READ = {("resource.k8s.io", r) for r in ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")}
+
+
 def test_scheduler_rbac_is_exactly_what_it_calls():
     d = docs("scheduler/scheduler.yaml")
     cluster = next(x for x in d if x["kind"] == "ClusterRole")
@@ -39,11 +42,16 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
                                ("", "pods/binding", "create"), ("", "pods/status", "patch"),  # nominatedNodeName
                                ("events.k8s.io", "events", "create"),
                                ("scheduling.k8s.io", "podgroups/status", "patch"),  # PodGroupInitiallyScheduled
-                               ("", "persistentvolumeclaims", "patch"), ("", "persistentvolumes", "patch")} | {
-        (g, r, v) for g, r in watched for v in ("list", "watch")}
-    from gpufleet.kube.api import POLICY_KINDS  # every kind the loop lists is granted
+                               ("", "persistentvolumeclaims", "patch"), ("", "persistentvolumes", "patch"),
+                               # DRA (kube/dra): the claim's finalizer (patch), read back after a conflict (get), its
+                               # allocation and reservedFor (status patch, checked as resourceclaims/binding too)
+                               ("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceclaims", "patch"),
+                               ("resource.k8s.io", "resourceclaims/status", "patch"),
+                               ("resource.k8s.io", "resourceclaims/binding", "patch")} | {
+        (g, r, v) for g, r in watched | DRA_READ for v in ("list", "watch")}
+    from gpufleet.kube.api import KIND_PATHS  # every kind the loop lists is granted
 
-    for path in POLICY_KINDS.values():
+    for path in KIND_PATHS.values():
         group = "" if path.startswith("/api/") else path.split("/")[2]
         assert (group, path.rsplit("/", 1)[1], "list") in grants(cluster)
     lease = next(x for x in d if x["kind"] == "Role")
@@ -60,7 +68,7 @@ def test_extender_manifest_and_kube_scheduler_config():
     d = docs("extender/extender.yaml")
     assert grants(next(x for x in d if x["kind"] == "ClusterRole")) == {
         ("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"), ("", "pods", "patch"),
-        ("", "pods/binding", "create")}
+        ("", "pods/binding", "create")} | {(g, r, v) for g, r in DRA_READ for v in ("list", "watch")}
     cm = next(x for x in d if x["kind"] == "ConfigMap")
     assert load_config(yaml.safe_load(cm["data"]["config.yaml"]), registry())
     dep = next(x for x in d if x["kind"] == "Deployment")

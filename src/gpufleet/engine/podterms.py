@@ -182,9 +182,8 @@ def owner_uid(meta: Mapping[str, Any]) -> str:
 
 
 def unsupported_fields(pod: str, spec: Mapping[str, Any]) -> None:
-    """Raise ``UnsupportedPodField`` for a scheduling field the engine does not honour."""
-    if spec.get("resourceClaims"):
-        raise UnsupportedPodField(pod, "spec.resourceClaims", "dynamic resource allocation (DRA) is not supported by gpufleet")
+    """Raise ``UnsupportedPodField`` for a scheduling field the engine does not honour.  (``spec.resourceClaims``
+    is honoured: the adapter resolves the claims into ``PodRequest.dra``, kube/dra.)"""
     if spec.get("workloadRef"):
         raise UnsupportedPodField(pod, "spec.workloadRef", "the Kubernetes 1.35 alpha Workload API is not supported by gpufleet; "
                                   "1.37's spec.schedulingGroup (scheduling.k8s.io/v1beta1 PodGroup) is")

@@ -59,9 +59,18 @@ class SchedulerApi(Protocol):
         """Merge ``annotations`` into the pod's (``uid``: only that pod, not a newer one of the same name)."""
         ...
     def event(self, pod: dict, type_: str, reason: str, message: str) -> None: ...
-    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> None:
-        """JSON merge patch of one of ``POLICY_KINDS`` (volume binding: a PV's claimRef, a claim's selected node;
-        ``subresource="status"``: a PodGroup's scheduling condition)."""
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> dict:
+        """JSON merge patch of one of ``POLICY_KINDS`` or ``DRA_KINDS`` (volume binding: a PV's claimRef, a claim's
+        selected node; ``subresource="status"``: a PodGroup's scheduling condition, a ResourceClaim's allocation).
+        A ``metadata.resourceVersion`` in the patch is a precondition (``Conflict`` when the object changed).
+        Returns the object as written."""
+        ...
+    # DRA (kube/dra): ResourceClaims read back after a conflict, created for extended resources, deleted when stale
+    def get_object(self, kind: str, namespace: str, name: str) -> dict | None: ...
+    def create_object(self, kind: str, namespace: str, obj: dict) -> dict: ...
+    def delete_namespaced(self, kind: str, namespace: str, name: str) -> None: ...
+    def patch_pod_status(self, namespace: str, name: str, patch: dict) -> None:
+        """Merge patch of pods/status (``status.extendedResourceClaimStatus``)."""
         ...
 
 
@@ -85,6 +94,14 @@ POLICY_KINDS = {
     "csinode": "/apis/storage.k8s.io/v1/csinodes",
     "csidriver": "/apis/storage.k8s.io/v1/csidrivers",  # preventPodSchedulingIfMissing (VolumeLimitScaling)
 }
+# Dynamic Resource Allocation (resource.k8s.io/v1): what kube/dra reads and, for claims, writes
+DRA_KINDS = {
+    "resourceslice": "/apis/resource.k8s.io/v1/resourceslices",
+    "deviceclass": "/apis/resource.k8s.io/v1/deviceclasses",
+    "resourceclaim": "/apis/resource.k8s.io/v1/resourceclaims",
+    "resourceclaimtemplate": "/apis/resource.k8s.io/v1/resourceclaimtemplates",
+}
+KIND_PATHS = {**POLICY_KINDS, **DRA_KINDS}
 # watched even without queues (--no-queues): pod constraints need them (namespaceSelector, volumes, native gangs)
 CONSTRAINT_KINDS = ("namespace", "pvc", "pv", "storageclass", "csinode", "csidriver", "schedpodgroup")
 
@@ -125,12 +142,14 @@ class FakeApi:
     def __init__(self) -> None:
         self.nodes: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}
-        self.objects: dict[str, dict[str, dict]] = {k: {} for k in POLICY_KINDS}
+        self.objects: dict[str, dict[str, dict]] = {k: {} for k in KIND_PATHS}
         self.unserved: set[str] = set()  # kinds answered 404 (a CRD not installed)
         self.evicted: list[tuple[str, int | None]] = []  # (pod key, grace period) by evict_pod
         self.events: list[dict] = []
         self.binds: list[tuple[str, str]] = []
+        self.object_events: list[dict] = []  # events regarding objects other than pods (DRA's bad input)
         self.fail_binds = 0
+        self.fail_patches: dict[str, int] = {}  # kind -> the next N patches of it raise (an API failure)
         self.lost_bind_replies = 0
         self.call_latency_s = 0.0
         self.calls: dict[str, int] = {}
@@ -187,15 +206,74 @@ class FakeApi:
         with self._cv:
             self._touch(kind, "DELETED", self.objects[kind].pop(key))
 
-    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> None:
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> dict:
+        if self.call_latency_s:
+            time.sleep(self.call_latency_s)
         with self._cv:
-            self._count(f"patch_{kind}")
+            self._count(f"patch_{kind}" + (f"_{subresource}" if subresource else ""))
+            if self.fail_patches.get(kind, 0) > 0:
+                self.fail_patches[kind] -= 1
+                raise ConnectionError("injected API failure")
             key = f"{namespace}/{name}" if namespace else name
             obj = self.objects[kind].get(key)
             if obj is None:
                 raise NotFound(f"{kind} {key} not found")
-            _merge(obj, copy.deepcopy(patch))
-            self._touch(kind, "MODIFIED", obj)
+            patch = copy.deepcopy(patch)
+            want = (patch.get("metadata") or {}).pop("resourceVersion", None)
+            if want is not None and want != (obj.get("metadata") or {}).get("resourceVersion"):
+                raise Conflict(f"{kind} {key}: the object has been modified; please apply your changes to the latest version")
+            if kind in DRA_KINDS:  # a status subresource writes status only, the object itself everything but status
+                patch = {"status": patch.get("status")} if subresource == "status" else {k: v for k, v in patch.items() if k != "status"}
+            _merge(obj, patch)
+            if (obj.get("metadata") or {}).get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
+                self._touch(kind, "DELETED", self.objects[kind].pop(key))
+            else:
+                self._touch(kind, "MODIFIED", obj)
+            return copy.deepcopy(obj)
+
+    def get_object(self, kind: str, namespace: str, name: str) -> dict | None:
+        with self._cv:
+            self._count(f"get_{kind}")
+            o = self.objects[kind].get(f"{namespace}/{name}" if namespace else name)
+            return copy.deepcopy(o) if o is not None else None
+
+    def create_object(self, kind: str, namespace: str, obj: dict) -> dict:
+        if self.call_latency_s:
+            time.sleep(self.call_latency_s)
+        with self._cv:
+            self._count(f"create_{kind}")
+            obj = copy.deepcopy(obj)
+            m = obj.setdefault("metadata", {})
+            m["namespace"] = namespace
+            if not m.get("name"):
+                m["name"] = f"{m.get('generateName', '')}{next(self._rv):05x}"[-63:]
+            m.setdefault("uid", f"uid-{m['name']}")
+            obj.pop("status", None)
+            key = object_key(obj)
+            if key in self.objects[kind]:
+                raise Conflict(f"{kind} {key} already exists")
+            self.objects[kind][key] = obj
+            self._touch(kind, "ADDED", obj)
+            return copy.deepcopy(obj)
+
+    def delete_namespaced(self, kind: str, namespace: str, name: str) -> None:
+        with self._cv:
+            self._count(f"delete_{kind}")
+            key = f"{namespace}/{name}"
+            obj = self.objects[kind].get(key)
+            if obj is None:
+                raise NotFound(f"{kind} {key} not found")
+            if (obj.get("metadata") or {}).get("finalizers"):
+                obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+                self._touch(kind, "MODIFIED", obj)
+            else:
+                self._touch(kind, "DELETED", self.objects[kind].pop(key))
+
+    def patch_pod_status(self, namespace: str, name: str, patch: dict) -> None:
+        with self._cv:
+            _, pod = self._pod("patch_pod_status", namespace, name)
+            _merge(pod.setdefault("status", {}), copy.deepcopy(patch.get("status") or {}))
+            self._touch("pod", "MODIFIED", pod)
 
     def compact(self) -> None:
         """Forget the event log: watches from an older resourceVersion get 410 Gone."""
@@ -310,6 +388,10 @@ class FakeApi:
             time.sleep(self.call_latency_s)
         with self._cv:
             self._count("event")
+            if pod.get("kind", "Pod") != "Pod":
+                self.object_events.append({"kind": pod["kind"], "name": object_key(pod), "type": type_, "reason": reason,
+                                           "message": message})
+                return
             self.events.append({"pod": pod_key_of(pod), "type": type_, "reason": reason, "message": message})
 
 
@@ -412,7 +494,7 @@ class KubernetesApi:
         return self._list(f"/api/v1/pods?fieldSelector={quote(LIVE_PODS)}&")
 
     def list_kind(self, kind: str) -> tuple[list[dict], str]:
-        return self._list(POLICY_KINDS[kind] + "?")
+        return self._list(KIND_PATHS[kind] + "?")
 
     def _raw_watch(self, path: str, resource_version: str, timeout_s: int, query: str = "") -> Iterator[tuple[str, dict]]:
         """A watch of any path, read line by line through the client's pool and credentials."""
@@ -452,12 +534,32 @@ class KubernetesApi:
             body["gracePeriodSeconds"] = grace_period_s
         self._request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
 
-    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> None:
-        base, resource = POLICY_KINDS[kind].rsplit("/", 1)
-        path = f"{base}/namespaces/{namespace}/{resource}/{name}" if namespace else f"{base}/{resource}/{name}"
+    def _object_path(self, kind: str, namespace: str, name: str = "") -> str:
+        base, resource = KIND_PATHS[kind].rsplit("/", 1)
+        path = f"{base}/namespaces/{namespace}/{resource}" if namespace else f"{base}/{resource}"
+        return f"{path}/{name}" if name else path
+
+    def patch_object(self, kind: str, namespace: str, name: str, patch: dict, subresource: str = "") -> dict:
+        path = self._object_path(kind, namespace, name)
         if subresource:
             path += f"/{subresource}"
-        self._request("PATCH", path, patch, content_type="application/merge-patch+json")
+        return self._request("PATCH", path, patch, content_type="application/merge-patch+json")
+
+    def get_object(self, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return self._request("GET", self._object_path(kind, namespace, name))
+        except NotFound:
+            return None
+
+    def create_object(self, kind: str, namespace: str, obj: dict) -> dict:
+        return self._request("POST", self._object_path(kind, namespace), obj)
+
+    def delete_namespaced(self, kind: str, namespace: str, name: str) -> None:
+        self._request("DELETE", self._object_path(kind, namespace, name))
+
+    def patch_pod_status(self, namespace: str, name: str, patch: dict) -> None:
+        self._request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", patch,
+                      content_type="application/merge-patch+json")
 
     def nominate(self, namespace: str, name: str, node: str) -> None:
         self._request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status",
@@ -479,7 +581,7 @@ class KubernetesApi:
             return self._raw_watch("/api/v1/nodes", resource_version, timeout_s)
         if kind == "pod":
             return self._raw_watch("/api/v1/pods", resource_version, timeout_s, f"fieldSelector={quote(LIVE_PODS)}&")
-        return self._raw_watch(POLICY_KINDS[kind], resource_version, timeout_s)
+        return self._raw_watch(KIND_PATHS[kind], resource_version, timeout_s)
 
     def _request(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json") -> dict:
         """One call straight through the client's connection pool and credentials.
@@ -519,14 +621,17 @@ class KubernetesApi:
         import uuid
 
         m = pod.get("metadata") or {}
-        ns = m.get("namespace") or "default"
+        ns = m.get("namespace") or "default"  # an event about a cluster-scoped object (a ResourceSlice) goes to default
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        regarding = {"kind": pod.get("kind", "Pod"), "name": m.get("name"), "uid": m.get("uid"),
+                     "apiVersion": pod.get("apiVersion", "v1"), "resourceVersion": m.get("resourceVersion")}
+        if m.get("namespace") or regarding["kind"] == "Pod":
+            regarding["namespace"] = ns
         body = {
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": f"{m.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": ns},
             "eventTime": now, "action": "Scheduling", "reason": reason, "note": message[:1024], "type": type_,
             "reportingController": f"gpufleet.io/{self.component}", "reportingInstance": self.component,
-            "regarding": {"kind": "Pod", "namespace": ns, "name": m.get("name"), "uid": m.get("uid"), "apiVersion": "v1",
-                          "resourceVersion": m.get("resourceVersion")},
+            "regarding": regarding,
         }
         self._request("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body)

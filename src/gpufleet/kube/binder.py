@@ -64,8 +64,27 @@ def bind_job(api: SchedulerApi, namespace: str, name: str, node: str, annotation
         return ("bound", "", p) if bound_to == node and mine else ("taken", bound_to, p)
 
 
+def bind_after(pre: Callable[[], None] | None, api: SchedulerApi, namespace: str, name: str, node: str,
+               annotations: dict[str, str]) -> tuple[str, str, dict | None]:
+    """``pre`` (DRA: the pod's claims written, kube/dra) then the Binding; a failure of ``pre`` is the bind's."""
+    if pre is not None:
+        try:
+            pre()
+        except Exception as exc:
+            return "failed", str(exc), None
+    return bind_job(api, namespace, name, node, annotations)
+
+
 class BinderHooks(Protocol):
     """What the binder asks of the loop."""
+
+    def claim_writes(self, key: str, pod: dict, a: Assignment) -> Callable[[], None] | None:
+        """DRA: what to write to the pod's ResourceClaims before its Binding (on the bind worker), or None."""
+        ...
+
+    def claims_done(self, key: str, bound: bool) -> None:
+        """DRA: the pod's bind ended (or it went); allocations never written are given back."""
+        ...
 
     def prebind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
         """Before the Binding (volume binding): True when the pod must wait (or has failed) instead of being bound now."""
@@ -123,10 +142,11 @@ class Binder:
     def send(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> None:
         m = pod["metadata"]
         ns, name = m.get("namespace") or "default", m["name"]
+        pre = self.hooks.claim_writes(key, pod, a)
         if self._pool is None:
-            self.done(key, *bind_job(self.api, ns, name, a.node, annotations), annotations)
+            self.done(key, *bind_after(pre, self.api, ns, name, a.node, annotations), annotations)
         else:
-            fut = self._pool.submit(bind_job, self.api, ns, name, a.node, annotations)
+            fut = self._pool.submit(bind_after, pre, self.api, ns, name, a.node, annotations)
 
             def done(f: Any, key: str = key, annotations: dict = annotations) -> None:
                 self._results.put((key, *(f.result() if f.exception() is None else ("failed", str(f.exception()), None)), annotations))
@@ -157,6 +177,7 @@ class Binder:
 
     def done(self, key: str, outcome: str, detail: str, seen: dict | None, annotations: dict[str, str]) -> None:
         """A bind's result (on the loop's thread)."""
+        self.hooks.claims_done(key, outcome == "bound")
         entry = self.binding.pop(key, None)
         if entry is None:
             return  # deleted meanwhile; its reservation is already gone

@@ -41,11 +41,13 @@ from ..engine.volumes import (
 )
 from .api import (
     CONSTRAINT_KINDS,
+    DRA_KINDS,
     POLICY_KINDS,
     ApiError,
     NotFound,
     SchedulerApi,
 )
+from .dra.live import LiveDra
 from .convert import bound_assignment, held_amounts, is_terminal, node_from_json, node_ready
 from .loop_support import NOT_READY_TAINT, Stats, _rv, pod_age_key, slim_pod
 from .policy_objects import PolicyObjects
@@ -92,8 +94,9 @@ class SchedulerCache:
 
     def __init__(self, api: SchedulerApi, profile: Profile, queue_: SchedulingQueue, stats: Stats, hooks: CacheHooks,
                  scheduler_name: str = "gpufleet", seed: int = 0, policy_kinds: list[str] | None = None,
-                 quota: QueueQuota | None = None) -> None:
+                 quota: QueueQuota | None = None, dra: LiveDra | None = None) -> None:
         self.api = api
+        self.dra = dra  # DRA objects and what they mean for the snapshot (kube/dra); None: no DRA
         self.profile = profile
         self.queue = queue_
         self.stats = stats
@@ -110,6 +113,8 @@ class SchedulerCache:
         self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
         self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
         self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
+        if dra is not None:
+            self.rv.update({k: "" for k in DRA_KINDS})
         self._pod_rv: dict[str, int] = {}
         self._first_rv: dict[str, int] = {}  # pod -> its resourceVersion when first seen (ages within one second)
         self._node_rv: dict[str, int] = {}
@@ -122,7 +127,8 @@ class SchedulerCache:
     @property
     def watch_kinds(self) -> list[str]:
         """Kinds to watch: nodes, pods, and the policy kinds the API serves."""
-        return ["node", "pod"] + [k for k in self.policy_kinds if k not in self.objects.unserved]
+        dra = self.dra.kinds if self.dra is not None else []
+        return ["node", "pod"] + [k for k in self.policy_kinds if k not in self.objects.unserved] + dra
 
     def list_kind(self, kind: str) -> tuple[list[dict], str]:
         if kind == "node":
@@ -148,6 +154,8 @@ class SchedulerCache:
                 self.objects.unserved.discard(kind)
             self.objects.replace(kind, items)
             self.rv[kind] = rv
+        if self.dra is not None:  # before nodes: a DRA node's GPUs are its slices'
+            self.dra.resync(self.rv)
         self._req_cache.clear()
         nodes, node_rv = self.api.list_nodes()
         pods, pod_rv = self.api.list_pods()
@@ -174,6 +182,8 @@ class SchedulerCache:
             if n is not None:
                 good.append(n)
         self.state = ClusterState(good)
+        if self.dra is not None:  # every allocated claim holds its devices, ours in flight too
+            self.dra.attach(self.state)
         self._sync_constraint_objects()
         self.sched = Scheduler(self.profile, self.state, seed=self.seed)
         self._rebuild_tree()
@@ -209,7 +219,7 @@ class SchedulerCache:
         rv = self._pod_rv.get(key)
         c = self._req_cache.get(key)
         if c is not None and rv is not None and c[0] == rv:
-            return c[1]
+            return self._with_claims(pod, c[1])
         r = parse_pod(pod)
         if r.scheduling_group and NATIVE_GROUPS in self.policy_kinds:  # a scheduling.k8s.io gang or basic group
             r = resolve_scheduling_group(r, self.objects.groups, served=NATIVE_GROUPS not in self.objects.unserved)
@@ -220,7 +230,11 @@ class SchedulerCache:
         if self.tree is not None:
             r = self.objects.namespace_queues.apply(r)
         self._req_cache[key] = (rv, r)
-        return r
+        return self._with_claims(pod, r)
+
+    def _with_claims(self, pod: dict, r: PodRequest) -> PodRequest:
+        """DRA: the pod's claims as they are now (not cached with the pod: claims change on their own)."""
+        return self.dra.resolve(pod, r, self.state) if self.dra is not None else r
 
     def group_of(self, pod: dict) -> str | None:
         """The gang a pod belongs to: its ``gpufleet.io/pod-group`` annotation, or the scheduling.k8s.io PodGroup
@@ -259,6 +273,8 @@ class SchedulerCache:
     def _node_model(self, name: str, obj: dict) -> Node | None:
         try:
             n = node_from_json(obj)
+            if self.dra is not None:  # a DRA node: the GPUs its ResourceSlices publish
+                n = self.dra.cache.node_model(n, ann.INVENTORY in ((obj.get("metadata") or {}).get("annotations") or {}))
         except GpufleetError as exc:
             if self.bad_nodes.get(name) != str(exc):
                 log.warning("leaving node out: %s", exc)
@@ -284,6 +300,8 @@ class SchedulerCache:
             except GpufleetError as exc2:
                 log.warning("bound pod %s: %s", key, exc2)
                 return
+        if self.dra is not None:  # the claims it uses hold its devices (ClusterState.hold_claim)
+            a = self.dra.bound_claims(pod, a)
         group = self.group_of(pod)
         queue_ = self._queue_of_bound(pod)
         if (queue_, group) != (a.queue, a.pod_group):
@@ -435,6 +453,9 @@ class SchedulerCache:
             self.rv[kind] = rv
         if type_ == "BOOKMARK":
             return
+        if kind in DRA_KINDS and self.dra is not None:
+            self._dra_event(kind, type_, obj)
+            return
         if kind in POLICY_KINDS:
             self.objects.handle(kind, type_, obj)
             self._policy_changed(kind)
@@ -481,9 +502,22 @@ class SchedulerCache:
             self._req_cache.clear()
         self.queue.wake_all()
 
+    def _dra_event(self, kind: str, type_: str, obj: dict) -> None:
+        """A DRA object changed (``REPLACE``: a relist): nodes whose slices changed are modelled again, claim holds
+        follow their claims' allocations, waiting pods are tried again."""
+        def refresh(name: str) -> None:
+            if name in self.node_objs:
+                self._node_event("MODIFIED", self.node_objs[name])
+        assert self.dra is not None
+        if self.dra.event(self.state, kind, type_, obj, refresh):
+            self.queue.wake_all()
+
     def replace(self, kind: str, items: list[dict], resource_version: str) -> None:
         """A relist of one kind (after 410 Gone): apply the differences as events."""
         self.rv[kind] = resource_version
+        if kind in DRA_KINDS and self.dra is not None:
+            self._dra_event(kind, "REPLACE", {"items": items})
+            return
         if kind in POLICY_KINDS:
             self.objects.replace(kind, items)
             self._policy_changed(kind)

@@ -82,6 +82,7 @@ from .api import (
     SchedulerApi,
 )
 from .binder import Binder
+from .dra import LiveDra, with_dra
 from .binder import bind_job as bind_job  # re-exported: kube/extender.py imports it from here
 from .cache import SchedulerCache
 from .evictor import Evictions
@@ -105,10 +106,12 @@ class SchedulerLoop:
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
                  eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True,
-                 volume_bind_timeout_s: float = 600.0, eviction_timeout_s: float | None = None):
+                 volume_bind_timeout_s: float = 600.0, eviction_timeout_s: float | None = None, dra: bool = True):
         self.api = api
         if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
             profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
+        elif dra:  # gpufleet allocates ResourceClaims itself (in extender mode kube-scheduler does)
+            profile = with_dra(profile)
         # queue quotas need the QueueQuota plugin; add it when the profile does not name it
         self.quota = next((p for p in profile.pre_filters if isinstance(p, QueueQuota)), None)
         if self.quota is None and policy_kinds:
@@ -126,8 +129,9 @@ class SchedulerLoop:
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
         self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s)
+        self.dra = LiveDra(api, self.events.send) if dra else None
         self.cache = SchedulerCache(api, profile, self.queue, self.stats, hooks=self, scheduler_name=scheduler_name, seed=seed,
-                                    policy_kinds=kinds, quota=self.quota)
+                                    policy_kinds=kinds, quota=self.quota, dra=self.dra)
         self.binder = Binder(api, self.cache, self.queue, self.events, self.stats, clock, hooks=self, workers=bind_workers)
         self.volume_binder = VolumeBinder(api, self.cache, self.binder, clock, volume_bind_timeout_s)
         self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
@@ -261,6 +265,13 @@ class SchedulerLoop:
     # --- what the binder asks of the loop (BinderHooks) ------------------------------------
     def prebind(self, key: str, pod: dict, a: Assignment, annotations: dict[str, str]) -> bool:
         return self.volume_binder.prebind(key, pod, a, annotations)
+
+    def claim_writes(self, key: str, pod: dict, a: Assignment) -> Callable[[], None] | None:
+        return self.dra.plan_job(self.cache.state, key, pod, a) if self.dra is not None else None
+
+    def claims_done(self, key: str, bound: bool) -> None:
+        if self.dra is not None and self.dra.finish(self.cache.state, key, bound):
+            self.queue.wake_all()
 
     def count_attempt(self, result: str, t0: float) -> None:
         self.stats.attempts[result] = self.stats.attempts.get(result, 0) + 1
@@ -468,6 +479,9 @@ class SchedulerLoop:
         if not dec.ok:
             self.count_attempt("unschedulable", t0)
             self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
+            if room is None and self.dra is not None and self.dra.deallocate_stale(pod, req):  # kube-scheduler's DRA PostFilter
+                self.queue.defer(key)
+                return "unschedulable"
             self.queue.defer(key, self.gangs.hold_deadline() if why else None)
             if room is not None:
                 try:

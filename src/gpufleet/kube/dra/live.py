@@ -1,0 +1,183 @@
+"""DRA in the live scheduler: what the loop, its cache and its binder call (a few narrow hooks).
+
+``LiveDra`` owns the DRA objects (``DraCache``) and the claim writer (``ClaimWriter``) and answers:
+
+* the cache: which DRA kinds to list and watch (the API may not serve ``resource.k8s.io/v1``, or RBAC may
+  not allow it: then the scheduler works without DRA, as without queues), what a watch event changes in
+  the snapshot (nodes whose slices changed, claims whose allocation came or went), a node's GPUs, a pod's
+  claims, a bound pod's claims;
+* the binder: the claim writes to run on the bind worker before the Binding (``plan_job``) and what to do
+  when the bind ends (``finish``: holds of allocations never written are given back, a reservation
+  written for a bind that failed is taken back);
+* the cycle: a pod that cannot be placed while one of its claims is allocated for nobody (an earlier
+  attempt's) gets that claim deallocated (``deallocate_stale``), as kube-scheduler's PostFilter does.
+
+All of it runs on the loop's thread except ``ClaimWriter.run`` (bind workers), which only reads the
+plan it was given.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from typing import Callable, Mapping
+
+from ...engine.dra.plugin import ensure_dra
+from ...engine.framework import Profile
+from ...engine.model import Assignment, PodRequest
+from ...engine.state import ClusterState
+from ..api import ApiError, NotFound, SchedulerApi
+from .cache import KINDS, DraCache, Emit
+from .writer import ClaimStep, ClaimWriter, WritePlan
+
+log = logging.getLogger("gpufleet.kube.dra")
+
+
+def with_dra(profile: Profile) -> Profile:
+    """The profile with DynamicResources (preFilter, last filter, reserve) when it has none; the caller's is
+    not changed."""
+    p = replace(profile, pre_filters=list(profile.pre_filters), filters=list(profile.filters), reserves=list(profile.reserves))
+    ensure_dra(p)
+    return p
+
+
+class LiveDra:
+    def __init__(self, api: SchedulerApi, emit: Emit | None = None) -> None:
+        self.api = api
+        self.cache = DraCache(emit)
+        self.writer = ClaimWriter(api)
+        self.plans: dict[str, WritePlan] = {}  # pod -> its claim writes, until the bind's result is applied
+        self._lock = threading.Lock()
+
+    # --- list / watch ---------------------------------------------------------------------------
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k in KINDS if k not in self.cache.unserved]
+
+    def resync(self, rv: dict[str, str]) -> None:
+        for kind in KINDS:
+            try:
+                items, v = self.api.list_kind(kind)
+            except (NotFound, ApiError) as exc:
+                if isinstance(exc, ApiError) and exc.status != 403:
+                    raise
+                if kind not in self.cache.unserved:
+                    log.warning("cannot list %s (%s: resource.k8s.io/v1 not served, or RBAC): working without DRA objects "
+                                "of that kind", kind, exc)
+                self.cache.unserved.add(kind)
+                items, v = [], ""
+            else:
+                self.cache.unserved.discard(kind)
+            self.cache.replace(kind, items)
+            rv[kind] = v
+
+    def event(self, state: ClusterState, kind: str, type_: str, obj: dict, refresh_node: Callable[[str], None]) -> bool:
+        """A watch event (or ``replace`` with ``obj`` the list); True if waiting pods may fit now."""
+        if type_ == "REPLACE":
+            before = dict(self.cache.claims)
+            nodes = self.cache.replace(kind, obj["items"])
+            keys = set(before) | set(self.cache.claims)
+        else:
+            key = _key(obj)
+            nodes = self.cache.handle(kind, type_, obj)
+            keys = {key} if kind == "resourceclaim" else set()
+        if kind == "resourceslice":
+            for n in sorted(nodes):
+                refresh_node(n)
+            self._rehold(state, nodes)
+            self.cache.recheck_claims()
+        elif kind == "resourceclaim":
+            for k in keys:
+                self.cache.claim_changed(state, k, None)
+        return True
+
+    def _rehold(self, state: ClusterState, nodes: set[str] | None = None) -> None:
+        """Holds computed against an older device table (a node's devices or GPUs changed): again."""
+        if state.dra is None:
+            return
+        state.dra.catalog = self.cache.catalog  # a relisted kind may have replaced the catalog
+        table = self.cache.catalog.table(state)
+        for key, h in list(state.claim_holds.items()):
+            if h.allocation is not None and (nodes is None or h.node in nodes or h.node is None):
+                state.hold_claim(table.hold_for(key, h.node, h.allocation, state))
+
+    # --- the cache's questions --------------------------------------------------------------------
+    def attach(self, state: ClusterState) -> None:
+        self.cache.attach(state)
+
+    def resolve(self, pod: Mapping, r: PodRequest, state: ClusterState) -> PodRequest:
+        return self.cache.resolve(pod, r, state)
+
+    def bound_claims(self, pod: Mapping, a: Assignment) -> Assignment:
+        keys = self.cache.pod_claim_keys(pod)
+        return replace(a, claims=keys) if keys else a
+
+    # --- binding ----------------------------------------------------------------------------------
+    def plan_job(self, state: ClusterState, key: str, pod: dict, a: Assignment) -> Callable[[], None] | None:
+        """The claim writes for a pod about to be bound (None: nothing to write); runs on the bind worker."""
+        if not a.claims:
+            return None
+        m = pod.get("metadata") or {}
+        plan = WritePlan(key, str(m.get("name")), str(m.get("uid") or ""), a.node)
+        for ck in a.claims:
+            c = self.cache.claims.get(ck)
+            raw = self.cache.raw["resourceclaim"].get(ck)
+            if c is None or raw is None:
+                continue
+            if c.allocation is not None and c.reserved_by(plan.pod_uid):
+                continue  # written before (a retried bind)
+            h = state.claim_holds.get(ck)
+            ns, name = ck.split("/", 1)
+            plan.steps.append(ClaimStep(ck, ns, name, raw, h.allocation if c.allocation is None and h is not None else None))
+        if not plan.steps:
+            return None
+        plan.in_flight = self.cache.begin(state, key, [s.key for s in plan.steps if s.allocation is not None])
+        self.plans[key] = plan
+        return lambda: self.writer.run(plan)
+
+    def finish(self, state: ClusterState, key: str, bound: bool) -> bool:
+        """A pod's bind ended (or the pod went); True if that gave devices back."""
+        plan = self.plans.pop(key, None)
+        if plan is None:
+            return False
+        done = self.cache.end(key, plan.in_flight)
+        freed = False
+        if not bound:
+            for s in plan.steps:
+                if s.written:
+                    self.writer.unreserve(s, plan.pod_uid)
+            for ck in done:
+                c = self.cache.claims.get(ck)
+                if (c is None or c.allocation is None) and not state.claim_users.get(ck) and ck in state.claim_holds:
+                    state.release_claim(ck)  # never written: the devices are free again
+                    freed = True
+        return freed
+
+    def deallocate_stale(self, pod: Mapping, r: PodRequest) -> bool:
+        """The pod does not fit while one of its claims is allocated (an earlier attempt) and reserved for no other
+        pod: deallocate that claim so the next attempt may allocate it anywhere.  True if one was."""
+        if r.dra is None:
+            return False
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        for pc in r.dra.claims:
+            c = pc.claim
+            if c is None or c.allocation is None or c.key in self.cache.in_flight:
+                continue
+            if any(ref.uid != uid for ref in c.reserved_for):
+                continue
+            try:
+                if self.writer.deallocate(c.namespace, c.name, uid):
+                    log.info("deallocated claim %s: pod %s cannot run where it was allocated", c.key, r.key)
+                    return True
+            except Exception as exc:
+                log.warning("deallocating claim %s failed: %s", c.key, exc)
+        return False
+
+
+def _key(obj: dict) -> str:
+    m = obj.get("metadata") or {}
+    return f"{m['namespace']}/{m.get('name')}" if m.get("namespace") else str(m.get("name"))
+
+
+__all__ = ["LiveDra", "with_dra"]
