@@ -189,6 +189,40 @@ def control_plane():
         shutil.rmtree(d, ignore_errors=True)
 
 
+class ClaimController:
+    """kube-controller-manager with only its resourceclaim controller: claims from ResourceClaimTemplates (named in
+    pod.status.resourceClaimStatuses), reservations of pods that are gone removed, unused claims deallocated."""
+
+    def __init__(self, assets: str, kubeconfig: Path, workdir: Path):
+        self.log = workdir / "kube-controller-manager.log"
+        self.proc = subprocess.Popen(
+            [str(Path(assets) / "kube-controller-manager"), f"--kubeconfig={kubeconfig}", "--authentication-skip-lookup=true",
+             "--bind-address=127.0.0.1", f"--secure-port={_free_port()}", "--leader-elect=false",
+             "--controllers=resourceclaim-controller", "--use-service-account-credentials=false",
+             "--kube-api-qps=1000", "--kube-api-burst=1000"],
+            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def claim_controller(control_plane):
+    """The resourceclaim controller (kube-controller-manager) against the session's control plane."""
+    if not (Path(ASSETS) / "kube-controller-manager").is_file():
+        pytest.skip("no kube-controller-manager in KUBEBUILDER_ASSETS")
+    cc = ClaimController(ASSETS, control_plane.kubeconfig, control_plane.dir)
+    try:
+        yield cc
+    finally:
+        cc.stop()
+
+
 # --- shared by the integration test files ---------------------------------------------
 
 
