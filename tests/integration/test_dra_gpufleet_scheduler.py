@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
