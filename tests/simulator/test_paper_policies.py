@@ -156,3 +156,23 @@ def test_binned_frag_equals_direct_definition(shapes, gpus, cpu):
     cpus = np.full(len(gpus), cpu)
     model = np.zeros(len(gpus), dtype=int)
     assert np.allclose(frag_amount(cpus, left, model, tw, acc), _frag_amount_reference(cpus, left, model, tw, acc))
+
+
+@settings(max_examples=40, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 64_000), hst.sampled_from([0, 100, 250, 470, 500, 810, 1000]), hst.sampled_from([0, 1, 2, 4, 8]),
+                            hst.floats(0.01, 1.0)), min_size=1, max_size=40),
+       hst.lists(hst.tuples(hst.integers(0, 64_000), hst.lists(hst.integers(0, 1000), min_size=8, max_size=8)), min_size=1, max_size=30))
+def test_frag_amount_of_a_node_is_the_same_in_any_batch(shapes, rows):
+    """run_packing computes its yardstick for all placements in one batch after the run: each row must come out
+    bit for bit as when computed alone (the sum runs row by row)."""
+    c = Counter()
+    for cpu_t, milli, n, f in shapes:
+        c[(cpu_t, milli if n else 0, n if milli else 0, None)] += f
+    tw = TargetWorkload.from_counts(c, threshold=1.0)
+    acc = tw.access(["T4"])
+    cpus = np.array([r[0] for r in rows])
+    left = np.array([r[1] for r in rows])
+    model = np.zeros(len(rows), dtype=int)
+    batch = frag_amount(cpus, left, model, tw, acc)
+    for i in range(len(rows)):
+        assert batch[i] == frag_amount(cpus[i:i + 1], left[i:i + 1], model[i:i + 1], tw, acc)[0]

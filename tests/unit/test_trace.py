@@ -28,3 +28,10 @@ def test_skip_bad_rows_counts(tmp_path):
     t = trace.load_pods(p, skip_bad_rows=True)
     assert [x.name for x in t.pods] == ["ok"]
     assert len(t.skipped_rows) == 1 and "gpu_milli" in t.skipped_rows[0]
+
+
+def test_total_gpu_milli_is_the_requests():
+    pods = trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods
+    assert {p.num_gpu for p in pods} >= {0, 1, 2, 8}
+    for p in pods:
+        assert p.total_gpu_milli == p.request().total_gpu_milli

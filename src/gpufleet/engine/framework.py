@@ -56,7 +56,6 @@ class Cycle:
     rng: np.random.Generator
     data: dict[str, Any] = field(default_factory=dict)  # plugin scratch space
     feasible: np.ndarray | None = None
-    first_fail: np.ndarray | None = None  # index into fail_reasons, -1 = passed
     fail_reasons: list[str] = field(default_factory=list)
     candidates: np.ndarray | None = None
     scores: np.ndarray | None = None
@@ -66,6 +65,27 @@ class Cycle:
     only_nodes: np.ndarray | None = None  # bool mask: consider only these nodes (scheduler extender)
     waited_s: float = 0.0  # how long the pod has waited in the caller's queue (0: unknown or just arrived)
     take_held: bool = False  # room plugins hold for pods not yet here may be taken (the caller would evict otherwise)
+    # the filters' rejections in order: (nodes newly rejected, index of the first reason, per-node codes or None);
+    # ``first_fail`` is built from them only when asked (a diagnosis), not on every cycle
+    _rejections: list[tuple[np.ndarray, int, np.ndarray | None]] | None = field(default=None, repr=False)
+    _first_fail: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def first_fail(self) -> np.ndarray | None:
+        """Per node: index into ``fail_reasons`` of the first filter that rejected it, -1 = passed (None: not filtered)."""
+        if self._first_fail is None and self._rejections is not None:
+            first = np.full(self._rejections_n, -1, dtype=np.int64)
+            for newly, base, codes in self._rejections:
+                first[newly] = base if codes is None else base + codes[newly]
+            self._first_fail = first
+        return self._first_fail
+
+    @first_fail.setter
+    def first_fail(self, value: np.ndarray | None) -> None:
+        self._first_fail = value
+        self._rejections = None
+
+    _rejections_n: int = field(default=0, repr=False)
 
 
 # --- extension points ---------------------------------------------------------
@@ -200,11 +220,11 @@ class Scheduler:
     def _filter(self, cycle: Cycle, explain: bool = False) -> np.ndarray:
         n = len(self.state)
         feasible = np.ones(n, dtype=bool)
-        first = np.full(n, -1, dtype=np.int64)
+        rejections: list[tuple[np.ndarray, int, np.ndarray | None]] = []
         reasons: list[str] = []
         if cycle.only_nodes is not None:
             feasible &= cycle.only_nodes
-            first[~cycle.only_nodes] = 0
+            rejections.append((~cycle.only_nodes, 0, None))
             reasons.append("node(s) were not offered by kube-scheduler")
         for p in self.profile.filters:
             res = p.filter(cycle, self.state)
@@ -212,15 +232,13 @@ class Scheduler:
                 continue
             newly = feasible & ~res.ok
             if newly.any():
-                base = len(reasons)
+                rejections.append((newly, len(reasons), res.codes))
                 reasons.extend(res.reasons)
-                if res.codes is None:
-                    first[newly] = base
-                else:
-                    first[newly] = base + res.codes[newly]
                 feasible &= res.ok
         cycle.feasible = feasible
-        cycle.first_fail = first
+        cycle._first_fail = None
+        cycle._rejections = rejections
+        cycle._rejections_n = n
         cycle.fail_reasons = reasons
         return feasible
 
@@ -278,12 +296,11 @@ class Scheduler:
         d = Diagnosis(total_nodes=len(self.state))
         if first is None:
             return d
-        failed = first[first >= 0]
-        if failed.size:
-            idx, cnt = np.unique(failed, return_counts=True)
-            for i, c in zip(idx, cnt):
-                r = cycle.fail_reasons[int(i)]
-                d.counts[r] = d.counts.get(r, 0) + int(c)
+        if cycle.fail_reasons:
+            cnt = np.bincount(first + 1, minlength=len(cycle.fail_reasons) + 1)[1:]  # slot 0: the nodes that passed
+            for j in np.flatnonzero(cnt).tolist():
+                r = cycle.fail_reasons[j]
+                d.counts[r] = d.counts.get(r, 0) + int(cnt[j])
         if by_node:
             for i, f in enumerate(first):
                 d.by_node[self.state.nodes[i].name] = cycle.fail_reasons[int(f)] if f >= 0 else "fits"

@@ -45,11 +45,11 @@ def workload_order(pods: Sequence[TracePod], capacity_milli: int, tune: float, s
     if tune <= 0 or not any(p.num_gpu for p in base):  # no GPU pod: resampling could never reach the target
         return order
     target = tune * capacity_milli
-    demand = sum(p.request().total_gpu_milli for p in base)
+    demand = sum(p.total_gpu_milli for p in base)
     if demand > target:  # tune down: drop random pods until under the target
         while demand > target and order:
             p, _ = order.pop(int(rng.integers(len(order))))
-            demand -= p.request().total_gpu_milli
+            demand -= p.total_gpu_milli
         return order
     i = 0
     while True:
@@ -57,7 +57,7 @@ def workload_order(pods: Sequence[TracePod], capacity_milli: int, tune: float, s
         per_gpu = p.gpu_milli if p.num_gpu else 0
         if demand + per_gpu > target:
             break
-        demand += p.request().total_gpu_milli
+        demand += p.total_gpu_milli
         order.append((p, f"{p.name}-tuned-{i}"))
         i += 1
     return order
@@ -181,6 +181,15 @@ def run_packing(
     snap_at = len(order)
     frag_sum = float(node_frag.sum())
     idle_sum = float(idle.sum())
+    # the yardstick of each placement's node, computed for all of them at once after the run (frag_amount
+    # scores row by row, so a node's fragment is the same in any batch): node, its CPU, GPUs and model then
+    placed_at: list[int] = []
+    placed_node = np.zeros(n, dtype=np.int64)
+    placed_cpu = np.zeros(n, dtype=state.cpu_free.dtype)
+    placed_left = np.zeros((n, left.shape[1]), dtype=left.dtype)
+    placed_model = np.zeros(n, dtype=model.dtype)
+    gpu_usable, gpu_free, cpu_free = state.gpu_usable, state.gpu_free_milli, state.cpu_free
+    model_of = state.gpu_model[:, 0] if state.gpu_model.shape[1] else np.full(len(state), -1)
     for k, (tp, name) in enumerate(order):
         req = tp.request(name)
         if shape is not None:
@@ -198,14 +207,12 @@ def run_packing(
         if dec.ok:
             used_milli += req.total_gpu_milli
             i = state.index[dec.assignment.node]  # type: ignore[union-attr]
-            ii = np.array([i])
-            c, lft, m = node_view(state, ii)
-            f = float(frag_amount(c, lft, m, tw, acc)[0])
-            frag_sum += f - node_frag[i]
-            node_frag[i] = f
-            li = float(lft.sum())
-            idle_sum += li - idle[i]
-            idle[i] = li
+            row = len(placed_at)
+            placed_node[row] = i
+            placed_cpu[row] = cpu_free[i]
+            np.multiply(gpu_free[i], gpu_usable[i], out=placed_left[row])  # node_view's np.where(usable, free, 0)
+            placed_model[row] = model_of[i]
+            placed_at.append(k)
             rec.observe(state, req, i)
         else:
             rec.observe(state, req, None)
@@ -216,10 +223,25 @@ def run_packing(
             reasons[r] = reasons.get(r, 0) + 1
         arrived[k] = arrived_milli
         used[k] = used_milli
-        frag[k] = frag_sum
-        idle_total[k] = idle_sum
         if progress is not None:
             progress(1)
+    # the running sums, in the order the run changed them (same floating-point sums as node by node)
+    p = len(placed_at)
+    new_frag = frag_amount(placed_cpu[:p], placed_left[:p], placed_model[:p], tw, acc).tolist()
+    new_idle = placed_left[:p].sum(axis=1).tolist()
+    node_frag_l, idle_l = node_frag.tolist(), idle.tolist()
+    last = 0
+    for row, k in enumerate(placed_at):
+        frag[last:k] = frag_sum
+        idle_total[last:k] = idle_sum
+        i, f, li = int(placed_node[row]), new_frag[row], float(new_idle[row])
+        frag_sum += f - node_frag_l[i]
+        node_frag_l[i] = f
+        idle_sum += li - idle_l[i]
+        idle_l[i] = li
+        last = k
+    frag[last:] = frag_sum
+    idle_total[last:] = idle_sum
 
     arrived_pct = arrived / capacity * 100.0
     run = PackingRun(policy=policy, seed=seed, trace=trace_name, tune=tune, total_gpus=int(total_gpus))

@@ -65,6 +65,11 @@ class TracePod:
     deletion_time: int | None = None
     scheduled_time: int | None = None
 
+    @property
+    def total_gpu_milli(self) -> int:
+        """GPU demand in milli-GPU, as ``request().total_gpu_milli`` (without building the request)."""
+        return 0 if self.num_gpu == 0 else self.gpu_milli if self.num_gpu == 1 else self.num_gpu * GPU_MILLI
+
     def request(self, name: str | None = None) -> PodRequest:
         """The engine request: num_gpu whole GPUs, or one GPU share when gpu_milli < 1000."""
         if self.num_gpu == 0:

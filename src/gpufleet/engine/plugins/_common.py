@@ -6,6 +6,8 @@ epoch); NodeAffinity, the pod-to-pod plugins and VolumeBinding's node affinity a
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..model import PodRequest, Requirement, SelectorTerm
@@ -25,7 +27,7 @@ class MetaCache:
     """Masks built from node metadata, kept per (state, epoch, key): labels and taints change only with the epoch."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple, np.ndarray] = {}
+        self._cache: dict[tuple, Any] = {}
 
     def get(self, key: tuple, state: ClusterState, build) -> np.ndarray:
         k = (state.epoch, id(state)) + key
@@ -36,6 +38,26 @@ class MetaCache:
             m = build()
             self._cache[k] = m
         return m
+
+    def any(self, key: tuple, state: ClusterState, mask) -> bool:
+        """``mask(state).any()``, kept with the masks (``mask`` is the cached getter of the mask itself)."""
+        k = (state.epoch, id(state), "any") + key
+        v = self._cache.get(k)
+        if v is None:
+            if len(self._cache) > 1024:
+                self._cache.clear()
+            v = self._cache[k] = bool(mask(state).any())
+        return v
+
+    def all(self, key: tuple, state: ClusterState, mask: np.ndarray) -> bool:
+        """``mask.all()`` for a mask cached under ``key``: a filter whose mask passes every node says so."""
+        k = (state.epoch, id(state), "all") + key
+        v = self._cache.get(k)
+        if v is None:
+            if len(self._cache) > 1024:
+                self._cache.clear()
+            v = self._cache[k] = bool(mask.all())
+        return v
 
 
 def node_affinity_rows(state: ClusterState, r: PodRequest) -> np.ndarray:

@@ -73,52 +73,62 @@ class GpuFit:
         if r.mig_profile:
             count = state.mig_free_count(r.mig_profile)
             ok = count >= k
-            codes = np.zeros(n, dtype=np.int64)
+            mig_codes = np.zeros(n, dtype=np.int64)
             if mm is not None:  # count only instances on GPUs of an allowed model
                 for i in np.flatnonzero(ok):
                     free = state.mig_free[i].get(r.mig_profile, [])
                     allowed = sum(1 for g, _ in free if mm[state.gpu_model[i, g]])
                     if allowed < k:
                         ok[i] = False
-                        codes[i] = 1
-            return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), codes)
+                        mig_codes[i] = 1
+            return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), mig_codes)
         usable = state.gpu_usable
-        codes = np.zeros(n, dtype=np.int64)
+        codes = None  # every code 0 so far (no model restriction)
         no_devices = None
         if state.devices_limited:  # kubelet's count of free nvidia.com/gpu devices on the node
             no_devices = state.gpu_dev_free < k
             usable = usable & ~no_devices[:, None]
         if mm is not None:
             usable = usable & mm[state.gpu_model]
-            model_ok = usable.sum(axis=1) >= k
+            model_ok = _at_least(usable, k)
+            codes = np.zeros(n, dtype=np.int64)
             codes[~model_ok] = 3
         if r.gpu_milli >= GPU_MILLI:
             e = usable & (state.gpu_free_milli >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap)
             if state.slots_limited:
                 e &= state.gpu_slots_free > 0
-            ok = e.sum(axis=1) >= k  # too few devices: code 0, kube-scheduler's "Insufficient nvidia.com/gpu"
-            return FilterResult(ok, self.REASONS, codes)
+            ok = _at_least(e, k)  # too few devices: code 0, kube-scheduler's "Insufficient nvidia.com/gpu"
+            return FilterResult(ok, self.REASONS, codes if codes is not None else np.zeros(n, dtype=np.int64))
         if state.slots_limited:
             slotted = usable & (state.gpu_slots_free > 0)
             share0 = usable & (state.gpu_free_milli >= r.gpu_milli)
             if r.gpu_memory_mib:
                 share0 &= state.gpu_mem_free >= r.gpu_memory_mib
             # the share would fit by milli/memory but every such GPU's kubelet devices are taken
-            no_slot = (share0.sum(axis=1) >= k) & ((share0 & slotted).sum(axis=1) < k) & (codes != 3)
+            no_slot = _at_least(share0, k) & ~_at_least(share0 & slotted, k)
+            if codes is not None:
+                no_slot &= codes != 3
             usable = slotted
         else:
             no_slot = None
         share = usable & (state.gpu_free_milli >= r.gpu_milli)
-        share_ok = share.sum(axis=1) >= k
         if r.gpu_memory_mib:
-            e = share & (state.gpu_mem_free >= r.gpu_memory_mib)
-            ok = e.sum(axis=1) >= k
-            codes = np.where(codes == 3, 3, np.where(share_ok, 2, 1))
+            share_ok = _at_least(share, k)
+            ok = _at_least(share & (state.gpu_mem_free >= r.gpu_memory_mib), k)
+            c = np.where(share_ok, 2, 1)
         else:
-            ok = share_ok
-            codes = np.where(codes == 3, 3, 1)
+            ok = _at_least(share, k)
+            c = np.ones(n, dtype=np.int64)
+        codes = c if codes is None else np.where(codes == 3, 3, c)
         if no_slot is not None:
             codes = np.where(no_slot & ~ok, 5, codes)
         if no_devices is not None:
             codes = np.where(no_devices & ~ok & (codes != 3), 5, codes)
         return FilterResult(ok, self.REASONS, codes)
+
+
+def _at_least(mask: np.ndarray, k: int) -> np.ndarray:
+    """Per row of a [nodes, GPUs] mask: at least ``k`` true."""
+    if k == 1:
+        return np.asarray(mask.any(axis=1))
+    return np.asarray(np.count_nonzero(mask, axis=1) >= k)

@@ -23,4 +23,4 @@ class NodeUnschedulable:
         ok = self._c.get(
             (tolerated,), state, lambda: np.array([tolerated or not n.unschedulable for n in state.nodes], dtype=bool)
         )
-        return FilterResult(ok, ("node(s) were unschedulable",))
+        return FilterResult(ok, ("node(s) were unschedulable",), passes_all=self._c.all((tolerated,), state, ok))

@@ -72,10 +72,14 @@ class SpotCapacity:
     # --- filter -----------------------------------------------------------------------------------
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
+        any_spot = self._c.any(("spot", id(self.config)), state, self.spot_mask)
+        any_notice = self._c.any(("notice", id(self.config)), state, self.notice_mask)
+        if not any_spot and not any_notice:  # the common cluster: nothing to check
+            return FilterResult(all_pass(len(state)), passes_all=True)
         spot, notice = self.spot_mask(state), self.notice_mask(state)
         never = self.config.pod_policy(r) == NEVER
-        group = self._group_on(r, state) if spot.any() else set()
-        if not notice.any() and not (never and spot.any()) and len(group) != 1:
+        group = self._group_on(r, state) if any_spot else set()
+        if not any_notice and not (never and any_spot) and len(group) != 1:
             return FilterResult(all_pass(len(state)), passes_all=True)
         reasons = [R_NOTICE, R_SPOT]
         ok = ~notice
@@ -94,7 +98,7 @@ class SpotCapacity:
 
     # --- score ------------------------------------------------------------------------------------
     def applies(self, cycle: Cycle, state: ClusterState) -> bool:
-        return self.config.pod_policy(cycle.request) != NEVER and bool(self.spot_mask(state).any())
+        return self.config.pod_policy(cycle.request) != NEVER and self._c.any(("spot", id(self.config)), state, self.spot_mask)
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         spot = self.spot_mask(state)[nodes]

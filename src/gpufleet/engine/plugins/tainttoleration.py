@@ -39,7 +39,7 @@ class TaintToleration:
             return ok, codes, tuple(reasons) or ("node(s) had untolerated taint",)
 
         ok, codes, reasons = self._c.get((tols,), state, build)
-        return FilterResult(ok, reasons, codes)
+        return FilterResult(ok, reasons, codes, passes_all=self._c.all((tols,), state, ok))
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         tols = cycle.request.tolerations
