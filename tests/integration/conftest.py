@@ -22,6 +22,7 @@ import ssl
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpufleet.engine.inventory import gpus_to_json
 from gpufleet.engine.model import Gpu
@@ -267,3 +268,65 @@ def nodes(core):
             core.delete_node(n)
         except Exception:
             pass
+
+
+@pytest.fixture(scope="module")
+def disruption_controller(control_plane):
+    """kube-controller-manager running only the disruption controller, so PodDisruptionBudgets get the status
+    Kubernetes computes (currentHealthy, desiredHealthy, disruptionsAllowed) from the pods' Ready conditions,
+    and the Eviction API enforces them as in a cluster.  Per module: the other modules' tests write budgets'
+    status themselves or need none.  Skipped when the assets lack the binary."""
+    kcm = Path(ASSETS) / "kube-controller-manager"
+    if not kcm.is_file():
+        pytest.skip("KUBEBUILDER_ASSETS has no kube-controller-manager")
+    log = control_plane.dir / "kcm.log"
+    proc = subprocess.Popen([str(kcm), f"--kubeconfig={control_plane.kubeconfig}", "--controllers=disruption",
+                             "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    time.sleep(1.0)
+    if proc.poll() is not None:
+        raise RuntimeError(f"kube-controller-manager exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def mark_running(core, ns: str, name: str, start: str, ready: bool = True) -> None:
+    """What kubelet writes once a pod runs (there is no kubelet here): phase Running, Ready, its startTime."""
+    core.patch_namespaced_pod_status(name, ns, {"status": {
+        "phase": "Running", "startTime": start,
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": start}]}})
+
+
+def _until(pred, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return bool(pred())
+
+
+@pytest.fixture(scope="module")
+def crds(admin):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    ext = client.ApiextensionsV1Api(admin)
+    for f in ("queue.yaml", "podgroup.yaml"):
+        try:
+            ext.create_custom_resource_definition(yaml.safe_load((Path(__file__).parents[2] / "deploy/crds" / f).read_text()))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    for n in ("queues.gpufleet.io", "podgroups.gpufleet.io"):
+        assert _until(lambda n=n: any(c.type == "Established" and c.status == "True"
+                                      for c in (ext.read_custom_resource_definition(n).status.conditions or [])), 10), n
+    time.sleep(1.0)  # discovery catches up
+    return client.CustomObjectsApi(admin)

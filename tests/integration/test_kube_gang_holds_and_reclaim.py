@@ -19,7 +19,7 @@ from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner, wait_until
 
 from .test_kube_scheduler import bound, pod_body
-from .test_kube_teams import crds, ev_reasons, namespace, no_leftover_pods  # noqa: F401 (fixtures)
+from .test_kube_teams import ev_reasons, namespace, no_leftover_pods  # noqa: F401 (fixtures)
 
 
 class Sched:

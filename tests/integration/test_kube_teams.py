@@ -13,33 +13,13 @@ import time
 import uuid
 
 import pytest
-import yaml
 
 from gpufleet.kube.api import KubernetesApi
 from gpufleet.kube.cli import Metrics, load_profile
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner, wait_until
 
-from .test_kube_scheduler import ROOT, bound, pod_body
-
-
-@pytest.fixture(scope="module")
-def crds(admin):
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    ext = client.ApiextensionsV1Api(admin)
-    for f in ("queue.yaml", "podgroup.yaml"):
-        try:
-            ext.create_custom_resource_definition(yaml.safe_load((ROOT / "deploy/crds" / f).read_text()))
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    for n in ("queues.gpufleet.io", "podgroups.gpufleet.io"):
-        assert wait_until(lambda n=n: any(c.type == "Established" and c.status == "True"
-                                      for c in (ext.read_custom_resource_definition(n).status.conditions or [])), 10), n
-    time.sleep(1.0)  # discovery catches up
-    return client.CustomObjectsApi(admin)
+from .test_kube_scheduler import bound, pod_body
 
 
 MADE: list[str] = []
@@ -84,7 +64,10 @@ class Sched:
 def ev_reasons(admin, ns: str) -> list[tuple[str, str, str]]:
     from kubernetes import client
 
-    return [(e.regarding.name, e.reason, e.note or "") for e in client.EventsV1Api(admin).list_namespaced_event(ns).items]
+    # raw JSON: events other components write through core/v1 (the disruption controller's) have no eventTime,
+    # which the client's events.k8s.io model refuses
+    items = json.loads(client.EventsV1Api(admin).list_namespaced_event(ns, _preload_content=False).data)["items"]
+    return [((e.get("regarding") or {}).get("name"), e.get("reason"), e.get("note") or "") for e in items]
 
 
 def watch_nominations(core, ns: str, name: str, timeout_s: int = 40) -> list[str]:

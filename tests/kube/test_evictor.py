@@ -1,4 +1,5 @@
-"""Evictions: one DELETE per victim, in flight until the watch shows it gone, 404 = already gone."""
+"""Evictions: one eviction (Eviction API) per victim, in flight until the watch shows it gone, 404 = already gone,
+429 = a PodDisruptionBudget said no."""
 
 from __future__ import annotations
 
@@ -71,3 +72,56 @@ def test_in_flight_ends_at_its_timeout_and_terminating_pods_are_leaving():
     assert ev.leaving(bound) == set()  # a lost delete: it may be chosen again
     bound["ml/v2"]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert ev.leaving(bound) == {"ml/v2"}
+
+
+def _pdb(allowed, selector=None, generation=1, observed=1, policy=None):
+    spec = {"minAvailable": 1, "selector": selector if selector is not None else {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["db"]}]}}
+    if policy:
+        spec["unhealthyPodEvictionPolicy"] = policy
+    return {"metadata": {"name": "db", "namespace": "ml", "generation": generation}, "spec": spec,
+            "status": {"observedGeneration": observed, "disruptionsAllowed": allowed, "currentHealthy": 2, "desiredHealthy": 1}}
+
+
+def _running(t, ready=True):
+    for p in t.bound.values():
+        p["metadata"]["labels"] = {"app": "db"}
+        p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        t.api.update_pod(p)
+
+
+def test_the_api_server_keeps_the_budget_and_a_refusal_deletes_nothing():
+    t = setup(grace_s=0)
+    _running(t)
+    t.api.put_object("pdb", _pdb(allowed=1))
+    # the snapshot planned both (its view of the budget was behind): the API admits one, refuses the other
+    assert t.ev.evict([victim("ml/v1"), victim("ml/v2")], t.bound, "r", "preempted", "ml/p") == ({"ml/v1"}, set())
+    assert t.api.evicted == [("ml/v1", 0)] and "ml/v2" in t.api.pods
+    assert t.stats.preempted == 1 and t.stats.eviction_refused == 1
+    assert t.ev.leaving(t.bound) == {"ml/v1"}  # v2 is not in flight: it stays, and may be planned again
+    pdb = t.api.objects["pdb"]["ml/db"]
+    assert pdb["status"]["disruptionsAllowed"] == 0 and "v1" in pdb["status"]["disruptedPods"]
+
+
+def test_the_fake_eviction_subresource_follows_the_api_servers_rules():
+    from gpufleet.kube.api import ApiError, EvictionRefused
+
+    t = setup()
+    _running(t)
+    t.api.put_object("pdb", _pdb(allowed=5, generation=2, observed=1))  # status older than the spec
+    try:
+        t.api.evict_pod("ml", "v1")
+        raise AssertionError("a stale budget admitted an eviction")
+    except EvictionRefused:
+        pass
+    t.api.put_object("pdb", _pdb(allowed=0, policy="AlwaysAllow"))
+    _running(t, ready=False)
+    t.api.evict_pod("ml", "v1")  # not Ready, AlwaysAllow: goes without spending a disruption
+    other = _pdb(allowed=3, selector={"matchLabels": {"app": "db"}})
+    other["metadata"]["name"] = "db2"
+    t.api.put_object("pdb", other)
+    try:
+        t.api.evict_pod("ml", "v2")  # two budgets cover it
+        raise AssertionError("a pod under two budgets was evicted")
+    except ApiError as exc:
+        assert exc.status == 500

@@ -38,7 +38,7 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
                ("storage.k8s.io", "storageclasses"), ("storage.k8s.io", "csinodes"), ("storage.k8s.io", "csidrivers"),
                ("scheduling.k8s.io", "podgroups")}  # Kubernetes' own gangs (spec.schedulingGroup)
     assert grants(cluster) == {("", "nodes", "list"), ("", "nodes", "watch"), ("", "pods", "get"), ("", "pods", "list"),
-                               ("", "pods", "watch"), ("", "pods", "delete"),  # preemption and reclaim
+                               ("", "pods", "watch"), ("", "pods/eviction", "create"),  # preemption and reclaim
                                ("", "pods/binding", "create"), ("", "pods/status", "patch"),  # nominatedNodeName
                                ("events.k8s.io", "events", "create"),
                                ("scheduling.k8s.io", "podgroups/status", "patch"),  # PodGroupInitiallyScheduled

@@ -17,6 +17,9 @@ import threading
 import time
 from typing import Iterator, Protocol
 
+from ..engine.disruption import PodDisruptionBudget, PodFacts
+from ..engine.errors import ConfigError
+
 
 class Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410): relist."""
@@ -38,6 +41,14 @@ class ApiError(Exception):
         self.status = status
 
 
+class EvictionRefused(ApiError):
+    """The eviction subresource said no (429): a PodDisruptionBudget allows no disruption now, or its
+    status is older than its spec.  Nothing was deleted."""
+
+    def __init__(self, message: str):
+        super().__init__(429, message)
+
+
 class SchedulerApi(Protocol):
     def list_nodes(self) -> tuple[list[dict], str]: ...
     def list_pods(self) -> tuple[list[dict], str]: ...
@@ -50,7 +61,9 @@ class SchedulerApi(Protocol):
     def get_pod(self, namespace: str, name: str) -> dict | None: ...
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None: ...
     def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
-        """Delete (evict) a pod (preemption, reclaim); ``uid`` guards against deleting a newer pod of the same name."""
+        """Evict a pod through the Eviction API (preemption, reclaim), so the API server itself keeps every
+        PodDisruptionBudget: ``EvictionRefused`` (429) when one allows no disruption now.  ``uid`` guards
+        against evicting a newer pod of the same name."""
         ...
     def nominate(self, namespace: str, name: str, node: str) -> None:
         """Set ``status.nominatedNodeName`` (where a preemptor will go once its victims are gone)."""
@@ -308,10 +321,32 @@ class FakeApi:
         return key, self.pods[key]
 
     def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
+        """The eviction subresource: PodDisruptionBudgets decide (``engine.disruption``'s rules, the API server's)."""
         with self._cv:
             key, pod = self._pod("evict_pod", namespace, name)
             if uid and (pod.get("metadata") or {}).get("uid") not in (None, uid):
                 raise Conflict(f"pod {key}: precondition failed: uid {uid}")
+            facts = PodFacts.from_pod(pod)
+            if not facts.exempt:
+                covering = []
+                for o in self.objects["pdb"].values():
+                    try:
+                        b = PodDisruptionBudget.from_json(o)
+                    except ConfigError:
+                        continue  # the API server never admits a budget it cannot read
+                    if b.covers_pod(facts):
+                        covering.append((b, o))
+                if len(covering) > 1:
+                    raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.")
+                if covering:
+                    b, o = covering[0]
+                    if b.eviction_cost(facts):
+                        if b.allowed_now <= 0:
+                            raise EvictionRefused("Cannot evict pod as it would violate the pod's disruption budget.")
+                        st = o.setdefault("status", {})
+                        st["disruptionsAllowed"] = st.get("disruptionsAllowed", 0) - 1
+                        st.setdefault("disruptedPods", {})[name] = "now"
+                        self._touch("pdb", "MODIFIED", o)
             self.evicted.append((key, grace_period_s))
             self._touch("pod", "DELETED", self.pods.pop(key))
 
@@ -401,7 +436,7 @@ def _status_error(status: int, body: bytes, reason: str) -> Exception:
         msg = json.loads(body).get("message") or reason
     except (ValueError, AttributeError):
         msg = reason
-    kinds = {409: Conflict, 404: NotFound, 410: Gone}
+    kinds = {409: Conflict, 404: NotFound, 410: Gone, 429: EvictionRefused}
     return kinds[status](msg) if status in kinds else ApiError(status, msg)
 
 
@@ -527,12 +562,15 @@ class KubernetesApi:
             r.release_conn()
 
     def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
-        body: dict = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        opts: dict = {}
         if uid:
-            body["preconditions"] = {"uid": uid}
+            opts["preconditions"] = {"uid": uid}
         if grace_period_s is not None:
-            body["gracePeriodSeconds"] = grace_period_s
-        self._request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body)
+            opts["gracePeriodSeconds"] = grace_period_s
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if opts:
+            body["deleteOptions"] = opts
+        self._request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body)
 
     def _object_path(self, kind: str, namespace: str, name: str = "") -> str:
         base, resource = KIND_PATHS[kind].rsplit("/", 1)

@@ -101,8 +101,9 @@ class Metrics:
         self.pending = Gauge("gpufleet_pending_pods", "Pods waiting for gpufleet", registry=self.registry)
         self.binds = Counter("gpufleet_binds_total", "Pods bound (rate() gives binds/s)", registry=self.registry)
         self.leader = Gauge("gpufleet_leader", "1 while this replica holds the lease", registry=self.registry)
-        self.evictions = Counter("gpufleet_evictions_total", "Pods deleted to make room, by reason (preempted, reclaimed; "
-                                 "already_gone: the DELETE found the victim gone, not an eviction)",
+        self.evictions = Counter("gpufleet_evictions_total", "Pods evicted to make room, by reason (preempted, reclaimed; "
+                                 "already_gone: the eviction found the victim gone; eviction_refused: a "
+                                 "PodDisruptionBudget said no, nothing deleted)",
                                  ["reason"], registry=self.registry)
         self.held_room = Counter("gpufleet_held_room_placements_total", "Pods placed in room the policy held for pods not "
                                  "yet here (the default's CPU reserve) rather than evict lower-priority pods", registry=self.registry)

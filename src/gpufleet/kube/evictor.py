@@ -1,4 +1,15 @@
-"""Evictions for preemption and reclaim: one DELETE per victim, tracked until the watch shows it gone.
+"""Evictions for preemption and reclaim: one eviction per victim, tracked until the watch shows it gone.
+
+Victims go through the Eviction API (``pods/eviction``), not a plain DELETE:
+the API server then checks every PodDisruptionBudget atomically with the
+eviction (it decrements ``status.disruptionsAllowed`` as it admits one), so two
+plans made before the disruption controller caught up, another eviction
+(``kubectl drain``, the reclaim tool) racing ours, or a stale snapshot can never
+take a budget below its minimum.  The planners already leave protected pods out
+(``engine.disruption.Budgets``); a refusal (429) means the snapshot was behind:
+nothing was deleted, the victim is not in flight, and the pod plans again.
+kube-scheduler deletes its victims and may break a budget when nothing else
+fits; gpufleet never does.
 
 Why: a victim stays in the snapshot until the watch reports it deleted (its
 room is not free before that), so every plan made in the meantime -- one per
@@ -7,10 +18,10 @@ sees it and would choose it again.  Deleting it twice is harmless to the
 cluster but not to what the scheduler reports: each repeated DELETE used to
 count as an eviction, with its own ``Preempted`` event and nomination.
 
-So an eviction is *in flight* from its DELETE until the watch shows the pod
+So an eviction is *in flight* from its request until the watch shows the pod
 gone (``forget``), or until ``timeout_s`` (a lost delete: the pod may then be
 chosen again); pods already terminating are on their way out too.  ``leaving``
-is what every planner excludes.  Only a DELETE that succeeded is an eviction:
+is what every planner excludes.  Only an eviction the API admitted counts:
 one ``Preempted`` event naming the pod it made room for, one count under its
 kind; a 404 means the pod was already gone and is counted as such, silently.
 This is kube-scheduler's split of responsibility: the cycle plans, this
@@ -24,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..engine.model import Assignment
-from .api import NotFound, SchedulerApi
+from .api import EvictionRefused, NotFound, SchedulerApi
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +72,8 @@ class Evictions:
 
         Returns (evicted, already gone).  An evicted pod gets one ``Preempted`` event
         (``reason`` names ``for_``) and one count under ``kind``; a 404 counts as
-        ``already_gone``; a pod in flight is never deleted again; other errors are logged.
+        ``already_gone``; a refusal (a PodDisruptionBudget said no) counts as ``eviction_refused`` and
+        leaves the pod where it is; a pod in flight is never evicted again; other errors are logged.
         """
         if any(v.pod_key not in bound_pods for v in victims):
             return None  # a victim is still being bound (or held by a gang): decide again next time
@@ -69,11 +81,15 @@ class Evictions:
         gone: set[str] = set()
         for v in victims:
             if v.pod_key in self.in_flight:
-                continue  # planned around in-flight evictions; never DELETE twice
+                continue  # planned around in-flight evictions; never evict twice
             p = bound_pods[v.pod_key]
             ns, name = v.pod_key.split("/", 1)
             try:
                 self.api.evict_pod(ns, name, uid=(p.get("metadata") or {}).get("uid"), grace_period_s=self.grace_s)
+            except EvictionRefused as exc:
+                self.stats.eviction_refused += 1
+                log.info("eviction of %s (to make room for %s) refused: %s", v.pod_key, for_, exc)
+                continue
             except NotFound:
                 gone.add(v.pod_key)
                 self.stats.already_gone += 1

@@ -25,14 +25,14 @@ admits by quota; pending pods are tried in weighted-DRF order.  Pods of a pod
 group go through ``GangScheduler`` (all or nothing).  A pod that does not fit
 first tries to *reclaim* quota its queue lent out (borrowed pods of other
 queues), then to *preempt* lower-priority pods (whole gangs, within
-PodDisruptionBudgets); victims are deleted through the API and the pod is
+PodDisruptionBudgets); victims are evicted through the Eviction API and the pod is
 tried first once they are gone.  The queue a pod was admitted to is written
 next to its assignment, so a restart counts usage exactly as before.
 
 A victim stays in the snapshot until the watch shows it gone (its room is not
 free before), so every plan made meanwhile must not choose it again: evictions
 in flight (and pods terminating anyway) are excluded from all candidate sets
-until then, or until ``eviction_timeout_s`` (``evictor.Evictions``).  Only a DELETE that succeeded is
+until then, or until ``eviction_timeout_s`` (``evictor.Evictions``).  Only an eviction the API admitted is
 an eviction (event, counter, nomination); a 404 counts as ``already_gone``.
 A gang's hold (see ``engine.gang``) is named in the reason of every pod it
 alone keeps out.

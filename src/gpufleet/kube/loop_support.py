@@ -45,7 +45,8 @@ class Stats:
     events_dropped: int = 0
     preempted: int = 0  # pods deleted to make room for higher priority
     reclaimed: int = 0  # borrowed pods deleted to give a queue its quota back
-    already_gone: int = 0  # victims whose DELETE found them gone (404): not evictions of ours
+    already_gone: int = 0  # victims whose eviction found them gone (404): not evictions of ours
+    eviction_refused: int = 0  # evictions the API server refused (429): a PodDisruptionBudget said no
     held_room: int = 0  # pods placed in room the policy held for pods not yet here, rather than evict anyone
 
 

@@ -140,7 +140,7 @@ class Runner:
         queue_gauges = None
         if self.metrics is not None and hasattr(self.metrics, "queue_pending_gpus"):
             queue_gauges = QueueGauges(self.metrics.queue_pending_pods, self.metrics.queue_pending_gpus)
-        evictions_seen = {"preempted": 0, "reclaimed": 0, "already_gone": 0}
+        evictions_seen = {"preempted": 0, "reclaimed": 0, "already_gone": 0, "eviction_refused": 0}
         while not stop.is_set():
             leading = self.leading()
             busy = leading and loop.has_due()
