@@ -249,3 +249,23 @@ def test_room_wanted_is_what_the_live_loop_and_the_replay_make_room_for(case, me
     got = gangs.room_wanted("default/job")
     assert (None if got is None else (got[1], got[2])) == want, case
     assert gangs.room_wanted("default/nosuch") is None
+
+
+def test_a_gang_evicted_whole_is_placed_again_all_or_nothing():
+    """Every member of a running gang removed and added again (a whole-gang preemption or a spot drain): the gang is not
+    "running" any more, so it waits for room for all of them rather than starting member by member."""
+    state, s, _ = cluster(n_nodes=2, gpus=1)
+    g = GangScheduler(s)
+    members = [gpu_pod(f"w{i}", n=1, group="job", group_min=2) for i in range(2)]
+    for m in members:
+        g.add(m, 0.0)
+    assert all(r.ok for r in g.step(0.0)) and len(state.assignments) == 2
+    blocker = gpu_pod("other", n=1)
+    for m in members:  # both evicted; one GPU goes to another pod meanwhile
+        g.remove(m.key)
+        g.add(m, 10.0)
+    assert s.schedule(blocker).ok
+    res = g.step(20.0)
+    assert not any(r.ok and r.placed for r in res) and len(state.assignments) == 1  # not one member alone
+    s.forget(blocker.key)
+    assert any(r.ok and len(r.placed) == 2 for r in g.step(30.0))

@@ -31,9 +31,10 @@ def test_seeded_and_scaled():
 
 
 def test_spot_nodes_get_a_notice_go_and_come_back():
-    nodes = fleet(scale=0.05, spot_share=0.3, seed=2)
+    nodes = fleet(scale=0.05, spot_share=0.3)
     spot = {n.name for n in nodes if n.spot}
-    assert spot and len(spot) < len(nodes)
+    assert len([n for n in nodes if not n.spot]) == len(fleet(scale=0.05)) and len(spot) == 65  # beside, not instead
+    assert {n.model for n in fleet(scale=0.05, spot_share=0.3, spot_models=["A10"]) if n.spot} == {"A10"}
     ev = spot_events(nodes, hours=72, up_h=6, down_h=1, notice_s=120, seed=2)
     assert ev and {e.node for e in ev} <= spot
     for name in spot:

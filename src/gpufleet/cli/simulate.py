@@ -110,8 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seeds: 42, 42-51 or 1,2,3 (default 42; at most {MAX_SEEDS}, each once; 42-51 gives the README's table)")
     p.add_argument("--tune", type=float_range(0, 10, lo_open=True), default=1.3,
                    help="packing: inflate the workload to TUNE x cluster GPU capacity, in (0, 10] (default 1.3)")
-    p.add_argument("--experiment", choices=["packing", "replay", "queues"], default="packing",
-                   help="packing (the FGD paper's), replay (trace clock), queues (replay with team queues, quotas, reclaim)")
+    p.add_argument("--experiment", choices=["packing", "replay", "queues", "spot"], default="packing",
+                   help="packing (the FGD paper's), replay (trace clock), queues (replay with team queues, quotas, reclaim), "
+                        "spot (GFS-shaped HP and Spot jobs with spot capacity that comes and goes, docs/spot.md)")
     p.add_argument("--teams", type=int_range(1, 64), default=3, help="queues: number of synthetic teams, 1-64 (default 3)")
     p.add_argument("--jobs", type=int_range(1, 256), default=None, help="worker processes, 1-256 (default: number of CPUs)")
     p.add_argument("--json", dest="json_path", help="write all runs and the summary as JSON to this path")
@@ -124,6 +125,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from . import replay_cli
 
     replay_cli.add_arguments(p)
+    from . import spot_cli
+
+    spot_cli.add_arguments(p)
 
 
 # --- workers (top level, so they pickle) --------------------------------------------
@@ -235,6 +239,10 @@ def run(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json_path), ("--report", args.report)):
         if path:
             output_file(flag, path)  # before the work, not after it
+    if args.experiment == "spot":
+        from . import spot_cli
+
+        return spot_cli.run(args, policies)
     if args.experiment == "replay":  # load, what-ifs, team queues, the 2025 trace
         from . import replay_cli
 

@@ -485,6 +485,8 @@ class GangScheduler:
             if pod_key in g.running:
                 g.running.discard(pod_key)
                 freed = self.sched.forget(pod_key) is not None or freed
+                if not g.running:  # no member runs any more (the whole gang was evicted): all or nothing again
+                    g.placed = False
             if not g.members and not g.running and self.holder != k:
                 del self.gangs[k]
                 self.take_held.discard(k)

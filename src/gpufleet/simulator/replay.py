@@ -545,6 +545,9 @@ class _Replay:
                 nom = tree.nominal(q, "gpu_milli")
                 self.team_borrow[q].append(round(100.0 * max(0, g - nom) / self.capacity, 3) if nom is not None else 0.0)
 
+    def on_event(self, kind: int, i: int, now: float) -> None:
+        raise ValueError(f"unknown replay event kind {kind}")
+
     def arrive(self, i: int, now: float) -> None:
         self.result.pods_arrived += 1
         self.arrived_at[i] = now
@@ -585,8 +588,10 @@ class _Replay:
                         continue  # a preempted pod's old departure
                     self.release(i)
                     left_any = True
-                else:
+                elif kind == 1:
                     arrivals.append(i)
+                else:
+                    self.on_event(kind, i, now)  # other events a subclass scheduled (spot_replay: nodes)
             if left_any:
                 self.backoff.wake_all()
                 self.retry(now)

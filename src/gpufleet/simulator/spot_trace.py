@@ -26,9 +26,13 @@ same way, and tests hold the two together):
 Per-worker GPU requests are not published per model beyond the medians (A10 1, A100 1, GPU-series-2 4,
 GPU-series-1 1, H800 8, A800 2) and the share of jobs asking less than one GPU (10.4%, all put on A10 here);
 ``GPUS_PER_WORKER`` is an assumption with those medians.  Durations are log-normal per class, fitted to the
-median and p90 (the trace's tail beyond p90 is heavier: its p99 is 65 days, cut here at ``max_duration_s``).
+median and p90 (the trace's tail beyond p90 is heavier: its p99 is 65 days, cut here at ``max_duration_s``), the
+same for every model: in the trace A10 and GPU-series-1 jobs run for days and the big-model jobs for hours (mean
+run time per model 0.3 to 5 days), which per-model scaling would match only by moving the class medians, so each
+model's share of the GPU-seconds is off (``describe`` reports it: H800 and A100 carry more of the load here, A10
+and GPU-series-1 less).
 
-Spot capacity: a share of each model's nodes are spot nodes; each is available for an exponentially distributed
+Spot capacity: spot nodes beside the on-demand fleet (``spot_share`` x each kind's nodes); each is available for an exponentially distributed
 time (mean ``up_h``), then gets an interruption notice, disappears ``notice_s`` later and comes back after an
 exponentially distributed time (mean ``down_h``), as spot capacity that is reclaimed and later offered again.
 """
@@ -36,7 +40,7 @@ exponentially distributed time (mean ``down_h``), as spot capacity that is recla
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -73,6 +77,9 @@ WORKERS: list[tuple[int, int, float]] = [
 # the big models (H800: 65 GPUs per job); ``_worker_tables`` tilts WORKERS per model to these means
 MEAN_GPUS_PER_JOB = {"A10": 0.920, "A100-SXM4-80GB": 4.903, "GPU-series-2": 14.56, "GPU-series-1": 2.160, "H800": 65.02,
                      "A800-SXM4-80GB": 6.133}
+# each model's share of the trace's GPU-seconds (demand_by_model.csv): reported by ``describe``, not matched (see above)
+MODEL_GPU_SECONDS_SHARE = {"A10": 0.3712, "A100-SXM4-80GB": 0.2866, "GPU-series-2": 0.0728, "GPU-series-1": 0.1320,
+                           "H800": 0.1242, "A800-SXM4-80GB": 0.0133}
 TARGETS = {
     "hp_job_share": 0.8904, "hp_gpu_seconds_share": 0.9757,
     "hp_median_duration_s": 1101.0, "hp_p90_duration_s": 58770.0,
@@ -149,16 +156,19 @@ class SpotEvent:
     kind: str  # notice | gone | back
 
 
-def fleet(scale: float = 1.0, spot_share: float = 0.0, seed: int = 0) -> list[GfsNode]:
-    """The trace's fleet times ``scale`` (at least one node per kind), ``spot_share`` of each kind's nodes spot."""
-    rng = np.random.default_rng(seed)
+def fleet(scale: float = 1.0, spot_share: float = 0.0, spot_models: Iterable[str] | None = None) -> list[GfsNode]:
+    """The trace's fleet times ``scale`` (at least one node per kind), all on-demand, plus spot nodes: ``spot_share``
+    x as many of each kind again (of ``spot_models`` only, when given), as spot capacity bought beside it."""
     out = []
+    only = set(spot_models) if spot_models is not None else None
     for model, kinds in FLEET.items():
         for gpus, n in kinds:
             k = max(1, int(round(n * scale)))
-            spot = set(rng.choice(k, size=int(round(k * spot_share)), replace=False).tolist()) if spot_share > 0 else set()
             for i in range(k):
-                out.append(GfsNode(f"{model.lower()}-{gpus}g-{i}", model, gpus, CPU_PER_NODE[model], i in spot))
+                out.append(GfsNode(f"{model.lower()}-{gpus}g-{i}", model, gpus, CPU_PER_NODE[model]))
+            if only is None or model in only:
+                for i in range(int(round(k * spot_share))):
+                    out.append(GfsNode(f"{model.lower()}-{gpus}g-spot-{i}", model, gpus, CPU_PER_NODE[model], True))
     return out
 
 
@@ -169,8 +179,24 @@ def _pick(rng: np.random.Generator, table: dict, n: int) -> np.ndarray:
 
 
 def jobs(seed: int = 0, hours: float = 24.0, scale: float = 1.0, max_duration_s: float = 30 * 86400.0,
-         organizations: int = 84, org_zipf: float = 1.7) -> list[GfsJob]:
-    """Jobs submitted over ``hours`` at ``scale`` x the trace's arrival rate (see the module docstring)."""
+         organizations: int = 84, org_zipf: float = 1.7, prefill_h: float = 0.0,
+         fit_gpus: dict[str, int] | None = None) -> list[GfsJob]:
+    """Jobs submitted over ``hours`` at ``scale`` x the trace's arrival rate (see the module docstring).
+
+    ``prefill_h``: also jobs submitted that long before the start that still run at it (negative ``submit_s``):
+    a cluster that has been running, not an empty one.  ``fit_gpus`` (model -> GPUs of a scaled fleet): a job
+    asking more GPUs of its model than that is cut to as many workers as fit (the trace's largest gangs do not
+    fit a small fleet, and a job that can never run only measures the fleet's size)."""
+    out = _jobs(seed, hours + prefill_h, scale, max_duration_s, organizations, org_zipf, fit_gpus)
+    if prefill_h <= 0:
+        return out
+    shift = prefill_h * 3600.0
+    return [j for j in (replace(j, submit_s=j.submit_s - shift) for j in out)
+            if j.submit_s >= 0 or j.submit_s + j.duration_s > 0]
+
+
+def _jobs(seed: int, hours: float, scale: float, max_duration_s: float, organizations: int, org_zipf: float,
+          fit_gpus: dict[str, int] | None) -> list[GfsJob]:
     rng = np.random.default_rng(seed)
     cv = TARGETS["hourly_arrival_cv"]
     k = 1.0 / (cv * cv)
@@ -194,8 +220,11 @@ def jobs(seed: int = 0, hours: float = 24.0, scale: float = 1.0, max_duration_s:
         mu, sigma = DURATION[str(kind[i])]
         d = float(min(max_duration_s, max(1.0, rng.lognormal(mu, sigma))))
         milli = int(_pick(rng, GPUS_PER_WORKER[str(model[i])], 1)[0])
+        w = int(workers[i])
+        if fit_gpus is not None and w * milli > fit_gpus.get(str(model[i]), 0) * 1000:
+            w = max(1, fit_gpus.get(str(model[i]), 0) * 1000 // milli)
         cpus = max(1, int(round(milli / 1000.0 * CPU_PER_NODE[str(model[i])] / 8.0 * rng.uniform(0.5, 1.0))))
-        out.append(GfsJob(f"j{i}", f"org-{int(org[i])}", str(kind[i]), str(model[i]), int(workers[i]), milli, cpus,
+        out.append(GfsJob(f"j{i}", f"org-{int(org[i])}", str(kind[i]), str(model[i]), w, milli, cpus,
                           float(times[i]), d))
     return out
 
@@ -239,10 +268,21 @@ class Shape:
     values: dict[str, float] = field(default_factory=dict)
 
     def table(self) -> list[tuple[str, float, float]]:
-        return [(k, v, TARGETS[k]) for k, v in self.values.items() if k in TARGETS]
+        want = {**TARGETS, **{f"gpu_seconds_share:{m}": v for m, v in MODEL_GPU_SECONDS_SHARE.items()}}
+        return [(k, v, want[k]) for k, v in self.values.items() if k in want]
+
+
+def fleet_gpus(nodes: Iterable[GfsNode], spot: bool = False) -> dict[str, int]:
+    """GPUs per model of the on-demand nodes (and the spot ones with ``spot``): what ``jobs(fit_gpus=...)`` takes."""
+    out: dict[str, int] = {}
+    for n in nodes:
+        if spot or not n.spot:
+            out[n.model] = out.get(n.model, 0) + n.gpus
+    return out
 
 
 def describe(js: Sequence[GfsJob], nodes: Sequence[GfsNode] = (), hours: float | None = None) -> Shape:
+    js = [j for j in js if j.submit_s >= 0]  # jobs submitted in the window (not the prefill's)
     kinds = np.array([j.kind for j in js])
     dur = np.array([j.duration_s for j in js])
     gs = np.array([j.gpus * j.duration_s for j in js])
@@ -255,6 +295,8 @@ def describe(js: Sequence[GfsJob], nodes: Sequence[GfsNode] = (), hours: float |
         v[f"{name}_median_duration_s"] = float(np.median(dur[m]))
         v[f"{name}_p90_duration_s"] = float(np.quantile(dur[m], 0.9))
     v["multi_worker_share"] = float(np.mean([j.workers > 1 for j in js]))
+    for m in MODEL_GPU_SECONDS_SHARE:
+        v[f"gpu_seconds_share:{m}"] = float(sum(g for j, g in zip(js, gs) if j.model == m) / gs.sum())
     span_h = hours or max(1.0, max(j.submit_s for j in js) / 3600.0)
     per_hour = np.bincount(np.array([int(j.submit_s // 3600) for j in js]), minlength=int(math.ceil(span_h)))
     v["jobs_per_hour"] = float(per_hour.mean())

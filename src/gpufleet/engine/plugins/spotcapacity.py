@@ -46,6 +46,8 @@ class SpotCapacity:
     config: SpotConfig = field(default_factory=SpotConfig)
     name: str = PLUGIN
     _c: MetaCache = field(default_factory=MetaCache)
+    _gstamp: tuple = ()
+    _gmap: dict = field(default_factory=dict)
 
     # --- node metadata, cached per state epoch ----------------------------------------------------
     def spot_mask(self, state: ClusterState) -> np.ndarray:
@@ -60,14 +62,21 @@ class SpotCapacity:
         """Capacity types (True: spot) the pod's gang already runs or is reserved on."""
         if not r.pod_group or self.config.mixed_gangs:
             return set()
-        spot = self.spot_mask(state)
-        out = set()
-        for a in state.assignments.values():
-            if a.pod_group == r.pod_group and a.pod_key != r.key and a.pod_key.split("/", 1)[0] == r.namespace:
-                i = state.index.get(a.node)
-                if i is not None:
-                    out.add(bool(spot[i]))
-        return out
+        return {on for key, on in self._groups(state).get((r.namespace, r.pod_group), {}).items() if key != r.key}
+
+    def _groups(self, state: ClusterState) -> dict[tuple[str, str], dict[str, bool]]:
+        """(namespace, pod group) -> {member: on spot} for the placed members, rebuilt when any node's pods changed."""
+        stamp = (id(state), state.epoch, int(state.version.sum()), len(state.assignments))
+        if self._gstamp != stamp:
+            spot = self.spot_mask(state)
+            out: dict[tuple[str, str], dict[str, bool]] = {}
+            for a in state.assignments.values():
+                if a.pod_group:
+                    i = state.index.get(a.node)
+                    if i is not None:
+                        out.setdefault((a.pod_key.split("/", 1)[0], a.pod_group), {})[a.pod_key] = bool(spot[i])
+            self._gmap, self._gstamp = out, stamp
+        return self._gmap
 
     # --- filter -----------------------------------------------------------------------------------
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
