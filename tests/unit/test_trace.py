@@ -35,3 +35,19 @@ def test_total_gpu_milli_is_the_requests():
     assert {p.num_gpu for p in pods} >= {0, 1, 2, 8}
     for p in pods:
         assert p.total_gpu_milli == p.request().total_gpu_milli
+
+
+def test_bound_shapes_are_the_requests():
+    from collections import Counter
+
+    from gpufleet.simulator.bound import _shapes
+
+    pods = trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods
+    for cpu_only in (False, True):
+        want: Counter = Counter()
+        for p in pods:
+            r = p.request()
+            if r.gpu_count or cpu_only:
+                want[(r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models_allow)] += 1
+        got = _shapes(pods, cpu_only)
+        assert list(got.items()) == list(want.items())

@@ -245,6 +245,7 @@ class Scheduler:
     def _score(self, cycle: Cycle, cand: np.ndarray) -> np.ndarray:
         total = np.zeros(cand.size, dtype=np.float64)
         st = self.state
+        feasible = cycle.feasible if cycle.feasible is not None and cycle.feasible.size == len(st) else None
         for p, w in self.profile.scores:
             applies = getattr(p, "applies", None)  # optional: a plugin with no opinion on this pod is skipped
             if applies is not None and not applies(cycle, st):
@@ -263,7 +264,10 @@ class Scheduler:
                 else:
                     self._cache.move_to_end(ck)
                 vals, vers, _ = ent
-                stale = cand[vers[cand] != st.version[cand]]
+                if feasible is not None and cand.size * 4 > vers.size:  # most nodes are candidates: compare whole columns
+                    stale = np.flatnonzero((vers != st.version) & feasible)
+                else:
+                    stale = cand[vers[cand] != st.version[cand]]
                 if stale.size:
                     vals[stale] = p.score(cycle, st, stale)
                     vers[stale] = st.version[stale]

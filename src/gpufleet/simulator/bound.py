@@ -89,7 +89,7 @@ def arrived_pods(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int, tun
     arrived: list[TracePod] = []
     demand = 0
     for p, _name in workload_order(pods, capacity, tune, seed):
-        demand += p.request().total_gpu_milli
+        demand += p.total_gpu_milli
         if demand > capacity:
             break
         arrived.append(p)
@@ -101,9 +101,9 @@ def _shapes(arrived: Sequence[TracePod], cpu_only: bool = False) -> Counter:
     pod of theirs never changes the optimum, one that must be placed takes CPU)."""
     shapes: Counter = Counter()
     for p in arrived:
-        r = p.request()
-        if r.gpu_count or cpu_only:
-            shapes[(r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models_allow)] += 1
+        if p.num_gpu or cpu_only:  # the request's (cpu, memory, GPU count, per-GPU milli, models), without building it
+            count, milli = (0, 0) if p.num_gpu == 0 else (1, p.gpu_milli) if p.num_gpu == 1 else (p.num_gpu, GPU_MILLI)
+            shapes[(p.cpu_milli, p.memory_mib, count, milli, frozenset(p.gpu_spec) if p.gpu_spec else None)] += 1
     return shapes
 
 
