@@ -176,3 +176,30 @@ def test_frag_amount_of_a_node_is_the_same_in_any_batch(shapes, rows):
     batch = frag_amount(cpus, left, model, tw, acc)
     for i in range(len(rows)):
         assert batch[i] == frag_amount(cpus[i:i + 1], left[i:i + 1], model[i:i + 1], tw, acc)[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(hst.lists(hst.tuples(hst.integers(0, 64_000), hst.sampled_from([0, 100, 250, 470, 500, 810, 1000]), hst.sampled_from([0, 1, 2, 4, 8]),
+                            hst.floats(0.01, 1.0)), min_size=1, max_size=40),
+       hst.lists(hst.tuples(hst.integers(0, 64_000), hst.lists(hst.integers(0, 1000), min_size=8, max_size=8),
+                            hst.integers(-1, 1)), min_size=1, max_size=4))
+def test_direct_frag_amount_is_the_binned_one_bit_for_bit(shapes, rows):
+    """A few node states take the [S, T, G] path; it must give the binned path's bits (the scores and the yardstick
+    of every run depend on it)."""
+    from gpufleet.policies.paper import workload as wl
+
+    c = Counter()
+    for cpu_t, milli, n, f in shapes:
+        c[(cpu_t, milli if n else 0, n if milli else 0, frozenset({"T4"}) if cpu_t % 3 == 0 and milli else None)] += f
+    tw = TargetWorkload.from_counts(c, threshold=1.0)
+    acc = tw.access(["T4", "V100"])
+    cpus = np.array([r[0] for r in rows])
+    left = np.array([r[1] for r in rows], dtype=np.int64)
+    model = np.array([r[2] for r in rows])
+    direct = wl._frag_amount_direct(cpus, left, model, tw, acc)
+    saved, wl.DIRECT_MAX_ROWS = wl.DIRECT_MAX_ROWS, 0
+    try:
+        binned = frag_amount(cpus, left, model, tw, acc)
+    finally:
+        wl.DIRECT_MAX_ROWS = saved
+    assert direct.tobytes() == binned.tobytes()

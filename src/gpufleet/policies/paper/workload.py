@@ -133,6 +133,8 @@ def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, t
     if len(tw) == 0:
         return np.zeros(cpu_left.shape[0])
     S, G = gpu_left.shape
+    if S <= DIRECT_MAX_ROWS and gpu_left.dtype.kind in "iu":  # whole milli: exact sums in any order
+        return _frag_amount_direct(cpu_left, gpu_left, model, tw, access)
     total = gpu_left.sum(axis=-1).astype(np.float64)  # [S]
     sizes, j = tw.size_index()
     nb = sizes.size + 1
@@ -148,6 +150,25 @@ def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, t
     q3 = (tw.gpu_milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
     per = np.where(q3, small, total[:, None])
     return (per * tw.freq).sum(axis=1)  # row by row, so a node scores the same in any batch (matmul may not)
+
+
+DIRECT_MAX_ROWS = 4  # up to this many node states, comparing every GPU with every shape is cheaper than binning
+
+
+def _frag_amount_direct(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, tw: TargetWorkload,
+                        access: np.ndarray) -> np.ndarray:
+    """``frag_amount`` for a few node states, [S, T, G] at once.  Every amount before the last sum is a whole
+    number of milli (exact in any order), and the last sum is the same row by row: the same bits as binning."""
+    c = tw.__dict__.get("_direct")
+    if c is None:
+        c = tw.__dict__["_direct"] = (tw.gpu_milli[None, :, None], tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
+    milli3, gpu_shape, count, cpu = c
+    total = gpu_left.sum(axis=-1)  # [S]
+    ge = gpu_left[:, None, :] >= milli3  # [S, T, G]: the GPU holds the shape's share
+    small = total[:, None] - (gpu_left[:, None, :] * ge).sum(axis=-1)  # idle milli on GPUs too small for it
+    q3 = gpu_shape & access[model] & (np.count_nonzero(ge, axis=-1) >= count) & (cpu_left[:, None] >= cpu)
+    per = np.where(q3, small, total[:, None]).astype(np.float64)
+    return (per * tw.freq).sum(axis=1)
 
 
 def _frag_amount_reference(cpu_left, gpu_left, model, tw, access):
