@@ -4,11 +4,13 @@ resourceclaim controller (claims from templates, reservations of deleted pods re
 The agent's DRA driver publishes a fake A100 node's slices (MIG on GPUs 0-1, PCIe roots from a fake sysfs), the shipped
 DeviceClasses are applied, ``gpufleet scheduler``'s loop runs on a thread with the real client (8 bind workers).  Pods
 ask for one GPU, two GPUs on one PCIe root (matchAttribute), a MIG slice, two 20 GiB shares of GPU 7 (consumable
-capacity), one claim shared by two pods, and an H100 no node has.  Asserted: what the apiserver stores (finalizer,
-status.allocation in kube-scheduler's shape, reservedFor, allocationTimestamp) before each Binding, no device given
-twice, the impossible claim's event naming its request and nothing allocated for it, every claim prepared by the
-agent's kubelet plugin as kubelet would ask, a restarted scheduler rebuilding from the claims alone, and a deleted
-pod's claim deallocated by the controller and released by the scheduler.
+capacity), one claim shared by two pods, ``nvidia.com/gpu: 1`` through the extended-resource DeviceClass, and an H100
+no node has.  Asserted: what the apiserver stores (finalizer, status.allocation in kube-scheduler's shape, reservedFor,
+allocationTimestamp; the extended-resource claim and the pod's status.extendedResourceClaimStatus) before each Binding,
+no device given twice, the impossible claim's event naming its request and nothing allocated for it, every claim
+prepared by the agent's kubelet plugin as kubelet would ask, a restarted scheduler holding every GPU from the claims
+alone (a new pod waits), and a deleted pod's claim deallocated by the controller, released by the scheduler and its GPU
+given to the waiting pod.
 """
 
 from __future__ import annotations
@@ -141,11 +143,12 @@ def test_gpufleet_allocates_claims_on_a_real_apiserver(cluster, control_plane):
     api._request("POST", f"{RES}/namespaces/{NS}/resourceclaims", {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                                                                     "metadata": {"name": "shared-gpu"}, "spec": {"devices": {"requests": [gpu()]}}})
     pods = {"one": ("one-gpu", None), "pair": ("two-gpus", None), "mig": ("mig", None), "share-a": ("share", None),
-            "share-b": ("share", None), "shared-1": (None, "shared-gpu"), "shared-2": (None, "shared-gpu"), "impossible": ("h100", None)}
+            "share-b": ("share", None), "shared-1": (None, "shared-gpu"), "shared-2": (None, "shared-gpu"), "impossible": ("h100", None),
+            "extended": (None, None)}
     s = Sched(str(control_plane.kubeconfig))
     try:
         for n, (t, c) in pods.items():
-            core.create_namespaced_pod(NS, pod(n, t, c))
+            core.create_namespaced_pod(NS, pod(n, t, c, limits={"nvidia.com/gpu": "1"} if n == "extended" else None))
         running = [n for n in pods if n != "impossible"]
         assert wait_for(lambda: all(core.read_namespaced_pod(n, NS).spec.node_name == NODE for n in running), 90), \
             {n: core.read_namespaced_pod(n, NS).spec.node_name for n in running}
@@ -162,17 +165,19 @@ def test_gpufleet_allocates_claims_on_a_real_apiserver(cluster, control_plane):
         assert len(got["pair"]) == 2 and len({PCIE[int(x.split("-")[1])] for x in got["pair"]}) == 1, got
         assert got["share-a"] == got["share-b"] == ["gpu-7"] and got["shared-1"] == got["shared-2"], got
         assert got["mig"][0].startswith("gpu-") and "-mig-2g20gb-" in got["mig"][0]
-        exclusive = got["one"] + got["pair"] + got["mig"] + got["shared-1"]
+        ext = api._request("GET", f"/api/v1/namespaces/{NS}/pods/extended")["status"]["extendedResourceClaimStatus"]
+        assert ext["requestMappings"] == [{"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-2"}]
+        ec = api.get_claim(NS, ext["resourceClaimName"])
+        assert ec["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+        exclusive = got["one"] + got["pair"] + got["mig"] + got["shared-1"] + got["extended"]
         assert len(set(exclusive)) == len(exclusive) and "gpu-7" not in exclusive, got  # no device given twice
         imp = core.read_namespaced_pod("impossible", NS)
         assert imp.spec.node_name is None
         (ic,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/impossible"))
         assert (ic.get("status") or {}).get("allocation") is None
 
-        def why() -> str:
-            evs = api._request("GET", f"/apis/events.k8s.io/v1/namespaces/{NS}/events")["items"]
-            return " | ".join(e.get("note", "") for e in evs if (e.get("regarding") or {}).get("name") == "impossible")
-        assert wait_for(lambda: "request gpu: no device of class gpu.gpufleet.io matches its selectors" in why(), 30), why()
+        assert wait_for(lambda: "request gpu: no device of class gpu.gpufleet.io matches its selectors" in events_of(api, "impossible"), 30), \
+            events_of(api, "impossible")
 
         # what gpufleet wrote, prepared by the agent's kubelet plugin as kubelet asks it to
         for n in running:
@@ -182,19 +187,27 @@ def test_gpufleet_allocates_claims_on_a_real_apiserver(cluster, control_plane):
     finally:
         s.stop()
 
-    # a restarted scheduler sees the same devices taken, from the claims alone
+    # a restarted scheduler sees the same devices taken, from the claims alone: every whole GPU is held now
     core.create_namespaced_pod(NS, pod("after-restart", "one-gpu"))
     s2 = Sched(str(control_plane.kubeconfig))
     try:
-        assert wait_for(lambda: core.read_namespaced_pod("after-restart", NS).spec.node_name == NODE, 60)
-        (c,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/after-restart"))
-        dev = c["status"]["allocation"]["devices"]["results"][0]["device"]
-        assert dev not in exclusive + ["gpu-7"], (dev, got)
-        # a pod goes: the controller takes it out of reservedFor and deallocates; the scheduler releases the hold
+        assert wait_for(lambda: "fewer than 1 free device(s) of class gpu.gpufleet.io" in events_of(api, "after-restart"), 60), \
+            events_of(api, "after-restart")
+        assert core.read_namespaced_pod("after-restart", NS).spec.node_name is None
+        # a pod goes: the controller takes it out of reservedFor and deallocates; the scheduler releases the hold and
+        # the waiting pod gets that GPU
         (oc,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/one"))
         key = f"{NS}/{oc['metadata']['name']}"
         assert key in s2.loop.state.claim_holds
         core.delete_namespaced_pod("one", NS, grace_period_seconds=0)
-        assert wait_for(lambda: key not in s2.loop.state.claim_holds, 30)
+        assert wait_for(lambda: core.read_namespaced_pod("after-restart", NS).spec.node_name == NODE, 60)
+        assert key not in s2.loop.state.claim_holds
+        (c,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/after-restart"))
+        assert [r["device"] for r in c["status"]["allocation"]["devices"]["results"]] == got["one"]
     finally:
         s2.stop()
+
+
+def events_of(api: KubeDraApi, name: str) -> str:
+    evs = api._request("GET", f"/apis/events.k8s.io/v1/namespaces/{NS}/events")["items"]
+    return " | ".join(e.get("note", "") for e in evs if (e.get("regarding") or {}).get("name") == name)

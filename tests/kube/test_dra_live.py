@@ -308,3 +308,90 @@ def test_a_missing_device_class_that_appears_later_lets_the_pod_run():
                                    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.gpufleet.io'"}}]}})
     run(api, loop)
     assert api.binds == [("ml/p", "d0")]
+
+
+# --- extended resources backed by DRA (nvidia.com/gpu on a DRA node) ----------------------------------------------
+
+def gpu_pod(name: str, n: int = 1, **kw) -> dict:
+    p = pod(name, limits={"nvidia.com/gpu": str(n)}, **kw)
+    p["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = str(n)
+    return p
+
+
+def test_nvidia_gpu_on_a_dra_node_gets_a_claim_and_the_pod_status_kube_scheduler_writes():
+    api = dra_api(1)
+    api.add_pod(gpu_pod("x"))
+    loop = make_loop(api)
+    run(api, loop)
+    assert api.binds == [("ml/x", "d0")]
+    st = api.pods["ml/x"]["status"]["extendedResourceClaimStatus"]
+    assert st["requestMappings"] == [{"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-2"}]
+    c = api.objects["resourceclaim"][f"ml/{st['resourceClaimName']}"]
+    m = c["metadata"]
+    assert m["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+    assert m["ownerReferences"][0]["uid"] == "uid-x" and m["ownerReferences"][0]["controller"] is True
+    assert m["finalizers"] == ["resource.kubernetes.io/delete-protection"]
+    assert c["spec"]["devices"]["requests"] == [{"name": "container-0-request-2", "exactly": {
+        "deviceClassName": "gpu-extended.gpufleet.io", "allocationMode": "ExactCount", "count": 1}}]
+    (r,) = c["status"]["allocation"]["devices"]["results"]
+    assert r["request"] == "container-0-request-2" and r["device"] in WHOLE
+    assert c["status"]["reservedFor"] == [{"resource": "pods", "name": "x", "uid": "uid-x"}]
+    # restarted: the pod's claim holds the GPU once (no device-plugin GPU modelled for it as well)
+    fresh = make_loop(api)
+    assert int(fresh.state.gpu_free_milli[0].sum()) == 5 * 1000 and not fresh.state.assignments["ml/x"].gpu_indices
+
+
+def test_nvidia_gpu_goes_to_the_device_plugin_where_one_serves_it_and_to_dra_elsewhere():
+    from .test_loop import node as dp_node
+
+    api = dra_api(1)
+    api.add_node(dp_node("plugin", gpus=1, inventory=True))
+    for i in range(3):
+        api.add_pod(gpu_pod(f"g{i}"))
+    loop = make_loop(api, policy="bestfit")
+    run(api, loop)
+    where = dict(api.binds)
+    assert len(where) == 3 and list(where.values()).count("plugin") == 1
+    for k, n in where.items():
+        st = api.pods[k]["status"].get("extendedResourceClaimStatus")
+        gpus = json.loads(api.pods[k]["metadata"]["annotations"]["gpufleet.io/assignment"])["gpus"]
+        if n == "plugin":
+            assert st is None and len(gpus) == 1  # the device plugin's GPU, as before
+        else:
+            assert st and not gpus and devices_of(api, f"ml/{st['resourceClaimName']}")[0] in WHOLE
+
+
+def test_an_extended_claim_left_by_an_attempt_that_did_not_bind_is_deleted_then_the_pod_runs():
+    api = dra_api(1)
+    api.add_pod(gpu_pod("x"))
+    api.fail_binds = 1
+    loop = make_loop(api)
+    loop.schedule_due()
+    assert not api.binds and not [k for k in api.objects["resourceclaim"]]  # the claim made for the failed try is gone
+    # a claim an earlier scheduler made for the pod and never cleaned up
+    from gpufleet.kube.dra.extended import claim_name
+
+    api.create_object("resourceclaim", "ml", {"metadata": {"name": "x-old", "annotations": {
+        "resource.kubernetes.io/extended-resource-claim": "true"}, "ownerReferences": [
+        {"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": "uid-x", "controller": True}]},
+        "spec": {"devices": {"requests": [request("container-0-request-2", cls="gpu-extended.gpufleet.io")]}}})
+    run(api, loop)
+    assert "ml/x-old" not in api.objects["resourceclaim"] and api.binds == [("ml/x", "d0")]
+    assert api.pods["ml/x"]["status"]["extendedResourceClaimStatus"]["resourceClaimName"] == claim_name("x", "uid-x")
+
+
+def test_extended_requests_per_container_as_kube_scheduler_builds_them():
+    from gpufleet.engine.dra.objects import parse_device_class
+    from gpufleet.kube.dra.extended import requests_and_mappings
+
+    cls = parse_device_class({"metadata": {"name": "g"}, "spec": {"extendedResourceName": "nvidia.com/gpu"}})
+    p = {"spec": {"initContainers": [
+        {"name": "init-a", "resources": {"requests": {"nvidia.com/gpu": "1"}}},
+        {"name": "init-b", "resources": {"requests": {"nvidia.com/gpu": "3", "cpu": "1"}}},
+        {"name": "sidecar", "restartPolicy": "Always", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+        "containers": [{"name": "main", "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "2"}}}]}}
+    reqs, maps, amounts = requests_and_mappings(p, {"nvidia.com/gpu": cls})
+    # the sidecar and main get their own requests; init-a reuses the sidecar's device, init-b the sidecar's and main's
+    assert [(r["name"], r["exactly"]["count"]) for r in reqs] == [("container-2-request-0", 1), ("container-3-request-1", 2)]
+    assert ("init-a", "nvidia.com/gpu", "container-2-request-0") in maps and ("main", "nvidia.com/gpu", "container-3-request-1") in maps
+    assert ("init-b", "nvidia.com/gpu", "container-3-request-1") in maps and amounts == [("nvidia.com/gpu", 3)]

@@ -46,6 +46,8 @@ def test_scheduler_rbac_is_exactly_what_it_calls():
                                # DRA (kube/dra): the claim's finalizer (patch), read back after a conflict (get), its
                                # allocation and reservedFor (status patch, checked as resourceclaims/binding too)
                                ("resource.k8s.io", "resourceclaims", "get"), ("resource.k8s.io", "resourceclaims", "patch"),
+                               # extended resources backed by DRA: the pod's claim created, deleted after a failed try
+                               ("resource.k8s.io", "resourceclaims", "create"), ("resource.k8s.io", "resourceclaims", "delete"),
                                ("resource.k8s.io", "resourceclaims/status", "patch"),
                                ("resource.k8s.io", "resourceclaims/binding", "patch")} | {
         (g, r, v) for g, r in watched | DRA_READ for v in ("list", "watch")}

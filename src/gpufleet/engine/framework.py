@@ -313,7 +313,8 @@ class Scheduler:
     def _assignment(self, cycle: Cycle, node: int, choice: GpuChoice) -> Assignment:
         r = cycle.request
         st = self.state
-        if r.dra is not None:  # the pod's claims hold its devices (ClusterState.hold_claim), not its assignment
+        on_dra = r.dra is not None and r.dra.on_node(st, node)
+        if on_dra:  # the pod's claims hold its devices (ClusterState.hold_claim), not its assignment
             choice = GpuChoice()
         mems: tuple[int, ...] = ()
         if choice.gpu_indices:
@@ -336,7 +337,7 @@ class Scheduler:
             pod_group=r.pod_group,
             scalars=r.scalars,
             terms=r.terms,
-            claims=r.dra.keys if r.dra is not None else (),
+            claims=r.dra.keys_on(on_dra) if r.dra is not None else (),
         )
 
     # --- public API ---------------------------------------------------------------
@@ -378,7 +379,7 @@ class Scheduler:
         if r.gpu_count > 0:
             sel = self.profile.gpu_selector
             picked = sel.select_gpus(cycle, self.state, node) if sel else None
-            if r.dra is not None:  # DRA: the policy's GPUs are the allocator's first choice (DynamicResources.reserve)
+            if r.dra is not None and r.dra.on_node(self.state, node):  # DRA: the policy's GPUs are the allocator's first choice
                 cycle.data["dra.choice"] = picked
                 picked = GpuChoice()
             if picked is None:

@@ -90,6 +90,7 @@ class ClusterState:
         # Only new placements are held to it (GpuFit): it drops to 0 while the agent restarts, and the pods already
         # there keep what they hold, so it may go below zero here
         self.gpu_dev_free = np.array([x.gpu_devices if x.gpu_devices >= 0 else NO_SLOT_LIMIT for x in nodes], dtype=np.int64)
+        self.gpu_dev_cap = np.array([x.gpu_devices for x in nodes], dtype=np.int64)  # as reported; -1 unknown (DRA: 0 = DRA's)
         self.devices_limited = bool(any(x.gpu_devices >= 0 for x in nodes))
         # MIG instances: per node {profile: [(gpu, instance_id), ...free]}
         self.mig_free: list[dict[str, list[tuple[int, int]]]] = []

@@ -25,6 +25,7 @@ from ..model import GPU_MILLI
 from ..state import ClusterState
 from ..status import Status
 from .allocator import AllocationError, Allocator, NoAllocation, consumed_capacity, taint_blocks
+from .extended import dra_way
 from .objects import RESERVED_FOR_MAX, Allocation, DeviceRef, ExactRequest, ResourceClaim
 from .usage import MIB, GPU_MILLI_CAPACITY, DeviceTable
 
@@ -38,6 +39,13 @@ class _Data:
     to_allocate: list[ResourceClaim] = field(default_factory=list)
     results: dict[int, list[Allocation]] = field(default_factory=dict)  # node -> allocations found by the filter
     held: list[str] = field(default_factory=list)
+    extended: ResourceClaim | None = None  # the claim DRA-backed extended resources need where no device plugin serves them
+    by_dra: np.ndarray | None = None  # nodes where it applies (extended.dra_way)
+
+    def claims_on(self, node: int) -> list[ResourceClaim]:
+        """What to allocate on a node: the pod's unallocated claims, and its extended-resource claim where DRA serves it."""
+        ext = [self.extended] if self.extended is not None and self.by_dra is not None and self.by_dra[node] else []
+        return self.to_allocate + ext
 
 
 @dataclass
@@ -48,7 +56,7 @@ class DynamicResources:
     # --- preFilter ---------------------------------------------------------------------
     def pre_filter(self, cycle: Cycle, state: ClusterState) -> Status:
         r = cycle.request
-        if r.dra is None or not r.dra.claims:
+        if r.dra is None or (not r.dra.claims and r.dra.extended is None):
             return Status.success()
         if state.dra is None:
             return Status.unresolvable("pod has ResourceClaims but the cluster has no DRA devices", plugin=self.name)
@@ -69,10 +77,16 @@ class DynamicResources:
                 data.allocated.append((c, alloc))
             else:
                 data.to_allocate.append(c)
-        if data.to_allocate:
+        ext = r.dra.extended
+        if ext is not None:
+            if ext.stale:
+                return Status.unresolvable(f"extended-resource claim {ext.key} from an earlier attempt is deleted first; "
+                                           f"then the pod is tried again", plugin=self.name)
+            data.extended = ext.claim
+        if data.to_allocate or data.extended is not None:
             a = self._allocator(state)
             try:
-                for c in data.to_allocate:
+                for c in data.to_allocate + ([data.extended] if data.extended is not None else []):
                     a.compile_check(c)
             except AllocationError as exc:
                 cycle.data["dra.error_object"] = (exc.obj, exc.field)
@@ -87,6 +101,9 @@ class DynamicResources:
 
     # --- filter ------------------------------------------------------------------------
     REASONS = ("resourceclaim not available on the node",)
+    MIXED = "node has some of the pod's DRA-backed extended resources from a device plugin and lacks others"
+    WITH_CLAIMS = ("extended resources backed by DRA together with ResourceClaims: only on nodes whose device plugins "
+                   "do not serve them")
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         data: _Data | None = cycle.data.get(_DATA)
@@ -98,12 +115,32 @@ class DynamicResources:
         codes = np.zeros(n, dtype=np.int64)
         for _, alloc in data.allocated:
             ok &= _allocation_nodes(alloc, state)
-        if not data.to_allocate:
+        claims = list(data.to_allocate)
+        dp_pass = np.zeros(n, dtype=bool)  # nodes whose device plugin serves the pod's extended resources
+        if data.extended is not None:
+            assert cycle.request.dra is not None and cycle.request.dra.extended is not None
+            by_dra, mixed = dra_way(state, cycle.request.dra.extended)
+            data.by_dra = by_dra
+            out = ok & mixed
+            if out.any():
+                reasons.append(self.MIXED)
+                codes[out] = len(reasons) - 1
+            ok &= ~mixed
+            if data.to_allocate:  # with ResourceClaims: on nodes where DRA serves the extended resources too
+                out = ok & ~by_dra
+                if out.any():
+                    reasons.append(self.WITH_CLAIMS)
+                    codes[out] = len(reasons) - 1
+            else:
+                dp_pass = ok & ~by_dra
+            ok &= by_dra
+            claims.append(data.extended)
+        if not claims:
             return FilterResult(ok, tuple(reasons), codes)
         assert state.dra is not None
         table = state.dra.catalog.table(state)
         a = self._allocator(state)
-        fast = self._fast(data.to_allocate, table, state, a, cycle)
+        fast = self._fast(claims, table, state, a, cycle)
         if isinstance(fast, Status):  # a CEL runtime error: the pod's attempt stops here, with it as the reason
             return FilterResult(np.zeros(n, dtype=bool), fast.reasons)
         if fast is not None:
@@ -111,14 +148,14 @@ class DynamicResources:
             newly = ok & ~room
             if newly.any():
                 reasons.append(why)
-                codes[newly] = 1
-            return FilterResult(ok & room, tuple(reasons), codes)
+                codes[newly] = len(reasons) - 1
+            return FilterResult((ok & room) | dp_pass, tuple(reasons), codes)
         # the general case: the allocator on every node that is still in the running
         seen: dict[str, int] = {}
         for i in np.flatnonzero(ok):
             node = state.nodes[int(i)]
             try:
-                data.results[int(i)] = a.allocate(node.name, node.labels, data.to_allocate)
+                data.results[int(i)] = a.allocate(node.name, node.labels, claims)
             except NoAllocation as exc:
                 ok[i] = False
                 codes[i] = seen.setdefault(exc.reason, len(reasons))
@@ -127,7 +164,7 @@ class DynamicResources:
             except AllocationError as exc:
                 cycle.data["dra.error_object"] = (exc.obj, exc.field)
                 return FilterResult(np.zeros(n, dtype=bool), (str(exc),))
-        return FilterResult(ok, tuple(reasons), codes)
+        return FilterResult(ok | dp_pass, tuple(reasons), codes)
 
     def _fast(self, claims: list[ResourceClaim], table: DeviceTable, state: ClusterState, a: Allocator,
               cycle: Cycle) -> tuple[np.ndarray, str] | Status | None:
@@ -224,17 +261,18 @@ class DynamicResources:
         if data is None or cycle.assignment is None:
             return Status.success()
         out: list[tuple[ResourceClaim, Allocation | None]] = [(c, None) for c, _ in data.allocated]
-        if data.to_allocate:
-            node = state.index[cycle.assignment.node]
+        node = state.index[cycle.assignment.node]
+        claims = data.claims_on(node)
+        if claims:
             allocs = data.results.get(node) if cycle.data.get("dra.choice") is None else None
             if allocs is None:
                 try:
                     allocs = self._allocator(state, prefer=_prefer(cycle, state, node)).allocate(
-                        state.nodes[node].name, state.nodes[node].labels, data.to_allocate)
+                        state.nodes[node].name, state.nodes[node].labels, claims)
                 except (NoAllocation, AllocationError) as exc:
                     return Status.unschedulable(f"node {state.nodes[node].name}: {exc}", plugin=self.name)
             table = state.dra.catalog.table(state)  # type: ignore[union-attr]
-            for c, alloc in zip(data.to_allocate, allocs):
+            for c, alloc in zip(claims, allocs):
                 state.hold_claim(table.hold_for(c.key, alloc.node_name or state.nodes[node].name, alloc, state))
                 data.held.append(c.key)
                 out.append((c, alloc))

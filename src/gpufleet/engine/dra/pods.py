@@ -9,8 +9,12 @@ scheduling queue (PreEnqueue) until the claim exists; gpufleet keeps it pending 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .objects import ResourceClaim
+
+if TYPE_CHECKING:
+    from .extended import ExtendedClaim
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,20 @@ class PodClaim:
 class PodClaims:
     pod_uid: str
     claims: tuple[PodClaim, ...]
+    extended: ExtendedClaim | None = None  # DRA-backed extended resources (nvidia.com/gpu on a DRA node), extended.py
 
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(c.claim.key for c in self.claims if c.claim is not None)
+
+    def keys_on(self, dra_way: bool) -> tuple[str, ...]:
+        """The claims the pod uses on a node: its own, and its extended-resource claim where DRA serves those."""
+        return self.keys + ((self.extended.key,) if self.extended is not None and dra_way else ())
+
+    def on_node(self, state, i: int) -> bool:
+        """Whether DRA holds the pod's devices on node ``i`` (else a device plugin's GPUs, as for any pod)."""
+        if any(c.claim is not None for c in self.claims) or self.extended is None:
+            return True
+        from .extended import dra_way
+
+        return bool(dra_way(state, self.extended)[0][i])

@@ -66,8 +66,19 @@ class GpuFit:
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         n = len(state)
-        if r.gpu_count == 0 or r.dra is not None:  # a pod asking by ResourceClaim: DynamicResources decides, with its reasons
-            return FilterResult(all_pass(n), passes_all=True)
+        if r.gpu_count == 0 or (r.dra is not None and (r.dra.extended is None or r.dra.keys)):
+            return FilterResult(all_pass(n), passes_all=True)  # a pod asking by ResourceClaim: DynamicResources decides
+        res = self._filter(cycle, state)
+        if r.dra is not None and r.dra.extended is not None:  # nvidia.com/gpu backed by DRA where no device plugin serves it
+            from ..dra.extended import dra_way
+
+            by_dra, _ = dra_way(state, r.dra.extended)
+            return FilterResult(res.ok | by_dra, res.reasons, res.codes)
+        return res
+
+    def _filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        r = cycle.request
+        n = len(state)
         k = r.gpu_count
         mm = model_mask(state, r)
         if r.mig_profile:

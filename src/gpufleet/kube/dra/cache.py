@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Mapping
 from ...engine.dra.objects import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,
     Allocation,
+    DeviceClass,
     InvalidDraObject,
     ResourceClaim,
     ResourceClaimTemplate,
@@ -42,6 +43,7 @@ from ...engine.dra.objects import (
     parse_device_class,
     parse_slice,
 )
+from ...engine.dra.extended import ExtendedClaim
 from ...engine.dra.pods import PodClaim, PodClaims
 from ...engine.dra.shape import claims_gpu_shape
 from ...engine.dra.usage import ClaimHold, DraCatalog, DraState
@@ -49,6 +51,7 @@ from ...engine.gpu_models import lookup
 from ...engine.model import Gpu, MigInstance, Node, PodRequest
 from ...engine.state import ClusterState
 from ..api import DRA_KINDS, object_key
+from .extended import extended_claim, is_extended_name
 
 log = logging.getLogger("gpufleet.kube.dra")
 API_VERSION = "resource.k8s.io/v1"
@@ -90,6 +93,8 @@ class DraCache:
         self._node_gpus: dict[str, tuple[Gpu, ...]] = {}
         self._reported: dict[str, str] = {}
         self._missing_devices: dict[str, str] = {}  # claim key -> the device problem reported
+        self._mapped: tuple[object, dict[str, DeviceClass]] = (None, {})  # (catalog version, extended name -> class)
+        self._ext: dict[str, tuple[tuple, ExtendedClaim | None]] = {}  # pod uid -> ((rv, mapping version), its claim)
 
     # --- events ---------------------------------------------------------------------------------
     def report(self, kind: str, obj: Mapping, reason: str, message: str) -> None:
@@ -388,14 +393,51 @@ class DraCache:
                                                 f"cannot be used: {why}")
         return PodClaim(name, c)
 
+    def mapped(self) -> dict[str, DeviceClass]:
+        """Extended resource name -> the DeviceClass that backs it (explicit and implicit names)."""
+        key = (id(self.catalog), self.catalog.version)
+        if self._mapped[0] != key:
+            self._mapped = (key, {n: c for n, c in self.catalog.extended_resource_classes().items() if is_extended_name(n)})
+        return self._mapped[1]
+
+    def extended_for(self, pod: Mapping) -> ExtendedClaim | None:
+        """The claim the pod's DRA-backed extended resources need on a DRA node (None: it asks for none)."""
+        mapped = self.mapped()
+        if not mapped:
+            return None
+        m = pod.get("metadata") or {}
+        uid = str(m.get("uid") or m.get("name"))
+        ver = (m.get("resourceVersion"), self._mapped[0])
+        got = self._ext.get(uid)
+        if got is None or got[0] != ver:
+            if len(self._ext) > 100_000:
+                self._ext.clear()
+            got = self._ext[uid] = (ver, extended_claim(pod, mapped))
+        return got[1]
+
+    def forget_pod(self, uid: str) -> None:
+        self._ext.pop(uid, None)
+
     def resolve(self, pod: Mapping, r: PodRequest, state: ClusterState) -> PodRequest:
         """The pod's claims into its request, and the GPU fields describing what its unallocated claims ask."""
-        if not self.has_claims(pod):
+        ext = self.extended_for(pod)
+        if not self.has_claims(pod) and ext is None:
             return r
+        if ext is not None:
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            old = self.extended_claim_of(uid)
+            if old is not None and old.key not in self.in_flight:  # an earlier attempt's, not bound: deleted first
+                ext = replace(ext, claim=old, stale=True)
+            mapped = self.mapped()  # resources no node has as allocatable: DRA's everywhere, not NodeResourcesFit's
+            r = replace(r, scalars=tuple((k, v) for k, v in r.scalars if k not in mapped or k in state.scalar_cap))
         pcs = self.pod_claims(pod)
+        if ext is not None:
+            pcs = replace(pcs, extended=ext)
         todo = [pc.claim for pc in pcs.claims if pc.claim is not None and pc.claim.allocation is None
                 and pc.claim.key not in state.claim_holds]
         shape = claims_gpu_shape(todo, state)
+        if not pcs.claims:
+            return replace(r, dra=pcs)
         return replace(r, dra=pcs, gpu_count=r.gpu_count + shape.gpu_count,
                        gpu_milli=shape.gpu_milli if shape.gpu_count else r.gpu_milli,
                        gpu_memory_mib=shape.gpu_memory_mib if shape.gpu_count else r.gpu_memory_mib,

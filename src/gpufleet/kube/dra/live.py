@@ -23,12 +23,14 @@ import threading
 from dataclasses import replace
 from typing import Callable, Mapping
 
+from ...engine.dra.objects import FINALIZER
 from ...engine.dra.plugin import ensure_dra
 from ...engine.framework import Profile
 from ...engine.model import Assignment, PodRequest
 from ...engine.state import ClusterState
 from ..api import ApiError, NotFound, SchedulerApi
 from .cache import KINDS, DraCache, Emit
+from .extended import claim_body, status_patch
 from .writer import ClaimStep, ClaimWriter, WritePlan
 
 log = logging.getLogger("gpufleet.kube.dra")
@@ -110,7 +112,11 @@ class LiveDra:
         return self.cache.resolve(pod, r, state)
 
     def bound_claims(self, pod: Mapping, a: Assignment) -> Assignment:
+        """A bound pod's assignment with the claims it uses; one whose extended resources came from DRA holds no
+        device-plugin GPUs (its claim holds the devices)."""
         keys = self.cache.pod_claim_keys(pod)
+        if (pod.get("status") or {}).get("extendedResourceClaimStatus"):
+            a = replace(a, gpu_indices=(), gpu_milli=0, gpu_memory_mib=())
         return replace(a, claims=keys) if keys else a
 
     # --- binding ----------------------------------------------------------------------------------
@@ -120,9 +126,18 @@ class LiveDra:
             return None
         m = pod.get("metadata") or {}
         plan = WritePlan(key, str(m.get("name")), str(m.get("uid") or ""), a.node)
+        ext = self.cache.extended_for(pod)
         for ck in a.claims:
             c = self.cache.claims.get(ck)
             raw = self.cache.raw["resourceclaim"].get(ck)
+            if ext is not None and ck == ext.key and c is None:  # extended resources backed by DRA: create the claim
+                h = state.claim_holds.get(ck)
+                if h is None or h.allocation is None:
+                    continue
+                ns, name = ck.split("/", 1)
+                plan.steps.append(ClaimStep(ck, ns, name, {}, h.allocation, create=claim_body(ext, pod, FINALIZER)))
+                plan.pod_status = status_patch(ext)
+                continue
             if c is None or raw is None:
                 continue
             if c.allocation is not None and c.reserved_by(plan.pod_uid):
@@ -145,8 +160,10 @@ class LiveDra:
         freed = False
         if not bound:
             for s in plan.steps:
-                if s.written:
-                    self.writer.unreserve(s, plan.pod_uid)
+                if s.create is not None and (s.created or s.written):
+                    self._quietly(self.writer.delete_claim, s.namespace, s.name)  # made for this attempt: deleted
+                elif s.written:
+                    self._quietly(self.writer.unreserve, s, plan.pod_uid)
             for ck in done:
                 c = self.cache.claims.get(ck)
                 if (c is None or c.allocation is None) and not state.claim_users.get(ck) and ck in state.claim_holds:
@@ -154,11 +171,28 @@ class LiveDra:
                     freed = True
         return freed
 
+    @staticmethod
+    def _quietly(fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # the pod is tried again; the controller removes what is left
+            log.warning("cleaning up after a failed bind: %s", exc)
+
     def deallocate_stale(self, pod: Mapping, r: PodRequest) -> bool:
         """The pod does not fit while one of its claims is allocated (an earlier attempt) and reserved for no other
-        pod: deallocate that claim so the next attempt may allocate it anywhere.  True if one was."""
+        pod: deallocate that claim so the next attempt may allocate it anywhere; an extended-resource claim of an
+        earlier attempt is deleted.  True if one was."""
         if r.dra is None:
             return False
+        ext = r.dra.extended
+        if ext is not None and ext.stale:
+            try:
+                self.writer.delete_claim(ext.claim.namespace, ext.claim.name)
+                log.info("deleted extended-resource claim %s of an earlier attempt of pod %s", ext.key, r.key)
+                return True
+            except Exception as exc:
+                log.warning("deleting claim %s failed: %s", ext.key, exc)
+                return False
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         for pc in r.dra.claims:
             c = pc.claim

@@ -54,8 +54,10 @@ class ClaimStep:
     name: str
     raw: dict  # the claim as last listed (its resourceVersion is the first write's precondition)
     allocation: Allocation | None  # ours to write; None: the claim is allocated already, reserve only
+    create: dict | None = None  # the claim to create first (extended resources backed by DRA)
     written: bool = False  # the pod is in the claim's reservedFor (by this plan)
     allocated: bool = False  # this plan wrote the allocation
+    created: bool = False  # this plan created the claim
 
 
 @dataclass
@@ -64,6 +66,7 @@ class WritePlan:
     pod_name: str
     pod_uid: str
     node: str
+    pod_status: dict | None = None  # pods/status patch after the claims (status.extendedResourceClaimStatus)
     steps: list[ClaimStep] = field(default_factory=list)
     in_flight: list[str] = field(default_factory=list)  # claim keys registered as in flight (DraCache.begin)
     error: str = ""
@@ -93,13 +96,36 @@ class ClaimWriter:
             except Exception as exc:  # timeouts, resets, apiserver errors
                 plan.error = f"claim {step.key}: {type(exc).__name__}: {exc}"
                 raise ClaimWriteError(plan.error) from exc
+        if plan.pod_status is not None:
+            ns = plan.pod_key.split("/", 1)[0]
+            try:
+                self.api.patch_pod_status(ns, plan.pod_name, plan.pod_status)
+            except Exception as exc:
+                plan.error = f"pod {plan.pod_key}: writing status.extendedResourceClaimStatus: {type(exc).__name__}: {exc}"
+                raise ClaimWriteError(plan.error) from exc
+            self._count()
+
+    def _create(self, step: ClaimStep, ref: dict) -> dict:
+        """Create the claim (with the finalizer); one left by an earlier try of the same pod is taken as it is."""
+        assert step.create is not None
+        try:
+            claim = self.api.create_object(KIND, step.namespace, step.create)
+        except Conflict:
+            claim = self.api.get_object(KIND, step.namespace, step.name)  # type: ignore[assignment]
+            owners = [o.get("uid") for o in ((claim or {}).get("metadata") or {}).get("ownerReferences") or []]
+            if claim is None or ref["uid"] not in owners:
+                raise ClaimWriteError(f"claim {step.key} exists and was not made for pod {ref['name']}") from None
+            return claim
+        self._count()
+        step.created = True
+        return claim
 
     def _count(self) -> None:
         with self._lock:
             self.writes += 1
 
     def _one(self, step: ClaimStep, ref: dict) -> None:
-        claim = step.raw
+        claim = step.raw if step.create is None else self._create(step, ref)
         for attempt in range(RETRIES):
             if attempt:
                 claim = self.api.get_object(KIND, step.namespace, step.name)  # type: ignore[assignment]
@@ -171,6 +197,27 @@ class ClaimWriter:
             except Exception as exc:  # the pod is tried again; a stale reservation goes with the pod (controller)
                 log.warning("taking pod %s out of claim %s's reservedFor failed: %s", pod_uid, step.key, exc)
                 return
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        """Delete a claim a pod no longer needs (its extended-resource claim after a failed attempt): the finalizer
+        first, then the object (kube-scheduler's deleteClaim)."""
+        for _ in range(RETRIES):
+            claim = self.api.get_object(KIND, namespace, name)
+            if claim is None:
+                return
+            fins = [f for f in (claim.get("metadata") or {}).get("finalizers") or [] if f != FINALIZER]
+            try:
+                self.api.patch_object(KIND, namespace, name, {"metadata": {
+                    "finalizers": fins or None, "resourceVersion": claim["metadata"].get("resourceVersion")}})
+                break
+            except Conflict:
+                continue
+            except NotFound:
+                return
+        try:
+            self.api.delete_namespaced(KIND, namespace, name)
+        except NotFound:
+            pass
 
     def deallocate(self, namespace: str, name: str, pod_uid: str) -> bool:
         """kube-scheduler's PostFilter: a claim allocated for a pod that cannot run there, reserved by nobody else,
