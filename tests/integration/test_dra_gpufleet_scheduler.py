@@ -33,6 +33,7 @@ from gpufleet.kube.runner import Runner
 from gpufleet.policies import build_profile
 
 from .test_dra_kube_scheduler import PCIE, fake_sysfs, wait_for
+from .test_kube_scheduler import sa_kubeconfig
 
 ROOT = Path(__file__).parents[2]
 DRIVER = "gpu.gpufleet.io"
@@ -211,3 +212,27 @@ def test_gpufleet_allocates_claims_on_a_real_apiserver(cluster, control_plane):
 def events_of(api: KubeDraApi, name: str) -> str:
     evs = api._request("GET", f"/apis/events.k8s.io/v1/namespaces/{NS}/events")["items"]
     return " | ".join(e.get("note", "") for e in evs if (e.get("regarding") or {}).get("name") == name)
+
+
+def test_the_manifests_least_privilege_rbac_is_enough_for_dra(cluster, control_plane, admin):
+    """The scheduler as deploy/scheduler's ServiceAccount with only its RBAC: a claim from a template and nvidia.com/gpu
+    through the extended-resource class are allocated, reserved and bound (resourceclaims/status and the
+    resourceclaims/binding check, claim create, pods/status)."""
+    api, d, core = cluster
+    for p in core.list_namespaced_pod(NS).items:
+        core.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
+    path = sa_kubeconfig(control_plane, admin, "deploy/scheduler/scheduler.yaml", "gpufleet-scheduler", NS)
+    assert wait_for(lambda: not [c for c in api._request("GET", f"{RES}/namespaces/{NS}/resourceclaims")["items"]
+                                 if (c.get("status") or {}).get("allocation") and c["metadata"]["name"] != "shared-gpu"], 60)
+    core.create_namespaced_pod(NS, pod("rbac-one", "one-gpu"))
+    core.create_namespaced_pod(NS, pod("rbac-ext", limits={"nvidia.com/gpu": "1"}))
+    s = Sched(path)
+    try:
+        assert wait_for(lambda: all(core.read_namespaced_pod(n, NS).spec.node_name == NODE for n in ("rbac-one", "rbac-ext")), 60), \
+            events_of(api, "rbac-one") + events_of(api, "rbac-ext")
+        for n in ("rbac-one", "rbac-ext"):
+            (c,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/{n}"))
+            assert c["status"]["allocation"] and c["status"]["reservedFor"][0]["name"] == n
+        assert not s.loop.cache.dra.cache.unserved  # type: ignore[union-attr]
+    finally:
+        s.stop()
