@@ -28,8 +28,11 @@ def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[i
         return 1, f"pod {key} not found"
     node = (pod.get("spec") or {}).get("nodeName")
     if node:
+        from .interruption import moved_line
+
         a = ((pod.get("metadata") or {}).get("annotations") or {}).get("gpufleet.io/assignment")
-        return 0, f"{key} is bound to {node}" + (f"; assignment {a}" if a else "")
+        moved = moved_line(pod)
+        return 0, f"{key} is bound to {node}" + (f"; assignment {a}" if a else "") + (f"\n  {moved}" if moved else "")
     loop = SchedulerLoop(api, profile, scheduler_name=scheduler_name)
     loop.resync()
     loop.replay_gangs()  # what the scheduler's gang round holds now (a hold may be what keeps the pod out)

@@ -106,7 +106,8 @@ class SchedulerLoop:
                  on_attempt: Callable[[str, float], None] | None = None, bind_workers: int = 0, event_thread: bool = False,
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
                  eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True,
-                 volume_bind_timeout_s: float = 600.0, eviction_timeout_s: float | None = None, dra: bool = True):
+                 volume_bind_timeout_s: float = 600.0, eviction_timeout_s: float | None = None, dra: bool = True,
+                 drain: bool = True):
         self.api = api
         if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
             profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
@@ -137,6 +138,11 @@ class SchedulerLoop:
         self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
         self.preemptor = Preemptor(api, self.cache, self.queue, self.events, self.evictions, clock, nominated_timeout_s)
         self.gangs = self._new_gangs()
+        from ..engine.plugins.spotcapacity import SpotCapacity
+        from .interruption import Drainer
+
+        spot = next((p.config for p in profile.filters if isinstance(p, SpotCapacity)), None)
+        self.drainer = Drainer(api, self.cache, self.queue, self.events, self.stats, spot, clock) if drain else None
 
     def _new_gangs(self) -> GangScheduler:
         gs = GangScheduler(self.cache.sched)
@@ -326,6 +332,8 @@ class SchedulerLoop:
         Gang members go in one gang round, after the single pods -- or before them
         when a gang had victims deleted for it, so the room it made is its own.
         """
+        if self.drainer is not None:  # pods off nodes with an interruption notice first (kube/interruption.py)
+            self.drainer.step()
         self.volume_binder.check_waits()
         self._learn_waiting()
         n = 0
@@ -543,6 +551,13 @@ class SchedulerLoop:
 
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
+        from .interruption import moved_line
+
+        summary, by_node = self._explain(pod)
+        moved = moved_line(pod)
+        return (summary + f"\n  {moved}" if moved else summary), by_node
+
+    def _explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         req = self.cache.request(pod_key(pod), pod)
         dec = self.cache.sched.explain(req, waited_s=self.queue.waited_s(req.key, self.clock()))  # as its next try would
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}

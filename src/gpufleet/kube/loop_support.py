@@ -48,6 +48,7 @@ class Stats:
     already_gone: int = 0  # victims whose eviction found them gone (404): not evictions of ours
     eviction_refused: int = 0  # evictions the API server refused (429): a PodDisruptionBudget said no
     held_room: int = 0  # pods placed in room the policy held for pods not yet here, rather than evict anyone
+    interrupted: int = 0  # pods moved off nodes with an interruption notice (or gone), kube/interruption.py
 
 
 class ClusterView(Protocol):
