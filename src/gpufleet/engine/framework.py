@@ -338,6 +338,7 @@ class Scheduler:
             scalars=r.scalars,
             terms=r.terms,
             claims=r.dra.keys_on(on_dra) if r.dra is not None else (),
+            dra_usage=_dra_usage(cycle, st, node) if on_dra else (),
         )
 
     # --- public API ---------------------------------------------------------------
@@ -457,6 +458,22 @@ class Scheduler:
 
     def invalidate_caches(self) -> None:
         self._cache.clear()
+
+
+def _dra_usage(cycle: Cycle, st: ClusterState, node: int) -> tuple[tuple[str, int], ...]:
+    """What a pod's claims will take, as team queues count it (the GPU fields describe its claims, engine/dra/shape.py;
+    whole GPUs count the memory of the GPUs the policy picked)."""
+    r = cycle.request
+    if r.gpu_count <= 0:
+        return ()
+    if r.mig_profile:
+        return ((f"mig:{r.mig_profile}", r.gpu_count),)
+    if r.gpu_milli >= GPU_MILLI:
+        choice = cycle.data.get("dra.choice")
+        picked = list(choice.gpu_indices) if choice is not None and choice.gpu_indices else []
+        caps = [int(st.gpu_mem_cap[node, j]) for j in picked] or [int(st.gpu_mem_cap[node].max())] * r.gpu_count
+        return (("gpu_milli", r.gpu_count * GPU_MILLI), ("gpu_memory_mib", sum(caps[:r.gpu_count])))
+    return (("gpu_milli", r.gpu_count * r.gpu_milli), ("gpu_memory_mib", r.gpu_count * r.gpu_memory_mib))
 
 
 def feasible_reason_counts(cycle: Cycle) -> dict[str, int]:

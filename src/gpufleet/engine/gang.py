@@ -683,7 +683,7 @@ class GangScheduler:
         g = self.gangs[k]
         st = self.sched.state
         held = [st.assignments[p] for p in self._held if p in st.assignments]
-        milli = sum(len(a.gpu_indices) * a.gpu_milli for a in held)
+        milli = sum(a.held_gpu_milli for a in held)
         gpus = f"{milli // GPU_MILLI}" if milli % GPU_MILLI == 0 else f"{milli / GPU_MILLI:.3g}"
         nodes = ", ".join(sorted({a.node for a in held}))
         return (f"pod group {k} holds {gpus} GPU(s) on {nodes} for its members still arriving "

@@ -243,3 +243,11 @@ class Assignment:
     scalars: tuple[tuple[str, int], ...] = ()
     terms: PodTerms | None = field(default=None, compare=False, hash=False, repr=False)
     claims: tuple[str, ...] = ()  # ResourceClaims (namespace/name) the pod uses: their devices are held per claim
+    # what the pod's claims take, for team queues (DRA: the claims, not the assignment, hold the devices):
+    # (resource, amount) as queues count it -- gpu_milli, gpu_memory_mib, mig:<profile>
+    dra_usage: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def held_gpu_milli(self) -> int:
+        """GPU compute the pod holds: its device-plugin GPUs', or what its claims hold for it (DRA)."""
+        return len(self.gpu_indices) * self.gpu_milli + dict(self.dra_usage).get("gpu_milli", 0)

@@ -45,7 +45,7 @@ class Plan:
 def _rank(victims: Sequence[Assignment]) -> tuple[int, int, int, int]:
     """Fewer victims, then lower top priority, then lower priority sum, then less GPU taken away."""
     return (len(victims), max((a.priority for a in victims), default=-(1 << 62)), sum(a.priority for a in victims),
-            sum(a.gpu_milli * len(a.gpu_indices) for a in victims))
+            sum(a.held_gpu_milli for a in victims))
 
 
 def _fits_on(sched: Scheduler, r: PodRequest, node: int) -> bool:
@@ -62,7 +62,7 @@ def _could_fit(sched: Scheduler, r: PodRequest, node: int, freed: Sequence[Assig
     here = [a for a in freed if a.node == st.nodes[node].name]
     cpu = st.cpu_free[node] + sum(a.cpu_milli for a in here)
     mem = st.mem_free[node] + sum(a.memory_mib for a in here)
-    gpu = st.gpu_free_milli[node].sum() + sum(a.gpu_milli * len(a.gpu_indices) for a in here)
+    gpu = st.gpu_free_milli[node].sum() + sum(a.held_gpu_milli for a in here)
     return cpu >= r.cpu_milli and mem >= r.memory_mib and gpu >= (0 if r.mig_profile else r.total_gpu_milli)
 
 

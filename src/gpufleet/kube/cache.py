@@ -301,7 +301,7 @@ class SchedulerCache:
                 log.warning("bound pod %s: %s", key, exc2)
                 return
         if self.dra is not None:  # the claims it uses hold its devices (ClusterState.hold_claim)
-            a = self.dra.bound_claims(pod, a)
+            a = self.dra.bound_claims(pod, a, self.state)
         group = self.group_of(pod)
         queue_ = self._queue_of_bound(pod)
         if (queue_, group) != (a.queue, a.pod_group):

@@ -409,6 +409,8 @@ class Extender:
                 log.info("filter %s: the pod is already bound or being bound to %s (%s)", key, where, _ms(dt))
                 return reply([], {}, {}, f"pod {key} is already bound or being bound to {where}")
             sched = loop.sched
+            if loop.dra is not None:  # DRA: nvidia.com/gpu backed by a DeviceClass on nodes without a device plugin
+                req = loop.dra.resolve(pod, req, loop.state)
             cycle = sched.new_cycle(req, waited_s=waited_s(pod, time.monotonic() - loop.first_filter[key]))
             cycle.only_nodes = self._mask(names)
             dec = sched.decide(cycle, explain=True)

@@ -475,7 +475,11 @@ class SchedulerLoop:
         else:
             why = ""
         room = None
-        if not dec.ok and self.preemption:
+        waits = self.dra.waiting_for_deallocation(self.cache.sched, req, self.cache.bound_pods) if (
+            not dec.ok and self.dra is not None) else ""
+        if waits:  # room coming back once claims of pods that are gone are deallocated: no eviction for it (DRA)
+            why = f"{why}; {waits}" if why else waits
+        elif not dec.ok and self.preemption:
             try:
                 room = self.preemptor.plan(key, req, self.gangs)
             except Exception:  # a planning bug must not stop the loop

@@ -99,8 +99,8 @@ def slim_pod(pod: dict) -> dict:
         return out
 
     ann_ = {k: v for k, v in (m.get("annotations") or {}).items() if k.startswith(ann.PREFIX)}
-    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead", "hostNetwork", "resources", "schedulingGroup")
-         if k in spec}
+    s = {k: spec[k] for k in ("nodeName", "schedulerName", "priority", "overhead", "hostNetwork", "resources", "schedulingGroup",
+                              "resourceClaims") if k in spec}
     # what other pods' constraints see: inter-pod (anti-)affinity terms (symmetry) and claimed volumes
     aff = {k: v for k, v in (spec.get("affinity") or {}).items() if k in ("podAffinity", "podAntiAffinity")}
     if aff:
@@ -114,7 +114,11 @@ def slim_pod(pod: dict) -> dict:
     meta = {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "deletionTimestamp",
                               "creationTimestamp") if k in m}
     meta["annotations"] = ann_
-    return {"metadata": meta, "spec": s, "status": _resize_status(pod.get("status") or {})}
+    status = _resize_status(pod.get("status") or {})
+    for k in ("resourceClaimStatuses", "extendedResourceClaimStatus"):  # the ResourceClaims it uses (DRA)
+        if (pod.get("status") or {}).get(k):
+            status[k] = pod["status"][k]
+    return {"metadata": meta, "spec": s, "status": status}
 
 
 def _resize_status(st: dict) -> dict:

@@ -39,6 +39,8 @@ def request_vector(r: PodRequest | Assignment) -> Vector:
          "cpu_milli": r.cpu_milli, "memory_mib": r.memory_mib}
     if r.mig_profile:
         v[f"mig:{r.mig_profile}"] = len(r.mig)
+    for k, x in r.dra_usage:  # devices its ResourceClaims hold (DRA)
+        v[k] = v.get(k, 0) + x
     return v
 
 

@@ -111,13 +111,27 @@ class LiveDra:
     def resolve(self, pod: Mapping, r: PodRequest, state: ClusterState) -> PodRequest:
         return self.cache.resolve(pod, r, state)
 
-    def bound_claims(self, pod: Mapping, a: Assignment) -> Assignment:
-        """A bound pod's assignment with the claims it uses; one whose extended resources came from DRA holds no
-        device-plugin GPUs (its claim holds the devices)."""
+    def bound_claims(self, pod: Mapping, a: Assignment, state: ClusterState) -> Assignment:
+        """A bound pod's assignment with the claims it uses and what they hold for its queue (a claim shared by several
+        pods split between them); one whose extended resources came from DRA holds no device-plugin GPUs."""
         keys = self.cache.pod_claim_keys(pod)
         if (pod.get("status") or {}).get("extendedResourceClaimStatus"):
             a = replace(a, gpu_indices=(), gpu_milli=0, gpu_memory_mib=())
-        return replace(a, claims=keys) if keys else a
+        if not keys:
+            return a
+        use: dict[str, int] = {}
+        for k in keys:
+            h = state.claim_holds.get(k)
+            c = self.cache.claims.get(k)
+            if h is None:
+                continue
+            users = max(1, len(c.reserved_for) if c is not None else 1)
+            for _, milli, mib in h.gpus:
+                use["gpu_milli"] = use.get("gpu_milli", 0) + milli // users
+                use["gpu_memory_mib"] = use.get("gpu_memory_mib", 0) + mib // users
+            for prof, _ in h.mig:
+                use[f"mig:{prof}"] = use.get(f"mig:{prof}", 0) + 1
+        return replace(a, claims=keys, dra_usage=tuple(sorted(use.items())))
 
     # --- binding ----------------------------------------------------------------------------------
     def plan_job(self, state: ClusterState, key: str, pod: dict, a: Assignment) -> Callable[[], None] | None:
@@ -170,6 +184,39 @@ class LiveDra:
                     state.release_claim(ck)  # never written: the devices are free again
                     freed = True
         return freed
+
+    def orphans(self, state: ClusterState, bound_pods: Mapping[str, dict]) -> list[str]:
+        """Allocated claims every pod in whose ``reservedFor`` is gone: the resourceclaim controller deallocates them
+        (not yet seen), so their devices are coming back."""
+        out = []
+        for key in state.claim_holds:
+            c = self.cache.claims.get(key)
+            if c is None or c.allocation is None or not c.reserved_for or key in self.cache.in_flight:
+                continue
+            if all(r.resource == "pods" and (bound_pods.get(f"{c.namespace}/{r.name}") or {}).get("metadata", {}).get("uid")
+                   not in (r.uid,) for r in c.reserved_for) and not state.claim_users.get(key):
+                out.append(key)
+        return out
+
+    def waiting_for_deallocation(self, sched, r: PodRequest, bound_pods: Mapping[str, dict]) -> str:
+        """Why the pod waits instead of preempting: it fits once claims of pods that are gone are deallocated
+        (kube-controller-manager's resourceclaim controller); "" when it does not.  Evicting more pods meanwhile
+        would take room that is coming back anyway."""
+        state = sched.state
+        keys = self.orphans(state, bound_pods)
+        if not keys:
+            return ""
+        released = [h for h in (state.release_claim(k) for k in keys) if h is not None]
+        try:
+            fits = sched.decide(sched.new_cycle(r)).ok
+        finally:
+            for h in released:
+                state.hold_claim(h)
+        if not fits:
+            return ""
+        shown = ", ".join(sorted(keys)[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        return (f"waiting for ResourceClaim(s) {shown} of pods that are gone to be deallocated "
+                f"(kube-controller-manager's resourceclaim controller); no pod is preempted for it meanwhile")
 
     @staticmethod
     def _quietly(fn: Callable, *args) -> None:
