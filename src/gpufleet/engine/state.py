@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 # Epochs are unique across all states: plugins cache node-metadata masks per epoch, and
 # a per-state counter let a new state (same id() after GC, same epoch) hit a dead one's cache.
 _EPOCHS = itertools.count(1)
+# one per ClusterState object, copies included (a copy shares its original's epoch and versions): caches that trust
+# per-node versions key on it, never on id(), which a dead copy's successor may reuse
+_TOKENS = itertools.count(1)
 NO_SLOT_LIMIT = 1 << 40
 
 
@@ -51,6 +54,7 @@ class ClusterState:
         self.claim_holds: dict[str, ClaimHold] = {}
         self.claim_users: dict[str, set[str]] = {}
         self._hold_applied: dict[str, tuple[int, list[tuple[int, int, int]], list[tuple[str, tuple[int, int]]]]] = {}
+        self.token = next(_TOKENS)
         self._rebuild(list(nodes), usage=None)
 
     # --- construction -------------------------------------------------------------
@@ -219,6 +223,7 @@ class ClusterState:
         """An independent snapshot for what-if runs (preemption, explain)."""
         c = object.__new__(ClusterState)
         c.__dict__.update(self.__dict__)
+        c.token = next(_TOKENS)
         for k, v in self.__dict__.items():
             if isinstance(v, np.ndarray):
                 setattr(c, k, v.copy())

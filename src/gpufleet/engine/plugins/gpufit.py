@@ -6,7 +6,8 @@ chosen node, so a node the filter passes always has the devices the selector nee
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,11 +48,15 @@ def eligible_gpus(state: ClusterState, r: PodRequest, rows: np.ndarray | slice =
     return e
 
 
+FIT_CACHE_SHAPES = 32  # GPU request shapes whose per-node verdicts GpuFit keeps
+
+
 @dataclass
 class GpuFit:
     """Whole GPUs, per-GPU share and memory, MIG profiles, GPU model allow/deny."""
 
     name: str = "GpuFit"
+    _fit: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # see filter
 
     REASONS = (
         "Insufficient nvidia.com/gpu",
@@ -93,28 +98,53 @@ class GpuFit:
                         ok[i] = False
                         mig_codes[i] = 1
             return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), mig_codes)
-        usable = state.gpu_usable
+        key = (state.token, state.epoch, k, r.gpu_milli, r.gpu_memory_mib, r.gpu_models_allow, r.gpu_models_deny)
+        ent = self._fit.get(key)
+        if ent is None:  # every node once, then only the nodes whose free devices changed (their version moved)
+            ok, codes = self._fit_rows(state, r, mm, slice(None))
+            ent = (ok, codes, state.version.copy())
+            self._fit[key] = ent
+            if len(self._fit) > FIT_CACHE_SHAPES:
+                self._fit.popitem(last=False)
+        else:
+            self._fit.move_to_end(key)
+            ok, codes, vers = ent
+            stale = np.flatnonzero(vers != state.version)
+            if stale.size:
+                ok[stale], codes[stale] = self._fit_rows(state, r, mm, stale)
+                vers[stale] = state.version[stale]
+        return FilterResult(ok.copy(), self.REASONS, codes.copy())  # copies: the cache moves on with the next pod
+
+    def _fit_rows(self, state: ClusterState, r: PodRequest, mm: np.ndarray | None,
+                  rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
+        """(fits, reason code) of the nodes ``rows`` for a pod's whole GPUs or share; depends only on those nodes'
+        devices and free amounts, so a node's verdict holds until its version changes."""
+        k = r.gpu_count
+        n = state.gpu_usable[rows].shape[0]
+        usable = state.gpu_usable[rows]
         codes = None  # every code 0 so far (no model restriction)
         no_devices = None
         if state.devices_limited:  # kubelet's count of free nvidia.com/gpu devices on the node
-            no_devices = state.gpu_dev_free < k
+            no_devices = state.gpu_dev_free[rows] < k
             usable = usable & ~no_devices[:, None]
         if mm is not None:
-            usable = usable & mm[state.gpu_model]
+            usable = usable & mm[state.gpu_model[rows]]
             model_ok = _at_least(usable, k)
             codes = np.zeros(n, dtype=np.int64)
             codes[~model_ok] = 3
+        free_milli = state.gpu_free_milli[rows]
         if r.gpu_milli >= GPU_MILLI:
-            e = usable & (state.gpu_free_milli >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap)
+            e = usable & (free_milli >= GPU_MILLI) & (state.gpu_mem_free[rows] == state.gpu_mem_cap[rows])
             if state.slots_limited:
-                e &= state.gpu_slots_free > 0
+                e &= state.gpu_slots_free[rows] > 0
             ok = _at_least(e, k)  # too few devices: code 0, kube-scheduler's "Insufficient nvidia.com/gpu"
-            return FilterResult(ok, self.REASONS, codes if codes is not None else np.zeros(n, dtype=np.int64))
+            return ok, codes if codes is not None else np.zeros(n, dtype=np.int64)
+        mem_free = state.gpu_mem_free[rows] if r.gpu_memory_mib else None
         if state.slots_limited:
-            slotted = usable & (state.gpu_slots_free > 0)
-            share0 = usable & (state.gpu_free_milli >= r.gpu_milli)
-            if r.gpu_memory_mib:
-                share0 &= state.gpu_mem_free >= r.gpu_memory_mib
+            slotted = usable & (state.gpu_slots_free[rows] > 0)
+            share0 = usable & (free_milli >= r.gpu_milli)
+            if mem_free is not None:
+                share0 &= mem_free >= r.gpu_memory_mib
             # the share would fit by milli/memory but every such GPU's kubelet devices are taken
             no_slot = _at_least(share0, k) & ~_at_least(share0 & slotted, k)
             if codes is not None:
@@ -122,10 +152,10 @@ class GpuFit:
             usable = slotted
         else:
             no_slot = None
-        share = usable & (state.gpu_free_milli >= r.gpu_milli)
-        if r.gpu_memory_mib:
+        share = usable & (free_milli >= r.gpu_milli)
+        if mem_free is not None:
             share_ok = _at_least(share, k)
-            ok = _at_least(share & (state.gpu_mem_free >= r.gpu_memory_mib), k)
+            ok = _at_least(share & (mem_free >= r.gpu_memory_mib), k)
             c = np.where(share_ok, 2, 1)
         else:
             ok = _at_least(share, k)
@@ -135,7 +165,7 @@ class GpuFit:
             codes = np.where(no_slot & ~ok, 5, codes)
         if no_devices is not None:
             codes = np.where(no_devices & ~ok & (codes != 3), 5, codes)
-        return FilterResult(ok, self.REASONS, codes)
+        return ok, codes
 
 
 def _at_least(mask: np.ndarray, k: int) -> np.ndarray:

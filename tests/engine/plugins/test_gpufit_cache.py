@@ -1,0 +1,59 @@
+"""GpuFit keeps each GPU request shape's per-node verdicts and recomputes only nodes whose version moved: the
+verdicts must always be what a fresh computation says, also on a copied snapshot (which shares the original's
+epoch and versions)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpufleet.engine.framework import Cycle
+from gpufleet.engine.model import Assignment, Gpu, Node, PodRequest
+from gpufleet.engine.plugins.gpufit import GpuFit
+from gpufleet.engine.state import ClusterState
+
+
+def _cluster() -> ClusterState:
+    nodes = [Node(f"n{i}", 64_000, 256_000, tuple(Gpu(j, f"g{i}-{j}", "T4" if i % 3 else "V100", 16_000)
+                                                  for j in range(1 + i % 4)), gpu_slots=(2 if i % 5 == 0 else 0))
+             for i in range(40)]
+    return ClusterState(nodes)
+
+
+SHAPES = [PodRequest("a", gpu_count=1, gpu_milli=500), PodRequest("b", gpu_count=2, gpu_milli=1000),
+          PodRequest("c", gpu_count=1, gpu_milli=300, gpu_memory_mib=9000),
+          PodRequest("d", gpu_count=1, gpu_milli=1000, gpu_models_allow=frozenset({"V100"})),
+          PodRequest("e", gpu_count=3, gpu_milli=250)]
+
+
+def _check(plugin: GpuFit, state: ClusterState) -> None:
+    for r in SHAPES:
+        got = plugin.filter(Cycle(r, np.random.default_rng(0)), state)
+        want = GpuFit().filter(Cycle(r, np.random.default_rng(0)), state)
+        assert (got.ok == want.ok).all() and (got.codes == want.codes).all(), r.name
+
+
+def test_cached_verdicts_follow_reservations_and_copies() -> None:
+    rng = np.random.default_rng(7)
+    state = _cluster()
+    plugin = GpuFit()
+    placed: list[str] = []
+    for step in range(300):
+        _check(plugin, state)
+        if placed and rng.random() < 0.35:
+            state.unreserve(placed.pop(int(rng.integers(len(placed)))))
+            continue
+        i = int(rng.integers(len(state)))
+        node = state.nodes[i]
+        j = int(rng.integers(len(node.gpus)))
+        milli = int(rng.choice([250, 500, 1000]))
+        a = Assignment(pod_key=f"p/{step}", node=node.name, cpu_milli=1000, memory_mib=1000, gpu_indices=(j,), gpu_milli=milli,
+                       gpu_memory_mib=(0,))
+        if state.check(a) is None:
+            state.reserve(a)
+            placed.append(a.pod_key)
+        if step % 50 == 49:  # a what-if copy moves on alone; the original must not see its verdicts
+            c = state.copy()
+            for k in list(placed)[:5]:
+                c.unreserve(k)
+            _check(plugin, c)
+            _check(plugin, state)
