@@ -375,3 +375,11 @@ def test_one_bad_pod_does_not_stop_a_batch():
             bad.append(str(exc))
     assert ok == ["a", "c"]
     assert len(bad) == 1 and "default/b" in bad[0] and ann.GPU_MILLI in bad[0]
+
+
+def test_a_pod_deploy_admission_routed_is_a_valid_gpufleet_pod():
+    # the annotation deploy/admission's policy writes is gpufleet's own: it must not make the pod invalid (seen on the
+    # real node: every routed pod waited with "unknown gpufleet annotation")
+    pod = {"metadata": {"name": "p", "annotations": {ann.ROUTED_BY: "MutatingAdmissionPolicy gpufleet-route-gpu-pods"}},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    assert parse_pod(pod).gpu_count == 1

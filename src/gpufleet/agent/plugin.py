@@ -16,7 +16,17 @@ container exactly those GPUs, with the MPS limits for a GPU share
 (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``)
 so the share is enforced by an MPS server rather than only accounted.
 Without an assignment kubelet's choice stands, helped by a topology-aware
-preference (one NVLink island, one NUMA node).
+preference (one NVLink island, one NUMA node) -- with one exception, the node
+guard: with ``sharesPerGpu`` > 1 every GPU is several ``nvidia.com/gpu``
+devices (so gpufleet's shares can each hold one), and a scheduler that counts
+allocatable (kube-scheduler) may bind more whole-GPU pods than the node has
+GPUs.  Such a pod (no assignment, so it did not ask to share) gets its GPUs only
+if no other pod holds them (kubelet's PodResources) or was placed on them by
+gpufleet (their assignments); otherwise ``Allocate`` fails and kubelet refuses
+the pod with a message naming the GPU and who uses it, rather than start it on a
+GPU another pod uses.  When the agent cannot tell (PodResources unreadable) it
+refuses too: fail closed.  An admin who set ``replicas`` > 1 (time-slicing)
+asked for sharing; there is no guard then.
 
 Every allocation is written to a checkpoint file (atomic replace), so the
 agent's restart neither serves one pod's assignment twice nor forgets what it
@@ -60,9 +70,9 @@ class AssignmentMismatch(ValueError):
 class AssignmentRefused(Exception):
     """The pod being admitted must not start: its assignment is malformed, stale, or names an unhealthy GPU."""
 
-    def __init__(self, pod_key: str, uid: str, message: str) -> None:
+    def __init__(self, pod_key: str, uid: str, message: str, reason: str = "GpuAssignmentRefused") -> None:
         super().__init__(message)
-        self.pod_key, self.uid, self.message = pod_key, uid, message
+        self.pod_key, self.uid, self.message, self.reason = pod_key, uid, message, reason
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,15 @@ class PodAssignment:
         return f"{self.pod_key}#{self.uid}" if self.uid else self.pod_key
 
 
+@dataclass(frozen=True)
+class GpuUse:
+    """Who holds this node's GPUs, for the node guard: kubelet's devices and gpufleet's assignments."""
+
+    by_device: dict[str, str]  # kubelet device ID -> the pod (namespace/name) holding it (PodResources)
+    by_gpu: dict[int, set[str]]  # GPU index -> pods bound here, not finished, whose gpufleet.io/assignment names it
+    admitting: tuple[str, str] | None = None  # (pod, uid) kubelet is admitting without an assignment, when known
+
+
 class PodSource(Protocol):
     def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | None: ...
 
@@ -106,6 +125,9 @@ class PodSource(Protocol):
 class NoPods:
     def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | None:
         return None
+
+    def gpu_use(self, resource: str, count: int) -> GpuUse | None:
+        return None  # no API, no PodResources: the guard cannot tell who uses a GPU
 
 
 def build_devices(gpus: list[GpuInfo], resource: str, strategy: str = "mixed", replicas: int = 1) -> list[DeviceEntry]:
@@ -172,6 +194,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
         self.strategy = strategy
         self.replicas = replicas
         self.slots = max(replicas, slots or replicas)  # kubelet devices per GPU
+        # the node guard: several devices per GPU for gpufleet's shares, not time-slicing the admin asked for
+        self.guard = resource == "nvidia.com/gpu" and replicas == 1 and self.slots > 1
         self.gpus = {g.index: g for g in gpus}
         self.devices = build_devices(gpus, resource, strategy, self.slots)
         self.by_id = {d.id: d for d in self.devices}
@@ -419,8 +443,11 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 # kubelet fails the pod's admission with this message: its container never starts on other GPUs
                 log.warning("Allocate refused: %s", exc.message)
                 report = getattr(self.pods, "report_refused", None)
-                if report is not None:
-                    report(exc.pod_key, exc.uid, exc.message)
+                if report is not None and exc.pod_key:
+                    if exc.reason == "GpuAssignmentRefused":
+                        report(exc.pod_key, exc.uid, exc.message)
+                    else:
+                        report(exc.pod_key, exc.uid, exc.message, reason=exc.reason)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, exc.message)
         return pb.AllocateResponse(container_responses=responses)
 
@@ -447,6 +474,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
             if bad:
                 self._refuse(pa, f"pod {pa.pod_key}: its assignment names unhealthy GPU(s) {bad} on this node; "
                                  "not starting it there (the scheduler places it again once it is re-created)")
+        if pa is None and self.guard:
+            self._exclusive_or_refuse(ids)
         with self._lock:
             if pa is not None and pa.served_key in self.allocated:
                 uuids = None  # served meanwhile by a concurrent Allocate
@@ -473,6 +502,39 @@ class DevicePlugin(pbg.DevicePluginServicer):
         indices = sorted({g.index for g in self.gpus.values() if g.uuid in uuids}
                          | {g.index for g in self.gpus.values() for m in g.mig if m.uuid in uuids})
         return pb.ContainerAllocateResponse(envs=envs, devices=self.device_spec_list(indices), mounts=mounts)
+
+    def _exclusive_or_refuse(self, ids: list[str]) -> None:
+        """The node guard (see the module docstring): a pod without an assignment gets GPUs nobody else holds, or
+        ``AssignmentRefused``."""
+        want = {self.by_id[i].gpu_index for i in ids}
+        source = getattr(self.pods, "gpu_use", None)
+        try:
+            use = source(self.resource, len(ids)) if source is not None else None
+        except Exception as exc:  # noqa: BLE001 - cannot tell: refused below
+            log.warning("%s: cannot tell who uses the GPUs: %s", self.resource, exc)
+            use = None
+        if use is None:
+            raise AssignmentRefused("", "", (
+                f"{self.resource}: a pod without a gpufleet.io/assignment asks for GPU(s) {sorted(want)}, and the agent "
+                "cannot tell whether another pod uses them (kubelet's PodResources API or the API server unreachable); "
+                "refusing it rather than risk sharing a GPU it did not ask to share"), "GpuInUse")
+        pod, uid = use.admitting or ("", "")
+        holders: dict[int, set[str]] = {}
+        for dev, holder in use.by_device.items():
+            d = self.by_id.get(dev)
+            if d is not None and d.gpu_index in want and holder != pod:
+                holders.setdefault(d.gpu_index, set()).add(holder)
+        for gi, pods in use.by_gpu.items():
+            if gi in want and pods - {pod}:
+                holders.setdefault(gi, set()).update(pods - {pod})
+        if holders:
+            who = "; ".join(f"GPU {gi} ({self.gpus[gi].uuid}) is used by {', '.join(sorted(p))}" for gi, p in sorted(holders.items()))
+            raise AssignmentRefused(pod, uid, (
+                f"{'pod ' + pod + ': ' if pod else ''}{self.resource}: kubelet picked a GPU another pod uses for a pod "
+                f"that did not ask to share ({who}). This pod has no gpufleet.io/assignment: a scheduler that counts "
+                f"{self.resource} allocatable ({self.slots} devices per GPU, for gpufleet's GPU shares) bound it. "
+                "Refusing rather than share a GPU silently: schedule GPU pods with gpufleet (schedulerName: gpufleet; "
+                "deploy/admission routes them there), or run kube-scheduler with the gpufleet extender"), "GpuInUse")
 
     def device_spec_list(self, indices: list[int]) -> list:
         """``/dev/nvidiaN`` (N: the GPU's device minor number) for the GPUs handed out plus the control devices, as ``device_specs`` says."""

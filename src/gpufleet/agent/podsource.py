@@ -29,7 +29,7 @@ from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
 from ..engine.inventory import assignment_from_json, gpu_uuids_of
 from ..engine.podspec import pod_key
-from .plugin import InvalidAssignment, PodAssignment
+from .plugin import GpuUse, InvalidAssignment, PodAssignment
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,57 @@ def kubelet_waiting(socket: str, resource: str, timeout_s: float = 2.0) -> set[t
     return out
 
 
+def kubelet_devices(socket: str, timeout_s: float = 2.0) -> dict[tuple[str, str], dict[str, list[str]]] | None:
+    """(namespace, pod) -> resource -> kubelet device IDs, for every pod in kubelet's list (PodResources List);
+    None when kubelet's PodResources API cannot be asked."""
+    import grpc
+
+    from .podresources import podresources_pb2 as pb
+    from .podresources import podresources_pb2_grpc as pbg
+
+    try:
+        with grpc.insecure_channel(f"unix://{socket}") as ch:
+            resp = pbg.PodResourcesListerStub(ch).List(pb.ListPodResourcesRequest(), timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - the caller decides what not knowing means
+        log.warning("PodResources List failed: %s", exc)
+        return None
+    out: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for p in resp.pod_resources:
+        res = out.setdefault((p.namespace, p.name), {})
+        for c in p.containers:
+            for d in c.devices:
+                res.setdefault(d.resource_name, []).extend(d.device_ids)
+    return out
+
+
+def gpu_use(node: str, resource: str, count: int, devices: dict[tuple[str, str], dict[str, list[str]]],
+            pods: list[dict] | None) -> GpuUse:
+    """Who holds which GPUs (pure): kubelet's devices of ``resource``, and the GPUs gpufleet's assignments name for
+    pods bound here that have not finished; the pod being admitted without an assignment, when exactly one of the
+    pods kubelet has given no device yet asks for ``count`` of ``resource`` and carries none."""
+    by_device = {dev: f"{ns}/{name}" for (ns, name), res in devices.items() for dev in res.get(resource, ())}
+    by_gpu: dict[int, set[str]] = {}
+    admitting: list[tuple[str, str]] = []
+    for p in pods or ():
+        spec, meta, status = p.get("spec") or {}, p.get("metadata") or {}, p.get("status") or {}
+        if spec.get("nodeName") != node or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        key = pod_key(p)
+        a = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
+        if a:
+            try:
+                asg = assignment_from_json(key, a)
+            except (GpufleetError, ValueError, TypeError, AttributeError):
+                continue  # Allocate refuses that pod itself
+            if asg.node == node and not asg.mig:
+                for gi in asg.gpu_indices:
+                    by_gpu.setdefault(gi, set()).add(key)
+        elif (meta.get("namespace") or "default", meta.get("name") or "") in devices and not devices[
+                (meta.get("namespace") or "default", meta.get("name") or "")].get(resource) and _asks(spec, resource, count):
+            admitting.append((key, str(meta.get("uid") or "")))
+    return GpuUse(by_device, by_gpu, admitting[0] if len(admitting) == 1 else None)
+
+
 def api_unreachable(exc: Exception) -> bool:
     """Worth waiting for: no answer at all, or a server-side HTTP error (an ApiException's ``status``)."""
     status = getattr(exc, "status", None)
@@ -169,7 +220,22 @@ class KubePodSource:
             return None
         return pick(pods, self.node, resource, count, exclude, waiting)
 
-    def report_refused(self, pod_key: str, uid: str, message: str) -> None:
+    def gpu_use(self, resource: str, count: int) -> GpuUse | None:
+        """For the node guard: None when kubelet's PodResources cannot be read (then the guard refuses). Without the
+        API server the guard still knows kubelet's devices, not the GPUs gpufleet assigned to pods not yet admitted."""
+        if not self.pod_resources_socket:
+            return None
+        devices = kubelet_devices(self.pod_resources_socket)
+        if devices is None:
+            return None
+        try:
+            pods: list[dict] | None = self._node_pods()
+        except Exception as exc:  # noqa: BLE001 - kubelet's view alone
+            log.error("cannot list pods on %s: %s; the node guard sees kubelet's devices only", self.node, exc)
+            pods = None
+        return gpu_use(self.node, resource, count, devices, pods)
+
+    def report_refused(self, pod_key: str, uid: str, message: str, reason: str = "GpuAssignmentRefused") -> None:
         """A Warning event on the pod: why kubelet refused it (kubelet's own event says only that Allocate failed)."""
         import datetime
 
@@ -177,7 +243,7 @@ class KubePodSource:
         now = datetime.datetime.now(datetime.UTC)
         body = {"metadata": {"generateName": f"{name}.", "namespace": ns},
                 "involvedObject": {"kind": "Pod", "namespace": ns, "name": name, "uid": uid or None, "apiVersion": "v1"},
-                "reason": "GpuAssignmentRefused", "message": message[:1000], "type": "Warning",
+                "reason": reason, "message": message[:1000], "type": "Warning",
                 "source": {"component": "gpufleet-agent", "host": self.node}, "reportingComponent": "gpufleet-agent",
                 "reportingInstance": self.node, "firstTimestamp": now, "lastTimestamp": now, "count": 1}
         try:

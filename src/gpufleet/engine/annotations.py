@@ -24,8 +24,9 @@ INVENTORY = PREFIX + "gpu-inventory"  # node annotation by the agent, JSON
 IDLE_WARNING = PREFIX + "idle-warning"
 MOVED_FROM = PREFIX + "moved-from"  # JSON: the pod a replacement replaces, moved off a node with an interruption notice
 EXTENDER_RETRY = PREFIX + "extender-retry"  # time the extender asked kube-scheduler to retry a pod it had parked
+ROUTED_BY = PREFIX + "routed-by"  # deploy/admission's policy sent the pod to gpufleet (no silent GPU sharing)
 
 POD_INPUT_ANNOTATIONS = frozenset(
     {GPU_MILLI, GPU_MEMORY, GPU_MODELS, GPU_MODELS_DENY, QUEUE, POD_GROUP, POD_GROUP_MIN, RECLAIM_OPT_OUT, SPOT}
 )
-POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING, MOVED_FROM, EXTENDER_RETRY})
+POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING, MOVED_FROM, EXTENDER_RETRY, ROUTED_BY})
