@@ -51,3 +51,13 @@ def test_bound_shapes_are_the_requests():
                 want[(r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_models_allow)] += 1
         got = _shapes(pods, cpu_only)
         assert list(got.items()) == list(want.items())
+
+
+def test_a_renamed_request_is_the_rows_request_under_that_name():
+    from gpufleet.simulator.packing import _named
+
+    for p in trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods[:200]:
+        r = _named(p.request(), p.name + "-tuned-7")
+        want = p.request(p.name + "-tuned-7")
+        assert r == want and r.__dict__ == want.__dict__ and hash(r) == hash(want) and r.key == want.key
+        assert _named(p.request(), p.name) == p.request()

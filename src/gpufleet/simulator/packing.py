@@ -108,6 +108,15 @@ def discretize(arrived_pct: np.ndarray, values: np.ndarray) -> list[float | None
     return out
 
 
+def _named(r: PodRequest, name: str) -> PodRequest:
+    """``r`` under another name: what ``TracePod.request(name)`` builds, without running the frozen dataclass's
+    ``__init__`` again for every arrival (a resampled pod is its row's request under a new name)."""
+    out = object.__new__(PodRequest)
+    out.__dict__.update(r.__dict__)
+    out.__dict__["name"] = name
+    return out
+
+
 def prime_policy(sched: Scheduler, requests: list[PodRequest]) -> None:
     """Give target-workload policies the whole trace when they are configured that way (the paper's FGD)."""
     for p, _ in sched.profile.scores:
@@ -152,6 +161,7 @@ def run_packing(
         policy = profile.name
     sched = Scheduler(profile, state, seed=seed)
     base_requests = [p.request() for p in pods]
+    by_pod = {id(p): r for p, r in zip(pods, base_requests)}  # each arrival is its trace row's request, renamed
     prime_policy(sched, base_requests)
 
     capacity = state.total_gpu_milli()
@@ -191,7 +201,7 @@ def run_packing(
     gpu_usable, gpu_free, cpu_free = state.gpu_usable, state.gpu_free_milli, state.cpu_free
     model_of = state.gpu_model[:, 0] if state.gpu_model.shape[1] else np.full(len(state), -1)
     for k, (tp, name) in enumerate(order):
-        req = tp.request(name)
+        req = _named(by_pod[id(tp)], name)
         if shape is not None:
             req = shape(req)
         if snap is None and arrived_milli + req.total_gpu_milli > capacity:  # the 100%-arrived point
