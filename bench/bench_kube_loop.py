@@ -8,17 +8,20 @@
    ``bench_kube_apiserver.py`` measures the real thing.
 2) The engine alone at 5,000 nodes: decisions/s of default, fgd and bestfit,
    side by side, on uniform A100 nodes and on the Alibaba node mix (see
-   ``engine_bench``).
+   ``engine_bench``), and the memory it took (``--engine-nodes 15000`` for the 15,000-node figure).
 
     python bench/bench_kube_loop.py [--nodes 1000] [--pods 3000] [--policy default] [--engine-only] [--rounds 3]
 """
 
 from __future__ import annotations
 
+import resource
 import statistics
 import sys
 import time
 from dataclasses import replace
+
+import numpy as np
 
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import Gpu, Node, PodRequest
@@ -107,6 +110,10 @@ def engine_bench(n_nodes: int, policies: list[str], rounds: int) -> None:
     print(f"engine at {n_nodes} nodes, 4,000 decisions per run, median of {rounds} round(s):")
     for (cname, pol), v in rates.items():
         print(f"  {cname:<8} {pol:<8} {statistics.median(v):7.0f} decisions/s  (runs: {', '.join(f'{x:.0f}' for x in v)})")
+    snap = ClusterState(clusters["uniform"][0])
+    arrays = sum(v.nbytes for v in vars(snap).values() if isinstance(v, np.ndarray))
+    print(f"memory: the uniform cluster's snapshot arrays {arrays / 2**20:.1f} MiB; this process's peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (every cluster, policy and cache above)")
 
 if __name__ == "__main__":
     from gpufleet.cli.main import run_script
