@@ -18,6 +18,10 @@ class FakeDraApi:
         self.events: list[tuple[dict, str, str, str]] = []
         self.calls: dict[str, int] = {}
         self.fail = 0  # the next N calls raise ConnectionError
+        # gated fields this "API server" drops on write, as kube-apiserver 1.35 does by default
+        # ("consumable-capacity": allowMultipleAllocations and requestPolicy; "taints")
+        self.drops: set[str] = set()
+        self.probe_fails = False  # dry runs refused (an admission webhook that does not support them, say)
         self._rv = itertools.count(1)
         self._log: list[tuple[int, str, dict]] = []
         self._compacted = 0
@@ -34,6 +38,17 @@ class FakeDraApi:
         obj["metadata"]["resourceVersion"] = str(rv)
         self._log.append((rv, type_, copy.deepcopy(obj)))
         self._cv.notify_all()
+
+    def _strip(self, obj: dict) -> dict:
+        o = copy.deepcopy(obj)
+        for d in (o.get("spec") or {}).get("devices") or []:
+            if "consumable-capacity" in self.drops:
+                d.pop("allowMultipleAllocations", None)
+                for c in (d.get("capacity") or {}).values():
+                    c.pop("requestPolicy", None)
+            if "taints" in self.drops:
+                d.pop("taints", None)
+        return o
 
     # --- what the driver calls ------------------------------------------------------------
     def get_claim(self, namespace: str, name: str) -> dict:
@@ -57,11 +72,20 @@ class FakeDraApi:
             name = obj["metadata"]["name"]
             if name in self.slices:
                 raise Conflict(f"resourceslices {name} already exists")
-            o = copy.deepcopy(obj)
+            o = self._strip(obj)
             o["metadata"].pop("resourceVersion", None)
             self.slices[name] = o
             self._touch("ADDED", o)
             return copy.deepcopy(o)
+
+    def probe_slice(self, obj: dict) -> dict:
+        with self._cv:
+            self._call("probe_slice")
+            if self.probe_fails:
+                raise ConnectionError("dry run refused")
+            o = self._strip(obj)
+            o["metadata"]["name"] = o["metadata"].pop("generateName", "") + "x1y2z"
+            return o
 
     def update_slice(self, obj: dict) -> dict:
         with self._cv:
@@ -72,7 +96,7 @@ class FakeDraApi:
                 raise NotFound(name)
             if obj["metadata"].get("resourceVersion") != cur["metadata"]["resourceVersion"]:
                 raise Conflict(f"resourceslices {name}: the object has been modified")
-            o = copy.deepcopy(obj)
+            o = self._strip(obj)
             self.slices[name] = o
             self._touch("MODIFIED", o)
             return copy.deepcopy(o)
@@ -108,7 +132,7 @@ class FakeDraApi:
                 rv = r
                 yield t, o
 
-    def event(self, regarding: dict, type_: str, reason: str, note: str) -> None:
+    def event(self, regarding: dict, type_: str, reason: str, note: str, action: str = "PrepareResources") -> None:
         with self._cv:
             self.events.append((dict(regarding), type_, reason, note))
 

@@ -24,7 +24,10 @@ instances only.
 A GPU that is unhealthy (a fatal XID, or NVML no longer answers) gets a
 ``NoSchedule`` device taint, on its MIG instances too, with NVIDIA's keys
 under this driver's domain (``<driver>/xid`` = the XID, ``<driver>/gpu-lost``);
-it loses it when the health tracker says it recovered.
+it loses it when the health tracker says it recovered.  Where the API server
+does not serve device taints (``taints=False``, Kubernetes 1.35 by default)
+the unhealthy GPU's devices are left out of the slice instead; they stay in
+``published`` so the kubelet plugin still answers for claims that hold them.
 """
 
 from __future__ import annotations
@@ -226,14 +229,16 @@ def gpu_capacity(memory_bytes: int, shares: bool) -> dict[str, dict]:
 
 
 def build_devices(gpus: list[GpuInfo], drv: DriverInfo, opts: DraOptions = DraOptions(),
-                  faults: dict[int, Fault] | None = None) -> DeviceSet:
-    """Every device this node publishes: whole GPUs not in MIG mode, and MIG instances."""
+                  faults: dict[int, Fault] | None = None, taints: bool = True) -> DeviceSet:
+    """Every device this node publishes: whole GPUs not in MIG mode, and MIG instances.
+
+    ``taints=False``: an unhealthy GPU's devices are not in ``devices`` (the slice), only in ``published``."""
     faults = faults or {}
     out = DeviceSet()
     for g in sorted(gpus, key=lambda g: g.index):
         common = _common(g, drv, opts)
         std = _standard(g, opts)
-        taints = fault_taints(opts.driver, faults.get(g.index))
+        fault_t = fault_taints(opts.driver, faults.get(g.index))
         memory_bytes = g.memory_mib * MIB
         if not g.mig_enabled:
             name = device_name(g)
@@ -244,9 +249,10 @@ def build_devices(gpus: list[GpuInfo], drv: DriverInfo, opts: DraOptions = DraOp
                 dev["allowMultipleAllocations"] = True
             if opts.nvidia_attributes:
                 dev["capacity"][f"{NVIDIA_DOMAIN}/memory"] = _mirror_capacity(memory_bytes, opts.shares)
-            if taints:
-                dev["taints"] = taints
-            out.devices.append(dev)
+            if fault_t:
+                dev["taints"] = fault_t
+            if taints or not fault_t:
+                out.devices.append(dev)
             out.published[name] = Published(name, "gpu", g.index, g.uuid, g.uuid, memory_bytes, opts.shares)
             continue
         for m in g.mig:
@@ -256,9 +262,10 @@ def build_devices(gpus: list[GpuInfo], drv: DriverInfo, opts: DraOptions = DraOp
                           "capacity": {"memory": {"value": quantity_bytes(m.memory_mib * MIB)}}}
             if opts.nvidia_attributes:
                 mdev["capacity"][f"{NVIDIA_DOMAIN}/memory"] = {"value": quantity_bytes(m.memory_mib * MIB)}
-            if taints:
-                mdev["taints"] = taints
-            out.devices.append(mdev)
+            if fault_t:
+                mdev["taints"] = fault_t
+            if taints or not fault_t:
+                out.devices.append(mdev)
             out.published[name] = Published(name, "mig", g.index, m.uuid, g.uuid, m.memory_mib * MIB, False, m.profile)
     return out
 

@@ -40,13 +40,16 @@ class DraApi(Protocol):
     def get_claim(self, namespace: str, name: str) -> dict: ...
     def list_slices(self, node: str, driver: str) -> tuple[list[dict], str]: ...
     def create_slice(self, obj: dict) -> dict: ...
+    def probe_slice(self, obj: dict) -> dict:
+        """A dry-run create: the object as the API server would store it (gated fields it does not serve dropped)."""
+        ...
     def update_slice(self, obj: dict) -> dict: ...
     def delete_slice(self, name: str) -> None: ...
     def watch_slices(self, node: str, driver: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict]]:
         """(type, object); raises ``Gone`` when the resourceVersion is too old."""
         ...
     def get_node(self, name: str) -> dict: ...
-    def event(self, regarding: dict, type_: str, reason: str, note: str) -> None:
+    def event(self, regarding: dict, type_: str, reason: str, note: str, action: str = "PrepareResources") -> None:
         """An events.k8s.io/v1 Event about ``regarding`` ({apiVersion, kind, namespace?, name, uid})."""
         ...
 
@@ -95,6 +98,9 @@ class KubeDraApi:
     def create_slice(self, obj: dict) -> dict:
         return self._request("POST", f"{RESOURCE_API}/resourceslices", obj)
 
+    def probe_slice(self, obj: dict) -> dict:
+        return self._request("POST", f"{RESOURCE_API}/resourceslices?dryRun=All", obj)
+
     def update_slice(self, obj: dict) -> dict:
         return self._request("PUT", f"{RESOURCE_API}/resourceslices/{obj['metadata']['name']}", obj)
 
@@ -134,12 +140,12 @@ class KubeDraApi:
         finally:
             r.release_conn()
 
-    def event(self, regarding: dict, type_: str, reason: str, note: str) -> None:
+    def event(self, regarding: dict, type_: str, reason: str, note: str, action: str = "PrepareResources") -> None:
         ns = regarding.get("namespace") or "default"
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
                 "metadata": {"name": f"{regarding.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": ns},
-                "eventTime": now, "action": "PrepareResources", "reason": reason, "note": note[:1024], "type": type_,
+                "eventTime": now, "action": action, "reason": reason, "note": note[:1024], "type": type_,
                 "reportingController": "gpufleet.io/gpufleet-agent", "reportingInstance": self.instance or self.component,
                 "regarding": {k: v for k, v in regarding.items() if v}}
         self._request("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", body)

@@ -69,7 +69,7 @@ class EventSink:
         self._lock = threading.Lock()
         self.posted: list[tuple[dict, str, str, str]] = []  # (regarding, type, reason, note): for tests and logs
 
-    def post(self, regarding: dict, type_: str, reason: str, note: str) -> None:
+    def post(self, regarding: dict, type_: str, reason: str, note: str, action: str = "PrepareResources") -> None:
         key = (regarding.get("uid") or regarding.get("name"), reason, note)
         now = self.clock()
         with self._lock:
@@ -85,7 +85,7 @@ class EventSink:
 
         def send() -> None:
             try:
-                api.event(regarding, type_, reason, note)
+                api.event(regarding, type_, reason, note, action)
             except Exception as exc:  # the error kubelet shows stands without the event
                 log.warning("cannot post event %s on %s %s: %s", reason, regarding.get("kind"), regarding.get("name"), exc)
 

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Callable
 
+from .features import Feature, lost
 from .kubeapi import Conflict, DraApi, Gone, NotFound
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class SlicePublisher:
         self.writes = 0  # create/update/delete calls made (tests, logs)
         self.rounds = 0  # write rounds (each one a new generation)
         self.last_error = ""
+        self.lost: list[Feature] = []  # gated fields a write came back without (features.py); the driver clears it
 
     def set_devices(self, devices: list[dict]) -> None:
         with self._lock:
@@ -86,6 +88,10 @@ class SlicePublisher:
 
     def mark_dirty(self) -> None:
         self._dirty.set()
+
+    def node_uid(self) -> str | None:
+        ref = self._owner_ref()
+        return ref["uid"] if ref else None
 
     def _owner_ref(self) -> dict | None:
         """The Node as the slices' owner, so they go when the node object goes (as kubelet plugins do)."""
@@ -154,6 +160,10 @@ class SlicePublisher:
                     continue
             self.writes += 1
             written[name] = str((got.get("metadata") or {}).get("resourceVersion") or "")
+            for f in lost(s["spec"].get("devices") or [], (got.get("spec") or {}).get("devices") or []):
+                if f not in self.lost:
+                    log.warning("ResourceSlice %s came back without %s: the API server does not serve %s", name, f.field, f.name)
+                    self.lost.append(f)
         for name in set(ours) - set(want_names):
             try:
                 self.api.delete_slice(name)
