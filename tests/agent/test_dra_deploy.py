@@ -51,7 +51,8 @@ def test_rbac_is_what_the_driver_calls():
 
 
 def test_device_classes_select_this_drivers_devices():
-    classes = {d["metadata"]["name"]: d for d in load("dra/deviceclasses.yaml") + load("dra/extended-resource/deviceclass.yaml")}
+    classes = {d["metadata"]["name"]: d for d in load("dra/deviceclasses.yaml") + load("dra/shares/deviceclass.yaml")
+               + load("dra/extended-resource/deviceclass.yaml")}
     assert set(classes) == {"gpu.gpufleet.io", "mig.gpufleet.io", "gpu-share.gpufleet.io", "gpu-extended.gpufleet.io"}
     assert classes["gpu-extended.gpufleet.io"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     assert sum("extendedResourceName" in c["spec"] for c in classes.values()) == 1
@@ -65,3 +66,34 @@ def test_device_classes_select_this_drivers_devices():
         assert f".type == '{want}'" in expr
         assert any(d["attributes"]["type"]["string"] == want for d in devs)
     assert "device.allowMultipleAllocations" in classes["gpu-share.gpufleet.io"]["spec"]["selectors"][0]["cel"]["expression"]
+
+
+def test_the_classes_1_35_cannot_take_are_apart_and_its_overlay_leaves_them_out():
+    """deploy/dra/deviceclasses.yaml is what every supported release accepts (no field or CEL name behind a gate that
+    is off in 1.35); the share and extended-resource classes are separate files, and deploy/overlays/dra-k8s-1.35
+    renders deploy/dra without them (when a kubectl is at hand)."""
+    from tests.dra_release import BASE_CLASSES, FULL_CLASSES
+
+    base = [d for p in BASE_CLASSES for d in yaml.safe_load_all((DEPLOY.parent / p).read_text()) if d]
+    assert {d["metadata"]["name"] for d in base} == {"gpu.gpufleet.io", "mig.gpufleet.io"}
+    for d in base:
+        assert "extendedResourceName" not in d["spec"]
+        assert "allowMultipleAllocations" not in d["spec"]["selectors"][0]["cel"]["expression"]
+    assert len(FULL_CLASSES) == 3 and all((DEPLOY.parent / p).is_file() for p in FULL_CLASSES)
+    k = yaml.safe_load((DEPLOY / "dra" / "kustomization.yaml").read_text())
+    assert k["resources"] == ["deviceclasses.yaml", "daemonset.yaml", "shares", "extended-resource"]
+    import os
+    import shutil
+    import subprocess
+
+    kubectl = os.environ.get("KUBECTL") or shutil.which("kubectl")
+    if not kubectl:
+        return
+    def render(d: str) -> list[dict]:
+        out = subprocess.run([kubectl, "kustomize", str(DEPLOY / d)], capture_output=True, text=True, check=True, timeout=60)
+        return [x for x in yaml.safe_load_all(out.stdout) if x]
+    full, old = render("dra"), render("overlays/dra-k8s-1.35")
+    classes = lambda docs: {d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"}  # noqa: E731
+    assert classes(full) == {"gpu.gpufleet.io", "mig.gpufleet.io", "gpu-share.gpufleet.io", "gpu-extended.gpufleet.io"}
+    assert classes(old) == {d["metadata"]["name"] for d in base}
+    assert [d for d in full if d["kind"] != "DeviceClass"] == [d for d in old if d["kind"] != "DeviceClass"]

@@ -21,7 +21,7 @@ DEPLOY = ROOT / "deploy"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
 BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass", "autoscaling", "dra",
-         "dra/extended-resource"]
+         "dra/shares", "dra/extended-resource", "overlays/dra-k8s-1.35"]
 # the one workload that is not gpufleet's image: the ecosystem's metrics adapter, at the version
 # scripts/build-prometheus-adapter.sh builds for the autoscaling tests
 ADAPTER_VERSION = re.search(r"^VERSION=(v[0-9.]+)$", (ROOT / "scripts" / "build-prometheus-adapter.sh").read_text(), re.MULTILINE)[1]  # type: ignore[index]
@@ -33,7 +33,7 @@ def kustomizations() -> list[Path]:
 
 
 def test_every_kustomization_lists_what_exists():
-    assert {str(p.parent.relative_to(DEPLOY)).replace(".", "") for p in kustomizations()} >= set(BASES)
+    assert {p.parent.relative_to(DEPLOY).as_posix().removeprefix(".") for p in kustomizations()} >= set(BASES)
     for k in kustomizations():
         doc = yaml.safe_load(k.read_text())
         assert doc["kind"] == "Kustomization", k
