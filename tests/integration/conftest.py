@@ -16,7 +16,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import json
 import time
+import urllib.error
 import urllib.request
 import ssl
 from pathlib import Path
@@ -330,3 +332,51 @@ def crds(admin):
                                       for c in (ext.read_custom_resource_definition(n).status.conditions or [])), 10), n
     time.sleep(1.0)  # discovery catches up
     return client.CustomObjectsApi(admin)
+
+
+# --- every module leaves the shared control plane as it found it ------------------------------------------------
+
+# cluster-scoped objects that change what a later module's scheduler sees: a node left behind takes pods (a 5th node
+# for 4 anti-affine replicas), a Queue's quota widens every queue's borrowing pool, a slice or class changes what
+# claims can get
+SHARED_KINDS = {"Node": "/api/v1/nodes", "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+                "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses", "Queue": "/apis/gpufleet.io/v1alpha1/queues"}
+
+
+def _admin_request(cp: ControlPlane, method: str, path: str) -> dict:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    req = urllib.request.Request(cp.url + path, method=method, headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
+            return json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:  # a kind not served (the Queue CRD not installed yet), or already gone
+            return {}
+        raise
+
+
+def shared_objects(cp: ControlPlane) -> dict[str, set[str]]:
+    return {kind: {i["metadata"]["name"] for i in _admin_request(cp, "GET", path).get("items") or []}
+            for kind, path in SHARED_KINDS.items()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leaves_nothing_behind(request):
+    """A module that leaves a node, slice, DeviceClass or Queue behind on the session's control plane fails (an error
+    at its teardown naming what), and what it left is deleted, so later modules never see it."""
+    uses = any("control_plane" in getattr(i, "fixturenames", ()) for i in request.session.items if i.module is request.module)
+    if not HAVE_ASSETS or not uses:
+        yield
+        return
+    cp = request.getfixturevalue("control_plane")
+    before = shared_objects(cp)
+    yield
+    left = {k: sorted(v - before[k]) for k, v in shared_objects(cp).items() if v - before[k]}
+    for kind, names in left.items():
+        for n in names:
+            _admin_request(cp, "DELETE", f"{SHARED_KINDS[kind]}/{n}")
+    if left:
+        pytest.fail(f"{request.module.__name__} left on the shared control plane (now deleted): "
+                    + "; ".join(f"{k} {', '.join(v)}" for k, v in left.items()), pytrace=False)

@@ -41,8 +41,11 @@ def installed(control_plane):
     kubectl(control_plane, "wait", "--for=condition=Established", "crd/queues.gpufleet.io", "--timeout=60s")
     try:
         yield control_plane
-    finally:  # an APIService without a backend slows every later discovery: remove them
+    finally:  # an APIService without a backend slows every later discovery: remove them; the examples' Queue would
+        # widen every later test's borrowing pool (its quota joins all root queues' quota)
         kubectl(control_plane, "delete", "apiservice", *APISERVICES, "--ignore-not-found", check=False)
+        kubectl(control_plane, "delete", "--ignore-not-found", "--wait=false", "-f", str(ROOT / "examples" / "autoscaling"),
+                check=False)
 
 
 def test_manifests_and_examples_are_accepted_as_written(installed):
