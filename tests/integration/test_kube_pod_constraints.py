@@ -56,8 +56,11 @@ def zoned_nodes(core):
 
 
 def cpu_pod(name: str, labels: dict, **spec) -> dict:
+    # only zoned nodes (these tests' own): a node another test left behind never takes a replica or changes a count
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": ZONE, "operator": "Exists"}]}]}}, **spec.pop("affinity", {})}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
-            "spec": {"schedulerName": "gpufleet", "containers": [{"name": "c", "image": "busybox",
+            "spec": {"schedulerName": "gpufleet", "affinity": affinity, "containers": [{"name": "c", "image": "busybox",
                      "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}], **spec}}
 
 
