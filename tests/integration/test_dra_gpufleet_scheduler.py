@@ -11,6 +11,10 @@ no device given twice, the impossible claim's event naming its request and nothi
 prepared by the agent's kubelet plugin as kubelet would ask, a restarted scheduler holding every GPU from the claims
 alone (a new pod waits), and a deleted pod's claim deallocated by the controller, released by the scheduler and its GPU
 given to the waiting pod.
+
+Release-aware (tests/dra_release.py): on 1.35 with its default gates the classes are deploy/overlays/dra-k8s-1.35's
+(no share class, no extended-resource class), the agent publishes exclusive GPUs, and the shares and
+``nvidia.com/gpu: 1`` are left out (what 1.35 cannot do; tests/integration/test_dra_kube_scheduler.py checks how).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import threading
 from pathlib import Path
 
 import pytest
-import yaml
 
 from gpufleet.agent.dra.cdi import CdiWriter
 from gpufleet.agent.dra.devices import DraOptions
@@ -31,7 +34,9 @@ from gpufleet.kube.api import KubernetesApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner
 from gpufleet.policies import build_profile
+from tests.dra_release import device_classes, full_dra
 
+from .conftest import assets_release
 from .test_dra_kube_scheduler import PCIE, fake_sysfs, wait_for
 from .test_kube_scheduler import sa_kubeconfig
 
@@ -42,6 +47,8 @@ NODE = "dra-gf-a"
 NS = "dra-gf"
 SCHED = "gpufleet-dra"
 FINALIZER = "resource.kubernetes.io/delete-protection"
+RELEASE = assets_release()
+FULL = full_dra(RELEASE)  # shares and nvidia.com/gpu backed by DRA served (1.36+)
 
 
 class Sched:
@@ -66,34 +73,40 @@ def cluster(admin, control_plane, claim_controller):
 
     core = client.CoreV1Api(admin)
     api = KubeDraApi(admin, instance="gf")
-    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}})
-    res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    core.patch_node_status(NODE, {"status": {"capacity": res, "allocatable": res, "conditions": [
-        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test", "lastHeartbeatTime": None,
-         "lastTransitionTime": None}]}})
-    root = Path(tempfile.mkdtemp(dir="/tmp", prefix="dragf"))
-    drv, gpus = PROFILES["a100-mig"]
-    d = DraDriver(api, NODE, DraOptions(sysfs_root=fake_sysfs(root / "sys")), str(root / "state"), CdiWriter(str(root / "cdi")),
-                  plugins_dir=str(root / "plugins"), registry_dir=str(root / "reg"))
-    d.update(gpus, drv, {g.index: True for g in gpus}, {})
-    assert d.publisher.sync(force=True), d.publisher.last_error
     co = client.CustomObjectsApi(admin)
-    for p in ("deploy/dra/deviceclasses.yaml", "deploy/dra/extended-resource/deviceclass.yaml"):
-        for c in (x for x in yaml.safe_load_all((ROOT / p).read_text()) if x):
-            try:
-                co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", c)
-            except client.ApiException as exc:
-                if exc.status != 409:  # another module of this session applied them
-                    raise
+    made_classes: list[str] = []
     try:
+        try:
+            core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        except client.ApiException as exc:
+            if exc.status != 409:  # no namespace controller here: a namespace is never really gone
+                raise
+        core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}})
+        res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+        core.patch_node_status(NODE, {"status": {"capacity": res, "allocatable": res, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test", "lastHeartbeatTime": None,
+             "lastTransitionTime": None}]}})
+        root = Path(tempfile.mkdtemp(dir="/tmp", prefix="dragf"))
+        drv, gpus = PROFILES["a100-mig"]
+        d = DraDriver(api, NODE, DraOptions(sysfs_root=fake_sysfs(root / "sys")), str(root / "state"), CdiWriter(str(root / "cdi")),
+                      plugins_dir=str(root / "plugins"), registry_dir=str(root / "reg"))
+        d.update(gpus, drv, {g.index: True for g in gpus}, {})
+        assert d.publish(force=True), d.publisher.last_error  # type: ignore[union-attr]
+        for c in device_classes(RELEASE):
+            co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", c)
+            made_classes.append(c["metadata"]["name"])
         yield api, d, core
-    finally:
+    finally:  # whatever failed on the way
         for p in core.list_namespaced_pod(NS).items:
             core.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)
         for s in api.list_slices(NODE, DRIVER)[0]:
             api.delete_slice(s["metadata"]["name"])
-        core.delete_node(NODE)
+        for n in made_classes:
+            co.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", n)
+        try:
+            core.delete_node(NODE)
+        except client.ApiException:
+            pass
 
 
 def template(name: str, request: dict, constraints: list | None = None) -> dict:
@@ -137,15 +150,19 @@ def test_gpufleet_allocates_claims_on_a_real_apiserver(cluster, control_plane):
                 {"cel": {"expression": "device.attributes['gpu.gpufleet.io'].index != 7"}}]}},
                      [{"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]),
             template("mig", gpu("mig.gpufleet.io", "device.attributes['gpu.gpufleet.io'].profile == '2g.20gb'")),
-            template("share", gpu("gpu-share.gpufleet.io", idx7, capacity={"requests": {"memory": "20Gi", "gpuMilli": "300"}})),
+            *([template("share", gpu("gpu-share.gpufleet.io", idx7, capacity={"requests": {"memory": "20Gi", "gpuMilli": "300"}}))]
+              if FULL else []),
             template("h100", gpu("gpu.gpufleet.io", "device.attributes['gpu.gpufleet.io'].productName.contains('H100')"))]
     for o in objs:
         api._request("POST", f"{RES}/namespaces/{NS}/resourceclaimtemplates", o)
     api._request("POST", f"{RES}/namespaces/{NS}/resourceclaims", {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                                                                     "metadata": {"name": "shared-gpu"}, "spec": {"devices": {"requests": [gpu()]}}})
-    pods = {"one": ("one-gpu", None), "pair": ("two-gpus", None), "mig": ("mig", None), "share-a": ("share", None),
-            "share-b": ("share", None), "shared-1": (None, "shared-gpu"), "shared-2": (None, "shared-gpu"), "impossible": ("h100", None),
-            "extended": (None, None)}
+    pods = {"one": ("one-gpu", None), "pair": ("two-gpus", None), "mig": ("mig", None), "shared-1": (None, "shared-gpu"),
+            "shared-2": (None, "shared-gpu"), "impossible": ("h100", None)}
+    if FULL:
+        pods.update({"share-a": ("share", None), "share-b": ("share", None), "extended": (None, None)})
+    else:  # the two whole GPUs the shares and nvidia.com/gpu take on 1.36+: every GPU taken before the restart below
+        pods.update({"fill-a": ("one-gpu", None), "fill-b": ("one-gpu", None)})
     s = Sched(str(control_plane.kubeconfig))
     try:
         for n, (t, c) in pods.items():
@@ -164,14 +181,18 @@ def test_gpufleet_allocates_claims_on_a_real_apiserver(cluster, control_plane):
             assert all((r["driver"], r["pool"]) == (DRIVER, NODE) for r in alloc["devices"]["results"])
             got[n] = [r["device"] for r in alloc["devices"]["results"]]
         assert len(got["pair"]) == 2 and len({PCIE[int(x.split("-")[1])] for x in got["pair"]}) == 1, got
-        assert got["share-a"] == got["share-b"] == ["gpu-7"] and got["shared-1"] == got["shared-2"], got
+        assert got["shared-1"] == got["shared-2"], got
         assert got["mig"][0].startswith("gpu-") and "-mig-2g20gb-" in got["mig"][0]
-        ext = api._request("GET", f"/api/v1/namespaces/{NS}/pods/extended")["status"]["extendedResourceClaimStatus"]
-        assert ext["requestMappings"] == [{"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-2"}]
-        ec = api.get_claim(NS, ext["resourceClaimName"])
-        assert ec["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
-        exclusive = got["one"] + got["pair"] + got["mig"] + got["shared-1"] + got["extended"]
-        assert len(set(exclusive)) == len(exclusive) and "gpu-7" not in exclusive, got  # no device given twice
+        if FULL:
+            assert got["share-a"] == got["share-b"] == ["gpu-7"], got
+            ext = api._request("GET", f"/api/v1/namespaces/{NS}/pods/extended")["status"]["extendedResourceClaimStatus"]
+            assert ext["requestMappings"] == [{"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-2"}]
+            ec = api.get_claim(NS, ext["resourceClaimName"])
+            assert ec["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+        exclusive = got["one"] + got["pair"] + got["mig"] + got["shared-1"] + got.get("extended", []) + \
+            got.get("fill-a", []) + got.get("fill-b", [])
+        assert len(set(exclusive)) == len(exclusive), got  # no device given twice
+        assert ("gpu-7" not in exclusive) == FULL, got  # on 1.36+ GPU 7 is the shares
         imp = core.read_namespaced_pod("impossible", NS)
         assert imp.spec.node_name is None
         (ic,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/impossible"))
@@ -224,13 +245,15 @@ def test_the_manifests_least_privilege_rbac_is_enough_for_dra(cluster, control_p
     path = sa_kubeconfig(control_plane, admin, "deploy/scheduler/scheduler.yaml", "gpufleet-scheduler", NS)
     assert wait_for(lambda: not [c for c in api._request("GET", f"{RES}/namespaces/{NS}/resourceclaims")["items"]
                                  if (c.get("status") or {}).get("allocation") and c["metadata"]["name"] != "shared-gpu"], 60)
+    names = ["rbac-one"] + (["rbac-ext"] if FULL else [])  # nvidia.com/gpu backed by DRA: 1.36+
     core.create_namespaced_pod(NS, pod("rbac-one", "one-gpu"))
-    core.create_namespaced_pod(NS, pod("rbac-ext", limits={"nvidia.com/gpu": "1"}))
+    if FULL:
+        core.create_namespaced_pod(NS, pod("rbac-ext", limits={"nvidia.com/gpu": "1"}))
     s = Sched(path)
     try:
-        assert wait_for(lambda: all(core.read_namespaced_pod(n, NS).spec.node_name == NODE for n in ("rbac-one", "rbac-ext")), 60), \
-            events_of(api, "rbac-one") + events_of(api, "rbac-ext")
-        for n in ("rbac-one", "rbac-ext"):
+        assert wait_for(lambda: all(core.read_namespaced_pod(n, NS).spec.node_name == NODE for n in names), 60), \
+            " | ".join(events_of(api, n) for n in names)
+        for n in names:
             (c,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/{n}"))
             assert c["status"]["allocation"] and c["status"]["reservedFor"][0]["name"] == n
         assert not s.loop.cache.dra.cache.unserved  # type: ignore[union-attr]

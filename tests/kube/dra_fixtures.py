@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import yaml
 
 from gpufleet.agent.dra.devices import DraOptions, build_devices
 from gpufleet.agent.dra.slices import build_slices
@@ -56,8 +55,10 @@ def add_dra_node(api: FakeApi, name: str, profile: str = "a100-mig", generation:
 
 
 def classes() -> list[dict]:
-    return [d for p in ("deploy/dra/deviceclasses.yaml", "deploy/dra/extended-resource/deviceclass.yaml")
-            for d in yaml.safe_load_all((ROOT / p).read_text()) if d]
+    """Every shipped DeviceClass (deploy/dra as applied on 1.36+)."""
+    from tests.dra_release import all_device_classes
+
+    return all_device_classes()
 
 
 def dra_api(nodes: int = 1, profile: str = "a100-mig") -> FakeApi:
