@@ -362,7 +362,19 @@ def ensure_namespace(core, ns: str) -> None:
 
 
 def clear_pods(core, ns: str, timeout_s: float = 120) -> None:
-    """Delete every pod of the namespace and wait until kubelet has let them go (their devices are free then)."""
+    """Delete every pod of the namespace and wait until kubelet has let them go (their devices are free then).
+
+    Pending pods go first, while the bound ones still hold the GPUs: deleted together, the GPUs freed by the bound
+    pods send a pending one back to kube-scheduler, which may then be binding it through the extender when it is
+    deleted too -- a "pod not found" bind error in kube-scheduler's log that the next test would count as its own."""
+    pending = [p.metadata.name for p in core.list_namespaced_pod(ns).items if not p.spec.node_name]
+    for name in pending:
+        try:
+            core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+        except Exception:  # noqa: BLE001 -- bound or gone meanwhile: the collection delete below takes it
+            pass
+    wait_for(lambda: not {p.metadata.name for p in core.list_namespaced_pod(ns).items} & set(pending), timeout_s,
+             f"pending pods of {ns} gone", 0.2)
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     wait_for(lambda: not core.list_namespaced_pod(ns).items, timeout_s, f"pods of {ns} gone", 0.5)
 

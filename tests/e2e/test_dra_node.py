@@ -4,7 +4,12 @@ The agent (fake A100 node with MIG, fake device nodes and a fake sysfs for PCIe 
 ResourceSlices; kube-scheduler allocates every claim from them (no gpufleet scheduler runs), kubelet calls the
 agent's kubelet plugin, containerd applies its CDI specs. Pods: one GPU; two GPUs under a matchAttribute
 (pcieRoot) constraint; a MIG slice; two 20 GiB shares on one GPU by consumable capacity; one claim shared by two
-pods; `nvidia.com/gpu: 1` through the extended-resource DeviceClass; a claim no device meets.
+pods; `nvidia.com/gpu: 1` through the extended-resource DeviceClass; a claim no device meets.  The DeviceClasses are
+those `kubectl apply -k` installs for the release (deploy/dra, or deploy/overlays/dra-k8s-1.35 on 1.35).
+
+On 1.35 with its default gates (no consumable capacity, device taints or extended resources backed by DRA) the
+shares and the extended-resource pod are what 1.35 cannot do: the agent must publish no shares and say so in a Node
+Event per missing gate, and `nvidia.com/gpu: 1` stays Pending; everything else is asserted as on 1.36+.
 
 Asserted for every Running pod: the container's NVIDIA_VISIBLE_DEVICES and /dev/nvidia* and kubelet's
 PodResources name exactly the devices of its claims' allocations; then an agent restart and a kubelet restart
@@ -27,6 +32,8 @@ import pytest
 import yaml
 
 from gpufleet.agent.nvml import FakeBackend
+
+from tests.dra_release import full_dra, release_of
 
 from .conftest import e2e_env
 from .harness import KUBELET_ROOT, NODE, RealNode, wait
@@ -135,7 +142,7 @@ def pod(name: str, claims: list[dict] | None = None, limits: dict | None = None)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
 
 
-def workload() -> list[dict]:
+def workload(full: bool) -> list[dict]:
     gpu = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufleet.io"}}
     share = {"name": "gpu", "exactly": {"deviceClassName": "gpu-share.gpufleet.io", "capacity": {"requests": {"memory": "20Gi", "gpuMilli": "300"}},
                                         "selectors": [{"cel": {"expression": "device.attributes['gpu.gpufleet.io'].index == 7"}}]}}
@@ -145,7 +152,7 @@ def workload() -> list[dict]:
                  [{"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]),
         template("mig-1g", {"name": "mig", "exactly": {"deviceClassName": "mig.gpufleet.io", "selectors": [
             {"cel": {"expression": "device.attributes['gpu.gpufleet.io'].profile == '1g.10gb'"}}]}}),
-        template("share-20g", share),
+        *([template("share-20g", share)] if full else []),
         template("h100", {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufleet.io", "selectors": [
             {"cel": {"expression": "device.attributes['gpu.gpufleet.io'].productName.contains('H100')"}}]}}),
         {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "shared-gpu", "namespace": "default"},
@@ -154,8 +161,8 @@ def workload() -> list[dict]:
     pods = [pod("one", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]),
             pod("pair", [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]),
             pod("mig", [{"name": "mig", "resourceClaimTemplateName": "mig-1g"}]),
-            pod("share-a", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}]),
-            pod("share-b", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}]),
+            *([pod("share-a", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}]),
+               pod("share-b", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}])] if full else []),
             pod("shared-1", [{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
             pod("shared-2", [{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
             pod("extended", limits={"nvidia.com/gpu": "1"}),
@@ -233,6 +240,23 @@ def unprepared(node: RealNode, name: str, problems: list[str], after: str) -> No
         problems.append(f"pod {name} deleted after {after}: its claim was not unprepared (CDI spec left)")
 
 
+def check_served(node: RealNode, full: bool, problems: list[str]) -> None:
+    """The agent published what the release serves: shares only on 1.36+; on 1.35 a Node Event per missing gate."""
+    devs = [d for s in slices(node) for d in s["spec"].get("devices") or [] if "-mig-" not in d["name"]]
+    shared = sum(bool(d.get("allowMultipleAllocations")) for d in devs)
+    if shared != (len(devs) if full else 0):
+        problems.append(f"{shared} of {len(devs)} whole GPUs published as shareable (want {'all' if full else 'none'})")
+    if full:
+        return
+
+    def said() -> set[str]:
+        evs = node.get_json("events", "-n", "default")["items"]
+        return {g for e in evs if e.get("reason") == "DRAFeatureNotServed" for g in ("DRAConsumableCapacity", "DRADeviceTaints")
+                if g in (e.get("note") or e.get("message") or "")}
+    if not wait(lambda: said() == {"DRAConsumableCapacity", "DRADeviceTaints"}, 30, 1):
+        problems.append(f"Node Events DRAFeatureNotServed name {sorted(said())}, want both gates")
+
+
 def test_dra_with_the_stock_kube_scheduler(dra_node):
     node = dra_node
     timings: dict = node.timings  # type: ignore[attr-defined]
@@ -243,33 +267,47 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     start_agent(node)
     assert wait(lambda: len(device_uuids(node)) == 16, 60), f"slices: {slices(node)}"
     timings["agent start -> slices published s"] = round(time.monotonic() - t, 1)
-    classes = [d for p in ("deploy/dra/deviceclasses.yaml", "deploy/dra/extended-resource/deviceclass.yaml")
-               for d in yaml.safe_load_all((REPO / p).read_text()) if d]
+    release = release_of(Path(node.loc["bin"]) / "kubelet")
+    full = full_dra(release)
+    report.append(f"Kubernetes {release[0]}.{release[1]}: " + ("every DRA feature served" if full else
+                  "no consumable capacity, device taints or extended resources (alpha gates off)"))
+    check_served(node, full, problems)
+    kdir = REPO / "deploy" / ("dra" if full else "overlays/dra-k8s-1.35")  # as a user of that release installs it
+    classes = [d for d in yaml.safe_load_all(node.kubectl("kustomize", str(kdir))) if d and d["kind"] == "DeviceClass"]
     node.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
+    report.append(f"DeviceClasses from {kdir.relative_to(REPO)}: {sorted(c['metadata']['name'] for c in classes)}")
     t = time.monotonic()
-    items = workload()
-    first = [i for i in items if i["kind"] != "Pod" or i["metadata"]["name"].startswith("share-")]  # GPU 7 for the shares
+    items = workload(full)
+    shares = ["share-a", "share-b"] if full else []
+    first = [i for i in items if i["kind"] != "Pod" or i["metadata"]["name"] in shares]  # GPU 7 for the shares
     node.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
-    wait(lambda: all(node.get_json("pod", n)["status"].get("phase") == "Running" for n in ("share-a", "share-b")), 120, 1)
+    wait(lambda: all(node.get_json("pod", n)["status"].get("phase") == "Running" for n in shares), 120, 1)
     node.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                           "items": [i for i in items if i not in first]}))
-    running = ["one", "pair", "mig", "share-a", "share-b", "shared-1", "shared-2", "extended"]
+    running = ["one", "pair", "mig", *shares, "shared-1", "shared-2", *(["extended"] if full else [])]
     ok = wait(lambda: all(node.get_json("pod", n)["status"].get("phase") == "Running" for n in running), 180, 1)
-    timings["8 pods with claims created -> Running s"] = round(time.monotonic() - t, 1) if ok else None
+    timings[f"{len(running)} pods with claims created -> Running s"] = round(time.monotonic() - t, 1) if ok else None
     held = check_running(node, running, problems)
     report.append("devices: " + json.dumps(held))
     uuids = device_uuids(node)
     if held.get("pair") and len({PCIE_ROOT[uuids[d][1]] for d in held["pair"]}) != 1:
         problems.append(f"pair: GPUs {held['pair']} not on one PCIe root")
-    if held.get("share-a") != held.get("share-b") or held.get("share-a") != ["gpu-7"]:
+    if full and (held.get("share-a") != held.get("share-b") or held.get("share-a") != ["gpu-7"]):
         problems.append(f"shares not on one GPU: {held.get('share-a')} {held.get('share-b')}")
     if held.get("shared-1") != held.get("shared-2"):
         problems.append(f"the shared claim's pods differ: {held.get('shared-1')} {held.get('shared-2')}")
-    for n in ("share-a", "share-b"):
+    for n in shares:
         e = SEEN.get(n, ({}, []))[0]
         if (e.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), e.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")) != ("30", "0=20480MB"):
             problems.append(f"{n}: the share's MPS limits are not in its environment: {e}")
     report += [f"  {n}: {json.dumps(SEEN[n])}" for n in running if n in SEEN]
+    if not full:  # nvidia.com/gpu on a DRA node needs DRAExtendedResource: no class maps it, no device plugin serves it
+        ext = node.get_json("pod", "extended")
+        msgs = [e["message"] for e in node.get_json("events", "--field-selector", "involvedObject.name=extended")["items"]
+                if e.get("reason") == "FailedScheduling"]
+        if ext["status"].get("phase") != "Pending" or not any("Insufficient nvidia.com/gpu" in m for m in msgs):
+            problems.append(f"extended on 1.35: {ext['status'].get('phase')}, {msgs[-1:]} (want Pending, Insufficient nvidia.com/gpu)")
+        report.append(f"extended (1.35): {msgs[-1][:200] if msgs else 'no FailedScheduling event'}")
     imp = node.get_json("pod", "impossible")
     if imp["status"].get("phase") != "Pending" or imp["spec"].get("nodeName"):
         problems.append(f"impossible: {imp['status'].get('phase')} on {imp['spec'].get('nodeName')}")
@@ -300,11 +338,12 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     if not ok:
         problems.append(f"slices after the kubelet restart: {[(s['metadata']['name'], s['spec']['pool']) for s in slices(node)]}")
     check_running(node, running, problems)
-    unprepared(node, "extended", problems, "the kubelet restart")
+    gone = "extended" if full else "mig"
+    unprepared(node, gone, problems, "the kubelet restart")
     node.kubectl("create", "-f", "-", input=json.dumps(pod("after-kubelet", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])))
     ok = wait(lambda: node.get_json("pod", "after-kubelet")["status"].get("phase") == "Running", 150, 1)
     timings["kubelet restart -> new claim's pod Running s"] = round(time.monotonic() - t, 1) if ok else None
-    running = [n for n in running if n != "extended"] + ["after-kubelet"]
+    running = [n for n in running if n != gone] + ["after-kubelet"]
     check_running(node, running, problems)
 
     # coexistence: a claim allocated by another allocator to the GPU pod "after-agent" holds, for a pod bound here
