@@ -362,17 +362,28 @@ def shared_objects(cp: ControlPlane) -> dict[str, set[str]]:
             for kind, path in SHARED_KINDS.items()}
 
 
+def pods(cp: ControlPlane) -> dict[str, str]:
+    """uid -> the pod's path, every namespace."""
+    return {i["metadata"]["uid"]: f"/api/v1/namespaces/{i['metadata']['namespace']}/pods/{i['metadata']['name']}"
+            for i in _admin_request(cp, "GET", "/api/v1/pods").get("items") or []}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def leaves_nothing_behind(request):
     """A module that leaves a node, slice, DeviceClass or Queue behind on the session's control plane fails (an error
-    at its teardown naming what), and what it left is deleted, so later modules never see it."""
+    at its teardown naming what), and what it left is deleted, so later modules never see it.  Its pods are deleted
+    too, without a complaint (tests leave them routinely, in namespaces of their own): a pod left pending for the
+    scheduler name a later module's scheduler uses would be placed on that module's nodes."""
     uses = any("control_plane" in getattr(i, "fixturenames", ()) for i in request.session.items if i.module is request.module)
     if not HAVE_ASSETS or not uses:
         yield
         return
     cp = request.getfixturevalue("control_plane")
-    before = shared_objects(cp)
+    before, pods_before = shared_objects(cp), pods(cp)
     yield
+    for uid, path in pods(cp).items():
+        if uid not in pods_before:
+            _admin_request(cp, "DELETE", f"{path}?gracePeriodSeconds=0")
     left = {k: sorted(v - before[k]) for k, v in shared_objects(cp).items() if v - before[k]}
     for kind, names in left.items():
         for n in names:

@@ -175,23 +175,37 @@ def published(request, control_plane):
 
 
 def _remove_everything(api: KubeDraApi, core) -> None:
-    """This module's pods, claims, slices and node."""
+    """This module's pods, claims, slices and node; each step on its own, so one that fails leaves the rest done."""
+    def attempt(what: str, f) -> None:
+        for i in range(5):  # a claim kube-scheduler is still writing: read it again
+            try:
+                f()
+                return
+            except Exception as exc:  # noqa: BLE001 -- keep undoing the rest
+                if "NotFound" in type(exc).__name__ or "404" in str(exc)[:4] or i == 4:
+                    print(f"teardown, {what}: {exc}")
+                    return
+                time.sleep(0.2)
+
     for p in core.list_pod_for_all_namespaces().items:
         if p.spec.scheduler_name == PROFILE:
-            core.delete_namespaced_pod(p.metadata.name, p.metadata.namespace, grace_period_seconds=0)
+            attempt(f"pod {p.metadata.name}", lambda p=p: core.delete_namespaced_pod(p.metadata.name, p.metadata.namespace,
+                                                                                     grace_period_seconds=0))
     for c in api._request("GET", f"{RES}/resourceclaims")["items"]:
-        m = c["metadata"]
-        if m["name"].startswith("ks-") or m["namespace"].startswith("dra-admin-"):
-            if m.get("finalizers"):  # kube-scheduler's delete-protection; no resourceclaim controller here to lift it
-                api._request("PUT", f"{RES}/namespaces/{m['namespace']}/resourceclaims/{m['name']}",
-                             {**c, "metadata": {**m, "finalizers": []}})
-            try:
-                api._request("DELETE", f"{RES}/namespaces/{m['namespace']}/resourceclaims/{m['name']}")
-            except Exception:
-                pass
-    for s in api.list_slices(NODE, DRIVER)[0]:
-        api.delete_slice(s["metadata"]["name"])
-    core.delete_node(NODE)
+        ns, name = c["metadata"]["namespace"], c["metadata"]["name"]
+        if not (name.startswith("ks-") or ns.startswith("dra-admin-")):
+            continue
+
+        def unprotect(ns=ns, name=name) -> None:  # kube-scheduler's delete-protection; no resourceclaim controller here
+            cur = api._request("GET", f"{RES}/namespaces/{ns}/resourceclaims/{name}")
+            if cur["metadata"].get("finalizers"):
+                cur["metadata"]["finalizers"] = []
+                api._request("PUT", f"{RES}/namespaces/{ns}/resourceclaims/{name}", cur)
+        attempt(f"claim {ns}/{name} finalizers", unprotect)
+        attempt(f"claim {ns}/{name}", lambda ns=ns, name=name: api._request("DELETE", f"{RES}/namespaces/{ns}/resourceclaims/{name}"))
+    for sl in api.list_slices(NODE, DRIVER)[0]:
+        attempt(f"slice {sl['metadata']['name']}", lambda sl=sl: api.delete_slice(sl["metadata"]["name"]))
+    attempt(f"node {NODE}", lambda: core.delete_node(NODE))
 
 
 def claim(name: str, request: dict, constraints=None, ns: str = NS) -> dict:
