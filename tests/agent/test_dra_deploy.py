@@ -81,7 +81,7 @@ def test_the_classes_1_35_cannot_take_are_apart_and_its_overlay_leaves_them_out(
         assert "allowMultipleAllocations" not in d["spec"]["selectors"][0]["cel"]["expression"]
     assert len(FULL_CLASSES) == 3 and all((DEPLOY.parent / p).is_file() for p in FULL_CLASSES)
     k = yaml.safe_load((DEPLOY / "dra" / "kustomization.yaml").read_text())
-    assert k["resources"] == ["deviceclasses.yaml", "daemonset.yaml", "shares", "extended-resource"]
+    assert k["resources"] == ["deviceclasses.yaml", "daemonset.yaml", "../node-restriction", "shares", "extended-resource"]
     import os
     import shutil
     import subprocess
