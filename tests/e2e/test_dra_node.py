@@ -44,6 +44,10 @@ DRIVER = "gpu.gpufleet.io"
 REPO = Path(__file__).resolve().parents[2]
 CDI_DIR = Path("/var/run/cdi")
 # fake PCIe topology: whole GPUs 2-4 under one root complex, 5-7 under another
+# GPUFLEET_E2E_DRA_ALPHA_GATES=1 on 1.35: the node runs with the gates docs/dra.md names turned on in every component
+# (kube-apiserver, kube-scheduler, kube-controller-manager, kubelet), and the full scenario is expected, as on 1.36+
+ALPHA_GATES = os.environ.get("GPUFLEET_E2E_DRA_ALPHA_GATES", "") not in ("", "0")
+ALPHA_GATES_135 = ("DRAConsumableCapacity", "DRADeviceTaints", "DRAExtendedResource")
 PCIE_ROOT = {2: "pci0000:00", 3: "pci0000:00", 4: "pci0000:00", 5: "pci0000:80", 6: "pci0000:80", 7: "pci0000:80",
              0: "pci0000:00", 1: "pci0000:80"}
 
@@ -65,6 +69,12 @@ def dra_node():
     data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
     node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
     node.logs.mkdir(parents=True, exist_ok=True)
+    if ALPHA_GATES and not full_dra(release_of(Path(loc["bin"]) / "kubelet")):  # 1.35 with what docs/dra.md says to turn on
+        gates = ",".join(f"{g}=true" for g in ALPHA_GATES_135)
+        for var, val in (("APISERVER_EXTRA_ARGS", f"--feature-gates={gates}"), ("SCHEDULER_EXTRA_ARGS", f"--feature-gates={gates}"),
+                         ("KCM_EXTRA_ARGS", "--feature-gates=DRAExtendedResource=true,DRADeviceTaints=true"),
+                         ("KUBELET_FEATURE_GATES", "DRAExtendedResource=true")):
+            node.env[var] = f"{node.env.get(var, '')} {val}".strip() if var.endswith("ARGS") else val
     cdi_existed = CDI_DIR.exists()
 
     def interrupted(*_):
@@ -268,11 +278,13 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     assert wait(lambda: len(device_uuids(node)) == 16, 60), f"slices: {slices(node)}"
     timings["agent start -> slices published s"] = round(time.monotonic() - t, 1)
     release = release_of(Path(node.loc["bin"]) / "kubelet")
-    full = full_dra(release)
-    report.append(f"Kubernetes {release[0]}.{release[1]}: " + ("every DRA feature served" if full else
-                  "no consumable capacity, device taints or extended resources (alpha gates off)"))
+    full = full_dra(release) or ALPHA_GATES
+    report.append(f"Kubernetes {release[0]}.{release[1]}: " + (
+        "every DRA feature served" if full_dra(release) else
+        f"the alpha gates {', '.join(ALPHA_GATES_135)} turned on" if full else
+        "no consumable capacity, device taints or extended resources (alpha gates off)"))
     check_served(node, full, problems)
-    kdir = REPO / "deploy" / ("dra" if full else "overlays/dra-k8s-1.35")  # as a user of that release installs it
+    kdir = REPO / "deploy" / ("dra" if full else "overlays/dra-k8s-1.35")  # as a user of that release (and gates) installs it
     classes = [d for d in yaml.safe_load_all(node.kubectl("kustomize", str(kdir))) if d and d["kind"] == "DeviceClass"]
     node.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
     report.append(f"DeviceClasses from {kdir.relative_to(REPO)}: {sorted(c['metadata']['name'] for c in classes)}")
