@@ -84,14 +84,25 @@ def installed(admin):
                 except utils.FailToCreateError as exc:
                     if not all(isinstance(e, ApiException) and e.status == 409 for e in exc.api_exceptions):
                         raise
-    for n in ("gpu-a", "gpu-b"):
-        try:
-            core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"keep": "me"}},
-                              "spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}})
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    return client
+    try:
+        for n in ("gpu-a", "gpu-b"):
+            try:
+                core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {"keep": "me"}},
+                                  "spec": {"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}})
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        yield client
+    finally:  # the control plane is the session's: its nodes and their slices go (later modules would see them)
+        res = client.ResourceV1Api(admin)
+        for s in res.list_resource_slice().items:
+            if s.spec.node_name in ("gpu-a", "gpu-b"):
+                res.delete_resource_slice(s.metadata.name)
+        for n in ("gpu-a", "gpu-b"):
+            try:
+                core.delete_node(n)
+            except ApiException:
+                pass
 
 
 def token(core, sa: str, pod: dict | None = None) -> str:
