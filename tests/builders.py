@@ -183,7 +183,8 @@ def verdicts(plugin: Any, request: PodRequest, state: ClusterState) -> dict[str,
         if res.ok[i]:
             out[node.name] = None
         else:
-            out[node.name] = res.reasons[int(res.codes[i])] if res.codes is not None else res.reasons[0]
+            codes = res.reason_codes()
+            out[node.name] = res.reasons[int(codes[i])] if codes is not None else res.reasons[0]
     return out
 
 

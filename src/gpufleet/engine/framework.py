@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -40,6 +40,12 @@ class FilterResult:
     reasons: tuple[str, ...] = ("rejected",)
     codes: np.ndarray | None = None
     passes_all: bool = False  # the plugin had nothing to check for this pod (``ok`` is all true)
+    # ``codes`` made only when a diagnosis asks (most cycles never do); must not read state that may change later
+    codes_of: Callable[[], np.ndarray] | None = None
+
+    def reason_codes(self) -> np.ndarray | None:
+        """Per-node index into ``reasons`` (None: every failing node has ``reasons[0]``), made now if lazy."""
+        return self.codes if self.codes is not None or self.codes_of is None else self.codes_of()
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,8 @@ class Cycle:
     take_held: bool = False  # room plugins hold for pods not yet here may be taken (the caller would evict otherwise)
     # the filters' rejections in order: (nodes newly rejected, index of the first reason, per-node codes or None);
     # ``first_fail`` is built from them only when asked (a diagnosis), not on every cycle
-    _rejections: list[tuple[np.ndarray, int, np.ndarray | None]] | None = field(default=None, repr=False)
+    _rejections: list[tuple[np.ndarray, int, np.ndarray | Callable[[], np.ndarray] | None]] | None = field(
+        default=None, repr=False)
     _first_fail: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -76,6 +83,8 @@ class Cycle:
         if self._first_fail is None and self._rejections is not None:
             first = np.full(self._rejections_n, -1, dtype=np.int64)
             for newly, base, codes in self._rejections:
+                if callable(codes):
+                    codes = codes()
                 first[newly] = base if codes is None else base + codes[newly]
             self._first_fail = first
         return self._first_fail
@@ -220,7 +229,7 @@ class Scheduler:
     def _filter(self, cycle: Cycle, explain: bool = False) -> np.ndarray:
         n = len(self.state)
         feasible = np.ones(n, dtype=bool)
-        rejections: list[tuple[np.ndarray, int, np.ndarray | None]] = []
+        rejections: list[tuple[np.ndarray, int, np.ndarray | Callable[[], np.ndarray] | None]] = []
         reasons: list[str] = []
         if cycle.only_nodes is not None:
             feasible &= cycle.only_nodes
@@ -232,7 +241,7 @@ class Scheduler:
                 continue
             newly = feasible & ~res.ok
             if newly.any():
-                rejections.append((newly, len(reasons), res.codes))
+                rejections.append((newly, len(reasons), res.codes if res.codes is not None else res.codes_of))
                 reasons.extend(res.reasons)
                 feasible &= res.ok
         cycle.feasible = feasible

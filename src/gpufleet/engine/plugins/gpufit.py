@@ -78,7 +78,7 @@ class GpuFit:
             from ..dra.extended import dra_way
 
             by_dra, _ = dra_way(state, r.dra.extended)
-            return FilterResult(res.ok | by_dra, res.reasons, res.codes)
+            return FilterResult(res.ok | by_dra, res.reasons, res.codes, codes_of=res.codes_of)
         return res
 
     def _filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:

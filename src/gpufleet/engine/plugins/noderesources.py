@@ -29,7 +29,8 @@ class NodeResourcesFit:
         if not r.scalars:
             if ok.all():
                 return FilterResult(ok, passes_all=True)
-            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"), np.where(~pods, 0, np.where(~cpu, 1, 2)))
+            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"),
+                                codes_of=lambda: np.where(~pods, 0, np.where(~cpu, 1, 2)))  # this cycle's masks only
         codes = np.where(~pods, 0, np.where(~cpu, 1, 2))
         reasons = ["Too many pods", "Insufficient cpu", "Insufficient memory"]
         for name, amount in r.scalars:
