@@ -63,6 +63,17 @@ AGENT_STATE = "/var/lib/kubelet/gpufleet-e2e-agent-state"  # the overlay's hostP
 FAKE_PROFILE = "h100-nvlink"  # the overlay's GPUFLEET_FAKE_NVML
 
 
+def overlay_for_release(n) -> str:
+    """The overlay as the release takes it: on 1.35 without deploy/admission's MutatingAdmissionPolicy (not served
+    there; what deploy/overlays/k8s-1.35 leaves out)."""
+    from tests.dra_release import release_of
+
+    out = n.k("kustomize", str(OVERLAY))
+    if release_of(Path(E2E_BIN) / "kubelet") >= (1, 36):
+        return out
+    return yaml.safe_dump_all([d for d in yaml.safe_load_all(out) if d and not d["kind"].startswith("MutatingAdmissionPolicy")])
+
+
 def shipped_agent_config():
     """The agent's configuration as deploy/agent ships it (its ConfigMap's agent.yaml), read by the agent's own loader."""
     docs = yaml.safe_load_all((ROOT / "deploy" / "agent" / "daemonset.yaml").read_text())
@@ -186,12 +197,12 @@ def node():
         subprocess.run([*n.ctr, "images", "import", IMAGE_TAR], check=True, capture_output=True, timeout=600)
         subprocess.run([*n.ctr, "images", "tag", "--force", IMAGE, OVERLAY_IMAGE], check=True, capture_output=True, timeout=60)
         n.applied_at = time.time()  # type: ignore[attr-defined]
-        n.k("apply", "-k", str(OVERLAY), timeout=120)
+        n.k("apply", "-f", "-", stdin=overlay_for_release(n), timeout=120)
         yield n
     finally:
         for pod in ("gpufleet-e2e-gpu2",):
             n.k("delete", "pod", pod, "-n", "default", "--grace-period=1", "--ignore-not-found", check=False, timeout=90)
-        n.k("delete", "-k", str(OVERLAY), "--ignore-not-found", "--wait=true", check=False, timeout=120)
+        n.k("delete", "-f", "-", "--ignore-not-found", "--wait=true", check=False, timeout=120, stdin=overlay_for_release(n))
         if not reuse:
             out = n.real.down()  # the recipe's node-down.sh: every process by PID, host changes (dev nodes) undone
             with open(log, "a") as f:

@@ -21,7 +21,7 @@ DEPLOY = ROOT / "deploy"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
 BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass", "autoscaling", "dra",
-         "dra/shares", "dra/extended-resource", "overlays/dra-k8s-1.35"]
+         "dra/shares", "dra/extended-resource", "overlays/dra-k8s-1.35", "overlays/k8s-1.35"]
 # the one workload that is not gpufleet's image: the ecosystem's metrics adapter, at the version
 # scripts/build-prometheus-adapter.sh builds for the autoscaling tests
 ADAPTER_VERSION = re.search(r"^VERSION=(v[0-9.]+)$", (ROOT / "scripts" / "build-prometheus-adapter.sh").read_text(), re.MULTILINE)[1]  # type: ignore[index]
@@ -139,3 +139,14 @@ def test_reclaim_rbac_is_what_it_calls():
     add_arguments(p)
     args = p.parse_args(c["args"][1:])
     assert args.interval > 0 and args.policy_file == "/etc/gpufleet/reclaim.yaml"
+
+
+@pytest.mark.skipif(not kubectl(), reason="no kubectl ($KUBECTL or on PATH) to run kustomize")
+def test_the_1_35_overlay_is_deploy_without_what_1_35_does_not_serve():
+    """deploy/overlays/k8s-1.35 renders exactly what deploy does, less the MutatingAdmissionPolicy and its binding."""
+    def render(d: str) -> list[dict]:
+        r = subprocess.run([kubectl(), "kustomize", str(DEPLOY / d)], capture_output=True, text=True, timeout=60, check=True)
+        return [x for x in yaml.safe_load_all(r.stdout) if x]
+    full, old = render(""), render("overlays/k8s-1.35")
+    assert {d["kind"] for d in full} - {d["kind"] for d in old} == {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+    assert [d for d in full if not d["kind"].startswith("MutatingAdmissionPolicy")] == old

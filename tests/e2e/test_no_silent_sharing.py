@@ -10,6 +10,9 @@ Nine pods asking ``nvidia.com/gpu: 1`` and no share, three times:
   all nine; 8 run on 8 distinct GPUs and kubelet refuses the 9th (the agent's node guard), with a message that names
   the GPU and the pod using it -- never a 9th pod silently on a GPU another pod uses (the issue-35 finding).
 
+On 1.35, which does not serve MutatingAdmissionPolicy (beta and off there), there is no routing: the first case
+becomes ``default-scheduler`` in a plain namespace, and must end as the opted-out one does (the node guard holds).
+
 The outcome per scheduler name is printed and written to $E2E_LOGS/no-silent-sharing.txt.
 """
 
@@ -25,6 +28,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.dra_release import release_of
 
 from .conftest import e2e_env
 from .harness import NODE, REPO, RealNode, wait
@@ -119,22 +124,27 @@ def test_nine_one_gpu_pods_on_eight_gpus_never_share(node):
         "the agent's default configuration: 8 GPUs x 10 devices"
     n.gpufleet("gpufleet-scheduler", ["scheduler", "--kubeconfig", str(n.kubeconfig), "--metrics-addr", "127.0.0.1:19251",
                                       "--no-leader-elect"])
-    n.kubectl("apply", "-f", str(REPO / "deploy/admission/route-gpu-pods.yaml"))
-    n.kubectl("create", "namespace", "probe")
-    probe = pod("probe", "probe", None)
-    probe["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "100"  # never fits: only its name is looked at
+    routing = release_of(Path(n.loc["bin"]) / "kube-apiserver") >= (1, 36)  # MutatingAdmissionPolicy GA, served
+    if routing:
+        n.kubectl("apply", "-f", str(REPO / "deploy/admission/route-gpu-pods.yaml"))
+        n.kubectl("create", "namespace", "probe")
+        probe = pod("probe", "probe", None)
+        probe["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "100"  # never fits: only its name is looked at
 
-    def routed() -> bool:
-        n.kubectl("delete", "pod", "-n", "probe", "probe", "--ignore-not-found", "--grace-period=0", "--force", check=False)
-        n.kubectl("create", "-f", "-", input=json.dumps(probe))
-        return n.get_json("pod", "-n", "probe", "probe")["spec"]["schedulerName"] == "gpufleet"
-    assert wait(routed, 60, 1.0), "the MutatingAdmissionPolicy never took effect"
-    n.kubectl("delete", "namespace", "probe", "--wait=false")
+        def routed() -> bool:
+            n.kubectl("delete", "pod", "-n", "probe", "probe", "--ignore-not-found", "--grace-period=0", "--force", check=False)
+            n.kubectl("create", "-f", "-", input=json.dumps(probe))
+            return n.get_json("pod", "-n", "probe", "probe")["spec"]["schedulerName"] == "gpufleet"
+        assert wait(routed, 60, 1.0), "the MutatingAdmissionPolicy never took effect"
+        n.kubectl("delete", "namespace", "probe", "--wait=false")
 
     report, problems = [], []
-    cases = [("default-scheduler, routed by deploy/admission", "routed", None, {}),
+    first = ("default-scheduler, routed by deploy/admission", "routed", None, {}) if routing else \
+        ("default-scheduler, no routing (1.35 serves no MutatingAdmissionPolicy)", "optout", None, {})
+    cases = [first,
              ("gpufleet", "named", "gpufleet", {}),
-             ("default-scheduler, namespace opted out of the routing", "optout", None, {"gpufleet.io/scheduler-routing": "off"})]
+             *([("default-scheduler, namespace opted out of the routing", "optout", None, {"gpufleet.io/scheduler-routing": "off"})]
+               if routing else [])]
     for title, ns, scheduler, labels in cases:
         n.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                         "metadata": {"name": ns, "labels": labels}}))
