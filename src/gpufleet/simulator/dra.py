@@ -33,6 +33,11 @@ MIB = 2**20
 
 
 def node_slice(node: Node) -> ResourceSlice:
+    return parse_slice(node_slice_json(node))
+
+
+def node_slice_json(node: Node) -> dict:
+    """The node's ResourceSlice as the API serves it (what the live scheduler reads)."""
     devices = []
     for g in node.gpus:
         if g.mig_enabled:
@@ -47,14 +52,18 @@ def node_slice(node: Node) -> ResourceSlice:
                 "memory": {"value": str(mem), "requestPolicy": {"default": str(mem), "validRange": {"min": "1Mi", "max": str(mem), "step": "1Mi"}}},
                 "gpuMilli": {"value": str(GPU_MILLI), "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": str(GPU_MILLI), "step": "1"}}},
             }})
-    return parse_slice({"metadata": {"name": f"{node.name}-{DRIVER}"}, "spec": {
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node.name}-{DRIVER}"}, "spec": {
         "driver": DRIVER, "nodeName": node.name, "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
-        "devices": devices}})
+        "devices": devices}}
 
 
 def classes() -> list[DeviceClass]:
-    return [parse_device_class({"metadata": {"name": DRIVER}, "spec": {
-        "selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"}}]}})]
+    return [parse_device_class(c) for c in classes_json()]
+
+
+def classes_json() -> list[dict]:
+    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER}, "spec": {
+        "selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"}}]}}]
 
 
 def catalog(nodes: Sequence[Node]) -> DraState:
@@ -94,4 +103,4 @@ class ClaimShaper:
         return replace(r, gpu_memory_mib=mem, dra=PodClaims(r.uid or r.name, (PodClaim("gpu", claim),)))
 
 
-__all__ = ["ClaimShaper", "DRIVER", "catalog", "classes", "node_slice"]
+__all__ = ["ClaimShaper", "DRIVER", "catalog", "classes", "classes_json", "node_slice", "node_slice_json"]

@@ -324,10 +324,43 @@ def _violates(v: Fraction, cap: Capacity) -> bool:
     return False
 
 
+_QUALIFIED: dict[int, tuple[Mapping[str, Capacity], dict[str, Capacity]]] = {}
+# (request spec, device capacity) -> (what the request consumes of such a device, whether that breaks a request policy)
+_CONSUMED: dict[tuple, tuple[dict[str, Fraction] | None, bool]] = {}
+
+
+def _qualified(capacity: Mapping[str, Capacity], driver: str) -> dict[str, Capacity]:
+    """``_qualify`` of a device's capacity, kept while that mapping lives (devices are immutable once parsed)."""
+    got = _QUALIFIED.get(id(capacity))
+    if got is None or got[0] is not capacity:
+        if len(_QUALIFIED) > 200_000:
+            _QUALIFIED.clear()
+        got = _QUALIFIED[id(capacity)] = (capacity, _qualify(capacity, driver))
+    return got[1]
+
+
+def _fits_beside(consumed: Mapping[str, Fraction], caps: Mapping[str, Capacity], already: Mapping[str, Fraction] | None,
+                 allocating: Mapping[str, Fraction] | None) -> bool:
+    """The request's consumption fits beside what is taken and being taken (its policies checked already)."""
+    for name, cap in caps.items():
+        total = consumed[name]
+        if already:
+            x = already.get(name)
+            if x:
+                total = total + x
+        if allocating:
+            x = allocating.get(name)
+            if x:
+                total = total + x
+        if total > cap.value:
+            return False
+    return True
+
+
 def capacity_fits(consumed: Mapping[str, Fraction], capacity: Mapping[str, Capacity], driver: str,
                   already: Mapping[str, Fraction] | None, allocating: Mapping[str, Fraction] | None) -> bool:
     """CmpRequestOverCapacity: the request's consumption obeys each policy and fits beside what is taken."""
-    caps = _qualify(capacity, driver)
+    caps = _qualified(capacity, driver)
     for name, cap in caps.items():
         v = consumed[name]
         if _violates(v, cap):
@@ -494,6 +527,12 @@ class Allocator:
     def allocate(self, node_name: str, labels: Mapping[str, str], claims: Sequence[ResourceClaim]) -> list[Allocation]:
         return _Search(self, node_name, labels, claims).run()
 
+    def allocate_simple(self, node_name: str, labels: Mapping[str, str], claim: ResourceClaim,
+                        candidates: Iterable[DeviceRef]) -> Allocation:
+        """``allocate`` for one claim of one ExactCount request without constraints whose matching devices on the node
+        the caller knows, in the order to try (DynamicResources' fast path)."""
+        return _Search(self, node_name, labels, [claim]).run_simple(candidates)
+
 
 def _alternatives(spec: ClaimSpec) -> Iterable[ExactRequest]:
     for r in spec.requests:
@@ -513,8 +552,7 @@ class _Search:
         self.node = node_name
         self.labels = labels
         self.claims = claims
-        self.pools = a.inventory.node_pools(node_name, labels)
-        self.node_devices = [r for p in self.pools if p.info.complete and not p.info.invalid for r in p.devices]
+        self._pools: list[NodePool] | None = None  # looked up when needed: not when the caller gave the candidates
         self.alts: list[list[list[_Alt]]] = []  # claim -> request -> alternatives
         self.constraints: list[list[_MatchConstraint]] = []
         self.allocating: dict[DeviceID, set[int]] = {}
@@ -525,6 +563,43 @@ class _Search:
         self.result: list[list[_Pick]] = [[] for _ in claims]
         self.steps = 0
         self.why: dict[str, set[str]] = {}  # request -> what turned devices away during the search
+
+    @property
+    def pools(self) -> list[NodePool]:
+        if self._pools is None:
+            self._pools = self.a.inventory.node_pools(self.node, self.labels)
+        return self._pools
+
+    @property
+    def node_devices(self) -> list[DeviceRef]:
+        return [r for p in self.pools if p.info.complete and not p.info.invalid for r in p.devices]
+
+    def run_simple(self, candidates: Iterable[DeviceRef]) -> Allocation:
+        """One claim with one ExactCount request and no constraint, its matching devices given in the order to try:
+        the first ``count`` that can take it (what the search does for such a claim, without the search)."""
+        claim = self.claims[0]
+        (r,) = claim.spec.requests
+        spec = r.exactly
+        assert spec is not None and spec.allocation_mode == "ExactCount" and not claim.spec.constraints
+        cls = self.a.classes.get(spec.device_class_name)
+        if cls is None:
+            raise AllocationError(f"claim {claim.key}, request {spec.name}: device class {spec.device_class_name} does not exist",
+                                  f"ResourceClaim {claim.key}", f"request {spec.name}: deviceClassName")
+        seen: list[DeviceRef] = []
+        alt = _Alt(0, r.name, r.name, "", spec, cls, spec.count, candidates=seen)
+        self.alts = [[[alt]]]
+        self.constraints = [[]]
+        if spec.count > ALLOCATION_RESULTS_MAX:
+            raise AllocationError(f"claim {claim.key}: {spec.count} devices exceed the claim limit of {ALLOCATION_RESULTS_MAX}",
+                                  f"ResourceClaim {claim.key}", "spec.devices.requests")
+        got = 0
+        for ref in candidates:  # taken lazily: the caller may order the rest only if the first do not do
+            seen.append(ref)
+            if self._take(alt, ref, must=False) is not None:
+                got += 1
+                if got == spec.count:
+                    return self._build(0)
+        raise NoAllocation(self._reason())
 
     def run(self) -> list[Allocation]:
         for ci, claim in enumerate(self.claims):
@@ -641,11 +716,20 @@ class _Search:
             return self._no(alt, "in use")
         if not admin and not multi and did in self.a.allocated.shared:
             return self._no(alt, "in use")
-        consumed = consumed_capacity(spec.capacity_requests, d.capacity, ref.driver)
+        ckey = (spec, ref.capacity_key)  # the same for every device alike and every claim of one template
+        entry = _CONSUMED.get(ckey)
+        if entry is None:
+            got = consumed_capacity(spec.capacity_requests, d.capacity, ref.driver)
+            if len(_CONSUMED) > 100_000:
+                _CONSUMED.clear()
+            entry = _CONSUMED[ckey] = (got, got is not None and any(
+                _violates(got[n], cap) for n, cap in _qualified(d.capacity, ref.driver).items()))
+        consumed, violates = entry
         if consumed is None:
             return self._no(alt, "has none of the requested capacity")
         already = self.a.allocated.consumed.get(did) if multi else None
-        if not capacity_fits(consumed, d.capacity, ref.driver, already, self.allocating_cap.get(did) if multi else None):
+        if violates or not _fits_beside(consumed, _qualified(d.capacity, ref.driver), already,
+                                        self.allocating_cap.get(did) if multi else None):
             return self._no(alt, "not enough capacity left")
         counted = False
         if d.consumes_counters and not (multi and (did in self.a.allocated.shared or did in self.allocating_shares)):

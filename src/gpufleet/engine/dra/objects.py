@@ -850,3 +850,8 @@ class DeviceRef:
     @cached_property
     def view(self) -> DeviceView:
         return device_view(self.driver, self.pool, self.device)
+
+    @cached_property
+    def capacity_key(self) -> tuple:
+        """What a request's consumption of this device depends on: devices alike share it (the allocator's cache)."""
+        return (self.driver, tuple(sorted(self.device.capacity.items())))

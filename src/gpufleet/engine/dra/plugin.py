@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -39,6 +40,7 @@ class _Data:
     to_allocate: list[ResourceClaim] = field(default_factory=list)
     results: dict[int, list[Allocation]] = field(default_factory=dict)  # node -> allocations found by the filter
     held: list[str] = field(default_factory=list)
+    simple: tuple | None = None  # the fast path's candidates key (one claim, one request): reserve looks devices up by it
     extended: ResourceClaim | None = None  # the claim DRA-backed extended resources need where no device plugin serves them
     by_dra: np.ndarray | None = None  # nodes where it applies (extended.dra_way)
 
@@ -179,34 +181,48 @@ class DynamicResources:
             return None
         cls = state.dra.catalog.classes.get(spec.device_class_name)  # type: ignore[union-attr]
         assert cls is not None
-        mask, err = state.dra.catalog.match_mask(table, cls, spec, c, a)  # type: ignore[union-attr]
+        mkey = ("candidates", cls.name, cls.selectors, spec.selectors)
+        got = table.need_cache.get(mkey)  # the candidates of a class + selectors: once per device table
+        if got is None:
+            mask, err = state.dra.catalog.match_mask(table, cls, spec, c, a)  # type: ignore[union-attr]
+            k = np.flatnonzero(mask)
+            simple = bool(k.size) and not ((table.node[k] < 0).any() or table.counters[k].any() or table.is_mig[k].any())
+            got = table.need_cache[mkey] = (k, err, simple, mkey)
+        k, err, simple, mkey = got
         if err is not None:
             cycle.data["dra.error_object"] = (err.obj, err.field)
             return Status.unresolvable(str(err))
-        k = np.flatnonzero(mask)
         if k.size == 0:
             return np.zeros(len(state), dtype=bool), _none_match(c, spec)
-        if (table.node[k] < 0).any() or table.counters[k].any() or table.is_mig[k].any():
+        if not simple:
             return None
-        per_node = self._per_node(k, table, state, spec)
+        per_node = self._per_node(k, table, state, spec, mkey)
         if per_node is None:
             return None
+        data: _Data | None = cycle.data.get(_DATA)
+        if data is not None:
+            data.simple = (c.key, spec, mkey)
         return per_node >= spec.count, (f"claim {c.key}, request {spec.name}: fewer than {spec.count} free device(s) "
                                         f"of class {spec.device_class_name}" + (" matching its selectors" if spec.selectors else ""))
 
-    def _per_node(self, k: np.ndarray, table: DeviceTable, state: ClusterState, spec: ExactRequest) -> np.ndarray | None:
+    def _per_node(self, k: np.ndarray, table: DeviceTable, state: ClusterState, spec: ExactRequest,
+                  kkey: tuple) -> np.ndarray | None:
         """Per node, how many of the candidate devices ``k`` can take the request now (None: not decidable here).
 
         GPU devices are judged on the GPU columns, as [node, GPU] grids built once per request shape, so a
         decision over 40,000 GPUs is a few whole-array operations."""
         assert state.dra is not None
         n = len(state)
-        gpu = table.gpu[k]
-        on_gpu = gpu >= 0
+        split = table.need_cache.get(("split", kkey))
+        if split is None:  # which candidates are GPUs of the snapshot, which other devices: once per device table
+            gpu = table.gpu[k]
+            on_gpu = gpu >= 0
+            split = table.need_cache[("split", kkey)] = (gpu, on_gpu, bool(on_gpu.any()), k[~on_gpu].tolist())
+        gpu, on_gpu, any_gpu, others = split
         count = np.zeros(n, dtype=np.int64)
-        if on_gpu.any():
+        if any_gpu:
             req_key = tuple(sorted((spec.capacity_requests or {}).items()))
-            gk = ("grid", k.tobytes(), req_key)
+            gk = ("grid", kkey, req_key)
             grid = table.need_cache.get(gk)
             if grid is None:
                 kk = k[on_gpu]
@@ -240,14 +256,18 @@ class DynamicResources:
                 fit = np.where(whole, (fm >= GPU_MILLI) & (mf == state.gpu_mem_cap), (fm >= m2) & (mf >= b2))
             fit &= cand & state.gpu_usable
             if table.any_taints:
-                blocked = np.zeros(cand.shape, dtype=bool)
-                for dk in k[on_gpu].tolist():
-                    if table.refs[dk].device.taints and taint_blocks(table.refs[dk].device, spec):
-                        blocked[table.node[dk], table.gpu[dk]] = True
+                bk = ("blocked", kkey, spec.tolerations)
+                blocked = table.need_cache.get(bk)
+                if blocked is None:  # taints change only with the slices: once per device table and tolerations
+                    blocked = np.zeros(cand.shape, dtype=bool)
+                    for dk in k[on_gpu].tolist():
+                        if table.refs[dk].device.taints and taint_blocks(table.refs[dk].device, spec):
+                            blocked[table.node[dk], table.gpu[dk]] = True
+                    table.need_cache[bk] = blocked
                 fit &= ~blocked
             count += fit.sum(axis=1)
         alloc = state.dra.allocated
-        for dk in k[~on_gpu].tolist():  # other devices: few; checked one by one
+        for dk in others:  # other devices: few; checked one by one
             ref = table.refs[dk]
             if ref.device.allow_multiple_allocations:
                 return None
@@ -267,8 +287,13 @@ class DynamicResources:
             allocs = data.results.get(node) if cycle.data.get("dra.choice") is None else None
             if allocs is None:
                 try:
-                    allocs = self._allocator(state, prefer=_prefer(cycle, state, node)).allocate(
-                        state.nodes[node].name, state.nodes[node].labels, claims)
+                    order = _prefer(cycle, state, node)
+                    a = self._allocator(state, prefer=order)
+                    if data.simple is not None and len(claims) == 1 and claims[0].key == data.simple[0]:
+                        allocs = [a.allocate_simple(state.nodes[node].name, state.nodes[node].labels, claims[0],
+                                                    _picked_first(cycle, state, node, data.simple, order))]
+                    else:
+                        allocs = a.allocate(state.nodes[node].name, state.nodes[node].labels, claims)
                 except (NoAllocation, AllocationError) as exc:
                     return Status.unschedulable(f"node {state.nodes[node].name}: {exc}", plugin=self.name)
             table = state.dra.catalog.table(state)  # type: ignore[union-attr]
@@ -287,6 +312,37 @@ class DynamicResources:
             state.release_claim(key)
         data.held.clear()
         cycle.data.pop(DRA_ALLOCATIONS, None)
+
+
+def _picked_first(cycle: Cycle, state: ClusterState, node: int, simple: tuple, order) -> Iterator[DeviceRef]:
+    """The node's candidates in the allocator's preference order, the GPUs the policy picked first: the rest are
+    ordered only if those do not take the request (they nearly always do: the policy judged the same columns)."""
+    refs = _node_candidates(state, node, simple)
+    choice = cycle.data.get("dra.choice")
+    picked = list(choice.gpu_indices) if choice is not None and not choice.mig else []
+    first: list[DeviceRef] = []
+    if picked:
+        table = state.dra.catalog.table(state)  # type: ignore[union-attr]
+        by_gpu = {int(table.gpu[table.index[r.device_id]]): r for r in refs}
+        first = [by_gpu[j] for j in picked if j in by_gpu]
+    yield from first
+    rest = [r for r in refs if not any(r is f for f in first)]
+    yield from (order(0, simple[1], rest) if len(rest) > 1 else rest)
+
+
+def _node_candidates(state: ClusterState, node: int, simple: tuple) -> list[DeviceRef]:
+    """The chosen node's devices that match the one request (the fast path's candidates, grouped by node once per
+    device table), for the allocator instead of matching every device of the node again."""
+    mkey = simple[2]
+    table = state.dra.catalog.table(state)  # type: ignore[union-attr]
+    byn = table.need_cache.get(("by-node", mkey))
+    if byn is None:
+        k = table.need_cache[mkey][0]
+        byn = {}
+        for dk in k.tolist():
+            byn.setdefault(int(table.node[dk]), []).append(table.refs[dk])
+        table.need_cache[("by-node", mkey)] = byn
+    return list(byn.get(node, []))
 
 
 def _gpu_need(ref: DeviceRef, spec: ExactRequest) -> tuple[int, int] | None:

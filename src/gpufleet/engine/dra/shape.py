@@ -48,47 +48,31 @@ def claims_gpu_shape(claims: Sequence[ResourceClaim], state: "ClusterState") -> 
     """The GPU demand of ``claims`` (the pod's claims that still need an allocation) on ``state``."""
     if state.dra is None or not claims:
         return GpuShape()
-    from .plugin import _gpu_need  # one definition of what a request takes of a GPU device
-
     cat = state.dra.catalog
     table = cat.table(state)
-    alloc = Allocator(cat.inventory, cat.classes, state.dra.allocated, cat.selectors)
     whole = 0
     share: tuple[int, int] | None = None
     mig: tuple[str, int] | None = None
     models: set[str] | None = None
-    all_models = set(state.model_names)
     for c in claims:
-        for req in c.spec.requests:
-            alts = req.alternatives()
-            if not alts:
-                continue
-            spec: ExactRequest = alts[0]  # firstAvailable: the preferred subrequest
-            cls = cat.classes.get(spec.device_class_name)
-            if cls is None or spec.admin_access:
-                continue
-            try:
-                mask, err = cat.match_mask(table, cls, spec, c, alloc)
-            except AllocationError:
-                continue
-            k = np.flatnonzero(mask & (table.gpu >= 0))
-            if k.size == 0:
-                continue
-            names = {state.model_names[int(state.gpu_model[table.node[i], table.gpu[i]])] for i in k.tolist()
-                     if table.node[i] >= 0}
-            if names and names != all_models:
-                models = names if models is None else models & names
-            count = spec.count if spec.allocation_mode == "ExactCount" else 1
-            if table.is_mig[k].all():
-                profiles = {table.mig[int(i)][0] for i in k.tolist()}
-                if len(profiles) == 1 and mig is None:
-                    mig = (next(iter(profiles)), count)
-                continue
-            need = _gpu_need(table.refs[int(k[0])], spec) if spec.capacity_requests else None
-            if need is None or need[0] >= GPU_MILLI:
+        got = table.need_cache.get(("shape-of", id(c)))
+        if got is not None and got[0] is c:
+            parts = got[1]
+        else:  # what each request asks depends on the spec and the devices only: once per spec and device table
+            key = ("shape", c.spec)
+            parts = table.need_cache.get(key)
+            if parts is None:
+                parts = table.need_cache[key] = _request_parts(c, state, table)
+            table.need_cache[("shape-of", id(c))] = (c, parts)
+        for kind, count, extra, names in parts:
+            if names is not None:
+                models = set(names) if models is None else models & names
+            if kind == "whole":
                 whole += count
-            elif share is None:
-                share = (need[0], need[1])
+            elif kind == "share" and share is None:
+                share = extra
+            elif kind == "mig" and mig is None:
+                mig = (extra, count)
     allow = frozenset(models) if models is not None else None
     if whole:
         return GpuShape(whole, GPU_MILLI, 0, None, allow)
@@ -97,6 +81,46 @@ def claims_gpu_shape(claims: Sequence[ResourceClaim], state: "ClusterState") -> 
     if mig is not None:
         return GpuShape(mig[1], 0, mig_profile_memory_mib(mig[0]) or 0, mig[0], allow)  # as parse_pod models MIG
     return GpuShape()
+
+
+def _request_parts(c: ResourceClaim, state: "ClusterState", table) -> tuple:
+    """Per request of a claim: (whole | share | mig, count, share (milli, MiB) or MIG profile, models or None)."""
+    from .plugin import _gpu_need  # one definition of what a request takes of a GPU device
+
+    assert state.dra is not None
+    cat = state.dra.catalog
+    alloc = Allocator(cat.inventory, cat.classes, state.dra.allocated, cat.selectors)
+    out = []
+    for req in c.spec.requests:
+        alts = req.alternatives()
+        if not alts:
+            continue
+        spec: ExactRequest = alts[0]  # firstAvailable: the preferred subrequest
+        cls = cat.classes.get(spec.device_class_name)
+        if cls is None or spec.admin_access:
+            continue
+        try:
+            mask, _ = cat.match_mask(table, cls, spec, c, alloc)
+        except AllocationError:
+            continue
+        k = np.flatnonzero(mask & (table.gpu >= 0) & (table.node >= 0))
+        if k.size == 0:
+            continue
+        ids = np.unique(state.gpu_model[table.node[k], table.gpu[k]])
+        names = frozenset(state.model_names[int(i)] for i in ids if i >= 0)
+        narrower = names if names and names != frozenset(state.model_names) else None
+        count = spec.count if spec.allocation_mode == "ExactCount" else 1
+        if table.is_mig[k].all():
+            profiles = {table.mig[int(i)][0] for i in k.tolist()}
+            if len(profiles) == 1:
+                out.append(("mig", count, next(iter(profiles)), narrower))
+            continue
+        need = _gpu_need(table.refs[int(k[0])], spec) if spec.capacity_requests else None
+        if need is None or need[0] >= GPU_MILLI:
+            out.append(("whole", count, None, narrower))
+        else:
+            out.append(("share", 1, (need[0], need[1]), narrower))
+    return tuple(out)
 
 
 __all__ = ["GpuShape", "claims_gpu_shape"]

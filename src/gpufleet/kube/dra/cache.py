@@ -348,7 +348,7 @@ class DraCache:
     def has_claims(self, pod: Mapping) -> bool:
         return bool((pod.get("spec") or {}).get("resourceClaims"))
 
-    def pod_claims(self, pod: Mapping) -> PodClaims:
+    def pod_claims(self, pod: Mapping, extended: ExtendedClaim | None = None) -> PodClaims:
         """Each of the pod's ``spec.resourceClaims``, found (or why not yet)."""
         m = pod.get("metadata") or {}
         ns = m.get("namespace") or "default"
@@ -375,7 +375,7 @@ class DraCache:
                 elif st.get("resourceClaimName"):
                     out.append(self._found(ns, str(st["resourceClaimName"]), name, uid))
                 # a status entry without a name: no claim needed for it
-        return PodClaims(uid, tuple(out))
+        return PodClaims(uid, tuple(out), extended)
 
     def _found(self, ns: str, claim_name: str, name: str, owner: str | None) -> PodClaim:
         key = f"{ns}/{claim_name}"
@@ -423,22 +423,21 @@ class DraCache:
         ext = self.extended_for(pod)
         if not self.has_claims(pod) and ext is None:
             return r
+        scalars = r.scalars
         if ext is not None:
             uid = str((pod.get("metadata") or {}).get("uid") or "")
             old = self.extended_claim_of(uid)
             if old is not None and old.key not in self.in_flight:  # an earlier attempt's, not bound: deleted first
                 ext = replace(ext, claim=old, stale=True)
             mapped = self.mapped()  # resources no node has as allocatable: DRA's everywhere, not NodeResourcesFit's
-            r = replace(r, scalars=tuple((k, v) for k, v in r.scalars if k not in mapped or k in state.scalar_cap))
-        pcs = self.pod_claims(pod)
-        if ext is not None:
-            pcs = replace(pcs, extended=ext)
+            scalars = tuple((k, v) for k, v in r.scalars if k not in mapped or k in state.scalar_cap)
+        pcs = self.pod_claims(pod, ext)
         todo = [pc.claim for pc in pcs.claims if pc.claim is not None and pc.claim.allocation is None
                 and pc.claim.key not in state.claim_holds]
-        shape = claims_gpu_shape(todo, state)
         if not pcs.claims:
-            return replace(r, dra=pcs)
-        return replace(r, dra=pcs, gpu_count=r.gpu_count + shape.gpu_count,
+            return replace(r, dra=pcs, scalars=scalars)
+        shape = claims_gpu_shape(todo, state)
+        return replace(r, dra=pcs, scalars=scalars, gpu_count=r.gpu_count + shape.gpu_count,
                        gpu_milli=shape.gpu_milli if shape.gpu_count else r.gpu_milli,
                        gpu_memory_mib=shape.gpu_memory_mib if shape.gpu_count else r.gpu_memory_mib,
                        mig_profile=shape.mig_profile or r.mig_profile,
