@@ -132,7 +132,8 @@ def verdict(figure: float, baseline: float) -> tuple[bool, float]:
     return share >= 1.0 - TOLERANCE, share
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["record"]:
         runs = int(argv[argv.index("--runs") + 1]) if "--runs" in argv else 5
         figs = []
@@ -155,4 +156,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("throughput_guard.py", main))
