@@ -18,7 +18,7 @@ import pytest
 from gpufleet.agent.config import AgentConfig
 from gpufleet.agent.labels import inventory_json
 from gpufleet.agent.nvml import FakeBackend
-from gpufleet.agent.plugin import DevicePlugin, PodAssignment, resources_for
+from gpufleet.agent.plugin import AssignmentRefused, DevicePlugin, GpuUse, PodAssignment, resources_for
 from gpufleet.engine.inventory import assignment_from_json
 from gpufleet.kube.api import FakeApi
 from gpufleet.kube.convert import node_from_json
@@ -102,6 +102,7 @@ class Kubelet:
                         for r in resources_for(gpus, cfg.mig_strategy, cfg.replicas, cfg.rename_shared)}
         self.free = {r: [d.id for d in p.devices] for r, p in self.plugins.items()}
         self.held: dict[str, tuple[str, list[str]]] = {}
+        self.assigned: dict[str, list[int]] = {}  # pod -> the GPU indices its gpufleet.io/assignment names (not MIG)
         self.refused: list[str] = []
 
     def admit(self, pod) -> list[str] | None:
@@ -112,8 +113,18 @@ class Kubelet:
             self.refused.append(f"{key}: {r} wants {n}, {len(self.free.get(r, []))} free")
             return None
         text = (pod["metadata"].get("annotations") or {}).get("gpufleet.io/assignment")
+        kubelet = self
 
         class Src:
+            def gpu_use(self, resource, count):
+                # what PodResources and the API tell the real agent: devices held, GPUs named by assignments
+                by_device = {d: k for k, (_r, ids) in kubelet.held.items() for d in ids}
+                by_gpu: dict[int, set[str]] = {}
+                for k, gis in kubelet.assigned.items():
+                    for gi in gis:
+                        by_gpu.setdefault(gi, set()).add(k)
+                return GpuUse(by_device, by_gpu, (key, pod["metadata"]["uid"]))
+
             def pending_assignment(self, resource, count, exclude):
                 if not text:
                     return None
@@ -127,10 +138,13 @@ class Kubelet:
         for i in ids:
             self.free[r].remove(i)
         self.held[key] = (r, ids)
+        if text and not json.loads(text).get("mig"):
+            self.assigned[key] = [g["index"] for g in json.loads(text)["gpus"]]
         return resp.envs["NVIDIA_VISIBLE_DEVICES"].split(",")
 
     def release(self, key):
         r, ids = self.held.pop(key)
+        self.assigned.pop(key, None)
         self.free[r].extend(ids)
 
 
@@ -201,7 +215,7 @@ def test_kubelet_never_refuses_what_the_scheduler_placed_default_agent_config(mi
         assert sorted({i.split("::")[0] for i in ids}) == sorted(uuids)  # and kubelet's own record (PodResources) too
 
 
-def test_random_stream_with_deletions_and_foreign_pods_never_refused_never_overcommitted():
+def test_random_stream_with_deletions_and_foreign_pods_ours_never_refused_never_overcommitted():
     rng = random.Random(12)
     api = FakeApi()
     api.add_node(agent_node())
@@ -210,13 +224,24 @@ def test_random_stream_with_deletions_and_foreign_pods_never_refused_never_overc
     kubelet = Kubelet()
     kinds = [("whole", 1), ("whole", 2), ("whole", 4), ("milli", 100), ("milli", 300), ("milli", 500),
              ("mem", "8Gi"), ("mem", "30Gi"), ("mig", "1g.10gb"), ("mig", "2g.20gb"), ("mig", "3g.40gb")]
-    n = 0
+    n = foreign_admitted = 0
     for rnd in range(12):
         batch = [gpu_pod(f"r{n + i}", rng.choice(kinds)) for i in range(rng.randint(3, 8))]
         n += len(batch)
         if rnd % 4 == 1:  # a pod another scheduler bound (kube-scheduler): no assignment, kubelet's/agent's choice
             f = gpu_pod(f"foreign{rnd}", ("whole", 1), scheduler="default-scheduler", node_name="n1")
-            if kubelet.admit(f) is not None:
+            plugin = kubelet.plugins["nvidia.com/gpu"]
+            used = {plugin.by_id[d].gpu_index for _r, ids in kubelet.held.values() for d in ids if d in plugin.by_id}
+            used |= {gi for gis in kubelet.assigned.values() for gi in gis}
+            try:
+                admitted = kubelet.admit(f) is not None
+            except AssignmentRefused:
+                # the node guard: another scheduler's pod gets a GPU nobody uses, or is refused (never shared unasked)
+                whole = {d.gpu_index for d in plugin.devices}  # the GPUs not MIG-partitioned
+                assert used >= whole, f"refused {f['metadata']['name']} with GPUs {whole - used} free"
+                admitted = False
+            if admitted:
+                foreign_admitted += 1
                 api.add_pod(f)
                 loop.resync()
                 loop.schedule_due()
@@ -241,7 +266,7 @@ def test_random_stream_with_deletions_and_foreign_pods_never_refused_never_overc
         for key in rng.sample(sorted(kubelet.held), len(kubelet.held) // 3):
             kubelet.release(key)
             api.delete_pod(key)
-    assert n > 50
+    assert n > 50 and foreign_admitted >= 1, (n, foreign_admitted)
 
 
 NVIDIA_NODES = [
