@@ -128,3 +128,28 @@ def test_mig_repartition_is_rediscovered_and_advertised(sockdir, kubelet):
         ch.close()
     finally:
         agent.stop_plugins()
+
+
+def test_register_alone_reregisters_a_restarted_kubelet_and_counts_refusals(sockdir, kubelet):
+    # run() calls register() every KUBELET_POLL_S between rounds: kubelet admits its pods at once after a restart
+    agent = Agent(FakeBackend("h100-nvlink"), AgentConfig(), sockdir, os.path.join(sockdir, "st"), clock=lambda: 0.0)
+    try:
+        agent.register()
+        assert [r.resource_name for r in kubelet.registered] == ["nvidia.com/gpu"]
+        agent.register()
+        assert len(kubelet.registered) == 1  # nothing changed: no second registration
+        kubelet.stop()
+        os.unlink(agent.plugins[0].socket_path)
+        agent.register()  # kubelet away: the plugin serves again and waits
+        assert agent.plugins[0].serving() and agent.register_failures == 0
+        k2 = FakeKubelet(sockdir).start()
+        try:
+            agent.register()
+            assert [r.resource_name for r in k2.registered] == ["nvidia.com/gpu"] and agent.register_failures == 0
+        finally:
+            k2.stop()
+        open(os.path.join(sockdir, "kubelet.sock"), "w").close()  # a socket nobody answers: refused, counted
+        agent.register()
+        assert agent.register_failures == 1 and agent.kubelet_pending()
+    finally:
+        agent.stop_plugins()

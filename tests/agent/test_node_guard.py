@@ -129,3 +129,27 @@ def test_gpu_use_reads_kubelets_devices_and_gpufleets_assignments():
     assert use.admitting == ("ml/ninth", "u-ninth")  # the one waiting pod without an assignment asking for 1
     assert gpu_use(NODE, "nvidia.com/gpu", 2, devices, pods).admitting == ("ml/two", "u-two")
     assert gpu_use(NODE, "nvidia.com/gpu", 1, devices, None).by_gpu == {}  # API away: kubelet's devices only
+
+
+def test_the_pod_being_admitted_is_not_its_own_other_user():
+    # a pod gpufleet placed whose lookup failed (API server restarting): its own assignment is not another's use
+    asg = json.dumps({"node": "n", "gpus": [{"index": 4}], "gpu_milli": 1000})
+    pods = [_pod("mine", {"gpufleet.io/assignment": asg}), _pod("running", phase="Running")]
+    devices = {("ml", "mine"): {}, ("ml", "running"): {"nvidia.com/gpu": [dev(0)]}}
+    use = gpu_use(NODE, "nvidia.com/gpu", 1, devices, pods)
+    assert use.admitting == ("ml/mine", "u-mine") and use.by_gpu == {4: {"ml/mine"}}
+
+
+def test_a_second_lookup_serves_a_placed_pod_by_its_assignment(sockdir):
+    a = Assignment(pod_key="ml/placed", node=NODE, cpu_milli=0, memory_mib=0, gpu_indices=(4,), gpu_milli=1000)
+
+    class Flaky(Source):
+        calls = 0
+
+        def pending_assignment(self, resource, count, exclude):
+            Flaky.calls += 1
+            return None if Flaky.calls == 1 else PodAssignment("ml/placed", a, ["GPU-h100-04"])
+
+    p = DevicePlugin("nvidia.com/gpu", H100, sockdir, slots=10, pods=Flaky(GpuUse({}, {4: {"ml/placed"}})))
+    r = p.allocate_one([dev(0)])  # kubelet's choice (GPU 0) while the first lookup failed
+    assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-h100-04" and r.envs["GPUFLEET_POD"] == "ml/placed"

@@ -1,6 +1,7 @@
 """``gpufleet agent``: discovery, one device plugin per resource, health loop, node labels, metrics.
 
-The loop (every ``--interval`` seconds) re-registers when kubelet.sock is
+The loop (every ``--interval`` seconds; re-registration is checked every
+``KUBELET_POLL_S`` in between) re-registers when kubelet.sock is
 re-created or a plugin socket vanished (kubelet restart), pushes health
 changes to ``ListAndWatch``, keeps the node's labels and inventory current,
 forgets served pods that are gone, and reloads the config file when it
@@ -23,6 +24,8 @@ from typing import Callable
 from ..argtypes import float_range, host_port
 
 log = logging.getLogger("gpufleet.agent")
+KUBELET_POLL_S = 0.05  # how often the loop looks for a restarted kubelet between its rounds
+REGISTER_RETRY_S = 1.0  # between rounds, a refused registration is retried no sooner than this
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -115,6 +118,7 @@ class Agent:
         self.tracker = HealthTracker(backend, recover_after_s=cfg.recover_after_s, clock=clock,
                                      indices=tuple(g.index for g in self.gpus))
         self.kubelet = KubeletWatcher(os.path.join(device_plugin_dir, "kubelet.sock"))
+        self.register_failures = 0  # refused registrations so far: run() retries those at its own pace, not every poll
         self.health: dict[int, bool] = {g.index: True for g in self.gpus}
         self.plugins: list = []
         self.cfg = cfg
@@ -181,12 +185,21 @@ class Agent:
         if self.clock() - self._last_discovery >= self.rediscover_s:
             self._last_discovery = self.clock()
             self.rediscover()
-        kubelet_new = self.kubelet.changed() if self.dra is None else False
         if self.dra is not None:
             self.dra.step()
+        self.register()
+        self._after_register()
+
+    def register(self) -> None:
+        """(Re-)register every plugin whose socket is gone, all of them when kubelet restarted.  Cheap when nothing
+        changed (a stat of kubelet.sock and of each plugin socket): ``run`` calls it every ``KUBELET_POLL_S``,
+        because kubelet admits the pods bound to it at once after a restart, and a pod admitted before the
+        plugin is registered again fails for good ("no healthy devices present"; seen on the real node with a
+        1 s loop: the burst bound while kubelet was down, all of it)."""
+        kubelet_new = self.kubelet.changed() if self.dra is None else False
         for p in self.plugins:
             if kubelet_new or not p.serving():
-                p.stop()
+                p.stop(grace_s=0.0)  # the kubelet that called it is gone: nothing in flight worth waiting for
                 p.start()
                 if not os.path.exists(self.kubelet.path):
                     log.debug("%s: no kubelet socket at %s yet", p.resource, self.kubelet.path)
@@ -197,6 +210,9 @@ class Agent:
                 except Exception as exc:
                     log.warning("registering %s failed: %s; retrying", p.resource, exc)
                     self.kubelet.forget()
+                    self.register_failures += 1
+
+    def _after_register(self) -> None:
         registered = self.untaint is not None and (self.dra.registered() if self.dra is not None else
                                                    all(p.serving() for p in self.plugins) and not self.kubelet_pending())
         if registered and self.untaint is not None and self.untaint() is not None:
@@ -386,19 +402,30 @@ def run(args: argparse.Namespace) -> int:
         log.info("serving DRA driver %s for node %s (plugin %s)", dra.opts.driver, args.node_name, dra.plugin.socket)
     else:
         log.info("serving %s from %s", ", ".join(p.resource for p in agent.plugins), args.device_plugin_dir)
+    next_step = 0.0
+    failures, failed_at = 0, -1e18
     while not stop.is_set():
-        m = _mtime(args.config)
-        if m != cfg_mtime:
-            cfg_mtime = m
+        if time.monotonic() >= next_step:
+            m = _mtime(args.config)
+            if m != cfg_mtime:
+                cfg_mtime = m
+                try:
+                    agent.reconfigure(effective_config(args, load_agent_config(args.config)))
+                except ConfigError as exc:
+                    log.error("%s; keeping the running configuration", exc)
             try:
-                agent.reconfigure(effective_config(args, load_agent_config(args.config)))
-            except ConfigError as exc:
-                log.error("%s; keeping the running configuration", exc)
-        try:
-            agent.step()
-        except Exception:  # one bad round must not take the node's GPUs away
-            log.exception("agent loop step failed")
-        stop.wait(args.interval)
+                agent.step()
+            except Exception:  # one bad round must not take the node's GPUs away
+                log.exception("agent loop step failed")
+            next_step = time.monotonic() + args.interval
+        elif dra is None and time.monotonic() - failed_at >= REGISTER_RETRY_S:
+            try:
+                agent.register()  # a restarted kubelet gets our plugins within KUBELET_POLL_S, not the loop's interval
+            except Exception:
+                log.exception("registering with kubelet failed")
+        if agent.register_failures != failures:  # a refused registration is retried after REGISTER_RETRY_S, not 20 times a second
+            failures, failed_at = agent.register_failures, time.monotonic()
+        stop.wait(min(KUBELET_POLL_S, max(0.0, next_step - time.monotonic())))
     if core is not None and not args.no_labels and args.stop_drain_seconds > 0:
         from .labels import set_restart_taint
 

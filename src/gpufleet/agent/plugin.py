@@ -461,6 +461,11 @@ class DevicePlugin(pbg.DevicePluginServicer):
         envs: dict[str, str] = {}
         mounts: list[pb.Mount] = []
         pa = self._pending(len(ids))
+        if pa is None and self.guard:
+            # before the guard treats it as another scheduler's pod: look once more (the first lookup may have given
+            # up on an API server that was restarting; seen on the real node: the guard then refused a pod gpufleet
+            # had placed, because its own assignment named the GPU)
+            pa = self._pending(len(ids))
         uuids: list[str] | None = None
         if isinstance(pa, InvalidAssignment):
             self._refuse(pa, f"pod {pa.pod_key}: {pa.message}; not starting it on GPUs the scheduler did not choose")
@@ -567,12 +572,12 @@ class DevicePlugin(pbg.DevicePluginServicer):
         srv.start()
         self._server = srv
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 0.5) -> None:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
         if self._server:
-            self._server.stop(grace=0.5).wait()
+            self._server.stop(grace=grace_s).wait()
             self._server = None
 
     def serving(self) -> bool:

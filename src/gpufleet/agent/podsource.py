@@ -159,8 +159,8 @@ def kubelet_devices(socket: str, timeout_s: float = 2.0) -> dict[tuple[str, str]
 def gpu_use(node: str, resource: str, count: int, devices: dict[tuple[str, str], dict[str, list[str]]],
             pods: list[dict] | None) -> GpuUse:
     """Who holds which GPUs (pure): kubelet's devices of ``resource``, and the GPUs gpufleet's assignments name for
-    pods bound here that have not finished; the pod being admitted without an assignment, when exactly one of the
-    pods kubelet has given no device yet asks for ``count`` of ``resource`` and carries none."""
+    pods bound here that have not finished; the pod being admitted, when exactly one of the pods kubelet has given
+    no device yet asks for ``count`` of ``resource`` (its own assignment, if it has one, is not another's use)."""
     by_device = {dev: f"{ns}/{name}" for (ns, name), res in devices.items() for dev in res.get(resource, ())}
     by_gpu: dict[int, set[str]] = {}
     admitting: list[tuple[str, str]] = []
@@ -169,6 +169,9 @@ def gpu_use(node: str, resource: str, count: int, devices: dict[tuple[str, str],
         if spec.get("nodeName") != node or status.get("phase") in ("Succeeded", "Failed"):
             continue
         key = pod_key(p)
+        ref = (meta.get("namespace") or "default", meta.get("name") or "")
+        if ref in devices and not devices[ref].get(resource) and _asks(spec, resource, count):
+            admitting.append((key, str(meta.get("uid") or "")))
         a = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
         if a:
             try:
@@ -178,9 +181,6 @@ def gpu_use(node: str, resource: str, count: int, devices: dict[tuple[str, str],
             if asg.node == node and not asg.mig:
                 for gi in asg.gpu_indices:
                     by_gpu.setdefault(gi, set()).add(key)
-        elif (meta.get("namespace") or "default", meta.get("name") or "") in devices and not devices[
-                (meta.get("namespace") or "default", meta.get("name") or "")].get(resource) and _asks(spec, resource, count):
-            admitting.append((key, str(meta.get("uid") or "")))
     return GpuUse(by_device, by_gpu, admitting[0] if len(admitting) == 1 else None)
 
 
