@@ -290,6 +290,20 @@ def test_leader_steps_down_when_it_cannot_renew_before_the_deadline():
     assert not a.tick()  # past the renew deadline (11 s) and before anyone may take over (15 s)
 
 
+def test_the_bind_fence_closes_at_the_renew_deadline_even_if_the_election_thread_never_ticks():
+    # a tick stuck in a lease call (or a paused process) leaves is_leader True; binds check leading_now()
+    store = MemoryLeaseStore()
+    clock = Clock()
+    a = LeaseElector(store, "a", lease_s=15, renew_deadline_s=10, retry_s=2, clock=clock)
+    assert a.tick() and a.leading_now()
+    clock.t += 9.9
+    assert a.leading_now()
+    clock.t += 0.2  # no tick: is_leader is stale, the fence is not
+    assert a.is_leader and not a.leading_now()
+    b = LeaseElector(store, "b", lease_s=15, renew_deadline_s=10, retry_s=2, clock=clock)
+    assert not b.step()  # b first sees a's record now: it may take over only 15 s from here, when a is long fenced
+
+
 def test_lease_expiry_uses_the_local_clock_not_the_holders():
     store = MemoryLeaseStore()
     clock = Clock()

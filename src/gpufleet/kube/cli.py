@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-name", default="gpufleet-scheduler", help="the Lease's name (default gpufleet-scheduler)")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"),
                    help="the Lease's namespace (default: $POD_NAMESPACE, else kube-system)")
-    p.add_argument("--lease-duration", type=int_range(3, 3600), default=15, metavar="S",
-                   help="seconds a leader holds the Lease without renewing it, 3-3600 (default 15)")
+    p.add_argument("--lease-duration", type=int_range(3, 3600), default=8, metavar="S",
+                   help="seconds a leader holds the Lease without renewing it, 3-3600 (default 8: a crashed leader is "
+                        "replaced in about 10 s; renew deadline 2/3 of it, retry 1/7.5; docs/safety.md)")
     p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()),
                    help="this replica's name in the Lease (default: $POD_NAME, else the host name)")
     p.add_argument("--bind-workers", type=int_range(1, 256), default=16, help="parallel Binding calls, 1-256 (default 16)")

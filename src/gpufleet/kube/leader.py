@@ -87,6 +87,15 @@ class LeaseElector:
             return self._lead(self.store.update(new), now)
         return self._lead(False, now)
 
+    def leading_now(self) -> bool:
+        """Leading, and the last renewal is younger than the renew deadline: the fence every bind checks.
+
+        ``is_leader`` changes only when the election thread ticks; a tick stuck in a slow lease call, or a
+        paused process, would leave it True past the deadline.  A replica that cannot show a renewal within
+        ``renew_deadline_s`` binds nothing more, so it stops before any other replica may take over
+        (``lease_s`` after the last renewal it saw)."""
+        return self.is_leader and self.clock() - self._renewed_at < self.renew_deadline_s
+
     def tick(self) -> bool:
         """``step`` that survives API errors: a leader keeps leading until its renew deadline passes."""
         try:

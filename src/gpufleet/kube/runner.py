@@ -82,7 +82,7 @@ class Runner:
 
     # --- main loop ----------------------------------------------------------------------
     def leading(self) -> bool:
-        return self.elector is None or self.elector.is_leader
+        return self.elector is None or self.elector.leading_now()
 
     def _apply_events(self, first_wait_s: float) -> int:
         try:
