@@ -261,4 +261,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("failover.py", main))
