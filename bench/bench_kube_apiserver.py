@@ -18,7 +18,13 @@ this machine's cores.
 ``gpu`` (default, above); ``preferred-anti``: CPU pods, replicas of 10 apps with
 preferred hostname anti-affinity among each app's replicas (weight 100);
 ``spread``: CPU pods, replicas of 10 apps spread over the 3 zones with maxSkew 1
-(DoNotSchedule).
+(DoNotSchedule); ``dra``: the nodes are DRA nodes (no ``nvidia.com/gpu``; each publishes a ResourceSlice of 8 A100
+as ``gpufleet agent --dra`` does, the shipped DeviceClasses applied), every pod asks for one GPU by a claim from the
+ResourceClaimTemplate ``one-gpu``; kube-controller-manager's resourceclaim controller (from $KUBEBUILDER_ASSETS) makes
+the claims, and the schedulers start once every pod has its claim, so both time allocation, claim writes and binds.
+Afterwards the claims are checked: every bound pod's claim allocated and reserved for it, no device given twice.
+
+    KUBEBUILDER_ASSETS=... python bench/bench_kube_apiserver.py --scenario dra --nodes 500 --pods 3000 --rounds 3
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from tests.integration.conftest import ControlPlane, _free_port  # noqa: E402
+from tests.integration.conftest import ClaimController, ControlPlane, _free_port  # noqa: E402
 
 
 def node_body(i: int) -> dict:
@@ -47,6 +53,12 @@ def node_body(i: int) -> dict:
 NODE_STATUS = {"status": {"capacity": {"cpu": "128", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"},
                           "allocatable": {"cpu": "128", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"},
                           "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}]}}
+
+
+# a DRA node: kubelet advertises no nvidia.com/gpu; its GPUs are in its ResourceSlice
+DRA_NODE_STATUS = {"status": {"capacity": {"cpu": "128", "memory": "1024Gi", "pods": "110"},
+                              "allocatable": {"cpu": "128", "memory": "1024Gi", "pods": "110"},
+                              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "bench"}]}}
 
 
 def constrained_pod_body(i: int, scenario: str) -> dict:
@@ -63,7 +75,65 @@ def constrained_pod_body(i: int, scenario: str) -> dict:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i:06d}", "labels": {"app": app}}, "spec": spec}
 
 
+def dra_pod_body(i: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p{i:06d}"},
+            "spec": {"schedulerName": "gpufleet", "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                     "containers": [{"name": "c", "image": "busybox", "resources": {
+                         "requests": {"cpu": "2", "memory": "8Gi"}, "claims": [{"name": "gpu"}]}}]}}
+
+
+def dra_setup(api_client, nodes: int) -> None:
+    """DeviceClasses, one ResourceSlice of 8 A100 per node (the agent's shape), the one-GPU template."""
+    from kubernetes import client
+
+    from gpufleet.engine.model import Gpu, Node
+    from gpufleet.simulator.dra import node_slice_json
+
+    co = client.CustomObjectsApi(api_client)
+    root = Path(__file__).parents[1]
+    import yaml
+
+    for c in yaml.safe_load_all((root / "deploy/dra/deviceclasses.yaml").read_text()):
+        if c:
+            co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", c)
+
+    def mk(i: int) -> None:
+        n = Node(f"node-{i:05d}", 128_000, 1 << 20, tuple(Gpu(j, f"GPU-{i:05d}-{j}", "NVIDIA A100-SXM4-80GB", 81920) for j in range(8)))
+        co.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", node_slice_json(n), _preload_content=False)
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(mk, range(nodes)))
+    co.create_namespaced_custom_object("resource.k8s.io", "v1", "bench", "resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "one-gpu"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufleet.io"}}]}}}})
+
+
+def dra_quality(api_client) -> str:
+    """Every bound pod's claim allocated and reserved for it; devices given twice."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(api_client)
+    co: Any = client.CustomObjectsApi(api_client)
+    claims = {c["metadata"]["name"]: c for c in co.list_namespaced_custom_object("resource.k8s.io", "v1", "bench", "resourceclaims")["items"]}
+    bad = 0
+    held: dict[tuple, int] = {}
+    for p in core.list_namespaced_pod("bench").items:
+        if not p.spec.node_name:
+            continue
+        (st,) = p.status.resource_claim_statuses or [None]
+        c: dict = (claims.get(st.resource_claim_name) if st else None) or {}
+        alloc = (c.get("status") or {}).get("allocation")
+        if not alloc or p.metadata.uid not in [r["uid"] for r in c["status"].get("reservedFor") or []]:
+            bad += 1
+            continue
+        for r in alloc["devices"]["results"]:
+            held[(r["pool"], r["device"])] = held.get((r["pool"], r["device"]), 0) + 1
+    twice = sum(1 for v in held.values() if v > 1)
+    return f"{bad} bound pod(s) without an allocated, reserved claim; {twice} device(s) given twice"
+
+
 def pod_body(i: int, scenario: str = "gpu") -> dict:
+    if scenario == "dra":
+        return dra_pod_body(i)
     if scenario != "gpu":
         return constrained_pod_body(i, scenario)
     ann = {"gpufleet.io/gpu-milli": str([250, 500, 300][i % 3])} if i % 2 else {}
@@ -168,23 +238,38 @@ def run_one(which: str, args, assets: str) -> dict | None:
     cp = ControlPlane(assets, d)
     proc = None
     counter = None
+    claims = None
     try:
         cp.start()
         cfg = client.Configuration()
         config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
         cfg.connection_pool_maxsize = 32
-        core: Any = client.CoreV1Api(client.ApiClient(cfg))  # plain JSON bodies, as the adapter sends them
+        api_client = client.ApiClient(cfg)
+        core: Any = client.CoreV1Api(api_client)  # plain JSON bodies, as the adapter sends them
         core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
+        dra = args.scenario == "dra"
+        status = DRA_NODE_STATUS if dra else NODE_STATUS
         t0 = time.perf_counter()
         with ThreadPoolExecutor(16) as ex:
             def mk(i):
                 core.create_node(node_body(i), _preload_content=False)
-                core.patch_node_status(f"node-{i:05d}", NODE_STATUS, _preload_content=False)
+                core.patch_node_status(f"node-{i:05d}", status, _preload_content=False)
             list(ex.map(mk, range(args.nodes)))
+            if dra:
+                dra_setup(api_client, args.nodes)
+                claims = ClaimController(assets, cp.kubeconfig, d)
             t1 = time.perf_counter()
             list(ex.map(lambda i: core.create_namespaced_pod("bench", pod_body(i, args.scenario), _preload_content=False), range(args.pods)))
         t2 = time.perf_counter()
-        print(f"[{which}] setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s")
+        if dra:  # the controller makes every pod's claim before any scheduler starts
+            while sum(1 for p in core.list_namespaced_pod("bench").items if p.status.resource_claim_statuses) < args.pods:
+                if time.perf_counter() - t2 > args.timeout_s:
+                    print(f"[{which}] the resourceclaim controller did not make every claim in {args.timeout_s:.0f} s", file=sys.stderr)
+                    return None
+                time.sleep(1)
+        t3 = time.perf_counter()
+        print(f"[{which}] setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s"
+              + (f", their claims in {t3 - t2:.1f} s" if dra else ""))
         counter = BindCounter(core, "bench")
         log = open(d / "scheduler.log", "wb")
         cpu0 = {proc_name(p): cpu_s(p.pid) for p in cp.procs}
@@ -206,7 +291,10 @@ def run_one(which: str, args, assets: str) -> dict | None:
             ft = counter.first_t
             res["steady"] = n / max(1e-9, end - ft)
             print(f"[{which}] first bind after {ft - start:.2f} s (start-up, list of nodes and pods); {res['steady']:.0f} pods/s from then")
-        if args.scenario != "gpu":
+        if dra:
+            res["quality"] = dra_quality(api_client)
+            print(f"[{which}] claims: {res['quality']}")
+        elif args.scenario != "gpu":
             res["quality"] = placement_quality(core, args.scenario)
             print(f"[{which}] placement: {res['quality']}")
         print(f"[{which}] CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + f" (wall {total:.1f} s, {os.cpu_count()} cores)")
@@ -220,6 +308,8 @@ def run_one(which: str, args, assets: str) -> dict | None:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if claims is not None:
+            claims.stop()
         cp.stop()
         shutil.rmtree(d, ignore_errors=True)
 
@@ -232,7 +322,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int_range(1), default=1000)
     ap.add_argument("--pods", type=int_range(1), default=3000)
     ap.add_argument("--policy", default="default")
-    ap.add_argument("--scenario", choices=("gpu", "preferred-anti", "spread"), default="gpu")
+    ap.add_argument("--scenario", choices=("gpu", "preferred-anti", "spread", "dra"), default="gpu")
     ap.add_argument("--bind-workers", type=int_range(1), default=16)
     ap.add_argument("--timeout-s", type=float_range(0, lo_open=True), default=300)
     ap.add_argument("--profile", default="", help="write a cProfile of the gpufleet scheduler process here")

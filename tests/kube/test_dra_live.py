@@ -395,3 +395,23 @@ def test_extended_requests_per_container_as_kube_scheduler_builds_them():
     assert [(r["name"], r["exactly"]["count"]) for r in reqs] == [("container-2-request-0", 1), ("container-3-request-1", 2)]
     assert ("init-a", "nvidia.com/gpu", "container-2-request-0") in maps and ("main", "nvidia.com/gpu", "container-3-request-1") in maps
     assert ("init-b", "nvidia.com/gpu", "container-3-request-1") in maps and amounts == [("nvidia.com/gpu", 3)]
+
+
+def test_an_older_watch_event_of_a_claim_we_wrote_never_frees_its_device():
+    """The finalizer's update reaches the watch before the allocation's: applied alone, between two cycles, it must not
+    free the device (what our write returned is known; older events are ignored)."""
+    api = dra_api(0)
+    add_dra_node(api, "d0", devs=[d for d in devices("d0") if d["name"] == "gpu-2"])
+    api.put_object("resourceclaim", claim("c1"))
+    api.put_object("resourceclaim", claim("c2"))
+    api.add_pod(pod("p1", claims={"gpu": "c1"}))
+    loop = make_loop(api)
+    loop.schedule_due()  # p1: finalizer, allocation and reservation written, bound (inline)
+    assert api.binds == [("ml/p1", "d0")]
+    api.add_pod(pod("p2", claims={"gpu": "c2"}))
+    for kind in loop.watch_kinds:  # every event on its own, a scheduling cycle after each
+        for t, obj in api.watch(kind, loop.rv[kind]):
+            loop.handle(kind, t, obj)
+            loop.clock.t += 61
+            loop.schedule_due()
+    assert api.binds == [("ml/p1", "d0")] and allocation(api, "ml/c2") is None

@@ -90,6 +90,9 @@ class DraCache:
         self.unserved: set[str] = set()
         self.catalog = DraCatalog()
         self.in_flight: dict[str, InFlight] = {}
+        # claims we wrote, as the API returned them, until the watch shows that version: an older event (the finalizer's
+        # update, before the allocation) must not undo what we know (kube-scheduler's assume cache)
+        self.assumed: dict[str, int] = {}
         self._node_gpus: dict[str, tuple[Gpu, ...]] = {}
         self._reported: dict[str, str] = {}
         self._missing_devices: dict[str, str] = {}  # claim key -> the device problem reported
@@ -110,6 +113,13 @@ class DraCache:
     def replace(self, kind: str, items: Iterable[dict]) -> set[str]:
         """A full list of one kind; returns the nodes whose GPUs may have changed."""
         new = {object_key(o): o for o in items}
+        if kind == "resourceclaim":  # a list older than a claim we wrote keeps what the write returned
+            for key, rv in list(self.assumed.items()):
+                o = new.get(key)
+                if o is not None and (_rv(o) or 0) < rv and key in self.raw[kind]:
+                    new[key] = self.raw[kind][key]
+                else:
+                    del self.assumed[key]
         old = self.raw[kind]
         self.raw[kind] = new
         if kind == "resourceslice":
@@ -139,6 +149,8 @@ class DraCache:
         """A watch event; returns the nodes whose GPUs may have changed (slices)."""
         key = object_key(obj)
         if type_ == "DELETED":
+            if kind == "resourceclaim":
+                self.assumed.pop(key, None)
             old = self.raw[kind].pop(key, None)
             if kind == "resourceslice":
                 self.catalog.remove_slice(key)
@@ -148,6 +160,11 @@ class DraCache:
                 return set()
             self._forget(kind, key)
             return set()
+        if kind == "resourceclaim" and key in self.assumed:
+            rv = _rv(obj)
+            if rv is not None and rv < self.assumed[key]:
+                return set()  # older than what our write returned
+            del self.assumed[key]
         old = self.raw[kind].get(key)
         self.raw[kind][key] = obj
         if kind == "resourceslice":
@@ -216,6 +233,20 @@ class DraCache:
             return
         self.invalid.pop(f"ResourceClaim {key}", None)
         self.claims[key] = c
+
+    def assume(self, obj: dict) -> str:
+        """A claim as our write returned it: known now, before the watch shows it (older events are then ignored)."""
+        key = object_key(obj)
+        rv = _rv(obj)
+        if rv is None:
+            return key
+        cur = _rv(self.raw["resourceclaim"].get(key) or {})
+        if cur is not None and cur >= rv:
+            return key  # the watch was first
+        self.assumed[key] = rv
+        self.raw["resourceclaim"][key] = obj
+        self._apply("resourceclaim", obj)
+        return key
 
     def _forget(self, kind: str, key: str) -> None:
         if kind == "resourceclaimtemplate":
@@ -500,6 +531,13 @@ def same_devices(a: Allocation, b: Allocation) -> bool:
         return sorted((r.request, r.driver, r.pool, r.device, r.share_id or "", tuple(sorted((r.consumed_capacity or {}).items())))
                       for r in x.results)
     return key(a) == key(b)
+
+
+def _rv(obj: Mapping) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or "")
+    except ValueError:
+        return None
 
 
 def _attr(d, driver: str, name: str):

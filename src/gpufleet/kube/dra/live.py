@@ -170,6 +170,9 @@ class LiveDra:
         plan = self.plans.pop(key, None)
         if plan is None:
             return False
+        for s in plan.steps:  # what the writes returned is known from now on, whatever the watch still delivers
+            if s.result is not None:
+                self.cache.claim_changed(state, self.cache.assume(s.result), None)
         done = self.cache.end(key, plan.in_flight)
         freed = False
         if not bound:

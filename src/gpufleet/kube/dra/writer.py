@@ -56,6 +56,7 @@ class ClaimStep:
     allocation: Allocation | None  # ours to write; None: the claim is allocated already, reserve only
     create: dict | None = None  # the claim to create first (extended resources backed by DRA)
     written: bool = False  # the pod is in the claim's reservedFor (by this plan)
+    result: dict | None = None  # the claim as the API returned it after the last write (the watch may show it later)
     allocated: bool = False  # this plan wrote the allocation
     created: bool = False  # this plan created the claim
 
@@ -166,8 +167,8 @@ class ClaimWriter:
             patch_status["reservedFor"] = reserved
             rv = (claim.get("metadata") or {}).get("resourceVersion")
             try:
-                self.api.patch_object(KIND, step.namespace, step.name, {"metadata": {"resourceVersion": rv}, "status": patch_status},
-                                      "status")
+                step.result = self.api.patch_object(KIND, step.namespace, step.name,
+                                                    {"metadata": {"resourceVersion": rv}, "status": patch_status}, "status")
             except Conflict:
                 continue
             except NotFound:
