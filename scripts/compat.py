@@ -11,12 +11,17 @@ the versions the binaries themselves report, the commit under test) is kept besi
 ``run`` builds what the tiers need with scripts/build-k8s.sh (nothing when the cache is complete), then runs each
 tier as its own pytest session. The node tiers need root and take the real-node lock (GPUFLEET_E2E_LOCK, default
 /tmp/gpufleet-realnode.lock) while their node is up.
+
+A test the release cannot run (``min_release``: the feature is not served there) is deselected, not skipped, so the
+JUnit report never names it; this script loads itself as a pytest plugin (``-p compat``) to record each deselected
+test with its marker's reason, and the table lists them beside the skips and the failures.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fnmatch
 import json
 import os
 import subprocess
@@ -76,6 +81,52 @@ def _skip_reasons(path: Path) -> list[str]:
     return reasons
 
 
+def _failures(path: Path) -> list[str]:
+    out = []
+    for tc in ET.parse(path).getroot().iter("testcase"):
+        bad = tc.find("failure")
+        if bad is None:
+            bad = tc.find("error")
+        if bad is not None:
+            msg = (bad.get("message") or "").strip().splitlines()
+            out.append(f"{tc.get('classname')}::{tc.get('name')}: {(msg[0] if msg else '')[:200]}")
+    return out
+
+
+DESELECTED_ENV = "GPUFLEET_COMPAT_DESELECTED"
+
+
+def pytest_deselected(items: list) -> None:  # pytest hook: this module is loaded into each tier's run with -p compat
+    out = os.environ.get(DESELECTED_ENV)
+    if not out:
+        return
+    with open(out, "a") as f:
+        for item in items:
+            m = item.get_closest_marker("min_release")
+            why = ""
+            if m is not None:
+                why = m.kwargs.get("reason") or f"needs Kubernetes {'.'.join(str(a) for a in m.args)} or later"
+            f.write(json.dumps({"test": item.nodeid, "reason": why}) + "\n")
+
+
+def _deselected(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [f"{r['test']}: {r['reason'] or 'deselected'}" for r in recs]
+
+
+# what a run writes into the checkout itself: not a change to the code under test
+_OWN_OUTPUT = ("docs/compat/*", "docs/compatibility.md")
+
+
+def _dirty(repo: Path) -> bool:
+    st = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                        capture_output=True, text=True, check=False).stdout
+    changed = [line[3:].strip() for line in st.splitlines() if line.strip()]
+    return any(not any(fnmatch.fnmatch(c, pat) for pat in _OWN_OUTPUT) for c in changed)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     tiers = [t.strip() for t in args.tier.split(",") if t.strip()]
     if args.image_tar and not Path(args.image_tar).is_file():
@@ -97,22 +148,26 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                   "containerd") if (bindir / b).exists()}
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             check=False).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, check=False).stdout.strip())
+    dirty = _dirty(REPO)
     RESULTS.mkdir(parents=True, exist_ok=True)
     rc = 0
     for t in tiers:
         what, paths, _, root = TIERS[t]
-        env = dict(os.environ, KUBEBUILDER_ASSETS=str(bindir), KUBECTL=str(bindir / "kubectl"), PYTHONPATH=str(REPO / "src"))
+        xml = RESULTS / f".{t}-{args.release}.xml"
+        desel = RESULTS / f".{t}-{args.release}.deselected"
+        desel.unlink(missing_ok=True)
+        env = dict(os.environ, KUBEBUILDER_ASSETS=str(bindir), KUBECTL=str(bindir / "kubectl"),
+                   PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "scripts")]),
+                   **{DESELECTED_ENV: str(desel)})
         if args.image_tar:
             env["GPUFLEET_E2E_IMAGE_TAR"] = args.image_tar
         if root:
             env["GPUFLEET_E2E_BIN"] = str(bindir)
             env.setdefault("GPUFLEET_E2E_LOCK", "/tmp/gpufleet-realnode.lock")
-        xml = RESULTS / f".{t}-{args.release}.xml"
         t0 = time.monotonic()
         print(f"compat.py: {t} on v{args.release}: pytest {' '.join(paths)}", flush=True)
-        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *paths],
+        p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "compat",
+                            f"--junitxml={xml}", *paths],
                            cwd=REPO, env=env, check=False)
         wall_s = time.monotonic() - t0
         if not xml.exists():
@@ -120,13 +175,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             rc = 1
             continue
         rec = {"release": args.release, "tier": t, "what": what, "paths": paths, **_junit_counts(xml),
-               "skip_reasons": _skip_reasons(xml), "wall_s": round(wall_s, 1), "exit": p.returncode,
+               "deselected": len(_deselected(desel)), "skip_reasons": _skip_reasons(xml),
+               "deselect_reasons": _deselected(desel), "failures": _failures(xml),
+               "wall_s": round(wall_s, 1), "exit": p.returncode,
                "versions": versions, "commit": commit + ("-dirty" if dirty else ""),
                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}
         xml.unlink()
+        desel.unlink(missing_ok=True)
         (RESULTS / f"{t}-{args.release}.json").write_text(json.dumps(rec, indent=1) + "\n")
         print(f"compat.py: {t} on v{args.release}: {rec['passed']} passed, {rec['failed']} failed, "
-              f"{rec['skipped']} skipped in {rec['wall_s']} s", flush=True)
+              f"{rec['skipped']} skipped, {rec['deselected']} deselected in {rec['wall_s']} s", flush=True)
         rc = rc or (1 if p.returncode not in (0, 5) else 0)
     if not args.no_table:
         render()
@@ -137,14 +195,23 @@ def _release_key(r: str) -> tuple[int, ...]:
     return tuple(int(x) for x in r.split("."))
 
 
-def render() -> None:
-    recs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+def _verdict(r: dict) -> str:
+    if r["failed"]:
+        return "**FAIL**"
+    return "**pass**" if r["passed"] > 0 else "skipped"
+
+
+def render(results: Path = RESULTS, table: Path = TABLE) -> None:
+    recs = [json.loads(p.read_text()) for p in sorted(results.glob("*.json"))]
     releases = sorted({r["release"] for r in recs}, key=_release_key, reverse=True)
     by = {(r["tier"], r["release"]): r for r in recs}
     lines = ["# Compatibility", "",
              "Generated by `python3 scripts/compat.py table` from the runs recorded in `docs/compat/` (each made by",
              "`sudo python3 scripts/compat.py run --release R`, which builds release R with `scripts/build-k8s.sh` and",
              "runs every real-component tier on it). Do not edit by hand: rerun the tiers.", "",
+             "Each cell: the verdict; tests passed, failed, skipped and deselected (a test that needs a newer release",
+             "than the one run, listed below with its reason); the tier's wall time; the date and the commit under test",
+             "(`-dirty`: with uncommitted changes).", "",
              "| tier | what it proves | " + " | ".join(f"v{r}" for r in releases) + " |",
              "|---|---|" + "---|" * len(releases)]
     for t, (what, *_rest) in TIERS.items():
@@ -154,20 +221,36 @@ def render() -> None:
             if r is None:
                 cells.append("not run")
                 continue
-            verdict = "**pass**" if r["failed"] == 0 and r["passed"] > 0 else ("**FAIL**" if r["failed"] else "skipped")
-            cells.append(f"{verdict}: {r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped, "
-                         f"{r['wall_s']:.0f} s ({r['date']}, {r['commit']})")
+            cells.append(f"{_verdict(r)}: {r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped, "
+                         f"{r.get('deselected', 0)} deselected; {r['wall_s']:.0f} s ({r['date']}, {r['commit']})")
         lines.append(f"| {t} | {what} | " + " | ".join(cells) + " |")
-    lines += ["", "Versions the binaries reported:", ""]
+    complete = [rel for rel in releases if all((t, rel) in by and _verdict(by[(t, rel)]) == "**pass**" for t in TIERS)]
+    lines += ["", "## Where the floor is", ""]
+    if complete:
+        lines.append(f"- Every tier passes on: {', '.join(f'v{r}' for r in complete)}. The oldest of them, "
+                     f"**v{complete[-1]}**, is the floor these runs prove.")
+    else:
+        lines.append("- No release has every tier passing yet.")
+    partial = [rel for rel in releases if rel not in complete]
+    if partial:
+        lines.append(f"- Not every tier passes (or was run) on: {', '.join(f'v{r}' for r in partial)}; see the "
+                     "failures below.")
+    lines.append("- **1.28** (the release gpufleet was first proven on) is not run: the Go module proxy serves "
+                 "`k8s.io/kubernetes` no older than 1.34, so `scripts/build-k8s.sh` cannot build it, and the tiers "
+                 "accept only the recipe's binaries. The device-plugin path uses only APIs 1.28 had, but nothing "
+                 "here proves it (docs/real-components.md, \"Where the floor is\").")
+    lines += ["", "## Versions the binaries reported", ""]
     for rel in releases:
         vs: dict[str, str] = next((r["versions"] for r in recs if r["release"] == rel and r["versions"]), {})
         lines.append(f"- v{rel}: " + ", ".join(f"{k} `{v}`" for k, v in sorted(vs.items())))
-    skips = [(r["tier"], r["release"], s) for r in recs for s in r.get("skip_reasons", [])]
-    if skips:
-        lines += ["", "Skipped tests and why:", ""]
-        lines += [f"- {t} v{rel}: {s}" for t, rel, s in sorted(skips)]
-    TABLE.write_text("\n".join(lines) + "\n")
-    print(f"compat.py: wrote {TABLE.relative_to(REPO)} ({len(recs)} runs, releases {', '.join(releases)})")
+    for title, key in (("Failed tests", "failures"), ("Deselected tests and why", "deselect_reasons"),
+                       ("Skipped tests and why", "skip_reasons")):
+        rows = [(r["tier"], r["release"], s) for r in recs for s in r.get(key, [])]
+        if rows:
+            lines += ["", f"## {title}", ""]
+            lines += [f"- {t} v{rel}: {s}" for t, rel, s in sorted(rows, key=lambda x: (x[0], _release_key(x[1]), x[2]))]
+    table.write_text("\n".join(lines) + "\n")
+    print(f"compat.py: wrote {table} ({len(recs)} runs, releases {', '.join(releases)})")
 
 
 def main(argv: list[str]) -> int:

@@ -40,7 +40,14 @@ ZONE = "topology.kubernetes.io/zone"
 SETTLE_S = 3.0  # how long a pod that must wait is watched not to bind
 RELEASE = assets_release()
 FLOOR = (1, 35)  # the oldest supported minor: every scenario not marked needs_137 runs there too
-needs_137 = pytest.mark.min_release(1, 37)  # the Workload API's v1beta1, NodeDeclaredFeatures GA, VolumeLimitScaling beta
+# each needs_137 scenario says which 1.37 feature 1.35 lacks (scripts/compat.py lists the reason in the table)
+needs_137_features = pytest.mark.min_release(
+    1, 37, reason="NodeDeclaredFeatures (node.status.declaredFeatures, restartPolicyRules) is GA in 1.37, "
+    "not on by default in 1.35")
+needs_137 = pytest.mark.min_release(
+    1, 37, reason="the Workload / PodGroup API (scheduling.k8s.io/v1beta1, GenericWorkload) exists from 1.37 only")
+needs_137_volumes = pytest.mark.min_release(
+    1, 37, reason="VolumeLimitScaling (CSIDriver preventPodSchedulingIfMissing) is on by default from 1.37 (beta), not in 1.35")
 # on for both schedulers: toleration comparison operators (alpha since 1.35); the Workload API (beta, off) on 1.37
 GATES = (f"--feature-gates=TaintTolerationComparisonOperators=true{',GenericWorkload=true' if RELEASE >= (1, 37) else ''}",)
 RUNTIME = ("--runtime-config=scheduling.k8s.io/v1beta1=true",) if RELEASE >= (1, 37) else ()
@@ -298,7 +305,7 @@ def test_a_resize_down_in_progress_holds_the_old_size_until_actuated(cluster):
 # --- node declared features (NodeDeclaredFeatures, GA in 1.37) ----------------------------------
 
 
-@needs_137
+@needs_137_features
 def test_a_pod_needing_a_node_feature_goes_only_where_it_is_declared(cluster):
     cluster.node("old", cpu="8", declared=[])
     cluster.node("new", cpu="8", declared=["RestartAllContainersOnContainerExits"])
@@ -515,7 +522,7 @@ def test_a_claim_gets_only_a_volume_of_its_attributes_class(cluster):
 # --- VolumeLimitScaling (beta, on in 1.37): CSIDriver preventPodSchedulingIfMissing ----------------
 
 
-@needs_137
+@needs_137_volumes
 def test_a_driver_that_must_be_installed_keeps_pods_off_nodes_without_it(cluster):
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
