@@ -76,13 +76,13 @@ class Recorder:
         orig = (cls.reserve, cls.unreserve, tx.reserve, tx.evict, tx.rollback)
         rec = self
 
-        def reserve(self: Any, a: Any) -> None:
-            orig[0](self, a)
+        def reserve(self: Any, a: Any, *args: Any, **kw: Any) -> None:
+            orig[0](self, a, *args, **kw)
             if not rec._quiet:
                 rec.log.append((None, "+", a.pod_key, a.node, tuple(a.gpu_indices), a.gpu_milli, tuple(a.mig or ())))
 
-        def unreserve(self: Any, pod_key: str) -> Any:
-            a = orig[1](self, pod_key)
+        def unreserve(self: Any, pod_key: str, *args: Any, **kw: Any) -> Any:
+            a = orig[1](self, pod_key, *args, **kw)
             if a is not None and not rec._quiet:
                 rec.log.append((None, "-", pod_key))
             return a
@@ -93,18 +93,18 @@ class Recorder:
                 t._identity_tag = rec._tags
             return t._identity_tag
 
-        def tx_reserve(self: Any, a: Any) -> None:
+        def tx_reserve(self: Any, a: Any, *args: Any, **kw: Any) -> None:
             rec._quiet += 1
             try:
-                orig[2](self, a)
+                orig[2](self, a, *args, **kw)
             finally:
                 rec._quiet -= 1
             rec.add(_tag(self), "+", a.pod_key, a.node, tuple(a.gpu_indices), a.gpu_milli, tuple(a.mig or ()))
 
-        def tx_evict(self: Any, pod_key: str) -> Any:
+        def tx_evict(self: Any, pod_key: str, *args: Any, **kw: Any) -> Any:
             rec._quiet += 1
             try:
-                a = orig[3](self, pod_key)
+                a = orig[3](self, pod_key, *args, **kw)
             finally:
                 rec._quiet -= 1
             if a is not None:

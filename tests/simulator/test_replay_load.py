@@ -77,12 +77,14 @@ def test_request_classes():
 
 
 def test_replay_orders_through_the_shared_scheduling_queue(tiny, monkeypatch):
-    """With queues the replay asks engine.schedqueue.order_pending for the order, as the live loop does."""
+    """With queues the replay asks engine.schedqueue.order_pending for the order, as the live loop does; both
+    run each pod through the one scheduling round (engine.round)."""
+    from gpufleet.engine import round as round_
     from gpufleet.kube import loop
     from gpufleet.simulator import replay
 
     assert loop.order_pending is schedqueue.order_pending and replay.order_pending is schedqueue.order_pending
-    assert loop.plan_room is schedqueue.plan_room and replay.plan_room is schedqueue.plan_room
+    assert loop.SchedulingRound is round_.SchedulingRound and replay.SchedulingRound is round_.SchedulingRound
     calls = []
     real = schedqueue.order_pending
 

@@ -63,6 +63,7 @@ class Cycle:
     data: dict[str, Any] = field(default_factory=dict)  # plugin scratch space
     feasible: np.ndarray | None = None
     fail_reasons: list[str] = field(default_factory=list)
+    rejected_by: list[str] = field(default_factory=list)  # filter plugins that turned nodes away (queueing hints)
     candidates: np.ndarray | None = None
     scores: np.ndarray | None = None
     node: int = -1
@@ -193,6 +194,14 @@ class Decision:
     def ok(self) -> bool:
         return self.status.ok
 
+    @property
+    def rejected_by(self) -> frozenset[str]:
+        """The plugins that kept the pod out (filters that turned nodes away, or the one that failed it):
+        what a change must concern for the pod to be worth trying again (``schedqueue.may_fit_after``)."""
+        if self.diagnosis is not None and self.diagnosis.plugins:
+            return frozenset(self.diagnosis.plugins)
+        return frozenset((self.status.plugin,)) if self.status.plugin else frozenset()
+
 
 class Scheduler:
     """Runs cycles of one profile against one ClusterState.
@@ -231,6 +240,7 @@ class Scheduler:
         feasible = np.ones(n, dtype=bool)
         rejections: list[tuple[np.ndarray, int, np.ndarray | Callable[[], np.ndarray] | None]] = []
         reasons: list[str] = []
+        rejected: list[str] = []
         if cycle.only_nodes is not None:
             feasible &= cycle.only_nodes
             rejections.append((~cycle.only_nodes, 0, None))
@@ -244,11 +254,13 @@ class Scheduler:
                 rejections.append((newly, len(reasons), res.codes if res.codes is not None else res.codes_of))
                 reasons.extend(res.reasons)
                 feasible &= res.ok
+                rejected.append(p.name)
         cycle.feasible = feasible
         cycle._first_fail = None
         cycle._rejections = rejections
         cycle._rejections_n = n
         cycle.fail_reasons = reasons
+        cycle.rejected_by = rejected
         return feasible
 
     def _score(self, cycle: Cycle, cand: np.ndarray) -> np.ndarray:
@@ -306,7 +318,7 @@ class Scheduler:
 
     def diagnosis(self, cycle: Cycle, by_node: bool = False) -> Diagnosis:
         first = cycle.first_fail
-        d = Diagnosis(total_nodes=len(self.state))
+        d = Diagnosis(total_nodes=len(self.state), plugins=tuple(cycle.rejected_by))
         if first is None:
             return d
         if cycle.fail_reasons:

@@ -14,7 +14,12 @@ Order (kube-scheduler's activeQ, plus team queues):
      within a queue higher priority first, then first come;
   3. without queues: higher priority first, then first seen, then key.
 Backoff: a pod that failed waits 2x its last backoff (``initial_s`` .. ``max_s``)
-unless the cluster changes (a pod leaves, a node changes), which wakes every pod.
+unless the cluster changes in a way that may let it fit (``may_fit_after``, kube-scheduler's
+queueing hints): a pod leaving node X wakes a pod that only plugins judging each node by itself
+kept out (resources, ports, the default policy's reserves) only if it could fit on X; a pod kept
+out by a cluster-wide count (queue quota, topology spread, anti-affinity) wakes whenever a pod
+leaves; a node added or changed, or a policy object, wakes every pod.  Plugins say which of these
+they are (their ``requeue_on``: ``room``, ``pods`` or ``nodes``; unnamed: ``pods``).
 Gang members are not in this order: they go through ``GangScheduler`` in one
 round after the single pods, or before them when a gang had victims deleted.
 """
@@ -22,17 +27,18 @@ round after the single pods, or before them when a gang had victims deleted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .model import Assignment, PodRequest
+from .model import GPU_MILLI, Assignment, PodRequest
 from .preemption import find_victims
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .framework import Scheduler
+    from .framework import Profile, Scheduler
     from .queues import QueueTree
+    from .state import ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +101,80 @@ class Backoff:
         """The cluster changed: every waiting pod may fit now."""
         self.not_before.clear()
 
+    def wake(self, keys: Iterable[str]) -> None:
+        """These pods may fit now (``may_fit_after``): tried at the next round, their backoff kept."""
+        for k in keys:
+            self.not_before.pop(k, None)
+
     def forget(self, key: str) -> None:
         self.backoff.pop(key, None)
         self.not_before.pop(key, None)
+
+
+# --- wake-ups by what changed (queueing hints) ---------------------------------------------------
+
+ROOM, PODS, NODES = "room", "pods", "nodes"  # what may lift a plugin's rejection (its ``requeue_on``)
+COULD_FIT = "CouldFit"  # a shell's cheap screen (no node has the room at all): a ``room`` rejection
+
+
+@dataclass(frozen=True)
+class Change:
+    """What changed since pending pods last failed: ``freed_nodes`` (indices) gained room because pods
+    left them (deleted, finished, evicted); ``anything``: a node was added or changed, a policy object,
+    a gang's hold -- every pending pod may fit now."""
+
+    freed_nodes: tuple[int, ...] = ()
+    anything: bool = False
+
+
+EVERYTHING = Change(anything=True)
+
+
+def requeue_hints(profile: Profile) -> dict[str, str]:
+    """Plugin name -> what may lift its rejection (``ROOM``, ``PODS``, ``NODES``), from each plugin's
+    ``requeue_on``; plugins that do not say are ``PODS`` (woken whenever a pod leaves)."""
+    out = {COULD_FIT: ROOM}
+    plugins: list[Any] = [*profile.pre_filters, *profile.filters, *profile.reserves, profile.gpu_selector]
+    for p in plugins:
+        if p is not None:
+            out.setdefault(p.name, getattr(p, "requeue_on", PODS))
+    return out
+
+
+def room_only(rejected_by: Collection[str], hints: Mapping[str, str]) -> bool:
+    """Can a pod leaving lift these rejections only on a node where the pod then has room?  (Every
+    rejecting plugin judges each node by itself, or by what pods never change.)  False when unknown."""
+    return bool(rejected_by) and all(hints.get(p, PODS) in (ROOM, NODES) for p in rejected_by)
+
+
+def room_need(r: PodRequest) -> tuple[int, int, int, int]:
+    """What a node must have free for the pod to fit at all: (CPU milli, memory MiB, GPUs, milli on each);
+    a MIG pod's slices are not counted (their profile decides)."""
+    return r.cpu_milli, r.memory_mib, (r.gpu_count if r.mig_profile is None else 0), min(r.gpu_milli, GPU_MILLI)
+
+
+def room_on(state: ClusterState, need: tuple[int, int, int, int], nodes: Iterable[int]) -> bool:
+    """Could a pod with ``room_need`` ``need`` fit on one of ``nodes`` by its resources (a necessary condition)?"""
+    c, m, gc, gm = need
+    for d in nodes:
+        if state.cpu_free[d] >= c and state.mem_free[d] >= m and \
+                (gc == 0 or sum(1 for f in state.gpu_free_milli[d].tolist() if f >= gm) >= gc):
+            return True
+    return False
+
+
+def may_fit_after(change: Change, state: ClusterState, request: PodRequest, rejected_by: Collection[str],
+                  hints: Mapping[str, str]) -> bool:
+    """Is a pod kept out by ``rejected_by`` worth trying again after ``change``?  (kube-scheduler's
+    queueing hints: skipping it changes no outcome, only saves a cycle; its backoff still runs out.)"""
+    if change.anything or not rejected_by:
+        return True
+    if not change.freed_nodes:
+        return False
+    kinds = {hints.get(p, PODS) for p in rejected_by}
+    if PODS in kinds:
+        return True
+    return ROOM in kinds and room_on(state, room_need(request), change.freed_nodes)
 
 
 @dataclass
@@ -162,4 +239,6 @@ def held_room_node(sched: Scheduler, req: PodRequest) -> str | None:
     return cycle.assignment.node if sched.decide(cycle).ok and cycle.assignment is not None else None
 
 
-__all__ = ["Backoff", "QueuedPod", "RoomPlan", "held_room_node", "next_backoff_s", "order_pending", "plan_room", "sort_key"]
+__all__ = ["Backoff", "COULD_FIT", "Change", "EVERYTHING", "NODES", "PODS", "QueuedPod", "ROOM", "RoomPlan", "held_room_node",
+           "may_fit_after", "next_backoff_s", "order_pending", "plan_room", "requeue_hints", "room_need", "room_on",
+           "room_only", "sort_key"]

@@ -69,6 +69,7 @@ class Diagnosis:
     total_nodes: int
     counts: dict[str, int] = field(default_factory=dict)
     by_node: dict[str, str] = field(default_factory=dict)  # filled for explain only
+    plugins: tuple[str, ...] = ()  # the filter plugins that turned nodes away
 
     def message(self) -> str:
         if self.total_nodes == 0:

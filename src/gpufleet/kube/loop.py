@@ -4,9 +4,11 @@ State is rebuilt from the API server alone: every bound pod's exact GPUs come
 from its ``gpufleet.io/assignment`` annotation, so a restarted scheduler sees
 the same devices taken and never double-books.  A pod that does not fit gets a
 ``FailedScheduling`` event with the engine's aggregated reasons and waits with
-exponential backoff; all waiting pods are retried at once when the cluster
-changes (a node added or changed, a pod gone).  A pod whose spec is invalid
-gets a warning event naming the field.  Nothing one pod does stops the loop.
+exponential backoff; a change wakes the waiting pods it may let fit (a node added
+or changed: all; a pod gone: those that could fit where it was, or that a
+cluster-wide count kept out -- ``engine.schedqueue.may_fit_after``, shared with
+the replay).  A pod whose spec is invalid gets a warning event naming the field.
+Nothing one pod does stops the loop.
 
 Like kube-scheduler, a decision is *assumed* at once (its devices reserved in
 the snapshot, so the next pod sees them taken) and the Binding may go out on a
@@ -37,6 +39,13 @@ an eviction (event, counter, nomination); a 404 counts as ``already_gone``.
 A gang's hold (see ``engine.gang``) is named in the reason of every pod it
 alone keeps out.
 
+What a pending pod goes through -- the engine's cycle, past a gang's hold, held room, reclaim,
+preemption, the gang round -- is ``engine.round.SchedulingRound``, written once for this loop and
+the trace replay (``simulator/replay.py``); this loop feeds it (which pods are due, in which
+order, how long each waited) and its ports carry the decisions out: ``effects.LiveEffects``
+(binds, FailedScheduling events, backoff) and ``preemption.Preemptor`` (deletions, nominations,
+planning time).
+
 The loop is cut along kube-scheduler's lines, each part an object in its own module that owns
 its state, built here with its dependencies passed in (all run on the loop's thread):
 
@@ -45,14 +54,16 @@ its state, built here with its dependencies passed in (all run on the loop's thr
   resourceVersions, and the snapshot built from them (``state``, ``sched``, the queue tree);
 - ``binder.Binder``: binds in flight, the worker pool and their results;
 - ``volume_binding.VolumeBinder``: WaitForFirstConsumer claims before the Binding;
-- ``preemption.Preemptor``: reclaim and preemption plans, nominations, planning time;
+- ``preemption.Preemptor``: carrying out the round's reclaim and preemption plans, nominations,
+  planning time;
+- ``effects.LiveEffects``: the round's binds and waits;
 - ``evictor.Evictions``: victims' DELETEs until the watch shows them gone.
 
 The others read the cache through ``loop_support.ClusterView`` (a relist replaces the snapshot, so
 they look it up each time, never keep it); where a part needs the loop or a part built after it,
-it asks through a small Protocol the loop implements (``CacheHooks``, ``BinderHooks``).  This class keeps the cycle
-(``schedule_due``, ``schedule_one``, the gang round with its ``GangScheduler``, which a rebuild
-replaces), ``explain``, and the wiring: when a pod is gone every part forgets it
+it asks through a small Protocol the loop implements (``CacheHooks``, ``BinderHooks``).  This class keeps
+what feeds the round (``schedule_due``, ``schedule_one``, the gang round's members; a rebuild gives the
+round a fresh ``GangScheduler``), ``explain``, and the wiring: when a pod is gone every part forgets it
 (``drop_pod``).  The parts' state stays readable as the loop's (``loop.state``, ``loop.pending``,
 ``loop.binding``, ...): properties that delegate to the part that owns it.
 """
@@ -66,15 +77,15 @@ from dataclasses import replace
 from typing import Callable
 
 from ..engine.errors import GpufleetError
-from ..engine.framework import Decision, Profile, Scheduler
+from ..engine.framework import Profile, Scheduler
 from ..engine.gang import GangScheduler, PodGroupNotReady, gang_dry_run, group_key
 from ..engine.model import Assignment, PodRequest
 from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
 from ..engine.plugins.queuequota import QueueQuota
 from ..engine.queues import QueueTree
-from ..engine.schedqueue import QueuedPod, held_room_node, order_pending
-from ..engine.schedqueue import plan_room as plan_room  # the live loop's and the replay's shared planner (tests check)
+from ..engine.round import SchedulingRound
+from ..engine.schedqueue import Change, QueuedPod, held_room_node, order_pending, requeue_hints
 from ..engine.state import ClusterState
 from .api import (
     CONSTRAINT_KINDS,
@@ -85,6 +96,7 @@ from .binder import Binder
 from .dra import LiveDra, with_dra
 from .binder import bind_job as bind_job  # re-exported: kube/extender.py imports it from here
 from .cache import SchedulerCache
+from .effects import LiveEffects
 from .evictor import Evictions
 from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, reason_text, without_plugins
 from . import podgroup_status
@@ -119,6 +131,7 @@ class SchedulerLoop:
             self.quota = QueueQuota()
             profile = replace(profile, pre_filters=[self.quota, *profile.pre_filters], reserves=[self.quota, *profile.reserves])
         self.profile = profile
+        self.requeue_hints = requeue_hints(profile)  # what may lift each plugin's rejection (schedqueue.may_fit_after)
         kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
         self.preemption = preemption
         self.eviction_grace_s = eviction_grace_s
@@ -136,18 +149,24 @@ class SchedulerLoop:
         self.binder = Binder(api, self.cache, self.queue, self.events, self.stats, clock, hooks=self, workers=bind_workers)
         self.volume_binder = VolumeBinder(api, self.cache, self.binder, clock, volume_bind_timeout_s)
         self.evictions = Evictions(api, self.events, self.stats, clock, eviction_grace_s, eviction_timeout_s)
-        self.preemptor = Preemptor(api, self.cache, self.queue, self.events, self.evictions, clock, nominated_timeout_s)
-        self.gangs = self._new_gangs()
+        self.preemptor = Preemptor(api, self.cache, self.queue, self.events, self.evictions, clock, nominated_timeout_s,
+                                   self.dra)
+        self.effects = LiveEffects(self.queue, self.binder, self.events, self.stats, self.preemptor,
+                                   lambda: self.round.gangs, self.count_attempt, self.dra,
+                                   lambda res: podgroup_status.report(self.api, self.cache.objects, res))
+        # the scheduling round, shared with the replay: decisions go to the effects, room-making to the preemptor
+        self.round = SchedulingRound(self.cache, self.effects, self.preemptor, preemption)
+        self.round.reset_gangs(self._wall_clock)
         from ..engine.plugins.spotcapacity import SpotCapacity
         from .interruption import Drainer
 
         spot = next((p.config for p in profile.filters if isinstance(p, SpotCapacity)), None)
         self.drainer = Drainer(api, self.cache, self.queue, self.events, self.stats, spot, clock) if drain else None
 
-    def _new_gangs(self) -> GangScheduler:
-        gs = GangScheduler(self.cache.sched)
-        gs.when = self._wall_clock
-        return gs
+    @property
+    def gangs(self) -> GangScheduler:
+        """The round's gang scheduler (a rebuild replaces it)."""
+        return self.round.gangs
 
     def _wall_clock(self, t: float, now: float) -> str:
         """A time on the loop's clock as people read it (UTC, to the second)."""
@@ -209,7 +228,7 @@ class SchedulerLoop:
     def rebuild(self) -> None:
         """A fresh snapshot from the cached objects (our binds in flight kept), and a fresh gang scheduler on it."""
         self.cache.rebuild()
-        self.gangs = self._new_gangs()
+        self.round.reset_gangs(self._wall_clock)
 
     def handle(self, kind: str, type_: str, obj: dict) -> None:
         """A watch event."""
@@ -224,7 +243,11 @@ class SchedulerLoop:
         return self.binder.binding
 
     def drop_pod(self, key: str) -> None:
-        """A pod is gone: every part forgets it; waiting pods wake if that freed room."""
+        """A pod is gone: every part forgets it; waiting pods it may let fit wake if that freed room
+        (on its node; every waiting pod when it ended a gang's hold)."""
+        a = self.cache.state.assignments.get(key)
+        node = self.cache.state.index.get(a.node) if a is not None else None
+        had_hold = self.gangs.holder is not None
         self.queue.remove(key)
         self.volume_binder.forget(key)
         self.queue.forget(key)
@@ -236,7 +259,10 @@ class SchedulerLoop:
         freed = self.cache.forget_pod(key) or freed
         freed = self.binder.forget(key) or freed
         if freed:
-            self.queue.wake_all()
+            if node is None or (had_hold and self.gangs.holder is None):
+                self.queue.wake_all()
+            else:
+                self.queue.wake(Change((node,)), self.cache.state, self.requeue_hints)
 
     def assumed_pvs(self) -> dict[str, str]:
         return self.volume_binder.assumed_pvs()
@@ -379,7 +405,7 @@ class SchedulerLoop:
             log.exception("gang round failed")
             for k in keys:
                 if k in self.queue.pending:
-                    self._failed_event(k, self.queue.pending[k], f"internal error placing its pod group: {exc}")
+                    self.effects.failed_event(k, self.queue.pending[k], f"internal error placing its pod group: {exc}")
                     self.queue.defer(k)
             self.rebuild()  # drop half-done holds: the snapshot again holds only what is bound
             return len(keys)
@@ -417,114 +443,36 @@ class SchedulerLoop:
                 self.gangs.add_group(g, now)
             self.gangs.add(r, now)
         self._seed_running(new)
-        had_hold = bool(self.gangs.held)
-        results = self.gangs.step(now)
-        if had_hold and not self.gangs.held:
-            self.wake_all()  # a hold ended: what it kept out may fit now
-        for res in results:
-            if not res.ok and self.preemption:  # held room before running pods (see schedqueue.plan_room)
-                held = self.preemptor.place_gang_in_held_room(res.group, self.gangs)
-                if held is not None:
-                    self.stats.held_room += len(held.placed)
-                    res = held
-            podgroup_status.report(self.api, self.cache.objects, res)  # a scheduling.k8s.io PodGroup's condition
-            for d in res.placed:
-                pod = self.queue.pending.get(d.pod_key)
-                if pod is None or d.assignment is None:  # gone meanwhile: give its reservation back
-                    self.gangs.remove(d.pod_key)
-                    continue
-                self.binder.start(d.pod_key, pod, d.assignment, self.queue.first_seen(d.pod_key, now))
-            if not res.ok:
-                gang = self.gangs.gangs.get(res.group)
-                # held members wait too (not retried in a spin), and are looked at again when the hold times out
-                until = self.gangs.hold_deadline() if self.gangs.holder == res.group else None
-                for k in list(gang.members) if gang else []:
-                    if k in self.queue.pending:
-                        self._failed_event(k, self.queue.pending[k], reason_text(res.status))
-                        self.queue.defer(k, until)
-                if self.preemption:
-                    self.preemptor.make_room_for_gang(res.group, self.gangs)
+        self.effects.begin(now)
+        self.round.gang_round(now)
         return len(keys)
 
     def schedule_one(self, pod: dict) -> str:
+        """One pod through the shared round (``engine.round``): bound, or told why it waits (and room made)."""
         key = pod_key(pod)
         t0 = self.clock()
         try:
             req = self.cache.request(key, pod)
         except PodGroupNotReady as exc:  # its scheduling.k8s.io PodGroup is not there yet: wait for it
             self.count_attempt("unschedulable", t0)
-            self._failed_event(key, pod, str(exc))
+            self.effects.failed_event(key, pod, str(exc))
             self.queue.defer(key)
             return "unschedulable"
         except GpufleetError as exc:
             self.count_attempt("invalid", t0)
-            self._failed_event(key, pod, f"invalid pod spec: {exc}")
+            self.effects.failed_event(key, pod, f"invalid pod spec: {exc}")
             self.queue.defer(key)
             return "invalid"
+        self.effects.begin(t0)
         try:
-            dec = self.cache.sched.schedule(req, waited_s=self.queue.waited_s(key, t0),
-                                            take_held=key in self.preemptor.nominated)  # victims went for it: held room too
+            a = self.round.try_pod(req, t0, self.queue.waited_s(key, t0), nominated=key in self.preemptor.nominated)
         except Exception as exc:  # an engine bug must not stop the loop
             log.exception("engine error on %s", key)
             self.count_attempt("error", t0)
             self.events.send(pod, "Warning", "FailedScheduling", f"internal error: {exc}")
             self.queue.defer(key)
             return "error"
-        if not dec.ok and self.gangs.held:
-            dec, why = self._past_a_hold(req, dec)
-        else:
-            why = ""
-        room = None
-        waits = self.dra.waiting_for_deallocation(self.cache.sched, req, self.cache.bound_pods) if (
-            not dec.ok and self.dra is not None) else ""
-        if waits:  # room coming back once claims of pods that are gone are deallocated: no eviction for it (DRA)
-            why = f"{why}; {waits}" if why else waits
-        elif not dec.ok and self.preemption:
-            try:
-                room = self.preemptor.plan(key, req, self.gangs)
-            except Exception:  # a planning bug must not stop the loop
-                log.exception("making room for %s failed", key)
-            if room is not None and room.kind == "held":  # room held for pods not yet here, not a running pod
-                log.info("%s", room.explanation[0])
-                dec = self.cache.sched.schedule(req, waited_s=self.queue.waited_s(key, t0), take_held=True)
-                self.stats.held_room += dec.ok
-        if not dec.ok:
-            self.count_attempt("unschedulable", t0)
-            self._failed_event(key, pod, f"{why}; {reason_text(dec.status)}" if why else reason_text(dec.status))
-            if room is None and self.dra is not None and self.dra.deallocate_stale(pod, req):  # kube-scheduler's DRA PostFilter
-                self.queue.defer(key)
-                return "unschedulable"
-            self.queue.defer(key, self.gangs.hold_deadline() if why else None)
-            if room is not None:
-                try:
-                    self.preemptor.carry_out(key, pod, room)
-                except Exception:  # an eviction bug must not stop the loop
-                    log.exception("making room for %s failed", key)
-            return "unschedulable"
-        assert dec.assignment is not None
-        self.preemptor.forget(key)
-        self.binder.start(key, pod, dec.assignment, t0)
-        return "binding"
-
-    def _past_a_hold(self, req: PodRequest, dec: Decision) -> tuple[Decision, str]:
-        """A pod that only a gang's hold keeps out: a pod of higher priority than the gang ends the hold
-        and is placed; any other is told which gang holds what, and until when."""
-        now = self.clock()
-        why = self.gangs.blocked_by_hold(req, now)
-        holder = self.gangs.gangs.get(self.gangs.holder or "")
-        if not why or holder is None:
-            return dec, why
-        if req.priority > holder.group.priority:
-            log.info("%s (priority %d) ends the hold of pod group %s (priority %d)", req.key, req.priority,
-                     holder.group.key, holder.group.priority)
-            self.gangs.release_hold("preempted")
-            return self.cache.sched.schedule(req, waited_s=self.queue.waited_s(req.key, now)), ""
-        return dec, why
-
-    def _failed_event(self, key: str, pod: dict, message: str) -> None:
-        """FailedScheduling, but not the same words again within ``backoff_max_s`` (a pod retried every minute)."""
-        if self.queue.should_report(key, message):
-            self.events.send(pod, "Warning", "FailedScheduling", message)
+        return "binding" if a.ok else "unschedulable"
 
     def replay_gangs(self) -> None:
         """For a fresh snapshot (``gpufleet explain``): hold and place the pending gang members as the

@@ -1,40 +1,48 @@
-"""Reclaim and preemption in the live loop: when a pod (or a gang) does not fit, reclaim quota
-its queue lent out, else preempt lower-priority pods within PodDisruptionBudgets; victims are
-deleted through the API (``evictor.Evictions``) and the pod is nominated until they are gone.
+"""Reclaim and preemption in the live loop: the shared round (``engine.round``) plans room for a pod
+(or a gang) that does not fit -- quota its queue lent out, else lower-priority pods within
+PodDisruptionBudgets -- and this module carries the plans out: victims are deleted through the API
+(``evictor.Evictions``) and the pod is nominated until they are gone.
 
-Why a module of its own: making room is kube-scheduler's PostFilter, a step apart from the
-cycle that finds no node.  ``Preemptor`` owns what it decides: the nominations (pod -> victims
-being deleted for it; the queue tries nominated pods first) and its planning debt (planning
-time is capped at ``PLAN_SHARE`` of the loop's).  It plans on the cache's snapshot
-(``ClusterView``) and is handed the loop's ``GangScheduler`` per call (a relist replaces it).
+Why a module of its own: making room is kube-scheduler's PostFilter, a step apart from the cycle
+that finds no node.  ``Preemptor`` is the round's ``RoomPort`` for the live loop and owns what that
+decides: the nominations (pod -> victims being deleted for it; the queue tries nominated pods first)
+and its planning debt (planning time is capped at ``PLAN_SHARE`` of the loop's).  It reads the
+cache's snapshot (``ClusterView``) each time: a relist replaces it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..engine.gang import GangResult, GangScheduler
 from ..engine.model import Assignment, PodRequest
-from ..engine.preemption import find_gang_victims
-from ..engine.schedqueue import RoomPlan, plan_room
+from ..engine.preemption import Plan
+from ..engine.round import Attempt, RoomFor
+from ..engine.schedqueue import RoomPlan
 from .api import SchedulerApi
 from .evictor import Evictions
 from .loop_support import ClusterView, EventSink, _names_any
 from .scheduling_queue import SchedulingQueue
 
+if TYPE_CHECKING:
+    from .dra import LiveDra
+
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
 
 
 class Preemptor:
-    """Makes room for pods that do not fit; see the module docstring.  Runs on the loop's thread."""
+    """Makes room for pods that do not fit (``engine.round.RoomPort``); see the module docstring.
+    Runs on the loop's thread."""
 
     PLAN_SHARE = 0.25  # of the loop's time that preemption planning may use on average
 
     def __init__(self, api: SchedulerApi, cache: ClusterView, queue: SchedulingQueue, events: EventSink,
-                 evictions: Evictions, clock: Callable[[], float], nominated_timeout_s: float = 120.0) -> None:
+                 evictions: Evictions, clock: Callable[[], float], nominated_timeout_s: float = 120.0,
+                 dra: LiveDra | None = None) -> None:
         self.api = api
+        self.dra = dra  # DRA claims the scheduler allocates (room coming back after a deallocation)
         self.cache = cache
         self.queue = queue
         self.events = events
@@ -58,37 +66,69 @@ class Preemptor:
         self._plan_last = now
         return self.plan_debt_s < 1.0
 
-    def _planned(self, t0: float) -> None:
-        self.plan_debt_s += time.monotonic() - t0
+    # --- the round's RoomPort -----------------------------------------------------------------
+    def lower_priority_running(self, priority: int) -> bool:
+        return any(a.priority < priority for a in self.cache.state.assignments.values())
 
-    def plan(self, key: str, req: PodRequest, gangs: GangScheduler) -> RoomPlan | None:
-        """Reclaim lent quota, else preempt lower-priority pods: the plan (a dry run), or None when
-        room is already on its way, planning is over its share, or nothing would make room.
-        A ``held`` plan evicts nobody: the caller places the pod with ``take_held``."""
-        nom = self.nominated.get(key)
-        if nom is not None and self._still_leaving(nom, self.clock()):
-            return None  # victims already on their way out
-        if not self.planning_allowed():
-            return None
-        t0 = time.monotonic()
-        try:
-            leaving = self.leaving() | set(gangs.held)  # held pods are not running: nothing to evict
-            cache = self.cache
-            return plan_room(cache.sched, cache.tree, req, lambda: dict(
-                budgets=cache.budgets(), age_rank=cache.age_rank(),
-                **self._candidate_bound()), exclude=leaving)
-        finally:
-            self._planned(t0)
+    def may_plan(self, room: RoomFor, now: float) -> bool:
+        """Not while room is already on its way (victims deleted for it still leaving), and within the
+        planning share."""
+        keys = [room.key] if room.request is not None else [r.key for r in room.members]
+        for k in keys:
+            nom = self.nominated.get(k)
+            if nom is not None and self._still_leaving(nom, self.clock()):
+                return False  # victims already on their way out
+        return self.planning_allowed()
 
+    def planned(self, room: RoomFor, now: float, spent_s: float, outcome: str) -> None:
+        self.plan_debt_s += spent_s
+
+    def victim_options(self) -> Mapping[str, Any]:
+        cache = self.cache
+        return dict(budgets=cache.budgets(), age_rank=cache.age_rank(), **self._candidate_bound())
+
+    def room_coming(self, request: PodRequest) -> str:
+        """DRA: devices of claims whose pods are gone come back once the resourceclaim controller deallocates them."""
+        if self.dra is None:
+            return ""
+        return self.dra.waiting_for_deallocation(self.cache.sched, request, self.cache.bound_pods)
+
+    def leaving(self) -> set[str]:
+        """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
+        return self.evictions.leaving(self.cache.bound_pods)
+
+    def evict(self, attempt: Attempt) -> bool:
+        """Delete the plan's victims; the pod binds once the watch shows them gone (False: not yet)."""
+        key = attempt.request.key
+        pod = self.queue.pending.get(key)
+        if pod is not None and attempt.room is not None:
+            try:
+                self.carry_out(key, pod, attempt.room)
+            except Exception:  # an eviction bug must not stop the loop
+                log.exception("making room for %s failed", key)
+        return False
+
+    def evict_for_gang(self, room: RoomFor, plan: Plan) -> bool:
+        """Delete a gang's victims and nominate every member until they are gone (False: not yet)."""
+        done = self._evict(plan.victims, f"preempted by pod group {room.key} (priority {room.priority})", "preempted", room.key)
+        if done is None or not (done[0] or done[1]):
+            return False
+        evicted, gone = done
+        now = self.clock()
+        for r in room.members:
+            self.nominated[r.key] = (evicted | gone, now + self.nominated_timeout_s)
+            if evicted and r.key in self.queue.pending:
+                self.events.send(self.queue.pending[r.key], "Normal", "Preempting",
+                                 "; ".join([ln for ln in plan.explanation if not _names_any(ln, gone)]
+                                           + ([f"already gone: {', '.join(sorted(gone))}"] if gone else [])))
+        return False
+
+    # --- carrying plans out -------------------------------------------------------------------
     def _still_leaving(self, nom: tuple[set[str], float], now: float) -> bool:
         """Is room already on its way for a nominated pod?  While its victims are still there and either
         the nomination is fresh or they are still leaving (in flight, terminating), it plans nothing more."""
         there = [v for v in nom[0] if v in self.cache.state.assignments]
         return bool(there) and (now < nom[1] or bool(set(there) & self.leaving()))
-
-    def leaving(self) -> set[str]:
-        """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
-        return self.evictions.leaving(self.cache.bound_pods)
 
     def carry_out(self, key: str, pod: dict, rp: RoomPlan) -> None:
         """Delete a plan's victims through the API and nominate the pod until they are gone."""
@@ -115,59 +155,6 @@ class Preemptor:
                 self.api.nominate(ns, name, node)
             except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
                 log.info("could not set nominatedNodeName on %s: %s", key, exc)
-
-    def _gang_wants_room(self, group: str, gangs: GangScheduler) -> tuple[list[PodRequest], int, int, float] | None:
-        """(members to make room for, how many must fit, their lowest priority, now) for a complete gang
-        that may preempt (``GangScheduler.room_wanted``) while lower-priority pods run; None when it may
-        not, or room is already on its way."""
-        want = gangs.room_wanted(group)
-        if want is None:
-            return None
-        members, need, prio = want
-        now = self.clock()
-        noms = [self.nominated.get(r.key) for r in members]
-        if any(n is not None and self._still_leaving(n, now) for n in noms):
-            return None
-        if not any(a.priority < prio for a in self.cache.state.assignments.values()):
-            return None
-        return members, need, prio, now
-
-    def place_gang_in_held_room(self, group: str, gangs: GangScheduler) -> GangResult | None:
-        """A gang that could preempt goes first into room held for pods not yet here: the gang
-        placed there (the caller binds it), or None when that is not enough.  Rationed as planning is."""
-        if self._gang_wants_room(group, gangs) is None or not self.planning_allowed():
-            return None
-        t0 = time.monotonic()
-        try:
-            return gangs.place_in_held_room(group, self.clock())
-        finally:
-            self._planned(t0)
-
-    def make_room_for_gang(self, group: str, gangs: GangScheduler) -> None:
-        """A complete gang that does not fit: preempt lower-priority pods for all of it at once."""
-        want = self._gang_wants_room(group, gangs)
-        if want is None or not self.planning_allowed():
-            return
-        members, need, prio, now = want
-        t0 = time.monotonic()
-        try:
-            plan = find_gang_victims(self.cache.sched, group, members, need, budgets=self.cache.budgets(),
-                                     age_rank=self.cache.age_rank(),
-                                     exclude=self.leaving() | set(gangs.held), **self._candidate_bound())
-        finally:
-            self._planned(t0)
-        if plan is None:
-            return
-        done = self._evict(plan.victims, f"preempted by pod group {group} (priority {prio})", "preempted", group)
-        if done is None or not (done[0] or done[1]):
-            return
-        evicted, gone = done
-        for r in members:
-            self.nominated[r.key] = (evicted | gone, now + self.nominated_timeout_s)
-            if evicted and r.key in self.queue.pending:
-                self.events.send(self.queue.pending[r.key], "Normal", "Preempting",
-                                 "; ".join([ln for ln in plan.explanation if not _names_any(ln, gone)]
-                                           + ([f"already gone: {', '.join(sorted(gone))}"] if gone else [])))
 
     def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> tuple[set[str], set[str]] | None:
         """(evicted, already gone), or None if a victim is not bound yet (see ``Evictions.evict``)."""

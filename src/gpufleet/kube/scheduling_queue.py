@@ -11,7 +11,9 @@ node when the scheduler restarted mid-stream).
 Why a module of its own: the queue is one responsibility of the loop (see ``loop.py``), with
 state no other part writes: the cache adds and removes pods as the watch shows them, the cycle
 takes due pods from it, the binder puts a pod back after a failed bind.  Which pod goes first
-among the due ones is ``engine.schedqueue.order_pending``'s call (the cycle asks it).
+among the due ones is ``engine.schedqueue.order_pending``'s call (the cycle asks it); which waiting
+pods a change wakes is ``engine.schedqueue.may_fit_after``'s (the replay asks it too), from what
+kept each pod out last (``defer(..., rejected=...)``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ..engine.schedqueue import Backoff
+from collections.abc import Collection, Mapping
+
+from ..engine.model import PodRequest
+from ..engine.schedqueue import Backoff, Change, may_fit_after
+from ..engine.state import ClusterState
 from .loop_support import _created_s
 
 
@@ -37,6 +43,7 @@ class SchedulingQueue:
         self._arrival: dict[str, float] = {}  # creation time on the loop's clock (first sight without one)
         self._new: dict[str, None] = {}  # pods added since ``take_new`` (in order)
         self._last_failure: dict[str, tuple[str, float]] = {}
+        self._rejected: dict[str, tuple[PodRequest, Collection[str]]] = {}  # what kept each pod out last
 
     # --- pods in and out ------------------------------------------------------------------
     def add(self, key: str, pod: dict) -> None:
@@ -66,6 +73,7 @@ class SchedulingQueue:
     def forget(self, key: str) -> None:
         """Drop the pod's timers and first-seen time (bound by someone else, gone)."""
         self._last_failure.pop(key, None)
+        self._rejected.pop(key, None)
         self._timers.forget(key)
         self._first_seen.pop(key, None)
         self._arrival.pop(key, None)
@@ -75,6 +83,7 @@ class SchedulingQueue:
         """Our bind of the pod succeeded: drop its timers; returns when it was first seen (``default`` if unknown)."""
         self._timers.forget(key)
         self._last_failure.pop(key, None)
+        self._rejected.pop(key, None)
         self._arrival.pop(key, None)
         return self._first_seen.pop(key, default)
 
@@ -96,16 +105,31 @@ class SchedulingQueue:
         """How long the pod has waited since it was created (0 for a pod the queue does not know)."""
         return now - self._arrival.get(key, now)
 
-    def defer(self, key: str, until: float | None = None) -> None:
-        """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out)."""
+    def defer(self, key: str, until: float | None = None,
+              rejected: tuple[PodRequest, Collection[str]] | None = None) -> None:
+        """Back off exponentially; ``until``: retry no later than this (e.g. when a hold times out);
+        ``rejected``: the pod's request and the plugins that kept it out (None: unknown, any change wakes it)."""
         now = self.clock()
         t = self._timers.defer(key, now)
         if until is not None:
             self._timers.not_before[key] = min(t, max(until, now))
+        if rejected is None:
+            self._rejected.pop(key, None)
+        else:
+            self._rejected[key] = rejected
 
     def wake_all(self) -> None:
         """The cluster changed: every waiting pod may fit now."""
         self._timers.wake_all()
+
+    def wake(self, change: Change, state: ClusterState, hints: Mapping[str, str]) -> None:
+        """``change`` happened: wake the waiting pods it may let fit (``schedqueue.may_fit_after``)."""
+        if change.anything:
+            self._timers.wake_all()
+            return
+        nb, rej = self._timers.not_before, self._rejected
+        self._timers.wake([k for k in self.pending if k in nb and (
+            (r := rej.get(k)) is None or may_fit_after(change, state, r[0], r[1], hints))])
 
     def ready(self, now: float) -> list[tuple[str, dict]]:
         """Pending pods not backing off at ``now``, in insertion order."""

@@ -163,6 +163,10 @@ class StrandAwareFragScore(FGDScore):
     """FGD's expected fragment + GPU stranded by CPU/memory + unfillable GPU slivers."""
 
     name: str = "StrandAwareFragScore"
+    # its reserves judge each node by itself (exact for the CPU reserve's per-node CPU); the whole-GPU reserve's
+    # cluster-wide count of free whole GPUs is not: a pod it kept out is retried at its backoff (live) or when
+    # a node it could fit on gains room (replay).  See schedqueue.may_fit_after.
+    requeue_on = "room"
     learn_online: bool = True
     threshold: float = 0.85  # popular shapes covering this share of tasks (FGD: 0.9; 0.85 on the tuning split)
     include_cpu_pods: bool = False

@@ -30,6 +30,7 @@ class NodeLimits:
     rdma_capacity: np.ndarray  # per node; inf: no limit
     need: dict[str, tuple[float, str, int]]  # pod key -> (rdma, app, max per node)
     name: str = "NodeLimits"
+    requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
     rdma_used: np.ndarray = field(default_factory=lambda: np.zeros(0))
     per_app: dict[str, np.ndarray] = field(default_factory=dict)
     placed: dict[str, int] = field(default_factory=dict)  # pod key -> node index

@@ -6,24 +6,22 @@ time* -- ``deletion_time - scheduled_time`` (or ``- creation_time`` when the
 trace has no scheduled time): the time it held resources in production.  A
 pod placed late therefore still runs for as long as it did, as a job would.
 
-The queue is the live scheduler's (``engine.schedqueue``, shared with
-``kube/loop.py``): pods that had victims deleted for them first, then with
-team queues hierarchical weighted DRF (``QueueTree.order``), else priority
-and first come.  A pod that does not fit backs off; every cluster change (a
-pod leaves, victims are deleted) wakes every waiting pod, as in the live loop.
-A retry of a pod while nothing changed since it last failed would fail again,
-so it is skipped (equivalent outcome, much less work): a round tries only the
-shapes that could fit on a node that gained room (or, with queues, were held
-back by quota or could reclaim), and within a round a (queue, shape,
-constraints) that failed is not tried again: resources only shrink while a
-round places pods.  A pod that still does not
-fit first reclaims quota its queue lent out, then preempts lower-priority
-pods (``engine.schedqueue.plan_room``); victims go back to waiting, like a
-controller's re-created pod, and keep their first arrival time.  Members of a
-pod group go through the live loop's ``GangScheduler`` (all or nothing, one
-holder at a time) after the single pods, as in ``SchedulerLoop.schedule_due``,
-and a gang that does not fit preempts lower-priority pods for all its members
-at once (``find_gang_victims``, as the loop's ``Preemptor.make_room_for_gang``).
+Each pod's trip is the live scheduler's, written once: ``engine.round.SchedulingRound``
+(the engine's cycle, held room, reclaim of quota its queue lent out, preemption of
+lower-priority pods, the gang round), the queue order ``engine.schedqueue``'s (pods
+that had victims deleted for them first, then with team queues hierarchical
+weighted DRF, else priority and first come).  What differs is only what the live
+loop's API calls do: victims leave at once (back to waiting, like a controller's
+re-created pod, keeping their first arrival time), so the pod is placed at once.
+A pod that does not fit waits until a change may let it fit
+(``engine.schedqueue.may_fit_after``, as the live queue's wake-ups): a pod
+leaving wakes the shapes that could fit on its node, or that a cluster-wide count
+(queue quota) kept out; nothing else changes in a replay.  A retry while nothing
+changed would fail again, so it is skipped (equivalent outcome, much less work),
+and within a round a (queue, shape, constraints) that failed is not tried again:
+resources only shrink while a round places pods.  Members of a pod group go
+through the round's gang scheduler (all or nothing, one holder at a time) after
+the single pods, as in ``SchedulerLoop.schedule_due``.
 
 Load (``load=X``): the arrival times are scaled so that the time-averaged
 offered GPU demand is X of the cluster's GPU capacity:
@@ -56,12 +54,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..engine.framework import Scheduler
-from ..engine.gang import GangScheduler
+from ..engine.gang import GangResult
 from ..engine.model import GPU_MILLI, Node, PodRequest
-from ..engine.preemption import find_gang_victims
 from ..engine.plugins.queuequota import QueueQuota
+from ..engine.preemption import Plan
 from ..engine.queues import Queue, QueueTree, request_vector
-from ..engine.schedqueue import Backoff, QueuedPod, order_pending, plan_room, sort_key
+from ..engine.round import Attempt, RoomFor, SchedulingRound
+from ..engine.schedqueue import Backoff, QueuedPod, order_pending, requeue_hints, room_only, sort_key
 from ..engine.state import ClusterState
 from ..policies import build_profile
 from ..policies.paper.workload import TargetWorkload, frag_amount, node_view
@@ -238,13 +237,14 @@ class _PlanRation:
 
 
 class _Replay:
-    """One replay on the simulated clock: the event loop, and the cycle each pod goes through.
+    """One replay on the simulated clock: the event loop, and the shell of the shared scheduling round.
 
-    The pieces are the live scheduler's (``Scheduler``, ``GangScheduler``, ``plan_room``,
-    ``find_gang_victims``); what is here is what the live loop's informers and API calls do
-    instead: pods arrive and leave by the trace's clock, victims wait again.  The waiting pods are
-    ``WaitingPods``; what runs is counted here (GPU milli, pods per priority) for the metrics and
-    for the plan rationing.
+    Each pod's trip (the cycle, held room, reclaim, preemption; the gang round) is
+    ``engine.round.SchedulingRound``'s, the live loop's too; this class is what the live loop's
+    informers and API calls are instead: pods arrive and leave by the trace's clock, victims leave at
+    once and wait again (so the round tries the pod again straight away).  It is the round's snapshot,
+    ``RoundPort`` and ``RoomPort``.  The waiting pods are ``WaitingPods``; what runs is counted here
+    (GPU milli, pods per priority) for the metrics and for the plan rationing.
     """
 
     def __init__(self, wl: Workload, reqs: list[PodRequest], sched: Scheduler, tree: QueueTree | None, limits: NodeLimits | None,
@@ -276,10 +276,13 @@ class _Replay:
         self.placed_by_prio: dict[int, int] = {}  # priority -> pods placed so far (an epoch for plan rationing)
         self.lent = 0  # placements beyond a queue's quota so far (an epoch for reclaim planning)
         self.dirty: set[int] = set()  # nodes that gained room since the last retry round
-        self.quota_blocked: set[tuple] = set()  # groups whose last failure was their queue's quota
+        self.wake_any: set[tuple] = set()  # groups last kept out by a cluster-wide count (queue quota): tried at every round
+        self.hints = requeue_hints(sched.profile)
         self.plans = _PlanRation()
-        self.gangs = GangScheduler(sched) if any(r.pod_group for r in reqs) else None
+        self.round = SchedulingRound(self, self, self, preemption)
+        self.gangs = self.round.gangs if any(r.pod_group for r in reqs) else None
         self.gang_waiting: dict[int, float] = {}  # pod-group members not placed yet
+        self.now = 0.0  # the clock, for the round's port calls
         self.team_names = sorted(tree.queues) if tree else []
         self.team_share: dict[str, list[float]] = {q: [] for q in self.team_names}
         self.team_borrow: dict[str, list[float]] = {q: [] for q in self.team_names}
@@ -290,32 +293,31 @@ class _Replay:
     def _lower_placed(self, priority: int) -> int:
         return sum(c for p, c in self.placed_by_prio.items() if p < priority)
 
-    def _plan_key(self, r: PodRequest) -> tuple:
-        """Planning is rationed per queue (with queues) or per priority (without)."""
-        return (r.queue, None) if self.tree is not None else (None, r.priority)
+    def _plan_key(self, room: RoomFor) -> tuple:
+        """Planning is rationed per gang, else per queue (with queues) or per priority (without)."""
+        if room.request is None:
+            return ("gang", room.key)
+        return (room.request.queue, None) if self.tree is not None else (None, room.priority)
 
-    def _plan_epoch(self, r: PodRequest) -> tuple:
-        return (self.lent, self._lower_placed(r.priority))
+    def _plan_epoch(self, room: RoomFor) -> tuple:
+        """What must have changed since a plan failed: placements beyond quota (not for gangs), lower ones."""
+        return (0 if room.request is None else self.lent, self._lower_placed(room.priority))
 
-    def _lower_running(self, priority: int) -> bool:
-        return any(p < priority and c for p, c in self.running_by_prio.items())
-
-    def place(self, i: int, now: float, checked: bool = False, take_held: bool = False) -> bool:
+    def _attempt(self, i: int, now: float, fits: bool | None = None, plan: bool = True) -> Attempt:
+        """Pod i through the shared round (its decision comes back through ``bind``/``wait``/``evict``)."""
         r = self.reqs[i]
-        if not checked and not could_fit(self.state, r):
-            return False
-        dec = self.sched.schedule(r, waited_s=now - self.arrived_at.get(i, now),
-                                  take_held=take_held or r.key in self.nominated)  # victims went for it: held room too
-        if not dec.ok:
-            if dec.status.plugin == "QueueQuota":
-                self.quota_blocked.add(self.waiting.group_of[i])
-            return False
-        self.quota_blocked.discard(self.waiting.group_of[i])
-        self.placed(i, now)
-        return True
+        self.now = now
+        return self.round.try_pod(r, now, now - self.arrived_at.get(i, now), r.key in self.nominated, fits, plan)
+
+    def place_initial(self, i: int, now: float) -> None:
+        """A pod already running when the trace starts: placed if it fits, never waits."""
+        r = self.reqs[i]
+        if could_fit(self.state, r) and self.sched.schedule(r, waited_s=0.0).ok:
+            self.wake_any.discard(self.waiting.group_of[i])
+            self.placed(i, now)
 
     def placed(self, i: int, now: float) -> None:
-        """Bookkeeping once pod i holds its devices (by ``place`` or by the gang scheduler)."""
+        """Bookkeeping once pod i holds its devices (by the round, alone or as a gang member)."""
         r, tree = self.reqs[i], self.tree
         self.placed_by_prio[r.priority] = self.placed_by_prio.get(r.priority, 0) + 1
         if tree is not None and r.queue in tree.queues and any(
@@ -354,7 +356,7 @@ class _Replay:
             self.sched.forget(r.key)
         self._stopped(i, a.node if a is not None else None)
 
-    def evict(self, victims: Sequence, kind: str, now: float) -> None:
+    def remove_victims(self, victims: Sequence, kind: str, now: float) -> None:
         """What the live loop's deletions do: the victims leave the snapshot and wait again."""
         for v in victims:
             j = self.by_key[v.pod_key]
@@ -372,71 +374,79 @@ class _Replay:
             self.result.reclaims += len(victims)
         else:
             self.result.preemptions += len(victims)
-
-    # --- making room ------------------------------------------------------------------------------
-    def make_room(self, i: int, now: float) -> bool:
-        """Reclaim or preempt for pod i (shared decision); victims wait again.  True if i placed."""
-        r = self.reqs[i]
-        if not self.preemption or (self.tree is None and not self._lower_running(r.priority)):
-            return False
-        key, ep = self._plan_key(r), self._plan_epoch(r)
-        if not self.plans.ready(key, ep, now):
-            return False  # nothing it could take came, or it planned in vain a moment ago
-        rp = plan_room(self.sched, self.tree, r)
-        if rp is not None and rp.kind == "held":
-            ok = self.place(i, now, take_held=True)
-            self.result.held_taken += ok
-            return ok
-        if rp is None or not rp.victims:
-            self.plans.failed(key, ep, now)
-            return False
-        self.evict(rp.victims, rp.kind, now)
         self.backoff.wake_all()
-        self.nominated.add(r.key)
-        return self.place(i, now, take_held=True)
 
-    def make_room_for_gang(self, group: str, now: float) -> bool:
-        """The loop's ``Preemptor.make_room_for_gang``: lower-priority victims for the whole gang at once."""
-        gangs = self.gangs
-        want = gangs.room_wanted(group) if gangs is not None and self.preemption else None
-        if gangs is None or want is None:
-            return False
-        members, need, prio = want
-        if not self._lower_running(prio):
-            return False
-        key, ep = ("gang", group), (0, self._lower_placed(prio))
-        if not self.plans.ready(key, ep, now):
-            return False
-        placed = gangs.place_in_held_room(group, now)  # held room before running pods
-        if placed is not None:
-            for d in placed.placed:
-                self.placed(self.by_key[d.pod_key], now)
-            self.result.held_taken += len(placed.placed)
-            return False
-        plan = find_gang_victims(self.sched, group, members, need)
-        if plan is None:
-            self.plans.failed(key, ep, now)
-            return False
-        self.evict(plan.victims, "preempted", now)
-        self.backoff.wake_all()
+    # --- the round's ports (engine.round.RoundPort, RoomPort) ----------------------------------------
+    def could_fit(self, request: PodRequest) -> bool:
+        return could_fit(self.state, request)
+
+    def bind(self, attempt: Attempt) -> None:
+        i = self.by_key[attempt.request.key]
+        self.wake_any.discard(self.waiting.group_of[i])
+        self.placed(i, self.now)
+        self.result.held_taken += attempt.held_room
+
+    def wait(self, attempt: Attempt) -> None:
+        i = self.by_key[attempt.request.key]
+        if not room_only(attempt.decision.rejected_by, self.hints):  # not only by room: any pod leaving may help
+            self.wake_any.add(self.waiting.group_of[i])
+        self.waiting.add(i, self.arrived_at.get(i, self.now))
+        self.backoff.defer(attempt.request.key, self.now)
+
+    def gang_result(self, result: GangResult) -> None:
+        """Nothing to report: the replay's gangs have no PodGroup objects."""
+
+    def gang_placed(self, result: GangResult, held_room: bool) -> None:
+        for d in result.placed:
+            self.placed(self.by_key[d.pod_key], self.now)
+        if held_room:
+            self.result.held_taken += len(result.placed)
+
+    def gang_waits(self, result: GangResult, until: float | None) -> None:
+        """Its members stay in ``gang_waiting``; the gang scheduler keeps them."""
+
+    def hold_ended(self) -> None:
+        """Nothing: the pods a hold kept out are tried when the next pod leaves."""
+
+    def lower_priority_running(self, priority: int) -> bool:
+        return any(p < priority and c for p, c in self.running_by_prio.items())
+
+    def may_plan(self, room: RoomFor, now: float) -> bool:
+        """Only once something it could take came since a plan for its kind failed (``_PlanRation``)."""
+        return self.plans.ready(self._plan_key(room), self._plan_epoch(room), now)
+
+    def planned(self, room: RoomFor, now: float, spent_s: float, outcome: str) -> None:
+        if outcome == "none":
+            self.plans.failed(self._plan_key(room), self._plan_epoch(room), now)
+
+    def victim_options(self) -> dict:
+        return {}
+
+    def room_coming(self, request: PodRequest) -> str:
+        return ""  # nothing comes back on its own: pods leave when they end
+
+    def leaving(self) -> frozenset[str]:
+        return frozenset()  # victims leave at once
+
+    def evict(self, attempt: Attempt) -> bool:
+        rp = attempt.room
+        assert rp is not None
+        self.remove_victims(rp.victims, rp.kind, self.now)
+        self.nominated.add(attempt.request.key)
+        return True
+
+    def evict_for_gang(self, room: RoomFor, plan: Plan) -> bool:
+        self.remove_victims(plan.victims, "preempted", self.now)
         return True
 
     # --- the rounds -------------------------------------------------------------------------------
     def gang_round(self, now: float) -> None:
-        """Pod-group members go through the live loop's ``GangScheduler`` (all or nothing, one
-        holder at a time), after the single pods, as in ``SchedulerLoop.schedule_due``."""
+        """Pod-group members go through the round's ``GangScheduler`` (all or nothing, one holder at a
+        time), after the single pods, as in ``SchedulerLoop.schedule_due``."""
         if self.gangs is None or not self.gang_waiting:
             return
-        again = False
-        for res in self.gangs.step(now):
-            for d in res.placed:
-                self.placed(self.by_key[d.pod_key], now)
-            if not res.ok and self.make_room_for_gang(res.group, now):
-                again = True
-        if again:  # victims are gone: the gang goes first (the loop's gangs_first)
-            for res in self.gangs.step(now):
-                for d in res.placed:
-                    self.placed(self.by_key[d.pod_key], now)
+        self.now = now
+        self.round.gang_round(now)
 
     def _head_entry(self, group: tuple) -> tuple | None:
         i = self.waiting.head(group)
@@ -455,11 +465,13 @@ class _Replay:
             self.dirty.clear()
             return
         room = sorted(self.dirty)
-        ok = w.with_room(self.state, room)
+        ok = w.with_room(self.state, room)  # schedqueue.may_fit_after, for every group at once
         self.dirty.clear()
         if self.tree is not None:
             self.retry_queues(now, ok)
             return
+        for g in self.wake_any & w.groups.keys():
+            ok[w.group_ids[g]] = True
         heads = [e for gid in np.flatnonzero(ok & (w.count > 0)) if (e := self._head_entry(w.group_list[gid])) is not None]
         heapq.heapify(heads)
         while heads:
@@ -467,21 +479,20 @@ class _Replay:
             i = w.head(group)
             if i is None:
                 continue
-            if w.fits_on(w.group_ids[group], self.state, room) and self.place(i, now, checked=True):
-                if (e := self._head_entry(group)) is not None:
-                    heapq.heappush(heads, e)
-                continue
-            self.backoff.defer(self.reqs[i].key, now)
-            if self.make_room(i, now):
-                room = sorted(set(room) | self.dirty)
+            fits = w.fits_on(w.group_ids[group], self.state, room)
+            a = self._attempt(i, now, fits=True if fits else None if group in self.wake_any else False)
+            if a.ok:
+                if a.made_room:  # victims left (or held room was taken): their nodes count as gained room
+                    room = sorted(set(room) | self.dirty)
                 if (e := self._head_entry(group)) is not None:
                     heapq.heappush(heads, e)
 
     def retry_queues(self, now: float, ok: np.ndarray) -> None:
         """With queues: the candidates are the first pods of each group that could fit on a node
-        that gained room, whose last failure was its quota (usage moved), or that could reclaim
+        that gained room, whose last failure was a cluster-wide count (its quota: usage moved), or that could reclaim
         (within its quota while others borrow); they go through ``order_pending`` (DRF), as the
-        live loop's due pods do.  Rounds repeat while a group had all its candidates placed."""
+        live loop's due pods do.  Rounds repeat while a group had all its candidates placed;
+        within one, a group makes room once."""
         tree, w = self.tree, self.waiting
         assert tree is not None
         borrowing = False
@@ -494,8 +505,8 @@ class _Replay:
             cands: list[QueuedPod] = []
             for group, members in w.groups.items():
                 r0 = self.reqs[members[0][1]]
-                if ok[w.group_ids[group]] or group in self.quota_blocked or (
-                        borrowing and r0.queue and self.plans.ready(self._plan_key(r0), self._plan_epoch(r0), now)
+                if ok[w.group_ids[group]] or group in self.wake_any or (
+                        borrowing and r0.queue and self.may_plan(RoomFor(r0.key, r0.priority, r0), now)
                         and tree.within_nominal(r0.queue, request_vector(r0))):
                     cands.extend(w.first(group, per_group))
             if not cands:
@@ -510,17 +521,18 @@ class _Replay:
                 group = w.group_of[i]
                 if group in failed:
                     continue
-                if self.place(i, now):
+                plan = group not in room_tried
+                a = self._attempt(i, now, plan=plan)
+                if a.ok and not a.made_room:
                     placed_n[group] = placed_n.get(group, 0) + 1
                     continue
-                if group not in room_tried:
+                if plan:
                     room_tried.add(group)
-                    if self.make_room(i, now):
-                        failed.clear()  # victims left: room for others too
-                        placed_n[group] = placed_n.get(group, 0) + 1
-                        continue
+                if a.ok:
+                    failed.clear()  # room was made: room for others too
+                    placed_n[group] = placed_n.get(group, 0) + 1
+                    continue
                 failed.add(group)
-                self.backoff.defer(self.reqs[i].key, now)
             more = {g for g, n in placed_n.items() if n >= per_group and g in w.groups}
             if not more:
                 return
@@ -556,16 +568,12 @@ class _Replay:
             self.gang_waiting[i] = now
             self.gangs.add(r, now)
             return
-        if not self.place(i, now):
-            self.waiting.add(i, now)
-            if self.make_room(i, now):
-                return
-            self.backoff.defer(r.key, now)
+        self._attempt(i, now)
 
     def run(self) -> None:
         # pods running when the trace starts: placed first, not measured
         for i0 in np.flatnonzero(~self.measured):
-            self.place(int(i0), self.t_first)
+            self.place_initial(int(i0), self.t_first)
         t_first, t_last = self.t_first, self.t_last
         sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
         si, last_t, ev = 0, t_first, self.events

@@ -210,7 +210,7 @@ class _SpotReplay(_Replay):
             self._segment(i, s[0] + float(self.wl.run_s[i]), "done")
         super().release(i)
 
-    def evict(self, victims: Sequence, kind: str, now: float) -> None:
+    def remove_victims(self, victims: Sequence, kind: str, now: float) -> None:
         for v in victims:
             j = self.by_key[v.pod_key]
             self._segment(j, now, "lost")
@@ -221,7 +221,7 @@ class _SpotReplay(_Replay):
                 f.interrupted += 1
             else:
                 f.preempted += 1
-        super().evict(victims, kind, now)
+        super().remove_victims(victims, kind, now)
         if kind == "interrupted":
             self.result.preemptions -= len(victims)  # the base counts every non-reclaim eviction as a preemption
 
@@ -261,20 +261,20 @@ class _SpotReplay(_Replay):
             if hold in self.state.assignments:
                 return
             plan = drain_plan(self.state, {e.node: f"taint {NOTICE_TAINT.key}"})
-            self.evict([self.state.assignments[m.pod_key] for m in plan], "interrupted", now)
+            self.remove_victims([self.state.assignments[m.pod_key] for m in plan], "interrupted", now)
             self._fill(e.node)
             self.dirty.discard(self.state.index[e.node])
             for m in plan:  # placed again at once, highest priority first; gangs through the gang round
                 j = self.by_key[m.pod_key]
-                if not self.reqs[j].pod_group and j in self.waiting and not self.place(j, now):
-                    self.make_room(j, now)
+                if not self.reqs[j].pod_group and j in self.waiting:
+                    self._attempt(j, now)  # the shared round: placed, or room made for it
             if any(m.group for m in plan):
                 self.gang_round(now)
         elif e.kind == "gone":
             left = [self.state.assignments[x] for x in sorted(self.state.pods_on_node.get(e.node, ())) if x != hold]
             self.leftover += len(left)  # nothing may still be bound to a node that is gone
             if left:
-                self.evict(left, "interrupted", now)
+                self.remove_victims(left, "interrupted", now)
         else:  # back, empty
             if self.state.unreserve(hold) is None:
                 return

@@ -3,8 +3,10 @@
 Pods of one (queue, shape, labels, priority) get the same answer from the scheduler against the same
 cluster, so the replay keeps them in one list, in the shared queue order (``engine.schedqueue``), and a
 round tries a group's head and moves on when it fails.  Per-group resource columns answer "could this
-group fit on these nodes" without asking the scheduler, which is what keeps a retry round cheap: only
-groups that could fit on a node that gained room are tried.
+group fit on these nodes" without asking the scheduler (``schedqueue.room_need``/``room_on``, the live
+queue's wake-up test, for all groups at once), which is what keeps a retry round cheap: only groups that
+could fit on a node that gained room are tried (or, kept out by a cluster-wide count, every group:
+``schedqueue.may_fit_after``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..engine.model import GPU_MILLI, PodRequest
-from ..engine.schedqueue import QueuedPod, sort_key
+from ..engine.model import PodRequest
+from ..engine.schedqueue import QueuedPod, room_need, room_on, sort_key
 from ..engine.state import ClusterState
 
 
@@ -35,11 +37,9 @@ class WaitingPods:
         first: dict[tuple, PodRequest] = {}
         for i, g in enumerate(self.group_of):
             first.setdefault(g, reqs[i])
-        reps = [first[g] for g in self.group_list]
-        self.cpu_milli = np.array([r.cpu_milli for r in reps], dtype=np.int64)
-        self.memory_mib = np.array([r.memory_mib for r in reps], dtype=np.int64)
-        self.gpu_count = np.array([r.gpu_count if r.mig_profile is None else 0 for r in reps], dtype=np.int64)
-        self.gpu_milli = np.array([min(r.gpu_milli, GPU_MILLI) for r in reps], dtype=np.int64)
+        self.need = [room_need(first[g]) for g in self.group_list]  # [group id]
+        need = np.array(self.need, dtype=np.int64).reshape(-1, 4)
+        self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (need[:, k].copy() for k in range(4))
 
     def __len__(self) -> int:
         return len(self.queued)
@@ -80,17 +80,13 @@ class WaitingPods:
 
     def fits_on(self, gid: int, state: ClusterState, nodes: Sequence[int]) -> bool:
         """``with_room`` for one group on a few nodes, without numpy's per-call cost."""
-        c, m, gc, gm = int(self.cpu_milli[gid]), int(self.memory_mib[gid]), int(self.gpu_count[gid]), int(self.gpu_milli[gid])
-        for d in nodes:
-            if state.cpu_free[d] >= c and state.mem_free[d] >= m and \
-                    (gc == 0 or sum(1 for f in state.gpu_free_milli[d].tolist() if f >= gm) >= gc):
-                return True
-        return False
+        return room_on(state, self.need[gid], nodes)
 
 
 def could_fit(state: ClusterState, r: PodRequest) -> bool:
-    """A necessary condition, cheap: some node has the CPU, memory and free GPUs the pod asks for."""
-    ok = (state.cpu_free >= r.cpu_milli) & (state.mem_free >= r.memory_mib)
-    if r.gpu_count and r.mig_profile is None:
-        ok &= (state.gpu_free_milli >= min(r.gpu_milli, GPU_MILLI)).sum(axis=1) >= r.gpu_count
+    """A necessary condition, cheap: some node has the CPU, memory and free GPUs the pod asks for (``room_need``)."""
+    c, m, gc, gm = room_need(r)
+    ok = (state.cpu_free >= c) & (state.mem_free >= m)
+    if gc:
+        ok &= (state.gpu_free_milli >= gm).sum(axis=1) >= gc
     return bool(ok.any())

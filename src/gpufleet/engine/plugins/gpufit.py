@@ -56,6 +56,7 @@ class GpuFit:
     """Whole GPUs, per-GPU share and memory, MIG profiles, GPU model allow/deny."""
 
     name: str = "GpuFit"
+    requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
     _fit: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # see filter
 
     REASONS = (

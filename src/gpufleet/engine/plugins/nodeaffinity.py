@@ -19,6 +19,7 @@ class NodeAffinity:
     """nodeSelector and required node affinity (filter); preferred affinity (score)."""
 
     name: str = "NodeAffinity"
+    requeue_on = "nodes"  # judges what only node changes change: a pod leaving never helps (schedqueue.may_fit_after)
     _c: MetaCache = field(default_factory=MetaCache)
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:

@@ -16,6 +16,7 @@ NO_FREE_PORTS = "node(s) didn't have free ports for the requested pod ports"
 @dataclass
 class NodePorts:
     name: str = "NodePorts"
+    requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         t = cycle.request.terms

@@ -19,6 +19,7 @@ class NodeResourcesFit:
     """CPU, memory, pod count and every other scalar resource the pod requests (GPUs: GpuFit)."""
 
     name: str = "NodeResourcesFit"
+    requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request

@@ -15,6 +15,7 @@ from ._common import MetaCache
 @dataclass
 class NodeUnschedulable:
     name: str = "NodeUnschedulable"
+    requeue_on = "nodes"  # judges what only node changes change: a pod leaving never helps (schedqueue.may_fit_after)
     _c: MetaCache = field(default_factory=MetaCache)
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:

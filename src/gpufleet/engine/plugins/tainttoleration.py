@@ -16,6 +16,7 @@ class TaintToleration:
     """NoSchedule/NoExecute taints filter; PreferNoSchedule taints lower the score."""
 
     name: str = "TaintToleration"
+    requeue_on = "nodes"  # judges what only node changes change: a pod leaving never helps (schedqueue.may_fit_after)
     _c: MetaCache = field(default_factory=MetaCache)
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:

@@ -86,6 +86,7 @@ class VolumeBinding:
 @dataclass
 class NodeVolumeLimits:
     name: str = "NodeVolumeLimits"
+    requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         t = cycle.request.terms

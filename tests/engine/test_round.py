@@ -1,0 +1,180 @@
+"""The scheduling round (engine.round), against a recording port: what it decides and in which order the
+port hears it, for a pod that fits, one that waits, one that preempts (victims gone at once, or later),
+one kept out only by a gang's hold, and gangs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpufleet.engine.framework import Scheduler
+from gpufleet.engine.gang import GangResult
+from gpufleet.engine.model import PodRequest
+from gpufleet.engine.preemption import Plan
+from gpufleet.engine.round import NO_ROOM, Attempt, RoomFor, SchedulingRound
+from gpufleet.engine.schedqueue import COULD_FIT
+from tests.builders import T4, make_node, scheduler
+
+
+def gpu_pod(name: str, gpus: int = 1, priority: int = 0, group: str | None = None, need: int = 0) -> PodRequest:
+    return PodRequest(name=name, cpu_milli=1000, memory_mib=1024, gpu_count=gpus, gpu_milli=1000, priority=priority,
+                      pod_group=group, pod_group_min=need)
+
+
+@dataclass
+class Port:
+    """A shell that writes nothing: it records what the round tells it."""
+
+    sched: Scheduler
+    tree: object = None
+    gone_at_once: bool = True  # the replay's deletions (True) or the live loop's (False)
+    fits: bool = True
+    allow: bool = True
+    log: list[tuple] = field(default_factory=list)
+
+    # RoundPort
+    def could_fit(self, request: PodRequest) -> bool:
+        return self.fits
+
+    def bind(self, a: Attempt) -> None:
+        self.log.append(("bind", a.request.name, a.decision.assignment.node, a.held_room, a.made_room))
+
+    def wait(self, a: Attempt) -> None:
+        self.log.append(("wait", a.request.name, a.note != "", a.room.kind if a.room else None))
+
+    def gang_result(self, res: GangResult) -> None:
+        pass
+
+    def gang_placed(self, res: GangResult, held_room: bool) -> None:
+        self.log.append(("gang_placed", res.group, sorted(d.pod_key for d in res.placed), held_room))
+
+    def gang_waits(self, res: GangResult, until: float | None) -> None:
+        self.log.append(("gang_waits", res.group))
+
+    def hold_ended(self) -> None:
+        self.log.append(("hold_ended",))
+
+    # RoomPort
+    def lower_priority_running(self, priority: int) -> bool:
+        return any(a.priority < priority for a in self.sched.state.assignments.values())
+
+    def may_plan(self, room: RoomFor, now: float) -> bool:
+        return self.allow
+
+    def planned(self, room: RoomFor, now: float, spent_s: float, outcome: str) -> None:
+        self.log.append(("planned", room.key, outcome))
+
+    def victim_options(self) -> dict:
+        return {}
+
+    def room_coming(self, request: PodRequest) -> str:
+        return ""
+
+    def leaving(self) -> frozenset[str]:
+        return frozenset()
+
+    def evict(self, a: Attempt) -> bool:
+        assert a.room is not None
+        self.log.append(("evict", a.request.name, sorted(v.pod_key for v in a.room.victims)))
+        if self.gone_at_once:
+            for v in a.room.victims:
+                self.sched.forget(v.pod_key)
+        return self.gone_at_once
+
+    def evict_for_gang(self, room: RoomFor, plan: Plan) -> bool:
+        self.log.append(("evict_for_gang", room.key, sorted(v.pod_key for v in plan.victims)))
+        if self.gone_at_once:
+            for v in plan.victims:
+                self.sched.forget(v.pod_key)
+        return self.gone_at_once
+
+
+def setup(nodes: int = 1, gpus: int = 2, **kw) -> tuple[Scheduler, Port, SchedulingRound]:
+    s = scheduler([make_node(f"n{i}", gpus, T4) for i in range(nodes)], "bestfit")
+    port = Port(s, **kw)
+    return s, port, SchedulingRound(port, port, port)
+
+
+def test_a_pod_that_fits_is_bound_and_one_that_does_not_waits_with_the_engine_reasons():
+    s, port, rnd = setup()
+    assert rnd.try_pod(gpu_pod("a", 2), 0.0, 0.0).ok
+    a = rnd.try_pod(gpu_pod("b"), 0.0, 0.0)
+    assert not a.ok and "GpuFit" in a.decision.rejected_by
+    assert port.log == [("bind", "a", "n0", False, False), ("wait", "b", False, None)]
+
+
+def test_a_higher_priority_pod_preempts_and_is_placed_at_once_when_victims_go_at_once():
+    s, port, rnd = setup()
+    assert rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0).ok
+    port.log.clear()
+    a = rnd.try_pod(gpu_pod("urgent", 1, priority=10), 1.0, 0.0)
+    assert a.ok and a.made_room
+    assert port.log == [("planned", "default/urgent", "victims"), ("wait", "urgent", False, "preempted"),
+                        ("evict", "urgent", ["default/low"]), ("bind", "urgent", "n0", False, True)]
+
+
+def test_live_victims_leave_later_so_the_pod_waits_with_its_plan():
+    s, port, rnd = setup(gone_at_once=False)
+    assert rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0).ok
+    a = rnd.try_pod(gpu_pod("urgent", 1, priority=10), 1.0, 0.0)
+    assert not a.ok and a.room is not None and [v.pod_key for v in a.room.victims] == ["default/low"]
+    assert port.log[-2:] == [("wait", "urgent", False, "preempted"), ("evict", "urgent", ["default/low"])]
+    assert "default/low" in s.state.assignments  # the round deletes nothing itself
+
+
+def test_no_plan_when_rationing_says_no_or_nobody_runs_below_it_or_the_shell_says_not_now():
+    s, port, rnd = setup(allow=False)
+    rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0)
+    assert rnd.try_pod(gpu_pod("urgent", 1, priority=10), 1.0, 0.0).room is None
+    port.allow = True
+    assert rnd.try_pod(gpu_pod("same", 1, priority=0), 1.0, 0.0).room is None  # nobody of lower priority runs
+    assert rnd.try_pod(gpu_pod("urgent", 1, priority=10), 1.0, 0.0, plan=False).room is None
+    assert not any(e[0] == "planned" for e in port.log)
+    rnd.preemption = False
+    assert rnd.try_pod(gpu_pod("urgent", 1, priority=10), 1.0, 0.0).room is None
+
+
+def test_a_failed_screen_skips_the_cycle_and_still_makes_room():
+    s, port, rnd = setup()
+    rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0)
+    port.fits = False  # the shell's screen says no node has the room: no cycle, straight to making room
+    a = rnd.try_pod(gpu_pod("urgent", 1, priority=10), 1.0, 0.0)
+    assert port.log[-3:] == [("wait", "urgent", False, "preempted"), ("evict", "urgent", ["default/low"]),
+                             ("wait", "urgent", False, None)]  # the retry asked the screen again, which still says no
+    assert not a.ok and a.decision.status is NO_ROOM and a.decision.rejected_by == {COULD_FIT}
+
+
+def test_a_pod_only_a_gangs_hold_keeps_out_is_told_so_and_a_higher_priority_one_ends_the_hold():
+    s, port, rnd = setup(nodes=1, gpus=2)
+    g = rnd.gangs
+    for k in range(2):  # a gang of 3 one-GPU members, 2 arrived: it holds both GPUs while the third comes
+        g.add(gpu_pod(f"w{k}", 1, priority=5, group="job", need=3), 0.0)
+    rnd.gang_round(0.0)
+    assert len(g.held) == 2
+    a = rnd.try_pod(gpu_pod("same"), 1.0, 0.0)
+    assert not a.ok and a.note.startswith("pod group default/job holds") and a.until == g.hold_deadline()
+    b = rnd.try_pod(gpu_pod("urgent", 1, priority=10), 2.0, 0.0)
+    assert b.ok and not g.held  # higher than the gang: the hold ends and the pod is placed
+
+
+def test_gang_round_preempts_for_the_whole_gang_and_steps_again_when_victims_go_at_once():
+    s, port, rnd = setup(nodes=2, gpus=2)
+    for k in range(2):
+        assert rnd.try_pod(gpu_pod(f"low{k}", 2), 0.0, 0.0).ok
+    port.log.clear()
+    for k in range(2):
+        rnd.gangs.add(gpu_pod(f"w{k}", 2, priority=10, group="job", need=2), 1.0)
+    out = rnd.gang_round(1.0)
+    assert ("evict_for_gang", "default/job", ["default/low0", "default/low1"]) in port.log
+    assert port.log[-1] == ("gang_placed", "default/job", ["default/w0", "default/w1"], False)
+    assert out[-1].ok
+
+
+def test_gang_round_live_waits_for_its_victims():
+    s, port, rnd = setup(nodes=2, gpus=2, gone_at_once=False)
+    for k in range(2):
+        rnd.try_pod(gpu_pod(f"low{k}", 2), 0.0, 0.0)
+    for k in range(2):
+        rnd.gangs.add(gpu_pod(f"w{k}", 2, priority=10, group="job", need=2), 1.0)
+    out = rnd.gang_round(1.0)
+    assert [r.ok for r in out] == [False]
+    assert ("gang_waits", "default/job") in port.log and port.log[-1][0] == "evict_for_gang"
