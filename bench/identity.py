@@ -158,7 +158,7 @@ def _simulate(argv: list[str]) -> dict:
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(io.StringIO()):
             rc = main(["simulate", *argv, "--jobs", "1", "--no-progress", "--report", "", "--json", str(out)])
         if rc not in (0, None):
-            raise SystemExit(f"gpufleet simulate {' '.join(argv)}: exit {rc}")
+            raise RuntimeError(f"gpufleet simulate {' '.join(argv)}: exit {rc}")
         data = json.loads(out.read_text())
     data.pop("provenance", None)
     return {"json": _clean(data), "table": buf.getvalue()}
@@ -258,11 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         only = {s for s in a.only.split(",") if s}
         unknown = only - set(SCENARIOS)
         if unknown:
-            print(f"--only: unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
-            return 2
+            from gpufleet.engine.errors import UsageError
+
+            raise UsageError(f"--only: unknown scenario(s) {', '.join(sorted(unknown))}; known: {', '.join(SCENARIOS)}")
         return record(a.out, only or None)
     return compare(a.before, a.after)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("identity.py", main))
