@@ -262,19 +262,28 @@ def _task(kind: str, variant: str, seed: int, policy: str, tune: float, time_lim
 
 
 def policy_config(policy: str):
-    """``default`` or, for tuning runs, ``default:model_weight=4/sliver_weight=8`` (the default profile, args set; ``/`` or ``,`` between them)."""
+    """``default`` or, for tuning runs, ``default:model_weight=4/sliver_weight=8`` (the default profile, args set; ``/`` or
+    ``,`` between them).  The default's arguments go to the plugins or components that take them (``policies.default.owners``);
+    another policy's to its first score plugin."""
     if ":" not in policy:
         return policy
     import copy
 
     from gpufleet.policies import profile_config
+    from gpufleet.policies.default import owners
 
     name, _, args = policy.partition(":")
     cfg = copy.deepcopy(profile_config(name))
     prof = cfg["profiles"][0]
-    plugin = prof["plugins"]["score"][0]["name"]
+    first = prof["plugins"]["score"][0]["name"]
     prof["name"] = policy
-    prof.setdefault("pluginConfig", {})[plugin] = dict(_plugin_arg(kv) for kv in args.replace("/", ",").split(","))
+    pconf = prof.setdefault("pluginConfig", {})
+    for arg, value in (_plugin_arg(kv) for kv in args.replace("/", ",").split(",")):
+        to = owners(arg) if name in ("default", "strandfrag") else [first]
+        if not to:
+            raise ValueError(f"{policy}: no plugin of the default policy takes an argument {arg!r}")
+        for plugin in to:
+            pconf.setdefault(plugin, {})[arg] = value
     return cfg
 
 

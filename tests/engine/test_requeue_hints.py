@@ -30,7 +30,7 @@ def test_built_in_plugins_say_what_may_lift_their_rejection():
     assert h["GpuFit"] == h["NodeResourcesFit"] == h["NodePorts"] == h[COULD_FIT] == ROOM
     assert h["NodeAffinity"] == h["TaintToleration"] == h["NodeUnschedulable"] == NODES
     assert h["InterPodAffinity"] == h["PodTopologySpread"] == PODS  # cluster-wide counts: any pod leaving
-    assert h["StrandAwareFragScore"] == ROOM
+    assert h["CpuReserve"] == h["WholeGpuReserve"] == ROOM
 
 
 def test_a_pod_kept_out_by_room_wakes_only_when_a_node_it_could_fit_on_gains_room():

@@ -7,17 +7,19 @@ gang paths place it in that held room instead (``schedqueue.plan_room`` plans ``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from gpufleet.engine.gang import GangScheduler
 from gpufleet.engine.model import PodRequest
 from gpufleet.engine.schedqueue import plan_room
 from gpufleet.kube.api import FakeApi
-from gpufleet.policies.default import StrandAwareFragScore
+from gpufleet.policies.default import CpuReserve
 from tests.builders import T4, make_node, scheduler
 from tests.kube.test_loop import Clock, make, node, pod
 
-R = StrandAwareFragScore.RESERVE_REASON
+R = CpuReserve.REASON
 
 
 # --- the planner -----------------------------------------------------------------------------------
@@ -39,8 +41,8 @@ def _cpu_short(cpu_reserve: float = 1.0):
     s = scheduler([make_node("g0", 4, T4, cpu_milli=32_000), make_node("g1", 4, T4, cpu_milli=24_000),
                    make_node("c0", 0, cpu_milli=16_000)], "default")
     for p in s.profile.filters:
-        if isinstance(p, StrandAwareFragScore):
-            p.cpu_reserve = cpu_reserve
+        if isinstance(p, CpuReserve):
+            p.args = replace(p.args, cpu_reserve=cpu_reserve)
     for r in [_gpu_pod(f"seen-g{i}") for i in range(64)] + [_cpu_pod(f"seen-c{i}", 8000) for i in range(48)]:
         s.observe(r)
     assert s.schedule(_cpu_pod("low-c0", 16_000, on="c0")).ok

@@ -203,7 +203,7 @@ def test_the_live_default_keeps_whole_gpus_for_whole_gpu_pods_while_they_are_sca
         api.add_pod(p)
     clock = Clock()
     cfg = dict(profile_config("default")["profiles"][0])
-    cfg["pluginConfig"] = {"StrandAwareFragScore": {"whole_reserve": 0.5}}
+    cfg["pluginConfig"] = {"WholeGpuReserve": {"whole_reserve": 0.5}}
     loop = make(api, clock, policy={"profiles": [cfg]})
     loop.schedule_due()
     assert [k for k, _ in api.binds] == [f"ml/whole-{i}" for i in range(6)] + ["ml/whole-late"]

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.engine.model import PodRequest
-from gpufleet.policies.default import StrandAwareFragScore
+from gpufleet.policies.default import WorkloadArgs, WorkloadModel
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -26,8 +26,8 @@ POD = st.tuples(
 )
 
 
-def learned(pods) -> StrandAwareFragScore:
-    p = StrandAwareFragScore(learn_online=False)
+def learned(pods) -> WorkloadModel:
+    p = WorkloadModel(WorkloadArgs(learn_online=False))
     reqs = []
     for i, (cpu, milli, count, allow) in enumerate(pods):
         gpus = count if milli == 1000 else (1 if milli else 0)
@@ -41,8 +41,8 @@ def learned(pods) -> StrandAwareFragScore:
 @given(st.lists(POD, min_size=1, max_size=60), st.floats(min_value=0.05, max_value=1.0))
 def test_fading_keeps_the_learned_mix_and_scales_its_weight(pods, keep):
     p = learned(pods)
-    before = (sum(p._counts.values()), dict(p._counts), list(p._sums), p._cpu_all, dict(p._pinned), dict(p._share_sizes),
-              dict(p._ratios))
+    before = (sum(p._counts.values()), dict(p._counts), list(p.sums), p.cpu_all, dict(p.pinned), dict(p.share_sizes),
+              dict(p.ratios))
     p._forget(keep)
     weight, counts, sums, cpu_all, pinned, shares, ratios = before
     kept = {k: v * keep for k, v in counts.items() if v * keep >= 0.01}
@@ -50,20 +50,20 @@ def test_fading_keeps_the_learned_mix_and_scales_its_weight(pods, keep):
     for k, v in kept.items():
         assert np.isclose(p._counts[k], v)
     assert np.isclose(sum(p._counts.values()), weight * keep)  # a pod weighs >= 1, so nothing here is dropped
-    for now, was in zip(p._sums, sums):
+    for now, was in zip(p.sums, sums):
         assert np.isclose(now, was * keep)
-    assert np.isclose(p._cpu_all, cpu_all * keep)
+    assert np.isclose(p.cpu_all, cpu_all * keep)
     if sums[0] > 0:  # CPU per GPU milli, as the stranding term reads it
-        assert np.isclose(p._sums[1] / p._sums[0], sums[1] / sums[0])
+        assert np.isclose(p.sums[1] / p.sums[0], sums[1] / sums[0])
     total_pinned = sum(pinned.values())
     if total_pinned:
-        assert np.isclose(sum(p._pinned.values()), total_pinned * keep)
+        assert np.isclose(sum(p.pinned.values()), total_pinned * keep)
         for k, v in pinned.items():
-            assert np.isclose(p._pinned[k] / sum(p._pinned.values()), v / total_pinned)
-    assert set(p._share_sizes) == set(shares)
+            assert np.isclose(p.pinned[k] / sum(p.pinned.values()), v / total_pinned)
+    assert set(p.share_sizes) == set(shares)
     for k, v in shares.items():
-        assert np.isclose(p._share_sizes[k], v * keep)
-    assert set(p._ratios) == set(ratios)  # the CPU-per-GPU histogram keeps its shape
+        assert np.isclose(p.share_sizes[k], v * keep)
+    assert set(p.ratios) == set(ratios)  # the CPU-per-GPU histogram keeps its shape
     total = sum(ratios.values())
     for k, v in ratios.items():
-        assert np.isclose(p._ratios[k] / sum(p._ratios.values()), v / total)
+        assert np.isclose(p.ratios[k] / sum(p.ratios.values()), v / total)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import GPU_MILLI, Assignment, PodRequest
 from gpufleet.engine.state import ClusterState
-from gpufleet.policies.default import StrandAwareFragScore
+from gpufleet.policies.default import DescentScore, WorkloadArgs, WorkloadModel
 from gpufleet.policies.paper.fgd import DEDUPE_MIN_NODES, FGDScore, state_groups
 
 from tests.builders import A100, T4, make_node
@@ -30,7 +30,7 @@ WORKLOAD = [PodRequest(name=f"w{i}", cpu_milli=c, memory_mib=4096, gpu_count=n, 
 
 
 def plugin(kind: str):
-    p = FGDScore() if kind == "fgd" else StrandAwareFragScore(learn_online=False)
+    p = FGDScore() if kind == "fgd" else DescentScore(model=WorkloadModel(WorkloadArgs(learn_online=False)))
     p.prime(WORKLOAD)
     return p
 

@@ -8,7 +8,7 @@ import pytest
 from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import PodRequest
 from gpufleet.engine.state import ClusterState
-from gpufleet.policies.default import StrandAwareFragScore
+from gpufleet.policies.default import CpuReserve, CpuReserveArgs, WorkloadModel
 from tests.builders import T4, make_node, scheduler, verdicts
 
 
@@ -25,18 +25,18 @@ def nodes():
     return [make_node("g0", 4, T4, cpu_milli=32_000), make_node("g1", 4, T4, cpu_milli=24_000), make_node("c0", 0, cpu_milli=16_000)]
 
 
-def learned(gpu_pods: int = 64, cpu_only: int = 48, **kw) -> StrandAwareFragScore:
+def learned(gpu_pods: int = 64, cpu_only: int = 48, **kw) -> CpuReserve:
     """GPU pods at 4 cores per GPU; 48 CPU-only pods of 8 cores make CPU demand at full GPU demand
     (256 + 384 cores per 64 GPUs, i.e. 80 cores per 8 GPUs) exceed the 72 cores there are."""
-    p = StrandAwareFragScore(**kw)
+    model = WorkloadModel()
     for i in range(gpu_pods):
-        p.observe(gpu_pod(f"g{i}"))
+        model.observe(gpu_pod(f"g{i}"))
     for i in range(cpu_only):
-        p.observe(cpu_pod(f"c{i}", 8000))
-    return p
+        model.observe(cpu_pod(f"c{i}", 8000))
+    return CpuReserve(CpuReserveArgs.from_config("CpuReserve", kw), model)
 
 
-R = StrandAwareFragScore.RESERVE_REASON
+R = CpuReserve.REASON
 
 
 @pytest.mark.parametrize("case, policy, pod, want", [
@@ -76,12 +76,14 @@ def test_the_reserve_shrinks_as_gpu_pods_take_the_gpus_and_the_diagnosis_names_i
     assert not s.schedule(cpu_pod("c17", 17_000)).ok
     d = s.schedule(cpu_pod("c16", 16_000))
     assert d.ok and d.assignment.node == "g0"
+    assert d.rejected_by == set() and not s.schedule(cpu_pod("c17b", 17_000)).ok
+    assert s.schedule(cpu_pod("c17c", 17_000)).rejected_by == {"NodeResourcesFit", "CpuReserve"}
 
 
 def test_the_reserve_learns_where_it_is_only_a_filter():
     # FGD's scores with the default's reserve as a filter: the filter must see the pods to learn the CPU per GPU
     cfg = {"name": "fgd-reserve", "tieBreak": "ordered",
-           "plugins": {"filter": ["NodeResourcesFit", "GpuFit", "StrandAwareFragScore"], "score": ["FGDScore"], "gpuSelect": "FGDScore"}}
+           "plugins": {"filter": ["NodeResourcesFit", "GpuFit", "CpuReserve"], "score": ["FGDScore"], "gpuSelect": "FGDScore"}}
     s = scheduler(nodes(), cfg)
     for r in [gpu_pod(f"seen-g{i}") for i in range(64)] + [cpu_pod(f"seen-c{i}", 8000) for i in range(48)]:
         s.observe(r)

@@ -9,10 +9,10 @@ from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import profile_config
-from gpufleet.policies.default import StrandAwareFragScore
+from gpufleet.policies.default import WHOLE_KEPT, WholeGpuReserve, WholeGpuReserveArgs, WorkloadModel
 from tests.builders import T4, make_node, scheduler, verdicts
 
-R = StrandAwareFragScore.WHOLE_REASON
+R = WholeGpuReserve.REASON
 
 
 def share(name: str, milli: int, cpu: int = 2000, node: str | None = None) -> PodRequest:
@@ -25,17 +25,17 @@ def nodes():
     return [make_node("n0", 4, T4, cpu_milli=64_000), make_node("n1", 4, T4, cpu_milli=64_000)]
 
 
-def learned(mix=((1000, 32), (810, 24), (470, 8)), cpu_only: int = 0, **kw) -> StrandAwareFragScore:
+def learned(mix=((1000, 32), (810, 24), (470, 8)), cpu_only: int = 0, **kw) -> WholeGpuReserve:
     """A workload of whole GPUs, 810s (whose 190 nothing seen fills) and 470s (which fill each other's 530)."""
-    p = StrandAwareFragScore(**kw)
+    model = WorkloadModel()
     i = 0
     for milli, n in mix:
         for _ in range(n):
-            p.observe(share(f"seen{i}", milli))
+            model.observe(share(f"seen{i}", milli))
             i += 1
     for j in range(cpu_only):
-        p.observe(PodRequest(name=f"cpu{j}", cpu_milli=64_000, memory_mib=1024))
-    return p
+        model.observe(PodRequest(name=f"cpu{j}", cpu_milli=64_000, memory_mib=1024))
+    return WholeGpuReserve(WholeGpuReserveArgs.from_config("WholeGpuReserve", kw), model)
 
 
 def cluster(*placed: tuple[str, int]) -> ClusterState:
@@ -79,11 +79,12 @@ def test_a_pod_that_waited_or_would_evict_may_take_a_whole_gpu(waited_s, take_he
     cyc = Cycle(request=share("x", 810), rng=np.random.default_rng(0), waited_s=waited_s, take_held=take_held)
     res = learned(whole_reserve=1.0).filter(cyc, cluster(*SCARCE))
     assert (not res.ok[1]) == kept and res.passes_all == (not kept)
+    assert (cyc.read(WHOLE_KEPT) is not None) == kept  # the descent reads which nodes keep their whole GPUs
 
 
 def default_with(**args) -> dict:
     cfg = dict(profile_config("default")["profiles"][0])
-    cfg["pluginConfig"] = {"StrandAwareFragScore": args}
+    cfg["pluginConfig"] = {"WholeGpuReserve": args}
     return cfg
 
 

@@ -22,7 +22,8 @@ PAPER = {"RandomScore", "RandomGpu", "DotProductScore", "GpuClusteringScore", "G
 
 def test_registry_knows_builtin_and_policy_plugins():
     names = set(registry().names())
-    assert BUILTIN | PAPER | {"StrandAwareFragScore"} <= names
+    assert BUILTIN | PAPER | {"DescentScore", "ModelPressure", "CpuReserve", "WholeGpuReserve"} <= names
+    assert "WorkloadModel" not in names  # a component the default's plugins share, not a plugin
 
 
 def test_policy_names_include_the_six_paper_policies_and_default():
@@ -33,7 +34,7 @@ def test_policy_names_include_the_six_paper_policies_and_default():
 def test_every_policy_profile_builds_and_schedules(name):
     prof = build_profile(name)
     assert isinstance(prof, Profile) and prof.name == name
-    reserve = ["SpotCapacity", "StrandAwareFragScore"] if name in ("default", "strandfrag") else []  # spot; the CPU reserve
+    reserve = ["SpotCapacity", "CpuReserve", "WholeGpuReserve"] if name in ("default", "strandfrag") else []  # spot; the default's reserves
     assert [f.name for f in prof.filters] == list(DEFAULT_FILTERS) + reserve
     assert prof.scores and all(w > 0 for _, w in prof.scores)
     assert prof.gpu_selector is not None
@@ -90,14 +91,21 @@ CONFIG_ERRORS = [
     ("pluginConfig for unknown plugin", {"name": "p", "pluginConfig": {"FGDx": {}}}, "pluginConfig for unknown plugin 'FGDx'"),
     ("bad pluginConfig argument", {"name": "p", "pluginConfig": {"LeastAllocated": {"bogus": 1}}, "plugins": {"score": ["LeastAllocated"]}}, "plugin 'LeastAllocated': bad pluginConfig"),
     ("profile not a mapping", ["GpuFit"], "a profile must be a mapping"),
-    ("negative memory_pods", {"name": "p", "pluginConfig": {"StrandAwareFragScore": {"memory_pods": -1}}, "plugins": {"score": ["StrandAwareFragScore"]}},
-     "plugin 'StrandAwareFragScore': memory_pods must be an integer >= 0, got -1"),
+    ("negative memory_pods", {"name": "p", "pluginConfig": {"WorkloadModel": {"memory_pods": -1}}, "plugins": {"score": ["DescentScore"]}},
+     "plugin 'WorkloadModel': memory_pods must be an integer >= 0, got -1"),
+    ("component arguments checked with no plugin using it", {"name": "p", "pluginConfig": {"WorkloadModel": {"threshold": 2}}},
+     "plugin 'WorkloadModel': threshold must be a number in [0.0, 1.0], got 2"),
+    ("a component placed as a plugin", _profile(score=["WorkloadModel"]), "'WorkloadModel' is a component the plugins share, not a plugin"),
+    ("unknown argument of a default plugin", {"name": "p", "pluginConfig": {"CpuReserve": {"reserve": 1}}, "plugins": {"filter": ["CpuReserve"]}},
+     "plugin 'CpuReserve': unknown argument(s) reserve; known: cpu_reserve, reserve_max_wait_s, reserve_tight"),
     ("string refresh_max_pods", {"name": "p", "pluginConfig": {"FGDScore": {"refresh_max_pods": "8k"}}, "plugins": {"score": ["FGDScore"]}},
      "plugin 'FGDScore': refresh_max_pods must be an integer >= 0, got '8k'"),
-    ("negative pattern_weight", {"name": "p", "pluginConfig": {"StrandAwareFragScore": {"pattern_weight": -1}}, "plugins": {"score": ["StrandAwareFragScore"]}},
-     "plugin 'StrandAwareFragScore': pattern_weight must be a number >= 0, got -1"),
-    ("string learn_online", {"name": "p", "pluginConfig": {"StrandAwareFragScore": {"learn_online": "yes"}}, "plugins": {"score": ["StrandAwareFragScore"]}},
-     "plugin 'StrandAwareFragScore': learn_online must be true or false, got 'yes'"),
+    ("negative pattern_weight", {"name": "p", "pluginConfig": {"SharePatterns": {"pattern_weight": -1}}, "plugins": {"score": ["DescentScore"]}},
+     "plugin 'SharePatterns': pattern_weight must be a number >= 0, got -1"),
+    ("string learn_online", {"name": "p", "pluginConfig": {"WorkloadModel": {"learn_online": "yes"}}, "plugins": {"score": ["DescentScore"]}},
+     "plugin 'WorkloadModel': learn_online must be true or false, got 'yes'"),
+    ("string strand_quantiles", {"name": "p", "pluginConfig": {"DescentScore": {"strand_quantiles": 2.5}}, "plugins": {"score": ["DescentScore"]}},
+     "plugin 'DescentScore': strand_quantiles must be an integer >= 0, got 2.5"),
     ("threshold above 1", {"name": "p", "pluginConfig": {"FGDScore": {"threshold": 90}}, "plugins": {"score": ["FGDScore"]}},
      "plugin 'FGDScore': threshold must be a number in [0.0, 1.0], got 90"),
 ]

@@ -15,10 +15,17 @@ A profile names its plugins per extension point and weights its scores::
 Everything is checked at start-up: an unknown plugin, a plugin placed at an
 extension point it does not implement, a weight that is not a positive integer,
 an unknown key -- each is a ``ConfigError`` that says where.
+
+Plugins of one profile may share a component (kube-scheduler's framework handle): a component is
+registered by name like a plugin (``register_shared``), takes its own ``pluginConfig`` entry, is
+placed at no extension point, and is made once per profile; a plugin factory that takes a ``handle``
+keyword gets a ``ProfileHandle`` and asks it for the component (``handle.shared(name)``).  The
+default policy's plugins share the workload they learn this way.
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -31,23 +38,56 @@ from .plugins import DEFAULT_FILTERS
 Factory = Callable[..., object]
 
 
+class ProfileHandle:
+    """What a profile's plugins share: its components by name, each made once (from its ``pluginConfig``)."""
+
+    def __init__(self, registry: Registry, config: Mapping[str, Any] | None = None) -> None:
+        self.registry = registry
+        self.config = config or {}
+        self._made: dict[str, object] = {}
+
+    def shared(self, name: str) -> Any:
+        if name not in self._made:
+            if name not in self.registry._shared:
+                raise ConfigError(f"unknown shared component {name!r}")
+            self._made[name] = self.registry.create(name, self.config.get(name), self)
+        return self._made[name]
+
+
 class Registry:
     def __init__(self) -> None:
         self._factories: dict[str, Factory] = {}
+        self._wants_handle: set[str] = set()
+        self._shared: set[str] = set()
 
     def register(self, name: str, factory: Factory) -> None:
         if name in self._factories:
             raise ConfigError(f"plugin {name!r} registered twice")
         self._factories[name] = factory
+        try:
+            if "handle" in inspect.signature(factory).parameters:
+                self._wants_handle.add(name)
+        except (TypeError, ValueError):  # a builtin without a signature: takes no handle
+            pass
+
+    def register_shared(self, name: str, factory: Factory) -> None:
+        """A component the plugins of a profile share (see the module docstring); not a plugin."""
+        self.register(name, factory)
+        self._shared.add(name)
 
     def names(self) -> list[str]:
-        return sorted(self._factories)
+        """Plugin names (shared components left out)."""
+        return sorted(set(self._factories) - self._shared)
 
-    def create(self, name: str, args: Mapping[str, Any] | None = None) -> object:
+    def create(self, name: str, args: Mapping[str, Any] | None = None, handle: ProfileHandle | None = None) -> object:
+        """A plugin (or component) from its arguments; ``handle``: the profile's (a fresh one when None)."""
         if name not in self._factories:
             raise ConfigError(f"unknown plugin {name!r}; known plugins: {', '.join(self.names())}")
+        kw = dict(args or {})
+        if name in self._wants_handle:
+            kw["handle"] = handle if handle is not None else ProfileHandle(self)
         try:
-            return self._factories[name](**dict(args or {}))
+            return self._factories[name](**kw)
         except TypeError as exc:
             raise ConfigError(f"plugin {name!r}: bad pluginConfig: {exc}") from None
 
@@ -64,12 +104,15 @@ class Registry:
         if bad_points:
             raise ConfigError(f"profile {pname!r}: unknown extension point(s) {sorted(bad_points)}; known: {sorted(EXTENSION_POINTS)}")
         instances: dict[str, object] = {}
+        handle = ProfileHandle(self, pconf)
 
         def get(name: Any, point: str) -> object:
             if not isinstance(name, str):
                 raise ConfigError(f"profile {pname!r}: {point}: plugin name must be a string, got {name!r}")
+            if name in self._shared:
+                raise ConfigError(f"profile {pname!r}: {point}: {name!r} is a component the plugins share, not a plugin")
             if name not in instances:
-                instances[name] = self.create(name, pconf.get(name))
+                instances[name] = self.create(name, pconf.get(name), handle)
             p = instances[name]
             if not isinstance(p, EXTENSION_POINTS[point]):
                 raise ConfigError(f"profile {pname!r}: plugin {name!r} does not implement the {point} extension point")
@@ -105,6 +148,9 @@ class Registry:
         sel = plugins.get("gpuSelect", "BestFitGpu")
         prof.gpu_selector = get(sel, "gpuSelect")  # type: ignore[assignment]
         prof.reserves = [get(n, "reserve") for n in _names(plugins.get("reserve"), pname, "reserve")]  # type: ignore[misc]
+        for n in pconf:  # a component's arguments are checked even where no plugin of this profile uses it
+            if n in self._shared:
+                handle.shared(n)
         return prof
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Generic, Hashable, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,23 @@ class FilterResult:
         return self.codes if self.codes is not None or self.codes_of is None else self.codes_of()
 
 
+T = TypeVar("T")
+
+
+class StateKey(Generic[T]):
+    """A typed key for per-cycle state (kube-scheduler's ``CycleState`` keys): a plugin that writes
+    something for a later phase of the same cycle (a filter for the GPU selector, a term computed once per
+    cycle) owns a key, so readers get its type and two plugins never clash on a string."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
 @dataclass(frozen=True)
 class GpuChoice:
     gpu_indices: tuple[int, ...] = ()
@@ -60,7 +77,7 @@ class Cycle:
 
     request: PodRequest
     rng: np.random.Generator
-    data: dict[str, Any] = field(default_factory=dict)  # plugin scratch space
+    data: dict[Any, Any] = field(default_factory=dict)  # per-cycle plugin state: ``read``/``write`` by StateKey (older plugins: strings)
     feasible: np.ndarray | None = None
     fail_reasons: list[str] = field(default_factory=list)
     rejected_by: list[str] = field(default_factory=list)  # filter plugins that turned nodes away (queueing hints)
@@ -96,6 +113,13 @@ class Cycle:
         self._rejections = None
 
     _rejections_n: int = field(default=0, repr=False)
+
+    def read(self, key: StateKey[T]) -> T | None:
+        """What a plugin wrote under ``key`` this cycle, or None."""
+        return self.data.get(key)
+
+    def write(self, key: StateKey[T], value: T) -> None:
+        self.data[key] = value
 
 
 # --- extension points ---------------------------------------------------------
@@ -510,7 +534,7 @@ def feasible_reason_counts(cycle: Cycle) -> dict[str, int]:
 
 
 __all__: Sequence[str] = [
-    "Binder", "BindError", "Code", "Cycle", "Decision", "FilterResult", "FilterPlugin", "GpuChoice",
+    "Binder", "BindError", "Code", "Cycle", "StateKey", "Decision", "FilterResult", "FilterPlugin", "GpuChoice",
     "GpuSelectPlugin", "PreFilterPlugin", "Profile", "ReservePlugin", "Scheduler", "ScorePlugin",
     "EXTENSION_POINTS", "MAX_NODE_SCORE",
 ]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter, OrderedDict
-from dataclasses import dataclass, field, fields
+from collections import OrderedDict
+from dataclasses import dataclass, fields
 from typing import Iterable
 
 import numpy as np
@@ -21,7 +21,8 @@ from ...engine.plugins.gpufit import eligible_gpus
 from ...engine.plugins.gpuselect import BestFitGpu, pick_mig
 from ...engine.state import ClusterState
 from ._common import PaperPlugin, take_packed
-from .workload import POPULARITY_THRESHOLD, TargetWorkload, frag_amount, node_view, shape_of, workload_distance
+from .learning import FORGET_BELOW, SEEN_KEYS_MAX, OnlineWorkload, fade
+from .workload import POPULARITY_THRESHOLD, TargetWorkload, frag_amount, node_view, shape_of
 
 
 DEDUPE_MIN_NODES = 32  # below this, grouping costs more than it saves
@@ -87,128 +88,27 @@ def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
     return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(-delta / 1000.0)))
 
 
-SEEN_KEYS_MAX = 200_000  # pod keys remembered for de-duplication (a retried pod is learned once)
-FORGET_BELOW = 0.01  # pods: a learned shape weighing less is dropped (see FGDScore._forget)
+class FragDescent:
+    """FGD's score machinery over a learned target workload (``learner``), for FGD and the default's descent.
 
-
-def fade(weights: dict, keep: float, below: float) -> None:
-    """Scale learned weights by ``keep``, dropping those that fall under ``below``."""
-    for k in list(weights):
-        w = weights[k] * keep
-        if w < below:
-            del weights[k]
-        else:
-            weights[k] = w
-
-
-@dataclass
-class FGDScore(PaperPlugin):
-    """Fragmentation gradient descent (``fgd_score.go``).
-
-    Score = how much the node's expected fragment (``frag_amount`` over the
-    target workload) *decreases* when the pod is placed, squashed through a
-    sigmoid; for a shared pod, the best GPU of the node counts, and that GPU
-    is also the one chosen.  The target workload is given (the paper uses the
-    whole trace) or learned online from the pods seen (``learn_online``).
+    A share's score is its best GPU's, through a per-GPU score cache (``_shared_scores``) that the GPU
+    selector reads too; other pods are scored per node, with nodes in identical states scored once
+    (``state_groups``).  Subclasses say how a placement scores (``_placement_scores``, ``_node_scores``).
     """
 
-    name: str = "FGDScore"
-    learn_online: bool = False
-    refresh_every: int = 64
-    refresh_growth: float = 0.1  # after refresh_every * 8 pods, refresh when the count grew by this fraction
-    refresh_max_pods: int = 8192  # ... but at least every this many pods (0: no limit)
-    memory_pods: int = 16384  # at a refresh, older pods fade so that the pods seen weigh this many: the target follows a drifting mix (0: never forget)
-    min_change: float = 0.0  # keep the current workload unless shape frequencies moved more than this (L1)
-    threshold: float = POPULARITY_THRESHOLD
-    include_cpu_pods: bool = True
-    workload: TargetWorkload | None = None
-    _counts: Counter = field(default_factory=Counter, repr=False)
-    _seen: int = 0
-    _next_refresh: int = 0
-    _access: tuple | None = field(default=None, repr=False)
-    _version: int = 0  # bumped whenever the target workload changes (part of the score cache key)
-    _gsel: OrderedDict = field(default_factory=OrderedDict, repr=False)  # see _gpu_cache
-    _keys: OrderedDict = field(default_factory=OrderedDict, repr=False)  # pod keys already learned from
-
-    def __post_init__(self) -> None:
-        """Check every numeric and boolean argument (this class's and a subclass's) once, at start."""
-        ranges = {"refresh_every": (1, math.inf), "min_change": (0.0, 2.0), "threshold": (0.0, 1.0)}
-        for f in fields(self):
-            if f.name.startswith("_") or not isinstance(f.default, (bool, int, float)):
-                continue
-            v = getattr(self, f.name)
-            if isinstance(f.default, bool):
-                if not isinstance(v, bool):
-                    raise ConfigError(f"plugin {self.name!r}: {f.name} must be true or false, got {v!r}")
-                continue
-            whole = isinstance(f.default, int)
-            lo, hi = ranges.get(f.name, (0, math.inf))
-            if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not lo <= v <= hi:
-                what = f"an integer >= {lo}" if whole else (f"a number in [{lo}, {hi}]" if hi < math.inf else f"a number >= {lo}")
-                raise ConfigError(f"plugin {self.name!r}: {f.name} must be {what}, got {v!r}")
-
-    # the target workload
-    def prime(self, requests: Iterable[PodRequest]) -> None:
-        """Fix the target workload from a known task population (the paper's setting)."""
-        reqs = [r for r in requests if self.include_cpu_pods or r.gpu_count]
-        self.workload = TargetWorkload.from_requests(reqs, self.threshold)
-        self._access = None
-        self._version += 1
-
-    def observe(self, r: PodRequest) -> None:
-        if not (self.include_cpu_pods or r.gpu_count):
-            return
-        self._counts[shape_of(r)] += 1
-        self._seen += 1
-        # refresh often while little is known, then every ~10% growth: each refresh re-scores all nodes
-        if self.workload is None or self._seen >= self._next_refresh:
-            weight = float(sum(self._counts.values()))
-            if self.memory_pods and weight > self.memory_pods:
-                self._forget(self.memory_pods / weight)
-            new = TargetWorkload.from_counts(self._counts, self.threshold)
-            if self.workload is None or workload_distance(self.workload, new) > self.min_change:
-                self.workload = new
-                self._access = None
-                self._version += 1  # every cached score is stale now
-            if self._seen < self.refresh_every:  # at 1, 2, 4, ... pods: a target learned from the first pod alone
-                self._next_refresh = 2 * self._seen  # misjudged every placement of a fresh scheduler (real node)
-            else:
-                grow = self.refresh_every if self._seen < 8 * self.refresh_every else int(self._seen * self.refresh_growth)
-                step = max(self.refresh_every, grow)
-                self._next_refresh = self._seen + (min(step, self.refresh_max_pods) if self.refresh_max_pods > 0 else step)
-
-    def _forget(self, keep: float) -> None:
-        """Weigh everything learned so far by ``keep`` (< 1): a long-running scheduler's old pods fade.
-
-        Shapes left weighing under a hundredth of a pod are dropped, so the learned state stays bounded
-        however many distinct shapes a cluster sees over its life.
-        """
-        fade(self._counts, keep, FORGET_BELOW)
-
-    def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
-        tw = self.workload or TargetWorkload.from_counts(Counter())
-        key = (self._version, len(state.model_names))
-        if self._access is None or self._access[0] != key:
-            self._access = (key, tw.access(state.model_names))
-        return tw, self._access[1]
+    name = ""
+    learner: OnlineWorkload
+    _gsel: OrderedDict  # see _gpu_cache
 
     def observe_pod(self, cycle: Cycle) -> None:
-        """Learn from this cycle's pod once, and from each pod once however often it is retried."""
-        if not self.learn_online or cycle.data.get("fgd_observed"):
-            return
-        cycle.data["fgd_observed"] = True
-        key = cycle.request.uid or cycle.request.key  # a pod recreated under the same name is a new pod
-        if key:
-            if key in self._keys:
-                return
-            self._keys[key] = None
-            if len(self._keys) > SEEN_KEYS_MAX:
-                self._keys.popitem(last=False)
-        self.observe(cycle.request)
+        self.learner.observe_pod(cycle)
+
+    def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
+        return self.learner.tw(state)
 
     def cache_key(self, cycle: Cycle):
         self.observe_pod(cycle)
-        return (shape_of(cycle.request), self._version)
+        return (shape_of(cycle.request), self.learner.version)
 
     def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
         """Per-GPU scores of a shared pod's shape, [nodes, G], with the node version each was computed at.
@@ -216,7 +116,7 @@ class FGDScore(PaperPlugin):
         ``score`` fills it; ``select_gpus`` reads the chosen node's row instead of
         scoring that node a second time.
         """
-        key = (shape_of(cycle.request), self._version, state.epoch)  # epochs are unique across states
+        key = (shape_of(cycle.request), self.learner.version, state.epoch)  # epochs are unique across states
         cache = self._gsel
         ent = cache.get(key)
         if ent is None or ent[0].shape != state.gpu_free_milli.shape:
@@ -297,3 +197,59 @@ class FGDScore(PaperPlugin):
                 return None
             return GpuChoice((int(np.argmax(s)),))  # first GPU with the best score, as the paper
         return BestFitGpu().select_gpus(cycle, state, node)
+
+
+@dataclass
+class FGDScore(FragDescent, PaperPlugin):
+    """Fragmentation gradient descent (``fgd_score.go``).
+
+    Score = how much the node's expected fragment (``frag_amount`` over the
+    target workload) *decreases* when the pod is placed, squashed through a
+    sigmoid; for a shared pod, the best GPU of the node counts, and that GPU
+    is also the one chosen.  The target workload is given (the paper uses the
+    whole trace) or learned online from the pods seen (``learn_online``).
+    """
+
+    name: str = "FGDScore"
+    learn_online: bool = False
+    refresh_every: int = 64
+    refresh_growth: float = 0.1  # after refresh_every * 8 pods, refresh when the count grew by this fraction
+    refresh_max_pods: int = 8192  # ... but at least every this many pods (0: no limit)
+    memory_pods: int = 16384  # at a refresh, older pods fade so that the pods seen weigh this many: the target follows a drifting mix (0: never forget)
+    min_change: float = 0.0  # keep the current workload unless shape frequencies moved more than this (L1)
+    threshold: float = POPULARITY_THRESHOLD
+    include_cpu_pods: bool = True
+
+    def __post_init__(self) -> None:
+        """Check every numeric and boolean argument once, at start; then the learner they configure."""
+        ranges = {"refresh_every": (1, math.inf), "min_change": (0.0, 2.0), "threshold": (0.0, 1.0)}
+        for f in fields(self):
+            if f.name.startswith("_") or not isinstance(f.default, (bool, int, float)):
+                continue
+            v = getattr(self, f.name)
+            if isinstance(f.default, bool):
+                if not isinstance(v, bool):
+                    raise ConfigError(f"plugin {self.name!r}: {f.name} must be true or false, got {v!r}")
+                continue
+            whole = isinstance(f.default, int)
+            lo, hi = ranges.get(f.name, (0, math.inf))
+            if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not lo <= v <= hi:
+                what = f"an integer >= {lo}" if whole else (f"a number in [{lo}, {hi}]" if hi < math.inf else f"a number >= {lo}")
+                raise ConfigError(f"plugin {self.name!r}: {f.name} must be {what}, got {v!r}")
+        self.learner = OnlineWorkload(self.learn_online, self.refresh_every, self.refresh_growth, self.refresh_max_pods,
+                                      self.memory_pods, self.min_change, self.threshold, self.include_cpu_pods)
+        self._gsel = OrderedDict()
+
+    @property
+    def workload(self) -> TargetWorkload | None:
+        return self.learner.workload
+
+    def prime(self, requests: Iterable[PodRequest]) -> None:
+        """Fix the target workload from a known task population (the paper's setting)."""
+        self.learner.prime(requests)
+
+    def observe(self, r: PodRequest) -> None:
+        self.learner.observe(r)
+
+
+__all__ = ["DEDUPE_MIN_NODES", "FGDScore", "FORGET_BELOW", "FragDescent", "SEEN_KEYS_MAX", "fade", "state_groups"]

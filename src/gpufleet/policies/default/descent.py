@@ -1,0 +1,246 @@
+"""The default's descent score (and GPU selector): how much a placement lowers FGD's expected fragment plus
+the GPU that CPU or memory cannot feed and the slivers no share size fills.
+
+Why these terms (measured on the Alibaba traces, see docs/policy.md): what FGD leaves idle at 100%
+arrived demand is mostly GPUs on nodes whose CPU is gone, and slivers of shared GPUs that no task size
+fills.  The measure of a node state, all in milli-GPU so the terms add up:
+
+* FGD's expected fragment over the learned target workload (``paper.workload.frag_amount``);
+* stranded GPU: ``max(0, gpu_left - cpu_left / rho)`` at the workload's CPU per GPU milli ``rho`` (and the
+  same for memory); where CPU binds first (``quantile_tight`` <= CPU tightness < ``quantile_tight_max``)
+  averaged over ``strand_quantiles`` quantiles of the pods' ratio, taken over the demand the CPU can feed
+  (``quantile_trim``);
+* unfillable sliver: per GPU, the part of its free milli that no sum of the shapes' GPU sizes fills.
+
+A placement scores the measure's decrease, quantised to ``quant_milli`` steps (ties go to the first node of
+a fixed seeded order: the profile's ``tieBreak: ordered``).  A single-GPU share is scored per GPU, with two
+more per-GPU terms: the share patterns (``patterns.SharePatterns``, off where CPU binds first) and, among
+equals, the GPU left with the least free milli (``share_fit``); the node's score is its best GPU's, which is
+also the GPU chosen.  Where the whole-GPU reserve keeps a node's whole GPUs (``reserves.WHOLE_KEPT``), a
+share is scored and placed only on its GPUs in use.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...engine.args import PluginArgs, arg
+from ...engine.framework import Cycle, GpuChoice
+from ...engine.model import GPU_MILLI
+from ...engine.state import ClusterState
+from ..paper._common import take_packed
+from ..paper.fgd import FragDescent
+from ..paper.workload import frag_amount, node_view
+from .patterns import SharePatterns, patterns_of
+from .reserves import WHOLE_KEPT
+from .workload import WorkloadModel, model_of
+
+NAME = "DescentScore"
+
+
+@dataclass(frozen=True)
+class DescentArgs(PluginArgs):
+    strand_weight: float = arg(16.0)  # weight of GPU milli left unfed by CPU (or memory)
+    sliver_weight: float = arg(8.0)  # weight of free GPU milli no share size fills
+    memory_strand: bool = arg(True)  # memory strands GPUs too
+    quant_milli: float = arg(40.0)  # the score's step: decreases within one step tie
+    quantile_tight: float = arg(1.0)  # ratio quantiles once CPU demand / CPU capacity at full GPU demand >= this
+    quantile_tight_max: float = arg(1.2)  # ... and below this (CPU this short does better with the mean ratio)
+    quantile_trim: bool = arg(True)  # quantiles only over the GPU demand the cluster's CPU can feed
+    strand_quantiles: int = arg(4)  # > 0: stranding averaged over this many quantiles of the CPU-per-GPU ratio; 0: the mean ratio
+    share_fit: float = arg(0.5)  # < 1: ties between share placements go to the GPU left with the least free milli
+
+
+class DescentScore(FragDescent):
+    """Score and GPU selector: see the module docstring.  Reads the profile's ``WorkloadModel`` and ``SharePatterns``."""
+
+    name = NAME
+    _UNFIT = -1e9
+
+    def __init__(self, args: DescentArgs | None = None, model: WorkloadModel | None = None,
+                 patterns: SharePatterns | None = None) -> None:
+        self.args = args or DescentArgs()
+        self.learner = self.model = model or WorkloadModel()
+        self.patterns = patterns or SharePatterns()
+        self._gsel = OrderedDict()
+        self._rhos: tuple | None = None
+        self._sliver: tuple | None = None
+        self._bcache: tuple | None = None
+        self._rates: tuple | None = None
+        self._q_rhos: np.ndarray | None = None  # this cycle's ratio quantiles, None: the mean ratio
+
+    @classmethod
+    def from_config(cls, handle: Any = None, **cfg: Any) -> DescentScore:
+        return cls(DescentArgs.from_config(NAME, cfg), model_of(handle), patterns_of(handle))
+
+    # the packing experiment primes a policy that does not learn online with the whole trace
+    @property
+    def learn_online(self) -> bool:
+        return self.model.learn_online
+
+    def prime(self, requests) -> None:
+        self.model.prime(requests)
+
+    # --- the measure -------------------------------------------------------------------
+    def _rho_quantiles(self, state: ClusterState) -> np.ndarray:
+        """CPU milli per GPU milli at the mid-points of ``strand_quantiles`` equal slices of GPU demand.
+
+        With ``quantile_trim``, only over the GPU demand the CPU can feed: when CPU demand at full GPU
+        demand exceeds the cluster's CPU, the CPU-hungriest GPU demand (by ratio) cannot all run, so
+        keeping CPU for it strands GPUs that leaner pods would have used.
+        """
+        m, a = self.model, self.args
+        key = (m.version, state.epoch)
+        if self._rhos is None or self._rhos[0] != key:
+            items = sorted(m.ratios.items()) or [(0.0, 1)]
+            r = np.array([k for k, _ in items], dtype=float)
+            g = np.array([v for _, v in items], dtype=float)
+            if a.quantile_trim:
+                scale = float(state.gpu_milli_cap.sum()) / max(m.sums[0], 1.0)
+                excess = m.cpu_all - float(state.cpu_cap.sum()) / scale  # CPU milli seen beyond what fits
+                cpu = r * g
+                for i in range(len(g) - 1, 0, -1):  # drop from the top ratio down
+                    if excess <= 0:
+                        break
+                    cut = min(cpu[i], excess)
+                    g[i] -= cut / max(r[i], 1e-9)
+                    excess -= cut
+            w = np.cumsum(g)
+            q = (np.arange(a.strand_quantiles) + 0.5) / a.strand_quantiles * w[-1]
+            self._rhos = (key, np.maximum(r[np.minimum(np.searchsorted(w, q), len(r) - 1)], 1e-3))
+        return self._rhos[1]
+
+    def _sliver_table(self) -> np.ndarray:
+        """w[L]: milli of a GPU with L free that no sum of known task sizes fills."""
+        version = self.model.version
+        if self._sliver is not None and self._sliver[0] == version:
+            return self._sliver[1]
+        tw = self.model.workload
+        sizes = sorted({int(m) for m in tw.gpu_milli if 0 < m}) if tw is not None else []
+        reach = np.zeros(GPU_MILLI + 1, dtype=bool)
+        reach[0] = True
+        for x in range(1, GPU_MILLI + 1):
+            reach[x] = any(s <= x and reach[x - s] for s in sizes)
+        fill = np.maximum.accumulate(np.where(reach, np.arange(GPU_MILLI + 1), 0))
+        w = np.arange(GPU_MILLI + 1) - fill
+        self._sliver = (version, w)
+        return w
+
+    def _penalty(self, cpu: np.ndarray, gpu: np.ndarray, mem: np.ndarray) -> np.ndarray:
+        """Stranded + sliver GPU milli of node states ([S], [S, G], [S])."""
+        a = self.args
+        out = np.zeros(cpu.shape[0])
+        if self._rates is None or self._rates[0] != self.model.version:  # ratios change with the workload, not per pod
+            self._rates = (self.model.version, *self.model.sums)
+        _, g_milli, c_milli, m_mib = self._rates
+        total = gpu.sum(axis=-1)
+        if a.strand_weight and g_milli > 0:
+            stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
+            if self._q_rhos is not None:
+                stranded = np.mean([np.maximum(0.0, total - np.maximum(cpu, 0) / rho) for rho in self._q_rhos], axis=0)
+            if a.memory_strand and m_mib > 0:
+                stranded = np.maximum(stranded, total - np.maximum(mem, 0) * (g_milli / m_mib))
+            out += a.strand_weight * stranded
+        if a.sliver_weight:
+            out += a.sliver_weight * self._sliver_table()[np.clip(gpu, 0, GPU_MILLI)].sum(axis=-1)
+        return out
+
+    def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
+        return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
+
+    def _before_cache(self, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
+        """The measure of nodes as they are, per node version (shared by every pod shape)."""
+        c = self._bcache
+        key = (self.model.version, state.epoch)
+        if c is None or c[0] != key or c[1].size != len(state):
+            c = (key, np.zeros(len(state)), np.full(len(state), -1, dtype=np.int64))
+            self._bcache = c
+        return c[1], c[2]
+
+    def _quantise(self, delta: np.ndarray) -> np.ndarray:
+        q = self.args.quant_milli
+        return np.floor(delta / q) if q > 0 else delta
+
+    def _descent(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after, gpu_after, mem_after) -> np.ndarray:
+        """Quantised measure decrease from node ``nodes[rows]`` as it is to the given after-states.
+
+        The stale before-states and all after-states go through ``_measure`` in
+        one call: with one changed node per cycle, numpy's per-call cost is most
+        of the work.
+        """
+        a = self.args
+        tw, acc = self._tw(state)
+        tight = self.model.cpu_tight(state)
+        use_q = a.strand_quantiles > 0 and a.quantile_tight <= tight < a.quantile_tight_max
+        self._q_rhos = self._rho_quantiles(state) if use_q else None
+        vals, vers = self._before_cache(state)
+        stale = np.flatnonzero(vers[nodes] != state.version[nodes])
+        cpu, left, model = node_view(state, nodes)
+        mem = state.mem_free[nodes]
+        m = self._measure(
+            np.concatenate([cpu[stale], cpu_after]),
+            np.concatenate([left[stale], gpu_after]),
+            np.concatenate([mem[stale], mem_after]),
+            np.concatenate([model[stale], model[rows]]),
+            tw, acc,
+        )
+        if stale.size:
+            vals[nodes[stale]] = m[: stale.size]
+            vers[nodes[stale]] = state.version[nodes[stale]]
+        return self._quantise(vals[nodes[rows]] - m[stale.size:])
+
+    _placement_scores = _descent  # FragDescent._gpu_scores enumerates the placements; this measure scores them
+
+    def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        r = cycle.request
+        cpu, left, _ = node_view(state, nodes)
+        mem = state.mem_free[nodes]
+        new_left = take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
+        return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib)
+
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        out = super()._gpu_scores(cycle, state, nodes)
+        milli = cycle.request.gpu_milli
+        left = node_view(state, nodes)[1]
+        if self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight:
+            term = self.patterns.term(self.model.version, self.model.share_sizes, milli, left)
+            if term is not None:
+                out = out + term
+        if self.args.share_fit:
+            out = out - self.args.share_fit * np.clip(left - milli, 0, GPU_MILLI) / GPU_MILLI
+        return out
+
+    # --- where the whole-GPU reserve keeps a node's whole GPUs ---------------------------------------
+    def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        kept = cycle.read(WHOLE_KEPT)
+        if kept is None:
+            return super().score(cycle, state, nodes)
+        s = self._kept_off_whole(self._shared_scores(cycle, state, nodes), state, nodes, kept).max(axis=1)
+        return np.where(np.isfinite(s), s, self._UNFIT)
+
+    def cache_key(self, cycle: Cycle):
+        key = super().cache_key(cycle)
+        return key if cycle.read(WHOLE_KEPT) is None else (key, WHOLE_KEPT)
+
+    def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
+        """The best-scoring GPU for a share, best fit otherwise (``FragDescent``); off whole GPUs where kept."""
+        kept = cycle.read(WHOLE_KEPT)
+        if kept is None:
+            return super().select_gpus(cycle, state, node)
+        at = np.array([node])
+        s = self._kept_off_whole(self._shared_scores(cycle, state, at), state, at, kept)[0]
+        return GpuChoice((int(np.argmax(s)),)) if np.isfinite(s).any() else None
+
+    @staticmethod
+    def _kept_off_whole(scores: np.ndarray, state: ClusterState, nodes: np.ndarray, kept: np.ndarray) -> np.ndarray:
+        return np.where(kept[nodes][:, None] & (state.gpu_free_milli[nodes] >= GPU_MILLI), -np.inf, scores)
+
+    def normalize(self, raw: np.ndarray) -> np.ndarray:
+        return raw
+
+
+__all__ = ["DescentArgs", "DescentScore", "NAME"]
