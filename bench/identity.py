@@ -16,7 +16,7 @@ back are left out, so a dry run planned once more or once less does not count, a
 Scenarios: the packing experiment (every policy, seeds 42-44), the replay at two loads (default and
 fgd), the replay with priorities (preemption) and with team queues (DRF order, reclaim), the replay of
 pod groups (the gang round, gang preemption; the bundled trace's multi-GPU pods paired into gangs), and
-the queues experiment.  About 8 minutes on one core.
+the queues experiment, and the spot replay (a subclass of the replay).  About 10 minutes on one quiet core.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ SCENARIOS: dict[str, list[str] | str] = {
                       "--queues", str(_REPO / "examples" / "queues-openb.yaml"), "--priority-column", _PRIORITIES],
     "replay-gangs": "gangs",
     "queues": ["--experiment", "queues", "--policy", "default,fgd", "--seeds", "42"],
+    "spot": ["--experiment", "spot", "--policy", "default", "--seeds", "42"],
 }
 # keys whose values are timings (differ from run to run)
 _TIMING = {"wall_s", "decision_ms_p50", "decision_ms_p99", "solve_s", "solve_s_max", "jobs", "generated"}
