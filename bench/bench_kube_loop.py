@@ -26,7 +26,7 @@ import numpy as np
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import Gpu, Node, PodRequest
 from gpufleet.engine.state import ClusterState
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
 from gpufleet.simulator import trace

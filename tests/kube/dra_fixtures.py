@@ -10,7 +10,7 @@ from pathlib import Path
 from gpufleet.agent.dra.devices import DraOptions, build_devices
 from gpufleet.agent.dra.slices import build_slices
 from gpufleet.agent.nvml import PROFILES
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 from gpufleet.engine import annotations as ann
 from gpufleet.engine.inventory import assignment_to_json
 from gpufleet.engine.podspec import parse_pod
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.extender import ExtenderLoop
 from gpufleet.kube.loop import slim_pod
 from gpufleet.policies import build_profile

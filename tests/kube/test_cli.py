@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from gpufleet.kube import cli, explain_cli, extender_cli
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.policies import build_profile, policy_names
 
 from .test_loop import node, pod

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from gpufleet.engine.model import Assignment
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import Stats
 from tests.kube.test_loop import Clock
 

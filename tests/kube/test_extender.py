@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.extender import Extender, ExtenderLoop, serve
 from gpufleet.policies import build_profile
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.extender import Extender, ExtenderLoop, serve
 from gpufleet.kube.extender_cli import _log_level
 from gpufleet.policies import build_profile

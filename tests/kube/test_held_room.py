@@ -14,7 +14,7 @@ import numpy as np
 from gpufleet.engine.gang import GangScheduler
 from gpufleet.engine.model import PodRequest
 from gpufleet.engine.schedqueue import plan_room
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.policies.default import CpuReserve
 from tests.builders import T4, make_node, scheduler
 from tests.kube.test_loop import Clock, make, node, pod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.explain_cli import explain
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile

@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet.engine.inventory import gpus_to_json
 from gpufleet.engine.model import Gpu
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.convert import node_from_json
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile, profile_config

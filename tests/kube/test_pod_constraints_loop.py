@@ -4,7 +4,7 @@ and the extender leaving these plugins to kube-scheduler."""
 
 from __future__ import annotations
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
 from tests.kube.test_loop import Clock, node

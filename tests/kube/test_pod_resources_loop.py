@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
 

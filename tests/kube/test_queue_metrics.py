@@ -7,7 +7,7 @@ import threading
 
 from gpufleet.engine.errors import InvalidPodSpec
 from gpufleet.engine.model import PodRequest
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.cli import Metrics
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.queue_metrics import QueueGauges, pending_by_queue, request_gpus

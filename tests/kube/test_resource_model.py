@@ -20,7 +20,7 @@ from gpufleet.agent.labels import inventory_json
 from gpufleet.agent.nvml import FakeBackend
 from gpufleet.agent.plugin import AssignmentRefused, DevicePlugin, GpuUse, PodAssignment, resources_for
 from gpufleet.engine.inventory import assignment_from_json
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.convert import node_from_json
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile

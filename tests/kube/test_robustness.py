@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.convert import node_from_json
 from gpufleet.kube.leader import LeaseElector, MemoryLeaseStore
 from gpufleet.kube.loop import SchedulerLoop

@@ -6,7 +6,7 @@ arrive by list and watch, decisions go out as Bindings, deletions and events.
 
 from __future__ import annotations
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
 

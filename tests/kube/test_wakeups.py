@@ -3,7 +3,7 @@ replay does: a pod leaving a node the waiting pod could not fit on anyway does n
 
 from __future__ import annotations
 
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from tests.kube.test_loop import Clock, make, node, pod
 
 

@@ -217,7 +217,7 @@ def test_agent_config(tmp_path, raw):
 
 @pytest.fixture(scope="module")
 def extender():
-    from gpufleet.kube.api import FakeApi
+    from tests.kube.fake_api import FakeApi
     from gpufleet.kube.extender import Extender, ExtenderLoop, serve
     from gpufleet.policies import build_profile
     from tests.kube.test_loop import node

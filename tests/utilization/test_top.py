@@ -6,7 +6,7 @@ import json
 
 from gpufleet.engine.inventory import gpus_to_json
 from gpufleet.engine.model import Gpu
-from gpufleet.kube.api import FakeApi
+from tests.kube.fake_api import FakeApi
 from gpufleet.utilization.top import render
 from gpufleet.utilization.top_cli import USED_BY_NAMESPACE, USED_BY_NODE, snapshot
 
