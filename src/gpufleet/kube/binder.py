@@ -32,7 +32,9 @@ from .api import (
     NotFound,
     SchedulerApi,
 )
-from .loop_support import ClusterView, EventSink, Stats
+from .events import EventSink
+from .stats import Stats
+from .view import ClusterView
 from .scheduling_queue import SchedulingQueue
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split

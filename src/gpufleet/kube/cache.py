@@ -48,8 +48,10 @@ from .api import (
     SchedulerApi,
 )
 from .dra.live import LiveDra
-from .convert import bound_assignment, held_amounts, is_terminal, node_from_json, node_ready
-from .loop_support import NOT_READY_TAINT, Stats, _rv, pod_age_key, slim_pod
+from .convert import NOT_READY_TAINT, bound_assignment, held_amounts, is_terminal, node_from_json, node_ready
+from .pods import pod_age_key, slim_pod
+from .pods import resource_version as _rv
+from .stats import Stats
 from .policy_objects import PolicyObjects
 from .scheduling_queue import SchedulingQueue
 

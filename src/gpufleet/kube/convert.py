@@ -29,6 +29,7 @@ from ..engine.quantity import to_int, to_mib, to_milli
 from ..engine.state import ClusterState
 
 GPU_RESOURCE = "nvidia.com/gpu"
+NOT_READY_TAINT = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")  # what the node lifecycle controller puts on a node not Ready
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"  # MiB, as GFD writes it
 GFD_COUNT = "nvidia.com/gpu.count"

@@ -15,7 +15,8 @@ from ..engine.gang import GangResult, GangScheduler
 from ..engine.model import PodRequest
 from ..engine.round import Attempt
 from .binder import Binder
-from .loop_support import EventSink, Stats, reason_text
+from .events import EventSink, reason_text
+from .stats import Stats
 from .preemption import Preemptor
 from .scheduling_queue import SchedulingQueue
 

@@ -64,7 +64,7 @@ from ..engine.podspec import parse_pod, pod_key
 from .api import SchedulerApi
 from .convert import is_terminal
 from .loop import SchedulerLoop, bind_job, reason_text, slim_pod
-from .loop_support import _created_s
+from .pods import created_s
 
 log = logging.getLogger(__name__)
 MAX_EXTENDER_PRIORITY = 10
@@ -85,7 +85,7 @@ def waited_s(pod: dict[str, Any], since_first_filter_s: float) -> float:
 
     Policies step aside for a pod that waited long enough (the default's reserves, after 10 minutes), so the
     extender tells them, as the loop does; kube-scheduler calls filter again on each of its retries."""
-    created = _created_s(pod)
+    created = created_s(pod)
     return max(0.0, since_first_filter_s, time.time() - created if created is not None else 0.0)
 
 

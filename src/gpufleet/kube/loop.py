@@ -59,7 +59,7 @@ its state, built here with its dependencies passed in (all run on the loop's thr
 - ``effects.LiveEffects``: the round's binds and waits;
 - ``evictor.Evictions``: victims' DELETEs until the watch shows them gone.
 
-The others read the cache through ``loop_support.ClusterView`` (a relist replaces the snapshot, so
+The others read the cache through ``view.ClusterView`` (a relist replaces the snapshot, so
 they look it up each time, never keep it); where a part needs the loop or a part built after it,
 it asks through a small Protocol the loop implements (``CacheHooks``, ``BinderHooks``).  This class keeps
 what feeds the round (``schedule_due``, ``schedule_one``, the gang round's members; a rebuild gives the
@@ -98,9 +98,11 @@ from .binder import bind_job as bind_job  # re-exported: kube/extender.py import
 from .cache import SchedulerCache
 from .effects import LiveEffects
 from .evictor import Evictions
-from .loop_support import KUBE_SCHEDULER_HANDLES, EventSink, Stats, reason_text, without_plugins
+from .events import EventSink, reason_text
+from .profile import KUBE_SCHEDULER_HANDLES, without_plugins
+from .stats import Stats
 from . import podgroup_status
-from .loop_support import slim_pod as slim_pod  # re-exported, as bind_job
+from .pods import slim_pod as slim_pod  # re-exported, as bind_job
 from .policy_objects import PolicyObjects
 from .preemption import Preemptor
 from .scheduling_queue import SchedulingQueue

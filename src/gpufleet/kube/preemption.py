@@ -23,7 +23,8 @@ from ..engine.round import Attempt, RoomFor
 from ..engine.schedqueue import RoomPlan
 from .api import SchedulerApi
 from .evictor import Evictions
-from .loop_support import ClusterView, EventSink, _names_any
+from .events import EventSink, names_any
+from .view import ClusterView
 from .scheduling_queue import SchedulingQueue
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ class Preemptor:
             self.nominated[r.key] = (evicted | gone, now + self.nominated_timeout_s)
             if evicted and r.key in self.queue.pending:
                 self.events.send(self.queue.pending[r.key], "Normal", "Preempting",
-                                 "; ".join([ln for ln in plan.explanation if not _names_any(ln, gone)]
+                                 "; ".join([ln for ln in plan.explanation if not names_any(ln, gone)]
                                            + ([f"already gone: {', '.join(sorted(gone))}"] if gone else [])))
         return False
 
@@ -145,7 +146,7 @@ class Preemptor:
         self.nominated[key] = (evicted | gone, now + self.nominated_timeout_s)
         if not evicted:
             return  # the victims were gone already: their room frees without us
-        what = [ln for ln in (lines or []) if not _names_any(ln, gone)]
+        what = [ln for ln in (lines or []) if not names_any(ln, gone)]
         if gone:
             what.append(f"already gone: {', '.join(sorted(gone))}")
         self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(what or [reason]))

@@ -26,7 +26,7 @@ from collections.abc import Collection, Mapping
 from ..engine.model import PodRequest
 from ..engine.schedqueue import Backoff, Change, may_fit_after
 from ..engine.state import ClusterState
-from .loop_support import _created_s
+from .pods import created_s
 
 
 class SchedulingQueue:
@@ -53,7 +53,7 @@ class SchedulingQueue:
         self._first_seen.setdefault(key, now)
         if key not in self._arrival:
             self._new[key] = None
-            created = _created_s(pod)
+            created = created_s(pod)
             self._arrival[key] = now - max(0.0, self.wall() - created) if created is not None else now
 
     def put_back(self, key: str, pod: dict) -> None:

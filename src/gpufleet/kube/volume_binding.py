@@ -24,7 +24,7 @@ from ..engine.volumes import (
 )
 from .api import SchedulerApi
 from .binder import Binder
-from .loop_support import ClusterView
+from .view import ClusterView
 
 log = logging.getLogger("gpufleet.kube.loop")  # the loop's logger, as before the split
 
