@@ -69,9 +69,9 @@ def main() -> None:
         t0 = time.perf_counter()
         loop = SchedulerLoop(api, build_profile(args.policy), bind_workers=workers, event_thread=workers > 0)
         loop.resync()
-        while loop.pending or loop.binding:
-            loop.drain()
-            if loop.schedule_due() == 0 and not loop.binding:
+        while loop.queue.pending or loop.binder.binding:
+            loop.binder.drain()
+            if loop.schedule_due() == 0 and not loop.binder.binding:
                 break
         loop.close()
         dt = time.perf_counter() - t0

@@ -220,10 +220,10 @@ def test_gpufleet_allocates_claims_on_a_real_apiserver(cluster, control_plane):
         # the waiting pod gets that GPU
         (oc,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/one"))
         key = f"{NS}/{oc['metadata']['name']}"
-        assert key in s2.loop.state.claim_holds
+        assert key in s2.loop.cache.state.claim_holds
         core.delete_namespaced_pod("one", NS, grace_period_seconds=0)
         assert wait_for(lambda: core.read_namespaced_pod("after-restart", NS).spec.node_name == NODE, 60)
-        assert key not in s2.loop.state.claim_holds
+        assert key not in s2.loop.cache.state.claim_holds
         (c,) = claims_of(api, api._request("GET", f"/api/v1/namespaces/{NS}/pods/after-restart"))
         assert [r["device"] for r in c["status"]["allocation"]["devices"]["results"]] == got["one"]
     finally:

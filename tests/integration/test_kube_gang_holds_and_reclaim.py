@@ -154,13 +154,13 @@ def test_a_gang_created_one_by_one_holds_nothing_once_complete(control_plane, ad
     s = Sched(str(control_plane.kubeconfig), name)
     grp = {"gpufleet.io/pod-group": "train"}
     try:
-        wait_until(lambda: f"{ns}/train" in s.loop.objects.groups and q in getattr(s.loop.tree, "queues", {}), 10)
+        wait_until(lambda: f"{ns}/train" in s.loop.cache.objects.groups and q in getattr(s.loop.cache.tree, "queues", {}), 10)
         core.create_namespaced_pod(other, pod_body("filler", gpus=4, scheduler=name))
         assert wait_until(lambda: "filler" in bound(core, other), 15)
         for i in range(2):  # a controller creates the members one at a time
             core.create_namespaced_pod(ns, pod_body(f"w{i}", gpus=2, annotations=grp, scheduler=name))
             time.sleep(0.5)
-        assert wait_until(lambda: len(s.loop.gangs.held) == 2, 10)
+        assert wait_until(lambda: len(s.loop.round.gangs.held) == 2, 10)
         core.create_namespaced_pod(ns, pod_body("solo", scheduler=name))
 
         def solo_reasons() -> list[str]:
@@ -178,14 +178,14 @@ def test_a_gang_created_one_by_one_holds_nothing_once_complete(control_plane, ad
         ok = wait_until(lambda: "solo" in bound(core, ns), 10)
         waited = time.monotonic() - t0
         gang_reasons = [m for n, r, m in ev_reasons(admin, ns) if n.startswith("w") and r == "FailedScheduling"]
-        print(f"solo bound after the gang completed: {ok} ({waited:.1f} s); held now: {s.loop.gangs.held}; "
-              f"queue {q} GPU milli used: {s.loop.tree.used(q, 'gpu_milli') if s.loop.tree else None}; "
+        print(f"solo bound after the gang completed: {ok} ({waited:.1f} s); held now: {s.loop.round.gangs.held}; "
+              f"queue {q} GPU milli used: {s.loop.cache.tree.used(q, 'gpu_milli') if s.loop.cache.tree else None}; "
               f"last gang reasons: {gang_reasons[-2:]}")
         assert named and any("until" in m and "UTC" in m for m in held_reasons)  # which gang, until when
         assert code == 0 and f"pod group {ns}/train holds 4 GPU(s) on {tag}-" in text and "UTC at the latest" in text
-        assert ok and s.loop.gangs.held == [] and s.loop.gangs.holder is None
+        assert ok and s.loop.round.gangs.held == [] and s.loop.round.gangs.holder is None
         assert not any(n.startswith("w") for n in bound(core, ns))  # all or nothing
-        assert s.loop.tree is not None and s.loop.tree.used(q, "gpu_milli") == 1000  # only solo counts
+        assert s.loop.cache.tree is not None and s.loop.cache.tree.used(q, "gpu_milli") == 1000  # only solo counts
         # the gang waits, holding nothing, with why (its quota or the GPUs, whichever its transaction met first)
         assert wait_until(lambda: any("of the 3 required members fit" in m for n, r, m in ev_reasons(admin, ns)
                                       if n.startswith("w") and r == "FailedScheduling"), 10)

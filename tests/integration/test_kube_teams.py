@@ -176,7 +176,7 @@ def test_gang_binds_only_when_min_member_pods_fit(control_plane, admin, core, cr
     nodes(f"{tag}-b", 2)
     s = Sched(str(control_plane.kubeconfig), f"gpufleet-{tag}")
     try:
-        wait_until(lambda: f"{ns}/train" in s.loop.objects.groups, 10)
+        wait_until(lambda: f"{ns}/train" in s.loop.cache.objects.groups, 10)
         for i in range(2):
             core.create_namespaced_pod(ns, pod_body(f"w{i}", annotations={"gpufleet.io/pod-group": "train"}, scheduler=f"gpufleet-{tag}"))
         time.sleep(2.0)

@@ -144,8 +144,8 @@ def claim_controller(api: FakeApi) -> int:
 
 def sync(api: FakeApi, loop: SchedulerLoop) -> None:
     """Apply every watch event since the loop's resourceVersions (what the runner's reflectors do)."""
-    for kind in loop.watch_kinds:
-        for t, obj in api.watch(kind, loop.rv[kind]):
+    for kind in loop.cache.watch_kinds:
+        for t, obj in api.watch(kind, loop.cache.rv[kind]):
             loop.handle(kind, t, obj)
 
 

@@ -48,11 +48,11 @@ def test_the_extender_passes_dra_nodes_for_nvidia_gpu_and_counts_kube_schedulers
     assert b["Error"] == ""
     assert json.loads(api.pods["ml/x"]["metadata"]["annotations"]["gpufleet.io/assignment"])["gpus"] == []
     sync(api, loop)
-    st = loop.state
+    st = loop.cache.state
     i = st.index["d0"]
     assert int(st.gpu_free_milli[i, 4]) == 0 and int(st.gpu_free_milli[i].sum()) == 4000  # gpu-4 and 5, held by the claim
     assert "ml/x-extended-resources-abcde" in st.claim_holds
     # a restarted extender holds the same, from the claim, and models no device-plugin GPU for the pod
     fresh = ExtenderLoop(api, build_profile("default"))
     fresh.resync()
-    assert int(fresh.state.gpu_free_milli[i].sum()) == 4000 and not fresh.state.assignments["ml/x"].gpu_indices
+    assert int(fresh.cache.state.gpu_free_milli[i].sum()) == 4000 and not fresh.cache.state.assignments["ml/x"].gpu_indices

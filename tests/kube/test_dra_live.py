@@ -36,7 +36,7 @@ WHOLE = [f"gpu-{i}" for i in range(2, 8)]
 def test_a_dra_nodes_gpus_are_its_slices():
     api = dra_api(1)
     loop = make_loop(api)
-    gpus = loop.state.nodes[0].gpus
+    gpus = loop.cache.state.nodes[0].gpus
     assert len(gpus) == 8 and [g.mig_enabled for g in gpus] == [True, True] + [False] * 6
     assert gpus[2].model == "NVIDIA A100-SXM4-80GB" and gpus[2].memory_mib == 81920 and gpus[2].uuid.endswith("-d0")
     assert sorted({m.profile for m in gpus[0].mig_instances}) and all(m.memory_mib > 0 for m in gpus[0].mig_instances)
@@ -64,7 +64,7 @@ def test_allocation_reservation_and_finalizer_are_written_before_the_binding():
     assert c["status"]["reservedFor"] == [{"resource": "pods", "name": "p1", "uid": "uid-p1"}]
     assert api.binds == [("ml/p1", "d0")]
     assert json.loads(api.pods["ml/p1"]["metadata"]["annotations"]["gpufleet.io/assignment"])["gpus"] == []  # the claim holds it
-    assert loop.state.claim_holds["ml/c1"].gpus[0][1:] == (1000, 81920)
+    assert loop.cache.state.claim_holds["ml/c1"].gpus[0][1:] == (1000, 81920)
 
 
 def test_claims_from_templates_wait_for_the_controller_then_never_share_a_device():
@@ -131,7 +131,7 @@ def test_two_20gib_shares_go_on_one_gpu_by_consumable_capacity():
     assert r1["device"] == r2["device"] and r1["shareID"] != r2["shareID"]
     assert r1["consumedCapacity"]["gpu.gpufleet.io/memory"] == "20Gi" and r1["consumedCapacity"]["gpu.gpufleet.io/gpuMilli"] == "300"
     i = int(r1["device"].split("-")[1])
-    st = loop.state
+    st = loop.cache.state
     assert int(st.gpu_free_milli[0, i]) == 400 and int(st.gpu_mem_free[0, i]) == 81920 - 2 * 20480
 
 
@@ -146,7 +146,7 @@ def test_a_mig_slice():
     run(api, loop)
     (d,) = devices_of(api, "ml/m")
     assert "-mig-1g10gb-" in d
-    assert sum(len(v) for v in loop.state.mig_free[0].values()) == sum(len(g.mig_instances) for g in loop.state.nodes[0].gpus) - 1
+    assert sum(len(v) for v in loop.cache.state.mig_free[0].values()) == sum(len(g.mig_instances) for g in loop.cache.state.nodes[0].gpus) - 1
 
 
 def test_every_claim_any_scheduler_allocated_is_counted_and_a_restart_rebuilds_from_claims_alone():
@@ -164,9 +164,9 @@ def test_every_claim_any_scheduler_allocated_is_counted_and_a_restart_rebuilds_f
     run(api, loop)
     ours = sorted(d for i in range(4) for d in devices_of(api, claim_of(api, f"ml/p{i}")) if f"ml/p{i}" in dict(api.binds))
     assert sorted(ours) == ["gpu-5", "gpu-6", "gpu-7"] and len(api.binds) == 3
-    free_before = loop.state.gpu_free_milli.copy()
+    free_before = loop.cache.state.gpu_free_milli.copy()
     fresh = make_loop(api)  # a restarted scheduler: everything from the API
-    assert (fresh.state.gpu_free_milli == free_before).all() and set(fresh.state.claim_holds) == set(loop.state.claim_holds)
+    assert (fresh.cache.state.gpu_free_milli == free_before).all() and set(fresh.cache.state.claim_holds) == set(loop.cache.state.claim_holds)
     run(api, fresh)
     assert len(api.binds) == 3  # still no device for the fourth
 
@@ -187,7 +187,7 @@ def test_deallocation_frees_the_device_for_a_waiting_pod():
     api.patch_object("resourceclaim", *key.split("/"), {"status": {"allocation": None, "reservedFor": None}}, "status")
     api.patch_object("resourceclaim", *key.split("/"), {"metadata": {"finalizers": None}})
     run(api, loop)
-    assert len(api.binds) == 7 and key not in loop.state.claim_holds
+    assert len(api.binds) == 7 and key not in loop.cache.state.claim_holds
 
 
 def test_a_claim_allocated_elsewhere_meanwhile_fails_the_bind_and_nothing_is_double_booked():
@@ -209,8 +209,8 @@ def test_a_claim_allocated_elsewhere_meanwhile_fails_the_bind_and_nothing_is_dou
     loop.schedule_due()
     assert not api.binds and "got allocated elsewhere in the meantime" in api.events[-1]["message"]
     sync(api, loop)
-    assert [r.device for r in loop.state.claim_holds["ml/c"].allocation.results] == ["gpu-7"]
-    assert int(loop.state.gpu_free_milli[0].sum()) == 5 * 1000  # only the other allocator's hold
+    assert [r.device for r in loop.cache.state.claim_holds["ml/c"].allocation.results] == ["gpu-7"]
+    assert int(loop.cache.state.gpu_free_milli[0].sum()) == 5 * 1000  # only the other allocator's hold
 
 
 def test_a_bind_that_fails_after_the_claim_was_written_takes_the_reservation_back():
@@ -338,7 +338,7 @@ def test_nvidia_gpu_on_a_dra_node_gets_a_claim_and_the_pod_status_kube_scheduler
     assert c["status"]["reservedFor"] == [{"resource": "pods", "name": "x", "uid": "uid-x"}]
     # restarted: the pod's claim holds the GPU once (no device-plugin GPU modelled for it as well)
     fresh = make_loop(api)
-    assert int(fresh.state.gpu_free_milli[0].sum()) == 5 * 1000 and not fresh.state.assignments["ml/x"].gpu_indices
+    assert int(fresh.cache.state.gpu_free_milli[0].sum()) == 5 * 1000 and not fresh.cache.state.assignments["ml/x"].gpu_indices
 
 
 def test_nvidia_gpu_goes_to_the_device_plugin_where_one_serves_it_and_to_dra_elsewhere():

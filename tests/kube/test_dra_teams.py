@@ -46,9 +46,9 @@ def test_a_team_queue_counts_the_devices_claims_hold_also_after_a_restart():
     assert len(api.binds) == 2  # quota 2 GPUs; six are free
     waiting = next(k for k in api.pods if k not in dict(api.binds))
     assert "queue qa" in [e["message"] for e in api.events if e["pod"] == waiting][-1]
-    assert loop.tree.used("qa", "gpu_milli") == 2000
+    assert loop.cache.tree.used("qa", "gpu_milli") == 2000
     fresh = make_loop(api)  # from the claims alone
-    assert fresh.tree.used("qa", "gpu_milli") == 2000 and fresh.tree.used("qa", "gpu_memory_mib") == 2 * 81920
+    assert fresh.cache.tree.used("qa", "gpu_milli") == 2000 and fresh.cache.tree.used("qa", "gpu_memory_mib") == 2 * 81920
     run(api, fresh)
     assert len(api.binds) == 2
 
@@ -71,7 +71,7 @@ def test_a_gang_of_dra_pods_is_placed_whole_or_not_at_all():
     assert bound in gangs
     other = gangs[1] if bound == gangs[0] else gangs[0]
     assert all(allocation(api, claim_of(api, k)) is None for k in other)
-    assert all(k.split("/")[0] == "ml" for k in loop.state.claim_holds) and len(loop.state.claim_holds) == len(bound)
+    assert all(k.split("/")[0] == "ml" for k in loop.cache.state.claim_holds) and len(loop.cache.state.claim_holds) == len(bound)
 
 
 def test_preemption_evicts_a_lower_priority_dra_pod_and_the_preemptor_gets_its_device():

@@ -91,7 +91,7 @@ def test_bind_checks_uid_and_unknown_verbs_are_404(ext):
     p = pod("u", gpus=1, scheduler="default-scheduler")
     api.add_pod(p)
     r = post(base + "/bind", {"PodName": "u", "PodNamespace": "ml", "PodUID": "someone-else", "Node": "big"})
-    assert "UID" in r["Error"] and not api.binds and not loop.state.assignments
+    assert "UID" in r["Error"] and not api.binds and not loop.cache.state.assignments
     with pytest.raises(urllib.error.HTTPError) as exc:
         post(base + "/preempt", {})
     assert exc.value.code == 404

@@ -52,7 +52,7 @@ def bind_args(p, node_name):
 
 def events_to(loop, api):
     """Apply the FakeApi's watch log to the loop, as the Runner's reflector would."""
-    for type_, obj in list(api.watch("pod", loop.rv["pod"], 0)):
+    for type_, obj in list(api.watch("pod", loop.cache.rv["pod"], 0)):
         loop.handle("pod", type_, obj)
 
 
@@ -96,7 +96,7 @@ def test_filter_returns_only_the_chosen_node_and_holds_its_gpus():
     others = {"n1", "n2", "n3"} - {chosen}
     assert set(f["FailedNodes"]) == others and all(f"placed the pod on {chosen}" in v for v in f["FailedNodes"].values())
     r = loop.reservations["ml/p"]
-    assert r.assignment.node == chosen and loop.state.assignments["ml/p"] == r.assignment
+    assert r.assignment.node == chosen and loop.cache.state.assignments["ml/p"] == r.assignment
     assert ext.prioritize({"Pod": p, "NodeNames": [chosen]}) == [{"Host": chosen, "Score": 10}]
     assert ext.bind(bind_args(p, chosen))["Error"] == ""
     ann = json.loads(api.pods["ml/p"]["metadata"]["annotations"]["gpufleet.io/assignment"])
@@ -204,7 +204,7 @@ def test_the_sweeper_thread_releases_without_any_call():
         deadline = time.monotonic() + 5
         while loop.reservations and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not loop.reservations and not loop.state.assignments
+        assert not loop.reservations and not loop.cache.state.assignments
     finally:
         srv.shutdown()
 
@@ -214,15 +214,15 @@ def test_pod_deleted_or_bound_elsewhere_releases_its_reservation():
     a, b = new_pod(api, loop, "a"), new_pod(api, loop, "b")
     ext.filter({"Pod": a, "NodeNames": ["n"]})
     ext.filter({"Pod": b, "NodeNames": ["n"]})
-    assert len(loop.state.assignments) == 2
+    assert len(loop.cache.state.assignments) == 2
     api.delete_pod("ml/a")
     events_to(loop, api)
-    assert "ml/a" not in loop.reservations and "ml/a" not in loop.state.assignments and loop.released["deleted"] == 1
+    assert "ml/a" not in loop.reservations and "ml/a" not in loop.cache.state.assignments and loop.released["deleted"] == 1
     # someone else binds b (another scheduler, a human): the reservation goes, the real placement stays
     api.bind("ml", "b", "n", {})
     events_to(loop, api)
     assert "ml/b" not in loop.reservations and loop.released["bound_elsewhere"] == 1
-    assert loop.state.assignments["ml/b"].node == "n" and len(loop.state.assignments) == 1
+    assert loop.cache.state.assignments["ml/b"].node == "n" and len(loop.cache.state.assignments) == 1
 
 
 def test_refilter_replaces_the_reservation_and_a_new_pod_of_the_same_name_is_a_new_pod():
@@ -237,7 +237,7 @@ def test_refilter_replaces_the_reservation_and_a_new_pod_of_the_same_name_is_a_n
     a2["metadata"]["uid"] = "uid-a-2"
     api.add_pod(a2)
     events_to(loop, api)
-    assert not loop.reservations and not loop.state.assignments
+    assert not loop.reservations and not loop.cache.state.assignments
 
 
 def test_bind_with_another_uid_or_node_than_reserved_is_decided_again():
@@ -246,8 +246,8 @@ def test_bind_with_another_uid_or_node_than_reserved_is_decided_again():
     chosen = ext.filter({"Pod": a, "NodeNames": ["n1", "n2"]})["NodeNames"][0]
     other = "n2" if chosen == "n1" else "n1"
     assert ext.bind(bind_args(a, other))["Error"] == ""  # decided on that node; the reservation is dropped
-    assert loop.released["other_node"] == 1 and loop.state.assignments["ml/a"].node == other
-    assert sum(1 for x in loop.state.assignments.values() if x.node == chosen) == 0
+    assert loop.released["other_node"] == 1 and loop.cache.state.assignments["ml/a"].node == other
+    assert sum(1 for x in loop.cache.state.assignments.values() if x.node == chosen) == 0
 
 
 def test_extender_restart_between_filter_and_bind_decides_at_bind():
@@ -266,7 +266,7 @@ def test_a_relist_keeps_reservations():
     a, b = new_pod(api, loop, "a"), new_pod(api, loop, "b")
     ext.filter({"Pod": a, "NodeNames": ["n"]})
     loop.resync()  # e.g. after 410 Gone
-    assert "ml/a" in loop.state.assignments and "ml/a" in loop.reservations
+    assert "ml/a" in loop.cache.state.assignments and "ml/a" in loop.reservations
     ext.filter({"Pod": b, "NodeNames": ["n"]})
     c = new_pod(api, loop, "c")
     assert ext.filter({"Pod": c, "NodeNames": ["n"]})["NodeNames"] == []

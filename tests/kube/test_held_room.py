@@ -172,8 +172,8 @@ def _submit(api, loop, clock, *pods: dict) -> None:
     """The pods are created, the loop sees them through its watches, and a second later tries them."""
     for p in pods:
         api.add_pod(p)
-    for kind in loop.watch_kinds:
-        for t, obj in api.watch(kind, loop.rv[kind]):
+    for kind in loop.cache.watch_kinds:
+        for t, obj in api.watch(kind, loop.cache.rv[kind]):
             loop.handle(kind, t, obj)
     clock.t += 1
     loop.schedule_due()
@@ -209,7 +209,7 @@ def test_explain_says_a_pod_that_could_preempt_takes_held_room():
     api, loop, _ = _live_cpu_short()
     summary, _ = loop.explain(_live_pod("urgent", "8", priority=100))
     assert R in summary and "held room (dry run): fits on g" in summary and "rather than evict anyone" in summary
-    assert "preemption (dry run)" not in summary and "ml/low" in loop.state.assignments
+    assert "preemption (dry run)" not in summary and "ml/low" in loop.cache.state.assignments
     summary, _ = loop.explain(_live_pod("same", "8"))  # priority 0: nothing to preempt, so it waits for the reserve
     assert R in summary and "held room" not in summary
 
@@ -224,8 +224,8 @@ def test_explain_counts_how_long_the_pod_has_waited():
     created = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=11)
     old["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
     api.add_pod(old)
-    for kind in loop.watch_kinds:
-        for t, obj in api.watch(kind, loop.rv[kind]):
+    for kind in loop.cache.watch_kinds:
+        for t, obj in api.watch(kind, loop.cache.rv[kind]):
             loop.handle(kind, t, obj)
     summary, _ = loop.explain(old)
     assert summary.startswith("fits: best node g"), summary

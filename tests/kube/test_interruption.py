@@ -35,7 +35,7 @@ def _pod(name, prio=0, spot="prefer", owner=None, group=None):
 
 def _sync(api, loop):
     for kind in ("node", "pod"):
-        for t, obj in api.watch(kind, loop.rv[kind]):
+        for t, obj in api.watch(kind, loop.cache.rv[kind]):
             loop.handle(kind, t, obj)
 
 

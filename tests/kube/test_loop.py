@@ -224,7 +224,7 @@ def test_pods_bound_by_others_hold_their_gpus():
     loop.schedule_due()
     assert not api.binds and "Insufficient nvidia.com/gpu" in api.events[-1]["message"]
     api.delete_pod("ml/theirs")
-    for t, obj in api.watch("pod", loop.rv["pod"]):
+    for t, obj in api.watch("pod", loop.cache.rv["pod"]):
         loop.handle("pod", t, obj)
     assert loop.schedule_due() == 1 and api.binds == [("ml/mine", "n1")]
 
@@ -238,7 +238,7 @@ def test_bind_failure_unreserves_and_retries():
     api.fail_binds = 1
     loop.schedule_due()
     assert not api.binds and "binding to n1 failed" in api.events[-1]["message"]
-    assert (loop.state.gpu_free_milli[0, 0]) == 1000  # unreserved
+    assert (loop.cache.state.gpu_free_milli[0, 0]) == 1000  # unreserved
     clock.t += 5
     loop.schedule_due()
     assert api.binds == [("ml/a", "n1")]
@@ -348,4 +348,4 @@ def test_explain_shows_dry_run_preemption():
     hi["spec"]["priority"] = 1000
     summary, _ = loop.explain(hi)
     assert "preemption (dry run)" in summary and "evict ml/low" in summary
-    assert "ml/low" in loop.state.assignments  # nothing changed
+    assert "ml/low" in loop.cache.state.assignments  # nothing changed

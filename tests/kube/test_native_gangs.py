@@ -59,7 +59,7 @@ def test_a_gang_that_cannot_fit_binds_nothing_and_explain_says_which_members_fit
     summary, _ = loop.explain(api.pods["ml/w0"])
     assert "gang (dry run): 2 of the 3 member(s) it needs fit now (all-or-nothing: none is placed)" in summary
     assert "do not fit: ml/w2: 0/2 nodes are available" in summary and "Insufficient nvidia.com/gpu" in summary
-    assert loop.state.gpu_free_milli.sum() == 8000  # the dry run left nothing reserved
+    assert loop.cache.state.gpu_free_milli.sum() == 8000  # the dry run left nothing reserved
 
 
 def test_a_basic_policy_places_members_one_by_one():
@@ -116,7 +116,7 @@ def test_the_api_not_serving_pod_groups_is_named():
     api.unserved.add("schedpodgroup")
     clock = Clock()
     loop = make(api, clock)
-    assert "schedpodgroup" not in loop.watch_kinds
+    assert "schedpodgroup" not in loop.cache.watch_kinds
     api.add_pod(member("w0", "g"))
     run(api, loop, clock, rounds=2)
     assert bound(api) == []

@@ -108,7 +108,7 @@ def test_extender_mode_leaves_pod_to_pod_plugins_to_kube_scheduler():
     names = {p.name for p in loop.profile.filters} | {p.name for p, _ in loop.profile.scores}
     assert not names & {"InterPodAffinity", "PodTopologySpread", "NodePorts", "VolumeBinding"} and "GpuFit" in names
     # DRA objects are watched (kube-scheduler allocates claims; the extender counts them), DynamicResources is not run
-    assert loop.watch_kinds == ["node", "pod", "resourceslice", "deviceclass", "resourceclaim", "resourceclaimtemplate"]
+    assert loop.cache.watch_kinds == ["node", "pod", "resourceslice", "deviceclass", "resourceclaim", "resourceclaimtemplate"]
     assert "DynamicResources" not in {p.name for p in loop.profile.filters}
 
 

@@ -74,7 +74,7 @@ def test_the_scheduler_exports_pending_pods_and_gpus_per_queue():
         assert r.ready.wait(5)
         assert wait_until(lambda: len(api.binds) == 2 and val("gpufleet_queue_pending_pods", {"queue": "qa"}) == 3, 5), \
             (api.binds, val("gpufleet_queue_pending_pods", {"queue": "qa"}))
-        waiting = [k for k in loop.pending if k.startswith("team-a/")]
+        waiting = [k for k in loop.queue.pending if k.startswith("team-a/")]
         want = sum(0.5 if k.endswith("share") else 1.0 for k in waiting)
         assert val("gpufleet_queue_pending_gpus", {"queue": "qa"}) == want
         assert val("gpufleet_queue_pending_pods", {"queue": "qb"}) == 0 and val("gpufleet_queue_pending_gpus", {"queue": "qb"}) == 0

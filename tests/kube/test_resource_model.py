@@ -171,7 +171,7 @@ def run_stream(api, loop, kubelet, pods, deletes=()):
         api.add_pod(p)
     loop.resync()
     loop.schedule_due()
-    loop.drain(block_s=0.5)
+    loop.binder.drain(block_s=0.5)
     for key, p in api.pods.items():
         if p["spec"].get("nodeName") and key not in kubelet.held and key not in seen:
             got = kubelet.admit(p)
@@ -290,7 +290,7 @@ def test_nvidia_plugin_nodes_get_only_what_that_plugin_can_serve(kw, mix, want):
         api.add_pod(gpu_pod(f"p{i}", k))
     loop.resync()
     loop.schedule_due()
-    loop.drain(block_s=0.5)
+    loop.binder.drain(block_s=0.5)
     bound = [p for p in api.pods.values() if p["spec"].get("nodeName")]
     assert len(bound) == want
     # kubelet's count for the plugin's resource is never exceeded
@@ -307,7 +307,7 @@ def test_explain_says_a_share_needs_a_free_replica_on_a_replicas_1_node():
     api.add_pod(gpu_pod("a", ("milli", 500)))
     loop.resync()
     loop.schedule_due()
-    loop.drain(block_s=0.5)
+    loop.binder.drain(block_s=0.5)
     _summary, by_node = loop.explain(gpu_pod("b", ("milli", 300)))
     assert "kubelet device" in by_node["n1"] and "nvidia.com/gpu.replicas" in by_node["n1"], by_node
 
@@ -357,17 +357,17 @@ def test_allocatable_dropping_while_the_agent_restarts_keeps_the_bound_pods_and_
     api.add_pod(gpu_pod("w", ("whole", 2)))
     loop.resync()
     loop.schedule_due()
-    loop.drain(block_s=0.5)
+    loop.binder.drain(block_s=0.5)
     assert api.pods["t/w"]["spec"].get("nodeName") == "n1"
     # the agent restarts: kubelet has no healthy nvidia.com/gpu device; the node's allocatable says 0
     n["status"]["allocatable"]["nvidia.com/gpu"] = "0"
     api.update_node(n)
     loop.resync()
-    assert "t/w" in loop.state.assignments  # still holds its GPUs
+    assert "t/w" in loop.cache.state.assignments  # still holds its GPUs
     api.add_pod(gpu_pod("x", ("milli", 300)))
     loop.resync()
     loop.schedule_due()
-    loop.drain(block_s=0.5)
+    loop.binder.drain(block_s=0.5)
     assert not api.pods["t/x"]["spec"].get("nodeName")  # kubelet would refuse it now
     _summary, by_node = loop.explain(api.pods["t/x"])
     assert "kubelet" in by_node["n1"], by_node
@@ -375,7 +375,7 @@ def test_allocatable_dropping_while_the_agent_restarts_keeps_the_bound_pods_and_
     api.update_node(n)
     loop.resync()
     loop.schedule_due()
-    loop.drain(block_s=0.5)
+    loop.binder.drain(block_s=0.5)
     a = json.loads(api.pods["t/x"]["metadata"]["annotations"]["gpufleet.io/assignment"])
     w = json.loads(api.pods["t/w"]["metadata"]["annotations"]["gpufleet.io/assignment"])
     assert not {g["index"] for g in a["gpus"]} & {g["index"] for g in w["gpus"]}

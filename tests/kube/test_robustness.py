@@ -30,7 +30,7 @@ def gpu_use(api):
 
 def feed(loop, api):
     for kind in ("node", "pod"):
-        for t, obj in api.watch(kind, loop.rv[kind]):
+        for t, obj in api.watch(kind, loop.cache.rv[kind]):
             loop.handle(kind, t, obj)
 
 
@@ -43,7 +43,7 @@ def test_lost_bind_reply_is_checked_not_retried():
     api.lost_bind_replies = 1  # the bind lands, the reply is lost
     loop.schedule_due()
     assert api.binds == [("ml/a", "n1")]  # b did not get a's GPU
-    assert loop.stats.binds == 1 and "ml/a" in loop.state.assignments
+    assert loop.stats.binds == 1 and "ml/a" in loop.cache.state.assignments
     assert [e["reason"] for e in api.events if e["pod"] == "ml/a"] == ["Scheduled"]
     assert "Insufficient nvidia.com/gpu" in next(e["message"] for e in api.events if e["pod"] == "ml/b")
 
@@ -57,8 +57,8 @@ def test_conflict_with_another_scheduler_takes_their_assignment():
     api.pods["ml/a"]["spec"]["nodeName"] = "n1"
     loop.schedule_due()
     assert not api.binds and loop.stats.attempts["error"] == 1
-    assert loop.state.assignments["ml/a"].node == "n1"  # modelled from their binding
-    assert "ml/a" not in loop.pending and "ml/a" not in loop.binding
+    assert loop.cache.state.assignments["ml/a"].node == "n1"  # modelled from their binding
+    assert "ml/a" not in loop.queue.pending and "ml/a" not in loop.binder.binding
 
 
 def test_deleted_while_pending_bind_is_dropped():
@@ -68,7 +68,7 @@ def test_deleted_while_pending_bind_is_dropped():
     loop = make(api)
     del api.pods["ml/a"]  # the bind will answer 404
     loop.schedule_due()
-    assert not loop.state.assignments and not loop.pending and not loop.binding
+    assert not loop.cache.state.assignments and not loop.queue.pending and not loop.binder.binding
 
 
 def test_bookmarks_and_stale_events_are_ignored():
@@ -76,7 +76,7 @@ def test_bookmarks_and_stale_events_are_ignored():
     api.add_node(node("n1", gpus=1))
     loop = make(api)
     loop.handle("node", "BOOKMARK", {"metadata": {"resourceVersion": "999"}})
-    assert len(loop.state) == 1 and loop.rv["node"] == "999"
+    assert len(loop.cache.state) == 1 and loop.cache.rv["node"] == "999"
     p = pod("a")
     api.add_pod(p)
     old = json.loads(json.dumps(api.pods["ml/a"]))
@@ -84,7 +84,7 @@ def test_bookmarks_and_stale_events_are_ignored():
     loop.schedule_due()
     assert api.binds == [("ml/a", "n1")]
     loop.handle("pod", "MODIFIED", old)  # an event older than the bound pod we hold
-    assert "ml/a" not in loop.pending and "ml/a" in loop.state.assignments
+    assert "ml/a" not in loop.queue.pending and "ml/a" in loop.cache.state.assignments
 
 
 def test_not_ready_node_keeps_its_pods_and_takes_no_new_ones():
@@ -98,12 +98,12 @@ def test_not_ready_node_keeps_its_pods_and_takes_no_new_ones():
     feed(loop, api)
     loop.schedule_due()
     assert "node.kubernetes.io/not-ready" in next(e["message"] for e in api.events if e["pod"] == "ml/b")
-    assert "ml/a" in loop.state.assignments
+    assert "ml/a" in loop.cache.state.assignments
     api.update_node(node("n1", gpus=2, inventory=True))
     api.add_pod(pod("c"))
     feed(loop, api)
     loop.schedule_due()
-    assert {k for k, _ in api.binds} == {"ml/a", "ml/b"} and "ml/c" in loop.pending  # 2 GPUs, never 3
+    assert {k for k, _ in api.binds} == {"ml/a", "ml/b"} and "ml/c" in loop.queue.pending  # 2 GPUs, never 3
     assert all(v <= 1000 for v in gpu_use(api).values())
 
 
@@ -115,12 +115,12 @@ def test_node_deleted_and_readded_brings_its_pods_back():
     loop.schedule_due()
     api.delete_node("n1")
     feed(loop, api)
-    assert len(loop.state) == 0
+    assert len(loop.cache.state) == 0
     api.add_node(node("n1", gpus=1, inventory=True))
     api.add_pod(pod("b"))
     feed(loop, api)
     loop.schedule_due()
-    assert "ml/a" in loop.state.assignments and "ml/b" in loop.pending and len(api.binds) == 1
+    assert "ml/a" in loop.cache.state.assignments and "ml/b" in loop.queue.pending and len(api.binds) == 1
 
 
 def test_node_heartbeats_do_not_wake_waiting_pods():
@@ -144,7 +144,7 @@ def test_bad_node_is_left_out_and_named_by_explain():
     api.add_node(bad)
     api.add_node(node("n1", gpus=1))
     loop = make(api)
-    assert [n.name for n in loop.state.nodes] == ["n1"]
+    assert [n.name for n in loop.cache.state.nodes] == ["n1"]
     _, by_node = loop.explain(pod("x"))
     assert "gpufleet.io/gpu-inventory" in by_node["broken"] and by_node["n1"] == "fits"
 
@@ -171,7 +171,7 @@ def test_async_binds_give_the_same_result():
     loop.resync()
     loop.schedule_due()
     loop.close()
-    assert len(api.binds) == 20 and not loop.binding and loop.stats.binds == 20
+    assert len(api.binds) == 20 and not loop.binder.binding and loop.stats.binds == 20
     use = gpu_use(api)
     assert all(v <= 1000 for v in use.values()) and sum(use.values()) == 10 * 1000 + 10 * 500
     assert sum(e["reason"] == "Scheduled" for e in api.events) == 20
@@ -186,8 +186,8 @@ def test_async_bind_failure_is_requeued_with_its_reservation_released():
     loop.resync()
     api.fail_binds = 1
     loop.schedule_due()
-    assert loop.drain(block_s=2.0) == 1
-    assert "ml/a" in loop.pending and not loop.state.assignments
+    assert loop.binder.drain(block_s=2.0) == 1
+    assert "ml/a" in loop.queue.pending and not loop.cache.state.assignments
     clock.t += 5
     loop.schedule_due()
     loop.close()
@@ -218,7 +218,7 @@ def test_runner_relists_after_410_gone_and_keeps_scheduling():
         assert r.relists["node"] + r.relists["pod"] >= 1
         assert dict(api.binds)["ml/b"] == "n2"
         api.delete_pod("ml/a")
-        assert wait_until(lambda: "ml/a" not in r.loop.state.assignments, 5)
+        assert wait_until(lambda: "ml/a" not in r.loop.cache.state.assignments, 5)
     finally:
         stop.set()
         t.join(5)
@@ -352,8 +352,8 @@ def test_repeated_failures_do_not_repeat_the_same_event_and_bound_pods_are_slim(
     theirs["metadata"]["annotations"]["other.io/x"] = "y" * 1000
     api.add_pod(theirs)
     feed(loop, api)
-    held = loop.bound_pods["ml/theirs"]
-    assert "affinity" not in held["spec"] and held["metadata"]["annotations"] == {} and "ml/theirs" in loop.state.assignments
+    held = loop.cache.bound_pods["ml/theirs"]
+    assert "affinity" not in held["spec"] and held["metadata"]["annotations"] == {} and "ml/theirs" in loop.cache.state.assignments
 
 
 def test_scheduling_gates_hold_a_pod_until_removed():
@@ -380,4 +380,4 @@ def test_bound_pod_with_a_contradicting_annotation_still_holds_its_gpus():
     api.add_pod(pod("mine"))
     loop = make(api)
     loop.schedule_due()
-    assert "ml/odd" in loop.state.assignments and not api.binds
+    assert "ml/odd" in loop.cache.state.assignments and not api.binds

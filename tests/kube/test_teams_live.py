@@ -35,8 +35,8 @@ def namespace(name, queue_name=None):
 
 def sync(api, loop):
     """Apply every watch event since the loop's resourceVersions (what the runner's reflectors do)."""
-    for kind in loop.watch_kinds:
-        for t, obj in api.watch(kind, loop.rv[kind]):
+    for kind in loop.cache.watch_kinds:
+        for t, obj in api.watch(kind, loop.cache.rv[kind]):
             loop.handle(kind, t, obj)
 
 
@@ -98,7 +98,7 @@ def test_restart_rebuilds_queue_usage_from_bound_pods():
     assert len(bound(api)) == 2
     api.add_pod(pod("p2"))
     fresh = make(api, Clock())  # a restarted scheduler: nothing but the API
-    assert fresh.tree is not None and fresh.tree.used("qa", "gpu_milli") == 2000
+    assert fresh.cache.tree is not None and fresh.cache.tree.used("qa", "gpu_milli") == 2000
     run(api, fresh, Clock())
     assert "team-a/p2" not in bound(api)
 
@@ -201,7 +201,7 @@ def test_a_gang_that_cannot_fit_binds_nothing_and_says_so():
     run(api, loop, clock)
     assert bound(api) == ["ml/solo"]
     assert any("pod group" in m or "gang" in m for m in messages(api, "ml/w0", "FailedScheduling"))
-    assert not loop.gangs.held and loop.state.gpu_free_milli.sum() == 1000  # nothing left reserved
+    assert not loop.round.gangs.held and loop.cache.state.gpu_free_milli.sum() == 1000  # nothing left reserved
 
 
 def test_podgroup_object_sets_min_member_and_queue():
@@ -217,7 +217,7 @@ def test_podgroup_object_sets_min_member_and_queue():
     api.add_pod(pod("m1", ns="ml", annotations={"gpufleet.io/pod-group": "job"}))
     run(api, loop, clock)
     assert bound(api) == ["ml/m0", "ml/m1"]
-    assert loop.tree.used("qa", "gpu_milli") == 2000
+    assert loop.cache.tree.used("qa", "gpu_milli") == 2000
 
 
 def test_without_the_crds_the_scheduler_works_as_before():
@@ -226,7 +226,7 @@ def test_without_the_crds_the_scheduler_works_as_before():
     api.add_pod(pod("p", ns="ml"))
     clock = Clock()
     loop = make(api, clock)
-    assert "queue" not in loop.watch_kinds and "namespace" in loop.watch_kinds
+    assert "queue" not in loop.cache.watch_kinds and "namespace" in loop.cache.watch_kinds
     run(api, loop, clock)
     assert bound(api) == ["ml/p"]
 
@@ -243,8 +243,8 @@ def test_a_broken_queue_is_reported_and_the_others_still_apply():
     loop = make(api, clock)
     run(api, loop, clock)
     assert len(bound(api)) == 1
-    assert "spec.weight" in loop.objects.errors["Queue broken"]
-    assert "spec.parent" in loop.objects.errors["Queue orphan"]
+    assert "spec.weight" in loop.cache.objects.errors["Queue broken"]
+    assert "spec.parent" in loop.cache.objects.errors["Queue orphan"]
 
 
 def test_an_engine_error_in_a_gang_round_or_the_fair_share_order_does_not_stop_the_loop(monkeypatch):
@@ -269,7 +269,7 @@ def test_an_engine_error_in_a_gang_round_or_the_fair_share_order_does_not_stop_t
     run(api, loop, clock, rounds=2)
     assert bound(api) == ["team-a/solo0", "team-a/solo1"]  # single pods still scheduled, in priority order
     assert any("internal error placing its pod group" in m for m in messages(api, "team-a/m0", "FailedScheduling"))
-    assert loop.state.gpu_free_milli.sum() == 2000  # nothing half-reserved
+    assert loop.cache.state.gpu_free_milli.sum() == 2000  # nothing half-reserved
     monkeypatch.undo()
     run(api, loop, clock)
     assert bound(api) == ["team-a/m0", "team-a/m1", "team-a/solo0", "team-a/solo1"]
@@ -332,7 +332,7 @@ def test_a_gang_holding_part_of_its_members_still_preempts_for_the_rest():
     g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "2"}
     api.add_pod(pod("w0", ns="ml", gpus=2, priority=100, annotations=g))
     run(api, loop, clock, rounds=1)  # one member: the gang starts holding what it can (nothing fits)
-    assert loop.gangs.holder == "ml/train"
+    assert loop.round.gangs.holder == "ml/train"
     api.add_pod(pod("w1", ns="ml", gpus=2, priority=100, annotations=g))
     run(api, loop, clock)
     assert {"ml/w0", "ml/w1"} <= set(bound(api)) and len(api.evicted) == 4
@@ -421,7 +421,7 @@ def test_a_pod_kept_out_by_a_gang_hold_is_told_which_gang_and_until_when_and_the
     for i in range(2):
         api.add_pod(pod(f"w{i}", ns="ml", gpus=2, annotations=g))
         run(api, loop, clock, rounds=1)
-    assert sorted(loop.gangs.held) == ["ml/w0", "ml/w1"]
+    assert sorted(loop.round.gangs.held) == ["ml/w0", "ml/w1"]
     api.add_pod(pod("solo", ns="ml"))
     run(api, loop, clock, rounds=1)
     msg = messages(api, "ml/solo", "FailedScheduling")[-1]
@@ -436,10 +436,10 @@ def test_a_pod_kept_out_by_a_gang_hold_is_told_which_gang_and_until_when_and_the
     held_msgs = messages(api, "ml/w0", "FailedScheduling")
     assert held_msgs and "holding 2 of 3 members" in held_msgs[-1]
     loop.schedule_due()
-    assert loop.gangs.held and not loop.due_gang_members()  # held members wait, not retried in a spin
+    assert loop.round.gangs.held and not loop.due_gang_members()  # held members wait, not retried in a spin
     api.add_pod(pod("w2", ns="ml", gpus=2, annotations=g))  # complete, but 6 GPUs do not fit in 4
     run(api, loop, clock, rounds=2)
-    assert loop.gangs.held == [] and loop.gangs.holder is None
+    assert loop.round.gangs.held == [] and loop.round.gangs.holder is None
     assert bound(api, "ml") == ["ml/filler", "ml/solo"]
     assert "of the 3 required members fit" in messages(api, "ml/w2", "FailedScheduling")[-1]
 
@@ -451,10 +451,10 @@ def test_a_pod_of_higher_priority_than_the_holding_gang_ends_the_hold():
     g = {"gpufleet.io/pod-group": "train", "gpufleet.io/pod-group-min-member": "3"}
     api.add_pod(pod("w0", ns="ml", gpus=2, annotations=g))
     run(api, loop, clock, rounds=1)
-    assert loop.gangs.held == ["ml/w0"]
+    assert loop.round.gangs.held == ["ml/w0"]
     api.add_pod(pod("urgent", ns="ml", priority=10))
     run(api, loop, clock, rounds=1)
-    assert "ml/urgent" in bound(api) and loop.gangs.releases.get("preempted") == 1 and not api.evicted
+    assert "ml/urgent" in bound(api) and loop.round.gangs.releases.get("preempted") == 1 and not api.evicted
 
 
 # --- issue 35: victims by age from the pods' timestamps; budgets with matchExpressions -------------------

@@ -159,8 +159,8 @@ class ExtenderLoop(SchedulerLoop):
         r = self.reservations.pop(key, None)
         if r is None:
             return None
-        if self.state.assignments.get(key) == r.assignment:
-            self.sched.forget(key)
+        if self.cache.state.assignments.get(key) == r.assignment:
+            self.cache.sched.forget(key)
             self.wake_all()
         self.released[reason] = self.released.get(reason, 0) + 1
         if self.on_release is not None:
@@ -187,21 +187,21 @@ class ExtenderLoop(SchedulerLoop):
     def resync(self) -> None:
         super().resync()
         self.last_heard = time.monotonic()
-        gpus = sum(len(n.gpus) for n in self.state.nodes)
-        log.info("snapshot synced: %d node(s) with %d GPU(s), %d bound pod(s)%s", len(self.state), gpus, len(self.bound_pods),
-                 f"; left out: {', '.join(sorted(self.bad_nodes))}" if self.bad_nodes else "")
+        gpus = sum(len(n.gpus) for n in self.cache.state.nodes)
+        log.info("snapshot synced: %d node(s) with %d GPU(s), %d bound pod(s)%s", len(self.cache.state), gpus, len(self.cache.bound_pods),
+                 f"; left out: {', '.join(sorted(self.cache.bad_nodes))}" if self.cache.bad_nodes else "")
 
     def rebuild(self) -> None:
         super().rebuild()
         for k, r in list(self.reservations.items()):  # a fresh snapshot keeps what filters chose
             a = r.assignment
-            if k in self.state.assignments or a.node not in self.state.index or self.state.check(a):
+            if k in self.cache.state.assignments or a.node not in self.cache.state.index or self.cache.state.check(a):
                 self.reservations.pop(k)
                 self.released["lost"] += 1
                 if self.on_release is not None:
                     self.on_release("lost", r)
             else:
-                self.state.reserve(a)
+                self.cache.state.reserve(a)
 
     def _note_stuck(self, type_: str, pod: dict) -> None:
         """Track pending GPU pods whose last scheduling attempt failed on a call to this extender."""
@@ -325,7 +325,7 @@ class Extender:
         return self.ready is None or self.ready.is_set()
 
     def _mask(self, names: list[str]) -> np.ndarray:
-        st = self.loop.state
+        st = self.loop.cache.state
         m = np.zeros(len(st), dtype=bool)
         for n in names:
             i = st.index.get(n)
@@ -403,14 +403,14 @@ class Extender:
             loop.expire()
             loop.first_filter.setdefault(key, time.monotonic())
             loop.release(key, "refiltered")  # kube-scheduler is placing it again: what it was offered last is stale
-            if loop.binder.is_in_flight(key) or key in loop.state.assignments:
-                where = loop.state.assignments[key].node if key in loop.state.assignments else "a node"
+            if loop.binder.is_in_flight(key) or key in loop.cache.state.assignments:
+                where = loop.cache.state.assignments[key].node if key in loop.cache.state.assignments else "a node"
                 dt = self.metrics.observe("filter", "error", t0)
                 log.info("filter %s: the pod is already bound or being bound to %s (%s)", key, where, _ms(dt))
                 return reply([], {}, {}, f"pod {key} is already bound or being bound to {where}")
-            sched = loop.sched
+            sched = loop.cache.sched
             if loop.dra is not None:  # DRA: nvidia.com/gpu backed by a DeviceClass on nodes without a device plugin
-                req = loop.dra.resolve(pod, req, loop.state)
+                req = loop.dra.resolve(pod, req, loop.cache.state)
             cycle = sched.new_cycle(req, waited_s=waited_s(pod, time.monotonic() - loop.first_filter[key]))
             cycle.only_nodes = self._mask(names)
             dec = sched.decide(cycle, explain=True)
@@ -428,11 +428,11 @@ class Extender:
             ok: list[str] = []
             failed: dict[str, str] = {}
             unresolvable: dict[str, str] = {}
-            st_ = loop.state
+            st_ = loop.cache.state
             for n in names:
                 i = st_.index.get(n)
                 if i is None:
-                    why = loop.bad_nodes.get(n)
+                    why = loop.cache.bad_nodes.get(n)
                     unresolvable[n] = f"gpufleet left the node out: {why}" if why else "node unknown to gpufleet (not in its snapshot yet)"
                 elif chosen is not None and n == chosen.node:
                     ok.append(n)
@@ -473,7 +473,7 @@ class Extender:
             if r is not None:  # filter already chose: rank its node first
                 scores[r.assignment.node] = MAX_EXTENDER_PRIORITY
             else:
-                sched = self.loop.sched
+                sched = self.loop.cache.sched
                 cycle = sched.new_cycle(req)
                 cycle.only_nodes = self._mask(names)
                 sched.decide(cycle)
@@ -481,7 +481,7 @@ class Extender:
                     s = cycle.scores
                     lo, hi = float(s.min()), float(s.max())
                     for i, v in zip(cycle.candidates, s):
-                        name = self.loop.state.nodes[int(i)].name
+                        name = self.loop.cache.state.nodes[int(i)].name
                         scores[name] = MAX_EXTENDER_PRIORITY if hi == lo else round((v - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
         dt = self.metrics.observe("prioritize", "ok", t0)
         log.debug("prioritize %s: %s (%s)", key, scores, _ms(dt))
@@ -518,7 +518,7 @@ class Extender:
                     loop.release(key, "deleted")  # made for an earlier pod of that name
                 elif r.assignment.node != node:
                     loop.release(key, "other_node")
-                elif loop.state.assignments.get(key) != r.assignment:
+                elif loop.cache.state.assignments.get(key) != r.assignment:
                     loop.reservations.pop(key)  # a node update took it away: decide again below
                     loop.released["lost"] += 1
                     self.metrics.released.labels("lost").inc()
@@ -542,9 +542,9 @@ class Extender:
             except GpufleetError as exc:
                 return refuse(f"invalid pod spec: {exc}")
             with self.lock:
-                if loop.binder.is_in_flight(key) or key in loop.state.assignments:
+                if loop.binder.is_in_flight(key) or key in loop.cache.state.assignments:
                     return refuse(f"pod {key} is already bound or being bound")
-                sched = loop.sched
+                sched = loop.cache.sched
                 cycle = sched.new_cycle(req)
                 cycle.only_nodes = self._mask([node])
                 dec = sched.decide(cycle)
@@ -559,7 +559,7 @@ class Extender:
                 loop.binder.begin_external(key, pod, a, t0)
         assert a is not None and pod is not None
         with self.lock:
-            uuids = {g.index: g.uuid for g in loop.state.nodes[loop.state.index[node]].gpus} if node in loop.state.index else {}
+            uuids = {g.index: g.uuid for g in loop.cache.state.nodes[loop.cache.state.index[node]].gpus} if node in loop.cache.state.index else {}
         annotations = {ann.ASSIGNMENT: assignment_to_json(a, uuids)}
         # the API call runs without the lock: filters for other pods go on meanwhile
         tb = time.perf_counter()

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         runner.run(stop)
     finally:
         srv.shutdown()  # no new connections; binds already in flight finish on their own threads
-        if not wait_until(lambda: not loop.binding, 10.0, 0.05):
-            log.warning("stopping with %d bind(s) still in flight", len(loop.binding))
+        if not wait_until(lambda: not loop.binder.binding, 10.0, 0.05):
+            log.warning("stopping with %d bind(s) still in flight", len(loop.binder.binding))
         log.info("gpufleet extender stopped: %d bind(s), %d reservation(s) still held", loop.stats.binds, len(loop.reservations))
     return 0

@@ -64,8 +64,10 @@ they look it up each time, never keep it); where a part needs the loop or a part
 it asks through a small Protocol the loop implements (``CacheHooks``, ``BinderHooks``).  This class keeps
 what feeds the round (``schedule_due``, ``schedule_one``, the gang round's members; a rebuild gives the
 round a fresh ``GangScheduler``), ``explain``, and the wiring: when a pod is gone every part forgets it
-(``drop_pod``).  The parts' state stays readable as the loop's (``loop.state``, ``loop.pending``,
-``loop.binding``, ...): properties that delegate to the part that owns it.
+(``drop_pod``).  The parts' state is read from the part that owns it (``loop.cache.state``,
+``loop.queue.pending``, ``loop.binder.binding``, ``loop.round.gangs``): the loop passes nothing on,
+except its intake (``resync``, ``handle``, ``replace``: the runner feeds it watch events and relists,
+and the extender's loop adds to them).
 """
 
 from __future__ import annotations
@@ -77,16 +79,14 @@ from dataclasses import replace
 from typing import Callable
 
 from ..engine.errors import GpufleetError
-from ..engine.framework import Profile, Scheduler
-from ..engine.gang import GangScheduler, PodGroupNotReady, gang_dry_run, group_key
+from ..engine.framework import Profile
+from ..engine.gang import PodGroupNotReady, gang_dry_run, group_key
 from ..engine.model import Assignment, PodRequest
 from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
 from ..engine.plugins.queuequota import QueueQuota
-from ..engine.queues import QueueTree
 from ..engine.round import SchedulingRound
 from ..engine.schedqueue import Change, QueuedPod, held_room_node, order_pending, requeue_hints
-from ..engine.state import ClusterState
 from .api import (
     CONSTRAINT_KINDS,
     POLICY_KINDS,
@@ -103,7 +103,6 @@ from .profile import KUBE_SCHEDULER_HANDLES, without_plugins
 from .stats import Stats
 from . import podgroup_status
 from .pods import slim_pod as slim_pod  # re-exported, as bind_job
-from .policy_objects import PolicyObjects
 from .preemption import Preemptor
 from .scheduling_queue import SchedulingQueue
 from .volume_binding import VolumeBinder
@@ -165,63 +164,9 @@ class SchedulerLoop:
         spot = next((p.config for p in profile.filters if isinstance(p, SpotCapacity)), None)
         self.drainer = Drainer(api, self.cache, self.queue, self.events, self.stats, spot, clock) if drain else None
 
-    @property
-    def gangs(self) -> GangScheduler:
-        """The round's gang scheduler (a rebuild replaces it)."""
-        return self.round.gangs
-
     def _wall_clock(self, t: float, now: float) -> str:
         """A time on the loop's clock as people read it (UTC, to the second)."""
         return time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + (t - now)))
-
-    # --- the parts' state, as the loop's (other modules and tests read these) ------------------
-    @property
-    def state(self) -> ClusterState:
-        return self.cache.state
-
-    @property
-    def sched(self) -> Scheduler:
-        return self.cache.sched
-
-    @property
-    def tree(self) -> QueueTree | None:
-        return self.cache.tree
-
-    @property
-    def objects(self) -> PolicyObjects:
-        return self.cache.objects
-
-    @property
-    def bound_pods(self) -> dict[str, dict]:
-        return self.cache.bound_pods
-
-    @property
-    def bad_nodes(self) -> dict[str, str]:
-        return self.cache.bad_nodes
-
-    @property
-    def rv(self) -> dict[str, str]:
-        """kind -> resourceVersion to watch from."""
-        return self.cache.rv
-
-    @property
-    def pending(self) -> dict[str, dict]:
-        """Pods waiting for us (key -> pod JSON): the scheduling queue's."""
-        return self.queue.pending
-
-    @property
-    def binding(self) -> dict[str, tuple[dict, Assignment, float]]:
-        """Our binds in flight (key -> pod JSON, assumed assignment, cycle start): the binder's."""
-        return self.binder.binding
-
-    # --- the cache's (these keep the loop's interface) ------------------------------------------
-    @property
-    def watch_kinds(self) -> list[str]:
-        """Kinds to watch: nodes, pods, and the policy kinds the API serves."""
-        return self.cache.watch_kinds
-
-    def list_kind(self, kind: str) -> tuple[list[dict], str]:
-        return self.cache.list_kind(kind)
 
     def resync(self) -> None:
         """Full relist of every kind and a rebuilt snapshot (start-up, becoming leader)."""
@@ -249,19 +194,19 @@ class SchedulerLoop:
         (on its node; every waiting pod when it ended a gang's hold)."""
         a = self.cache.state.assignments.get(key)
         node = self.cache.state.index.get(a.node) if a is not None else None
-        had_hold = self.gangs.holder is not None
+        had_hold = self.round.gangs.holder is not None
         self.queue.remove(key)
         self.volume_binder.forget(key)
         self.queue.forget(key)
         self.preemptor.forget(key)
         self.evictions.forget(key)
         freed = False
-        if self.gangs.gangs:
-            freed = self.gangs.remove(key)  # a held member's room, or a whole hold, given back
+        if self.round.gangs.gangs:
+            freed = self.round.gangs.remove(key)  # a held member's room, or a whole hold, given back
         freed = self.cache.forget_pod(key) or freed
         freed = self.binder.forget(key) or freed
         if freed:
-            if node is None or (had_hold and self.gangs.holder is None):
+            if node is None or (had_hold and self.round.gangs.holder is None):
                 self.queue.wake_all()
             else:
                 self.queue.wake(Change((node,)), self.cache.state, self.requeue_hints)
@@ -279,17 +224,6 @@ class SchedulerLoop:
         """Nothing here; the extender releases reservations."""
 
     # --- binding (the binder's; these keep the loop's interface) -------------------------------
-    def drain(self, block_s: float = 0.0) -> int:
-        """Apply finished binds (async mode); returns how many."""
-        return self.binder.drain(block_s)
-
-    def next_result(self, timeout_s: float) -> tuple | None:
-        """Wait for a finished bind without touching the snapshot (call ``apply_result`` with it)."""
-        return self.binder.next_result(timeout_s)
-
-    def apply_result(self, item: tuple) -> None:
-        self.binder.apply_result(item)
-
     def close(self, timeout_s: float = 10.0) -> None:
         """Wait for binds in flight and flush events."""
         end = time.monotonic() + timeout_s
@@ -313,8 +247,8 @@ class SchedulerLoop:
             self.on_attempt(result, self.clock() - t0)
 
     def unassume(self, key: str) -> None:
-        if self.gangs.gangs:
-            self.gangs.remove(key)
+        if self.round.gangs.gangs:
+            self.round.gangs.remove(key)
 
     def wake_all(self) -> None:
         """The cluster changed: every waiting pod may fit now."""
@@ -347,9 +281,6 @@ class SchedulerLoop:
     def due_gang_members(self) -> list[str]:
         return [k for k, p in self.queue.ready(self.clock()) if self._in_gang(p)]
 
-    def has_due(self) -> bool:
-        return self.queue.has_due()
-
     def next_wakeup(self) -> float | None:
         times = self.queue.wakeups() + self.volume_binder.deadlines()
         return min(times) if times else None
@@ -376,7 +307,7 @@ class SchedulerLoop:
             if end is not None and time.monotonic() > end:
                 break
             if len(self.binder.binding) >= self.max_in_flight:
-                self.drain(block_s=1.0)
+                self.binder.drain(block_s=1.0)
                 if len(self.binder.binding) >= self.max_in_flight:
                     break
             pod = self.queue.pending.get(key)
@@ -422,7 +353,7 @@ class SchedulerLoop:
             if name and (g := f"{k.split('/', 1)[0]}/{name}") in groups:
                 found.setdefault(g, []).append(k)
         for g, members in found.items():
-            self.gangs.note_running(g, members)
+            self.round.gangs.note_running(g, members)
 
     def _gang_round(self, keys: list[str]) -> int:
         """Hand arrived gang members to the GangScheduler, step it, bind what it placed."""
@@ -438,12 +369,12 @@ class SchedulerLoop:
                 self.schedule_one(pod)  # reports the invalid spec
                 continue
             gk = group_key(r) or ""
-            if gk not in self.gangs.gangs:
+            if gk not in self.round.gangs.gangs:
                 new.add(gk)
             g = self.cache.objects.groups.get(gk)
             if g is not None:
-                self.gangs.add_group(g, now)
-            self.gangs.add(r, now)
+                self.round.gangs.add_group(g, now)
+            self.round.gangs.add(r, now)
         self._seed_running(new)
         self.effects.begin(now)
         self.round.gang_round(now)
@@ -495,13 +426,13 @@ class SchedulerLoop:
             gk = group_key(r) or ""
             g = self.cache.objects.groups.get(gk)
             if g is not None:
-                self.gangs.add_group(g, t)
-            self.gangs.add(r, t)
+                self.round.gangs.add_group(g, t)
+            self.round.gangs.add(r, t)
             new.add(gk)
         self._seed_running(new)
         if first:
-            self.gangs.step(min(first))
-            self.gangs.step(now)
+            self.round.gangs.step(min(first))
+            self.round.gangs.step(now)
 
     def explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         """(summary, node -> reason) for ``gpufleet explain``; changes nothing."""
@@ -518,7 +449,7 @@ class SchedulerLoop:
         for name, why in self.cache.bad_nodes.items():
             by_node[name] = f"left out: {why}"
         gang = self._gang_line(req)
-        why = self.gangs.blocked_by_hold(req, self.clock()) if not dec.ok and self.gangs.held else ""
+        why = self.round.gangs.blocked_by_hold(req, self.clock()) if not dec.ok and self.round.gangs.held else ""
         if why:
             gang = why + (f"\n  {gang}" if gang else "")
         if dec.ok:
@@ -573,7 +504,7 @@ class SchedulerLoop:
                 except GpufleetError:
                     pass  # its own explain names the bad field
         tried = gang_dry_run(self.cache.sched, members)
-        fit = [f"{key} on {node} (held)" if key in self.gangs.held else f"{key} on {node}" for key, node in sorted(held.items())]
+        fit = [f"{key} on {node} (held)" if key in self.round.gangs.held else f"{key} on {node}" for key, node in sorted(held.items())]
         fit += [f"{key} on {node}" for key, node, _ in tried if node]
         out = [f"{key}: {reason_text(why)}" for key, node, why in tried if not node]
         verdict = "all-or-nothing: it is placed" if len(fit) >= need else "all-or-nothing: none is placed"

@@ -66,7 +66,7 @@ class Runner:
             except Gone:
                 log.info("%s watch expired (410 Gone): relisting", kind)
                 try:
-                    items, rv = self.loop.list_kind(kind)
+                    items, rv = self.loop.cache.list_kind(kind)
                     self.relists[kind] = self.relists.get(kind, 0) + 1
                     self.q.put(("replace", kind, (items, rv)))
                 except Exception as exc:
@@ -127,8 +127,8 @@ class Runner:
         if stop.is_set():
             return
         self.ready.set()
-        for kind in loop.watch_kinds:
-            t = threading.Thread(target=self._reflect, args=(kind, loop.rv[kind], stop), daemon=True, name=f"watch-{kind}")
+        for kind in loop.cache.watch_kinds:
+            t = threading.Thread(target=self._reflect, args=(kind, loop.cache.rv[kind], stop), daemon=True, name=f"watch-{kind}")
             t.start()
             self._threads.append(t)
         if self.elector is not None:
@@ -143,15 +143,15 @@ class Runner:
         evictions_seen = {"preempted": 0, "reclaimed": 0, "already_gone": 0, "eviction_refused": 0}
         while not stop.is_set():
             leading = self.leading()
-            busy = leading and loop.has_due()
-            self._apply_events(0.0 if busy or loop.binding else 0.05)
+            busy = leading and loop.queue.has_due()
+            self._apply_events(0.0 if busy or loop.binder.binding else 0.05)
             done = None
-            if loop.binding and not busy:  # binds in flight, nothing else to do: wait for one, not spin (shared GIL)
-                done = loop.next_result(0.005)
+            if loop.binder.binding and not busy:  # binds in flight, nothing else to do: wait for one, not spin (shared GIL)
+                done = loop.binder.next_result(0.005)
             with self.lock:
                 if done is not None:
-                    loop.apply_result(done)
-                loop.drain()
+                    loop.binder.apply_result(done)
+                loop.binder.drain()
                 if leading and self.elector is not None and self.elector.term != self._term:
                     try:
                         loop.resync()  # see everything the last leader bound
@@ -163,7 +163,7 @@ class Runner:
                     loop.schedule_due(budget_s=self.slice_s, should_continue=self.leading)
             if self.metrics is not None:
                 m = self.metrics
-                m.pending.set(len(loop.pending))
+                m.pending.set(len(loop.queue.pending))
                 m.leader.set(1 if leading else 0)
                 for reason, seen in evictions_seen.items():
                     n_ev = getattr(loop.stats, reason)
@@ -181,7 +181,7 @@ class Runner:
                 if queue_gauges is not None and time.monotonic() - queues_at >= self.queue_metrics_every_s:
                     queues_at = time.monotonic()
                     with self.lock:
-                        by_queue = pending_by_queue(loop.pending, loop.cache.request, (q.name for q in loop.objects.queues))
+                        by_queue = pending_by_queue(loop.queue.pending, loop.cache.request, (q.name for q in loop.cache.objects.queues))
                     queue_gauges.update(by_queue)
             loop.stats.e2e_s.clear()
         with self.lock:
