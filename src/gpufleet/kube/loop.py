@@ -94,7 +94,7 @@ from .api import (
 )
 from .binder import Binder
 from .dra import LiveDra, with_dra
-from .binder import bind_job as bind_job  # re-exported: kube/extender.py imports it from here
+from .binder import bind_job as bind_job  # re-exported: kube/extender/verbs.py imports it from here
 from .cache import SchedulerCache
 from .effects import LiveEffects
 from .evictor import Evictions
