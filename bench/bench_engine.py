@@ -23,8 +23,8 @@ import numpy as np
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import build_profile, policy_names
-from gpufleet.simulator import trace
-from gpufleet.simulator.packing import prime_policy, run_packing
+from gpufleet.simulator.traces import trace
+from gpufleet.simulator.experiments.packing import prime_policy, run_packing
 
 
 def decision_times(policy: str, nodes, pods) -> np.ndarray:

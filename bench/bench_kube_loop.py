@@ -29,8 +29,8 @@ from gpufleet.engine.state import ClusterState
 from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
-from gpufleet.simulator import trace
-from gpufleet.simulator.packing import prime_policy
+from gpufleet.simulator.traces import trace
+from gpufleet.simulator.experiments.packing import prime_policy
 
 
 def node(i: int) -> dict:

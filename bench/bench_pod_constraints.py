@@ -31,7 +31,7 @@ from gpufleet.engine.model import Gpu, Node, PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.kube.loop import KUBE_SCHEDULER_HANDLES, without_plugins
 from gpufleet.policies import build_profile
-from gpufleet.simulator.packing import prime_policy
+from gpufleet.simulator.experiments.packing import prime_policy
 
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"

@@ -24,9 +24,9 @@ import time
 
 from gpufleet.cli.main import main as cli
 from gpufleet.cli.simulate import default_policies
-from gpufleet.simulator import trace
-from gpufleet.simulator.replay import run_replay
-from gpufleet.simulator.workload import workload_from_trace
+from gpufleet.simulator.traces import trace
+from gpufleet.simulator.experiments.replay import run_replay
+from gpufleet.simulator.traces.workload import workload_from_trace
 
 
 def single(policies: list[str], load: float, rounds: int) -> dict[str, float]:

@@ -3,7 +3,7 @@
     python bench/dra_variants.py --variants default,pinned20,multigpu50 --seeds 42 --json dra.json
 
 Each (variant, seed, policy) runs the packing experiment twice on the same pods: as device-plugin
-requests and DRA-shaped (``simulator/dra.py``: whole GPUs by count, shares by consumable capacity,
+requests and DRA-shaped (``simulator/traces/dra.py``: whole GPUs by count, shares by consumable capacity,
 pinned models by a CEL selector on ``productName``; ``multigpu*`` with a ``matchAttribute`` on the
 PCIe root).  The table gives unallocated GPU % at 100% arrived for both, and the default's margin.
 Variants come from ``bench/variants.py`` (seeded generators over the bundled trace).
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.variants import _nodes, variant_pods  # noqa: E402
-from gpufleet.simulator.packing import run_packing  # noqa: E402
+from gpufleet.simulator.experiments.packing import run_packing  # noqa: E402
 
 POLICIES = ("default", "fgd", "bestfit")
 

@@ -31,7 +31,7 @@ from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import GPU_MILLI
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import build_profile
-from gpufleet.simulator.packing import prime_policy, workload_order
+from gpufleet.simulator.experiments.packing import prime_policy, workload_order
 
 
 def holes(variant: str, seed: int, policy: str, min_free: int, tune: float = 1.3) -> list[dict]:

@@ -171,9 +171,9 @@ def _gangs() -> dict:
     priority (as ``--priority-column``), so gangs wait, hold and preempt (22 preemptions)."""
     from dataclasses import replace
 
-    from gpufleet.simulator import trace as tracemod
-    from gpufleet.simulator.replay import run_replay
-    from gpufleet.simulator.workload import workload_from_trace
+    from gpufleet.simulator.traces import trace as tracemod
+    from gpufleet.simulator.experiments.replay import run_replay
+    from gpufleet.simulator.traces.workload import workload_from_trace
 
     nodes = tracemod.load_nodes(str(tracemod.bundled(tracemod.DEFAULT_NODES)))
     pods = tracemod.load_pods(str(tracemod.bundled(tracemod.DEFAULT_PODS))).pods

@@ -1,7 +1,7 @@
 """Where do idle GPUs sit at the 100%-arrived point, and why?  (issue 14's instrument)
 
 Runs the packing experiment with each policy on a trace variant and prints, per GPU model, what
-``gpufleet.simulator.idle`` records at the moment the arrived GPU demand equals the cluster's
+``gpufleet.simulator.bounds.idle`` records at the moment the arrived GPU demand equals the cluster's
 capacity (``gpufleet simulate`` reports the same for the bundled trace, in its JSON and report.html):
 
 * ``whole``: idle GPUs with nothing on them; ``sliver``: free milli on GPUs that are partly used;
@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from bench.variants import _nodes, check_policy, check_variant, variant_pods
 
-from gpufleet.simulator.idle import IdleBreakdown, hole_name
-from gpufleet.simulator.packing import run_packing
+from gpufleet.simulator.bounds.idle import IdleBreakdown, hole_name
+from gpufleet.simulator.experiments.packing import run_packing
 
 
 def breakdown(variant: str, seed: int, policy: str, tune: float = 1.3) -> IdleBreakdown:

@@ -44,7 +44,7 @@ TOLERANCE = 0.25  # fail when throughput falls more than this below the baseline
 
 def _workload() -> tuple[list, list, list]:
     from gpufleet.engine.constraints import LabelSelector, PodAffinityTerm, PodTerms, SpreadConstraint
-    from gpufleet.simulator import trace
+    from gpufleet.simulator.traces import trace
 
     nodes = trace.load_nodes(trace.bundled(trace.DEFAULT_NODES))
     pods = [p.request() for p in trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods[:PODS]]

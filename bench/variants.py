@@ -48,8 +48,8 @@ import numpy as np
 import yaml
 
 from gpufleet.engine.model import Node
-from gpufleet.simulator import trace as tracemod
-from gpufleet.simulator.trace import TracePod
+from gpufleet.simulator.traces import trace as tracemod
+from gpufleet.simulator.traces.trace import TracePod
 
 _REPO = Path(__file__).resolve().parents[1]
 _CANDIDATES = [Path(os.environ["GPUFLEET_SHARED_TRACES"])] if "GPUFLEET_SHARED_TRACES" in os.environ else []
@@ -246,11 +246,11 @@ def _task(kind: str, variant: str, seed: int, policy: str, tune: float, time_lim
     pods = variant_pods(variant, seed, nodes)
     t0 = time.perf_counter()
     if kind == "bound":
-        from gpufleet.simulator.bound import offline_bound
+        from gpufleet.simulator.bounds.bound import offline_bound
 
         b = offline_bound(nodes, pods, seed=seed, tune=tune, time_limit_s=time_limit_s).to_json()
         return {"kind": kind, "variant": variant, "seed": seed, "policy": "bound", **b, "solve_s": round(time.perf_counter() - t0, 2)}
-    from gpufleet.simulator.packing import run_packing
+    from gpufleet.simulator.experiments.packing import run_packing
 
     r = run_packing(nodes, pods, policy_config(policy), seed=seed, tune=tune, trace_name=variant)
     idle = r.idle

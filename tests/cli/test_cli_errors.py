@@ -272,7 +272,7 @@ def test_typed_errors_survive_a_worker_process():
     import pickle
 
     from gpufleet.engine.errors import InvalidPodSpec, RuntimeFailure
-    from gpufleet.simulator.trace import TraceError
+    from gpufleet.simulator.traces.trace import TraceError
 
     for exc in (TraceError("f.csv", 3, "cpu_milli", "bad"), InvalidPodSpec("ns/p", "spec", "bad"), RuntimeFailure("away")):
         back = pickle.loads(pickle.dumps(exc))
@@ -294,7 +294,8 @@ def test_bad_config_files_are_one_line_exit_2(d, capsys, argv, content, needle):
 
 
 def test_a_trace_without_gpu_pods_is_an_error_not_a_hang(d, capsys):
-    from gpufleet.simulator import packing, trace
+    from gpufleet.simulator.experiments import packing
+    from gpufleet.simulator.traces import trace
 
     (d / "cpu.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,100,0,0\np2,1000,100,0,0\n")
     assert run([*SIM, "--pods", "cpu.csv"]) == 2

@@ -109,8 +109,8 @@ def _replay(urgent_cpu: int, gang: bool = False):
     """The planner's cluster in the trace replay: 64 GPU pods that ask 33 cores per GPU (they never fit;
     they are learned from), then a low-priority 16-core pod (c0), then urgent CPU-only work."""
     from gpufleet.engine.model import Gpu, Node
-    from gpufleet.simulator.replay import run_replay
-    from gpufleet.simulator.workload import Workload
+    from gpufleet.simulator.experiments.replay import run_replay
+    from gpufleet.simulator.traces.workload import Workload
 
     def n(name, gpus, cores):
         return Node(name, cores * 1000, 262144, tuple(Gpu(j, f"{name}-g{j}", "T4", 15360) for j in range(gpus)),

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from gpufleet.engine.gpu_models import lookup
 from gpufleet.engine.model import Gpu, Node
-from gpufleet.simulator import packing
-from gpufleet.simulator.bound import arrived_pods, offline_bound
-from gpufleet.simulator.trace import TracePod
+from gpufleet.simulator.experiments import packing
+from gpufleet.simulator.bounds.bound import arrived_pods, offline_bound
+from gpufleet.simulator.traces.trace import TracePod
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -91,7 +91,7 @@ POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase
 @given(raw=st.one_of(csv_bytes(POD_HEADER), csv_bytes(POD_HEADER.rsplit(",", 6)[0]), st.binary(max_size=200)),
        skip=st.booleans())
 def test_pod_list_reader(tmp_path, raw, skip):
-    from gpufleet.simulator import trace
+    from gpufleet.simulator.traces import trace
 
     p = tmp_path / "pods.csv"
     p.write_bytes(raw)
@@ -105,7 +105,7 @@ def test_pod_list_reader(tmp_path, raw, skip):
 @FUZZ
 @given(raw=st.one_of(csv_bytes("sn,cpu_milli,memory_mib,gpu,model"), st.binary(max_size=200)), skip=st.booleans())
 def test_node_list_reader(tmp_path, raw, skip):
-    from gpufleet.simulator import trace
+    from gpufleet.simulator.traces import trace
 
     p = tmp_path / "nodes.csv"
     p.write_bytes(raw)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.engine.model import Gpu, Node
-from gpufleet.simulator.queues import fair_shares, jain, report_html, run_queue_replay, team_of
-from gpufleet.simulator.trace import TracePod
+from gpufleet.simulator.experiments.queues import fair_shares, jain, report_html, run_queue_replay, team_of
+from gpufleet.simulator.traces.trace import TracePod
 
 TEAMS2 = ["team-a", "team-b"]
 

@@ -8,9 +8,9 @@ import pytest
 
 from gpufleet.engine.gpu_models import lookup
 from gpufleet.engine.model import Gpu, Node
-from gpufleet.simulator import packing
-from gpufleet.simulator.bound import bound_placing_first, lp_bound, offline_bound
-from gpufleet.simulator.trace import TracePod
+from gpufleet.simulator.experiments import packing
+from gpufleet.simulator.bounds.bound import bound_placing_first, lp_bound, offline_bound
+from gpufleet.simulator.traces.trace import TracePod
 
 
 def node(name: str, cpu: int, ngpu: int, model: str = "T4") -> Node:
@@ -121,7 +121,7 @@ def test_bound_is_at_most_every_policy_and_at_least_the_lp():
 
 
 def test_solver_chatter_on_the_file_descriptors_is_dropped_and_they_are_restored(capfd):
-    from gpufleet.simulator.bound import _quiet_solver
+    from gpufleet.simulator.bounds.bound import _quiet_solver
 
     with _quiet_solver():
         os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")

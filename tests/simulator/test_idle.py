@@ -1,4 +1,4 @@
-"""Where the idle GPUs are (``simulator/idle.py``): holes by GPU content, saturation, the repack yardstick, and that
+"""Where the idle GPUs are (``simulator/bounds/idle.py``): holes by GPU content, saturation, the repack yardstick, and that
 ``gpufleet simulate`` puts them in its JSON and report.  Expected values are worked out by hand in the comments."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from gpufleet.cli.main import main
 from gpufleet.engine.model import Assignment
 from gpufleet.engine.state import ClusterState
-from gpufleet.simulator import packing
-from gpufleet.simulator.idle import best_fit_decreasing, bins_lower_bound, share_holes, summarize_idle
-from gpufleet.simulator.report_idle import repack_sentence
+from gpufleet.simulator.experiments import packing
+from gpufleet.simulator.bounds.idle import best_fit_decreasing, bins_lower_bound, share_holes, summarize_idle
+from gpufleet.simulator.report.idle import repack_sentence
 
 from .test_bound import node, pod
 from .test_packing_and_cli import NODES, pods_csv

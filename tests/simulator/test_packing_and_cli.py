@@ -7,8 +7,10 @@ import json
 import pytest
 
 from gpufleet.cli.main import main
-from gpufleet.simulator import packing, replay, trace
-from gpufleet.simulator.bound import offline_bound
+from gpufleet.simulator.experiments import packing
+from gpufleet.simulator.experiments import replay
+from gpufleet.simulator.traces import trace
+from gpufleet.simulator.bounds.bound import offline_bound
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"n{i:02d},32000,131072,{g},{m}\n" for i, (g, m) in enumerate([(8, "V100M32")] * 3 + [(2, "T4")] * 4 + [(4, "P100")] * 2)

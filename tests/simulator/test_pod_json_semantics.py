@@ -12,8 +12,8 @@ import numpy as np
 from gpufleet.engine.gang import PodGroup, resolve_scheduling_group
 from gpufleet.engine.model import Gpu, Node, PodRequest
 from gpufleet.engine.podspec import parse_pod
-from gpufleet.simulator.replay import run_replay
-from gpufleet.simulator.workload import Workload
+from gpufleet.simulator.experiments.replay import run_replay
+from gpufleet.simulator.traces.workload import Workload
 
 
 def nodes(cpu_milli: int = 64000, gpus: int = 4) -> list[Node]:

@@ -1,4 +1,4 @@
-"""The repack yardsticks of ``gpufleet.simulator.idle`` (in ``gpufleet simulate``'s report and
+"""The repack yardsticks of ``gpufleet.simulator.bounds.idle`` (in ``gpufleet simulate``'s report and
 ``bench/idle_breakdown.py``), against an exact bin count on small instances.
 
 The README's "where the rest goes" leans on two numbers: best-fit decreasing (a real packing, so never
@@ -13,7 +13,7 @@ from functools import lru_cache
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.simulator.idle import best_fit_decreasing, bins_lower_bound
+from gpufleet.simulator.bounds.idle import best_fit_decreasing, bins_lower_bound
 
 
 def optimum(items: list[int], cap: int = 1000) -> int:

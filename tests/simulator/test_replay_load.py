@@ -12,9 +12,11 @@ import pytest
 from gpufleet.cli.main import main
 from gpufleet.engine import schedqueue
 from gpufleet.engine.model import PodRequest
-from gpufleet.simulator import trace, trace2025, whatif
-from gpufleet.simulator.replay import request_class, run_replay
-from gpufleet.simulator.workload import workload_from_trace
+from gpufleet.simulator.traces import trace
+from gpufleet.simulator.traces import trace2025
+from gpufleet.simulator.experiments import whatif
+from gpufleet.simulator.experiments.replay import request_class, run_replay
+from gpufleet.simulator.traces.workload import workload_from_trace
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"n{i:02d},32000,131072,{g},{m}\n" for i, (g, m) in enumerate([(8, "V100M32")] * 2 + [(2, "T4")] * 4))
@@ -81,7 +83,7 @@ def test_replay_orders_through_the_shared_scheduling_queue(tiny, monkeypatch):
     run each pod through the one scheduling round (engine.round)."""
     from gpufleet.engine import round as round_
     from gpufleet.kube import loop
-    from gpufleet.simulator import replay
+    from gpufleet.simulator.experiments import replay
 
     assert loop.order_pending is schedqueue.order_pending and replay.order_pending is schedqueue.order_pending
     assert loop.SchedulingRound is round_.SchedulingRound and replay.SchedulingRound is round_.SchedulingRound
@@ -289,7 +291,7 @@ def test_gangs_go_through_the_gang_scheduler_all_or_nothing(tmp_path):
 
     nodes = [Node(f"n{i}", 64000, 262144, tuple(Gpu(j, f"n{i}-g{j}", "V100M32", 32768) for j in range(4)),
                   labels={"kubernetes.io/hostname": f"n{i}"}, max_pods=100) for i in range(2)]
-    from gpufleet.simulator.workload import Workload
+    from gpufleet.simulator.traces.workload import Workload
 
     def wl(group):
         reqs = [PodRequest("busy", "t", cpu_milli=1000, gpu_count=1, gpu_milli=1000)]
@@ -306,7 +308,7 @@ def test_gangs_go_through_the_gang_scheduler_all_or_nothing(tmp_path):
 
 def test_a_high_priority_gang_preempts_for_all_its_members():
     from gpufleet.engine.model import Gpu, Node
-    from gpufleet.simulator.workload import Workload
+    from gpufleet.simulator.traces.workload import Workload
 
     nodes = [Node(f"n{i}", 64000, 262144, tuple(Gpu(j, f"n{i}-g{j}", "V100M32", 32768) for j in range(4)),
                   labels={"kubernetes.io/hostname": f"n{i}"}, max_pods=100) for i in range(2)]

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.simulator import packing, trace
+from gpufleet.simulator.experiments import packing
+
+
+from gpufleet.simulator.traces import trace
 
 PUBLISHED_MEAN = {"bestfit": 7.14, "fgd": 4.77}
 

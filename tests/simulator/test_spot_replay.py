@@ -6,8 +6,8 @@ import pytest
 
 from gpufleet.cli.main import main
 from gpufleet.engine.prices import parse_prices_text
-from gpufleet.simulator.spot_replay import HP, SPOT, run_spot_replay
-from gpufleet.simulator.spot_trace import GfsJob, GfsNode, SpotEvent, fleet, fleet_gpus, jobs, spot_events
+from gpufleet.simulator.experiments.spot_replay import HP, SPOT, run_spot_replay
+from gpufleet.simulator.traces.spot_trace import GfsJob, GfsNode, SpotEvent, fleet, fleet_gpus, jobs, spot_events
 
 PRICES = parse_prices_text("builtin: false\nmodels:\n  A10: {onDemandPerGpuHour: 1.0, spotPerGpuHour: 0.25}\n", "p.yaml")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet.simulator.spot_trace import FLEET, HP, TARGETS, describe, fleet, jobs, spot_events
+from gpufleet.simulator.traces.spot_trace import FLEET, HP, TARGETS, describe, fleet, jobs, spot_events
 
 TOLERANCE = {  # relative, for a 14-day sample at full rate (seed 1); the test reports every miss at once
     "hp_job_share": 0.01, "hp_gpu_seconds_share": 0.03, "hp_median_duration_s": 0.1, "hp_p90_duration_s": 0.1,

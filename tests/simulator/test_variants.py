@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpufleet.simulator import trace as tracemod
+from gpufleet.simulator.traces import trace as tracemod
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_variants", ROOT / "bench" / "variants.py")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpufleet.engine.model import Assignment, PodRequest
-from gpufleet.simulator.waiting import WaitingPods, could_fit
+from gpufleet.simulator.experiments.waiting import WaitingPods, could_fit
 
 from tests.builders import T4, make_node, state_of
 
@@ -62,8 +62,8 @@ def test_room_tests_agree_with_each_other(used, pod, fits):
 
 def test_every_arrival_is_counted_once_in_the_progress_bar_also_when_it_preempts():
     """A pod placed by preempting used to skip its progress tick: the bar stopped short of the pods replayed."""
-    from gpufleet.simulator.replay import run_replay
-    from gpufleet.simulator.workload import Workload
+    from gpufleet.simulator.experiments.replay import run_replay
+    from gpufleet.simulator.traces.workload import Workload
 
     from tests.builders import make_node as node
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpufleet.simulator import trace
+from gpufleet.simulator.traces import trace
 
 
 def test_bundled_default_trace_loads():
@@ -40,7 +40,7 @@ def test_total_gpu_milli_is_the_requests():
 def test_bound_shapes_are_the_requests():
     from collections import Counter
 
-    from gpufleet.simulator.bound import _shapes
+    from gpufleet.simulator.bounds.bound import _shapes
 
     pods = trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods
     for cpu_only in (False, True):

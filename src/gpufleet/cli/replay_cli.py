@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("replay: load, capacity what-ifs, team queues")
     g.add_argument("--load", type=parse_loads, default=None,
                    help="replay: offered GPU load(s) as a fraction of the cluster's GPU capacity, e.g. 0.6,0.8,1.0,1.2 "
-                        "(arrival gaps scaled, run times kept; see simulator/replay.py for how it is computed)")
+                        "(arrival gaps scaled, run times kept; see simulator/experiments/replay.py for how it is computed)")
     g.add_argument("--warmup", type=float, default=0.1,
                    help="replay: fraction of arrivals treated as warm-up and left out of the metrics (default 0.1)")
     g.add_argument("--what-if", action="append", default=[], metavar="CHANGE",
@@ -78,8 +78,8 @@ def wants_sweep(args: argparse.Namespace) -> bool:
 
 
 def _load(nodes_path: str | None, pods_path: str, skip: bool, cluster_size: float):
-    from ..simulator import trace as tracemod
-    from ..simulator import trace2025
+    from ..simulator.traces import trace as tracemod
+    from ..simulator.traces import trace2025
 
     key = (nodes_path, pods_path, skip, cluster_size)
     if key not in _CACHE:
@@ -183,9 +183,9 @@ def priority_function(spec: str | None):
 
 
 def run_one(task: dict) -> dict:
-    from ..simulator import whatif
-    from ..simulator.replay import run_replay
-    from ..simulator.workload import workload_from_trace
+    from ..simulator.experiments import whatif
+    from ..simulator.experiments.replay import run_replay
+    from ..simulator.traces.workload import workload_from_trace
 
     nodes, tr, kind = _load(task["nodes"], task["pods"], task["skip"], task["cluster_size"])
     ref = sum(len(n.gpus) for n in nodes)
@@ -238,7 +238,7 @@ def summarize(runs: list[dict]) -> list[dict]:
 def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_path: str | None) -> int:
     from tqdm import tqdm
 
-    from ..simulator import whatif
+    from ..simulator.experiments import whatif
 
     if not 0 <= args.warmup < 1:
         print("gpufleet simulate: --warmup must be in [0, 1)", file=sys.stderr)
@@ -268,7 +268,7 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
     if not tr.pods:
         print(f"gpufleet simulate: no pods in {pods_path}", file=sys.stderr)
         return 2
-    from ..simulator.workload import workload_from_trace
+    from ..simulator.traces.workload import workload_from_trace
 
     try:
         wl = workload_from_trace(tr.pods, tr.name)
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
     variants = [[]] + ([list(args.what_if)] if args.what_if else [])
     tasks = [dict(base, policy=pol, seed=s, load=ld, what_if=v) for v in variants for pol in policies for ld in loads for s in args.seeds]
     jobs = max(1, min(args.jobs or (os.cpu_count() or 1), len(tasks)))
-    from ..simulator.whatif import describe
+    from ..simulator.experiments.whatif import describe
 
     print(f"replay: {describe(nodes)}; {len(tr.pods)} pods ({tr.name}, {kind}); policies {', '.join(policies)}; "
           f"loads {', '.join('trace clock' if x is None else f'{x:g}' for x in loads)}"
@@ -322,7 +322,7 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
             json.dump(doc, f, indent=1)
         print(f"wrote {args.json_path}", file=sys.stderr)
     if args.report:
-        from ..simulator.report_load import write_replay_report
+        from ..simulator.report.replay import write_replay_report
 
         write_replay_report(args.report, runs, rows, params, search)
         print(f"wrote {args.report}", file=sys.stderr)
@@ -330,7 +330,7 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
 
 
 def _search(args, base: dict, policy: str, load: float | None, nodes, jobs: int, bar) -> dict:
-    from ..simulator import whatif
+    from ..simulator.experiments import whatif
 
     g, c, m, model = whatif.node_shape(whatif.parse(f"+1x{args.search_shape}").model or "", nodes,
                                        whatif.parse(f"+1x{args.search_shape}").gpus_per_node)

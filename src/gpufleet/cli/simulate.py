@@ -23,11 +23,11 @@ import numpy as np
 from ..argtypes import float_range, int_range, output_file
 from ..engine.errors import UsageError
 from ..policies import policy_aliases, policy_names, policy_names_with_aliases
-from ..simulator import trace as tracemod
+from ..simulator.traces import trace as tracemod
 
 if TYPE_CHECKING:
-    from ..simulator.packing import PackingRun
-    from ..simulator.queues import QueueReplayRun
+    from ..simulator.experiments.packing import PackingRun
+    from ..simulator.experiments.queues import QueueReplayRun
 
 PAPER_POLICIES = ["random", "dotprod", "clustering", "packing", "bestfit", "fgd"]
 MAX_SEEDS = 1000
@@ -160,11 +160,11 @@ def _run_one(task: dict) -> dict:
     nodes, tr = _load(task["nodes"], task["pods"], task["skip"])
     r: PackingRun | QueueReplayRun
     if task["experiment"] == "packing":
-        from ..simulator.packing import run_packing
+        from ..simulator.experiments.packing import run_packing
 
         r = run_packing(nodes, tr.pods, task["policy"], seed=task["seed"], tune=task["tune"], trace_name=task["trace"])
     elif task["experiment"] == "queues":
-        from ..simulator.queues import run_queue_replay
+        from ..simulator.experiments.queues import run_queue_replay
 
         r = run_queue_replay(nodes, tr.pods, task["policy"], teams=task.get("teams", 3), speedup=task.get("speedup", 1.0), seed=task["seed"])
     else:  # the replay experiment runs through cli/replay_cli.py, never here
@@ -173,7 +173,7 @@ def _run_one(task: dict) -> dict:
 
 
 def _bound_one(task: dict) -> dict:
-    from ..simulator.bound import offline_bound
+    from ..simulator.bounds.bound import offline_bound
 
     nodes, tr = _load(task["nodes"], task["pods"], task["skip"])
     return offline_bound(nodes, tr.pods, seed=task["seed"], tune=task["tune"]).to_json()
@@ -227,7 +227,7 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
             "wall_s_mean": round(float(np.mean([r["wall_s"] for r in rs])), 3),
         }
         if all("idle" in r for r in rs):
-            from ..simulator.idle import summarize_idle
+            from ..simulator.bounds.idle import summarize_idle
 
             out[pol]["idle"] = summarize_idle([r["idle"] for r in rs])
     return out
@@ -365,11 +365,11 @@ def run(args: argparse.Namespace) -> int:
             json.dump(doc, out, indent=1)
         print(f"wrote {args.json_path}", file=sys.stderr)
     if args.report:
-        from ..simulator.report_pages import write_simulation_report
+        from ..simulator.report.packing import write_simulation_report
 
         if args.experiment == "queues":
-            from ..simulator.queues import QueueReplayRun, report_section
-            from ..simulator.report import write_report
+            from ..simulator.experiments.queues import QueueReplayRun, report_section
+            from ..simulator.report.plots import write_report
 
             sections = []
             for r in runs:
@@ -419,7 +419,7 @@ def _left_out_mean(bounds: list[dict]) -> dict[str, list[float]]:
     for k in labels:  # left out: 0 in a seed that kept them all; arrived: over the seeds that say
         seen = [(b.get("left_out") or {})[k] for b in bounds if k in (b.get("left_out") or {})]
         out[k] = [round(sum(v[0] for v in seen) / len(bounds), 1), round(float(np.mean([v[1] for v in seen])), 1)]
-    from ..simulator.bound import label_milli
+    from ..simulator.bounds.bound import label_milli
 
     return dict(sorted(out.items(), key=lambda kv: -kv[1][0] * label_milli(kv[0])))
 

@@ -53,8 +53,8 @@ def _prices(path: str | None):
 def run_experiment(args: argparse.Namespace, policy: str, seed: int) -> dict[str, Any]:
     from dataclasses import replace
 
-    from ..simulator.spot_replay import run_spot_replay
-    from ..simulator.spot_trace import PAPER, describe, fleet, fleet_gpus, jobs, spot_events
+    from ..simulator.experiments.spot_replay import run_spot_replay
+    from ..simulator.traces.spot_trace import PAPER, describe, fleet, fleet_gpus, jobs, spot_events
 
     prices = _prices(args.prices)
     nodes = fleet(args.scale, args.spot_share)
@@ -111,7 +111,7 @@ def render(doc: dict) -> str:
 def write_html(path: str, doc: dict) -> None:
     import html
 
-    from ..simulator.report import table_html, write_report
+    from ..simulator.report.plots import table_html, write_report
 
     sections = [("Per class", "<p class='note'>" + html.escape(render(doc).splitlines()[0]) + "</p>" + table_html(ROW, rows(doc))),
                 ("The workload against the trace", table_html(("figure", "generated", "GFS trace"),

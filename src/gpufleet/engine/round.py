@@ -3,11 +3,11 @@
 Why: what a pending pod goes through around the engine's cycle -- past a gang's hold, into room a
 plugin holds for pods not yet here rather than evict anyone, reclaim of quota its queue lent out,
 preemption of lower-priority pods, and for pod groups the gang round with its own room-making --
-used to be written twice (``kube/loop.py`` with ``kube/preemption.py``, and ``simulator/replay.py``),
+used to be written twice (``kube/loop.py`` with ``kube/preemption.py``, and ``simulator/experiments/replay.py``),
 kept equal by hand, so the replay could drift from what it predicts.  Here it is one object that
 decides and a port that acts on its decisions:
 
-* the *shell* (``kube.loop.SchedulerLoop``: watches and API calls; ``simulator.replay``: the trace's
+* the *shell* (``kube.loop.SchedulerLoop``: watches and API calls; ``simulator.experiments.replay``: the trace's
   clock) chooses which pods to try and in which order (``schedqueue.order_pending``), says how long
   each has waited and whether victims were deleted for it, and implements ``RoundPort``;
 * the round runs the engine (``Scheduler.schedule``, ``GangScheduler.step``), plans room
@@ -22,7 +22,7 @@ claims allocated for the pod) belong on ``Attempt`` beside ``room``, carried out
 before the Binding, so both shells get them.
 
 Rationing is the port's: the live loop caps planning time (``kube.preemption.Preemptor``), the replay
-plans again only once something it could take came (``simulator.replay``); both answer ``may_plan``.
+plans again only once something it could take came (``simulator.experiments.replay``); both answer ``may_plan``.
 What changed since a pod last failed decides whether it is worth trying again: ``schedqueue.Change``
 and ``schedqueue.may_fit_after``, kube-scheduler's queueing hints, used by both shells.
 

@@ -2,7 +2,7 @@
 again, and how room is made for a pod that does not fit.
 
 Why a module of its own: the live loop (``kube/loop.py``) and the trace replay
-(``simulator/replay.py``) must order pods the same way, back off the same way
+(``simulator/experiments/replay.py``) must order pods the same way, back off the same way
 and pick the same reclaim/preemption victims, or the replay would not predict
 the live scheduler.  Both call these pure functions; neither re-implements
 them.  No I/O here: callers pass what they know (priorities, first-seen times,

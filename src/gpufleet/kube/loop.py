@@ -41,7 +41,7 @@ alone keeps out.
 
 What a pending pod goes through -- the engine's cycle, past a gang's hold, held room, reclaim,
 preemption, the gang round -- is ``engine.round.SchedulingRound``, written once for this loop and
-the trace replay (``simulator/replay.py``); this loop feeds it (which pods are due, in which
+the trace replay (``simulator/experiments/replay.py``); this loop feeds it (which pods are due, in which
 order, how long each waited) and its ports carry the decisions out: ``effects.LiveEffects``
 (binds, FailedScheduling events, backoff) and ``preemption.Preemptor`` (deletions, nominations,
 planning time).

@@ -3,7 +3,7 @@
 Two places need the same program: the default policy reads the patterns of the LP that packs the share
 sizes it has seen into the fewest GPUs (``default.pattern_loads``), and the simulator's repack yardstick
 uses its value as a lower bound on the GPUs any packing of the placed shares needs
-(``simulator.idle.bins_lower_bound``).  Positions run 0..n in units of the sizes' grid; a bin is a path
+(``simulator.bounds.idle.bins_lower_bound``).  Positions run 0..n in units of the sizes' grid; a bin is a path
 from 0 to n of item arcs (u -> u + size) and idle arcs (u -> u + 1).
 """
 

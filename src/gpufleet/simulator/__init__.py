@@ -4,4 +4,7 @@ No API server, no polling: the simulator builds a ``ClusterState`` from a node
 list, turns trace rows into ``PodRequest``s and calls ``Scheduler.schedule``
 synchronously, so every number it reports is what the real scheduler's code
 would have decided.
+
+Grouped by what each part is: ``traces`` (what is replayed), ``experiments`` (what is run on it),
+``bounds`` (what the results are measured against) and ``report`` (``report.html``).
 """

@@ -22,7 +22,7 @@ DEFINITIONS = [
 
 
 def _table(report: Report, level: str) -> str:
-    from ..simulator.report import table_html
+    from ..simulator.report.plots import table_html
 
     rows = [[r.key] + _cells(r.figures) for r in report.rows[level]]
     total = Figures()
@@ -33,7 +33,7 @@ def _table(report: Report, level: str) -> str:
 
 
 def _bars(report: Report) -> str:
-    from ..simulator.report import PALETTE, _svg, plt
+    from ..simulator.report.plots import PALETTE, _svg, plt
 
     rows = report.rows["namespace"][:15]
     if not rows:
@@ -52,7 +52,7 @@ def _bars(report: Report) -> str:
 
 
 def write_cost_report(path: str, report: Report, params: Mapping[str, Any]) -> None:
-    from ..simulator.report import definitions_html, write_report
+    from ..simulator.report.plots import definitions_html, write_report
 
     c = report.cluster
     known = not c.unpriced_gpu_h

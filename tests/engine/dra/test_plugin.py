@@ -14,7 +14,7 @@ from gpufleet.engine.model import PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.engine.status import Code
 from gpufleet.policies import build_profile
-from gpufleet.simulator.dra import DRIVER, ClaimShaper, catalog
+from gpufleet.simulator.traces.dra import DRIVER, ClaimShaper, catalog
 
 from ..builders import gpu_node
 

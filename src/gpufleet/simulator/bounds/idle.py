@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.model import GPU_MILLI, PodRequest
-from ..engine.state import ClusterState
-from ..policies import arcflow
+from ...engine.model import GPU_MILLI, PodRequest
+from ...engine.state import ClusterState
+from ...policies import arcflow
 
 MODEL_FIELDS = ("gpus", "idle", "whole", "sliver", "cpu_stranded", "unfillable", "used_unpinned", "used_pinned")
 

@@ -26,9 +26,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..engine.errors import GpufleetError
-from ..engine.gpu_models import MODELS, lookup
-from ..engine.model import Gpu, Node
+from ...engine.errors import GpufleetError
+from ...engine.gpu_models import MODELS, lookup
+from ...engine.model import Gpu, Node
 
 DEFAULT_NODE = {"gpus": 8, "cpu_milli": 96000, "memory_mib": 786432}
 _SPEC = re.compile(r"^([+-])(?:(\d+(?:\.\d+)?)%|(\d+)x(?:(\d+)x)?([A-Za-z0-9][A-Za-z0-9_.-]*))$")

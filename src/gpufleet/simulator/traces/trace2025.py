@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.model import Gpu, Node, PodRequest
+from ...engine.model import Gpu, Node, PodRequest
 from .constraints import RDMA_CAPACITY_LABEL
 from .trace import Trace, TraceError, TracePod, parse_rows
 

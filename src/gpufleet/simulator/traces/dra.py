@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from ..engine.dra.objects import DeviceClass, ResourceClaim, ResourceSlice, parse_claim, parse_device_class, parse_slice
-from ..engine.dra.pods import PodClaim, PodClaims
-from ..engine.dra.usage import DraCatalog, DraState
-from ..engine.model import GPU_MILLI, Node, PodRequest
+from ...engine.dra.objects import DeviceClass, ResourceClaim, ResourceSlice, parse_claim, parse_device_class, parse_slice
+from ...engine.dra.pods import PodClaim, PodClaims
+from ...engine.dra.usage import DraCatalog, DraState
+from ...engine.model import GPU_MILLI, Node, PodRequest
 
 DRIVER = "gpu.gpufleet.io"
 GPUS_PER_ROOT = 4

@@ -53,24 +53,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..engine.framework import Scheduler
-from ..engine.gang import GangResult
-from ..engine.model import GPU_MILLI, Node, PodRequest
-from ..engine.plugins.queuequota import QueueQuota
-from ..engine.preemption import Plan
-from ..engine.queues import Queue, QueueTree, request_vector
-from ..engine.round import Attempt, RoomFor, SchedulingRound
-from ..engine.schedqueue import Backoff, QueuedPod, order_pending, requeue_hints, room_only, sort_key
-from ..engine.state import ClusterState
-from ..policies import build_profile
-from ..policies.paper.workload import TargetWorkload, frag_amount, node_view
+from ...engine.framework import Scheduler
+from ...engine.gang import GangResult
+from ...engine.model import GPU_MILLI, Node, PodRequest
+from ...engine.plugins.queuequota import QueueQuota
+from ...engine.preemption import Plan
+from ...engine.queues import Queue, QueueTree, request_vector
+from ...engine.round import Attempt, RoomFor, SchedulingRound
+from ...engine.schedqueue import Backoff, QueuedPod, order_pending, requeue_hints, room_only, sort_key
+from ...engine.state import ClusterState
+from ...policies import build_profile
+from ...policies.paper.workload import TargetWorkload, frag_amount, node_view
 from .packing import prime_policy
-from .trace import TraceError, TracePod
+from ..traces.trace import TraceError, TracePod
 from .waiting import WaitingPods, could_fit
-from .workload import DEFAULT_WARMUP, Workload, workload_from_trace
+from ..traces.workload import DEFAULT_WARMUP, Workload, workload_from_trace
 
 if TYPE_CHECKING:
-    from .constraints import NodeLimits
+    from ..traces.constraints import NodeLimits
 
 SAMPLES = 200
 BOUNDED_SLOWDOWN_TAU_S = 10.0  # bounded slowdown: (wait + run) / max(run, tau)
@@ -143,7 +143,7 @@ class ReplayRun:
 
 
 def _limits_plugin(extras: Sequence[Mapping[str, object]], nodes: Sequence[Node], reqs: Sequence[PodRequest]) -> NodeLimits | None:
-    from .constraints import NodeLimits
+    from ..traces.constraints import NodeLimits
 
     if not any(extras):
         return None
@@ -188,7 +188,7 @@ def run_replay(
     tree: QueueTree | None = None
     reqs = list(wl.requests)
     if queues:
-        from ..engine.queues import NamespaceQueues
+        from ...engine.queues import NamespaceQueues
 
         tree = QueueTree(queues, state)
         nsq = NamespaceQueues(queues)

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..engine.model import PodRequest
-from ..engine.schedqueue import QueuedPod, room_need, room_on, sort_key
-from ..engine.state import ClusterState
+from ...engine.model import PodRequest
+from ...engine.schedqueue import QueuedPod, room_need, room_on, sort_key
+from ...engine.state import ClusterState
 
 
 class WaitingPods:

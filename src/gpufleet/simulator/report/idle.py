@@ -1,5 +1,5 @@
 """The "Where the idle GPUs are" section of the packing report: saturation point against unallocated %,
-idle GPU-equivalents by hole kind, and the repack yardstick per policy (from ``simulator.idle``).
+idle GPU-equivalents by hole kind, and the repack yardstick per policy (from ``simulator.bounds.idle``).
 Self-contained (inline SVG)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .report import PALETTE, _svg, definitions_html, table_html
+from .plots import PALETTE, _svg, definitions_html, table_html
 
 IDLE_METRICS = [
     ("first pod turned away", "the arrived GPU demand, as % of the cluster's GPU capacity, when the policy first turned a pod "

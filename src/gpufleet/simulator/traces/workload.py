@@ -1,7 +1,7 @@
 """A trace ready to replay, and its pace: arrival and run times, the busy window, offered load.
 
 ``--load X`` means "arrivals paced so that the time-averaged offered GPU demand is X of the cluster's
-capacity" (see ``simulator/replay.py``'s docstring for the formula); this module computes the offered
+capacity" (see ``simulator/experiments/replay.py``'s docstring for the formula); this module computes the offered
 load of a workload and finds the arrival scaling (and, past what one pass of the trace can offer, the
 number of back-to-back passes) that gives it.  Separate from the event loop, which only consumes the
 arrival and run times.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..engine.model import GPU_MILLI, PodRequest
+from ...engine.model import GPU_MILLI, PodRequest
 from .trace import TraceError, TracePod
 
 DEFAULT_WARMUP = 0.1

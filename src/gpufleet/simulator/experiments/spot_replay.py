@@ -1,6 +1,6 @@
 """Replay with spot capacity that comes and goes: high-priority and spot jobs, per-class delay, evictions, cost.
 
-The trace replay's event loop (``simulator.replay``) with three node events from ``spot_trace.spot_events``: an
+The trace replay's event loop (``simulator.experiments.replay``) with three node events from ``spot_trace.spot_events``: an
 interruption *notice* closes the node (nothing new lands there: the live scheduler sees the
 ``karpenter.sh/disrupted`` taint, the replay holds the node's free room, see ``_fill``) and drains it at once with the live scheduler's plan (``engine.interruption.drain_plan``: every pod, highest priority first, a gang
 whole), each moved pod tried again at once in that order; the node is *gone* ``notice_s`` later (anything still
@@ -26,17 +26,17 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.capacity import SpotConfig
-from ..engine.framework import Scheduler
-from ..engine.interruption import drain_plan
-from ..engine.model import GPU_MILLI, Assignment, Gpu, Node, PodRequest, Taint
-from ..engine.prices import PriceBook
-from ..engine.state import ClusterState
-from ..policies import build_profile
+from ...engine.capacity import SpotConfig
+from ...engine.framework import Scheduler
+from ...engine.interruption import drain_plan
+from ...engine.model import GPU_MILLI, Assignment, Gpu, Node, PodRequest, Taint
+from ...engine.prices import PriceBook
+from ...engine.state import ClusterState
+from ...policies import build_profile
 from .packing import prime_policy
 from .replay import ReplayRun, _Replay, stats
-from .spot_trace import HP, SPOT, GfsJob, GfsNode, SpotEvent
-from .workload import Workload
+from ..traces.spot_trace import HP, SPOT, GfsJob, GfsNode, SpotEvent
+from ..traces.workload import Workload
 
 HP_PRIORITY, SPOT_PRIORITY = 1000, 0
 SPOT_LABELS = {"karpenter.sh/capacity-type": "spot"}

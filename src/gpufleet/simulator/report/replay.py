@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .report import PALETTE, _svg, table_html, time_plot, write_report
+from .plots import PALETTE, _svg, table_html, time_plot, write_report
 
 
 def load_curves(runs: Sequence[Mapping[str, Any]], key: str, ylabel: str, title: str, log: bool = False) -> str:

@@ -21,9 +21,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from ..engine.errors import GpufleetError
-from ..engine.gpu_models import lookup
-from ..engine.model import GPU_MILLI, Gpu, Node, PodRequest
+from ...engine.errors import GpufleetError
+from ...engine.gpu_models import lookup
+from ...engine.model import GPU_MILLI, Gpu, Node, PodRequest
 
 POD_COLUMNS_FULL = (
     "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase",

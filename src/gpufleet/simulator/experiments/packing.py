@@ -21,13 +21,13 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..engine.framework import Scheduler
-from ..engine.model import Node, PodRequest
-from ..engine.state import ClusterState
-from ..policies import build_profile
-from ..policies.paper.workload import TargetWorkload, frag_amount, node_view
-from .idle import IdleBreakdown, IdleRecorder
-from .trace import TracePod
+from ...engine.framework import Scheduler
+from ...engine.model import Node, PodRequest
+from ...engine.state import ClusterState
+from ...policies import build_profile
+from ...policies.paper.workload import TargetWorkload, frag_amount, node_view
+from ..bounds.idle import IdleBreakdown, IdleRecorder
+from ..traces.trace import TracePod
 
 ARRIVED_POINTS = np.arange(0, 131)
 
@@ -143,14 +143,14 @@ def run_packing(
 
     ``placing_bound``: also the LP bound for placements that keep every pod this run placed before its first
     refusal (``idle.bound_placing_first_pct``, about 0.2 s on the default trace).
-    ``dra``: "claims" or "constrained" asks every GPU pod's devices by ResourceClaim (``simulator/dra.py``)."""
+    ``dra``: "claims" or "constrained" asks every GPU pod's devices by ResourceClaim (``simulator/traces/dra.py``)."""
     t0 = time.perf_counter()
     state = ClusterState(nodes)
     profile = build_profile(policy)
     shape = None
     if dra is not None:
-        from ..engine.dra.plugin import ensure_dra
-        from .dra import ClaimShaper, catalog
+        from ...engine.dra.plugin import ensure_dra
+        from ..traces.dra import ClaimShaper, catalog
 
         if dra not in ("claims", "constrained"):
             raise ValueError(f"dra must be 'claims' or 'constrained', not {dra!r}")
@@ -270,7 +270,7 @@ def run_packing(
     run.idle = snap if snap is not None else rec.snapshot(state)
     run.idle.saturation = rec.saturation  # the first pod turned away may come after the 100% point
     if placing_bound:
-        from .bound import bound_placing_first  # bound.py imports this module
+        from ..bounds.bound import bound_placing_first  # bound.py imports this module
 
         arrived100 = [tp for tp, _ in order[:snap_at]]
         placed = arrived100 if rec.first_refusal is None else arrived100[:rec.first_refusal]

@@ -30,13 +30,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..engine.framework import Scheduler
-from ..engine.model import Node
-from ..engine.plugins.queuequota import QueueQuota
-from ..engine.queues import Queue, QueueTree, apply_reclaim
-from ..engine.state import ClusterState
-from ..policies import build_profile
-from .trace import TracePod, TraceError
+from ...engine.framework import Scheduler
+from ...engine.model import Node
+from ...engine.plugins.queuequota import QueueQuota
+from ...engine.queues import Queue, QueueTree, apply_reclaim
+from ...engine.state import ClusterState
+from ...policies import build_profile
+from ..traces.trace import TracePod, TraceError
 
 SAMPLES = 300
 
@@ -233,8 +233,8 @@ def run_queue_replay(nodes: Sequence[Node], pods: Sequence[TracePod], policy: st
 
 
 def report_section(run: QueueReplayRun) -> list[tuple[str, str]]:
-    """(heading, HTML body) pairs for ``simulator.report.write_report``."""
-    from .report import table_html, time_plot
+    """(heading, HTML body) pairs for ``simulator.report.plots.write_report``."""
+    from ..report.plots import table_html, time_plot
 
     rows = [[n, run.quota_pct.get(n, ""), run.delay_s[n]["placed"], run.delay_s[n]["mean"], run.delay_s[n]["p99"],
              run.preemptions[n], run.never_placed[n], round(float(np.mean(run.share_pct[n])), 2) if run.share_pct[n] else 0.0]

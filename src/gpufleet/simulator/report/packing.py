@@ -5,8 +5,8 @@ from __future__ import annotations
 import html
 from typing import Any, Mapping, Sequence
 
-from .report import bars_plot, curves_plot, definitions_html, table_html, write_report
-from .report_idle import idle_section
+from .plots import bars_plot, curves_plot, definitions_html, table_html, write_report
+from .idle import idle_section
 
 PACKING_METRICS = [
     ("unallocated GPU %", "100 minus the share of the cluster's GPUs (in milli-GPU) allocated at the moment the arrived GPU "

@@ -56,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.model import GPU_MILLI, Node
-from .packing import workload_order
-from .trace import TracePod
+from ...engine.model import GPU_MILLI, Node
+from ..experiments.packing import workload_order
+from ..traces.trace import TracePod
 
 Shape = tuple[int, int, int, int, frozenset | None]  # cpu, memory, GPU count, per-GPU milli, allowed models
 NodeType = tuple[str, int, int, int]  # model, GPUs, cpu, memory

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.framework import Cycle, FilterResult
-from ..engine.model import Node
-from ..engine.state import ClusterState
-from ..engine.status import Status
+from ...engine.framework import Cycle, FilterResult
+from ...engine.model import Node
+from ...engine.state import ClusterState
+from ...engine.status import Status
 
 RDMA_CAPACITY_LABEL = "gpufleet.io/rdma-capacity"
 
