@@ -1,6 +1,6 @@
 """The default policy's results on generated trace variants, against the committed sweep they were reported from.
 
-Why: the README's per-variant table comes from ``bench/results/issue14-v12-default-10seeds.json``; a change
+Why: the per-variant table of docs/results.md comes from ``bench/results/issue14-v12-default-10seeds.json``; a change
 to the policy's code that is meant to move nothing (a restructuring, a speed-up) must reproduce those runs
 exactly, on more than the default trace and seed 42.  One run from each generated family (pinned models,
 skewed pinned models, more multi-GPU pods, more CPU-only pods where CPU binds first), each on a seed other
