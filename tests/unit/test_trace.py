@@ -54,7 +54,7 @@ def test_bound_shapes_are_the_requests():
 
 
 def test_a_renamed_request_is_the_rows_request_under_that_name():
-    from gpufleet.simulator.packing import _named
+    from gpufleet.simulator.experiments.packing import _named
 
     for p in trace.load_pods(trace.bundled(trace.DEFAULT_PODS)).pods[:200]:
         r = _named(p.request(), p.name + "-tuned-7")

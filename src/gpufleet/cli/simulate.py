@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
                         (runs if futs[f] == "run" else bounds).append(f.result())
                         bar.update(1)
                         if args.report and len(futs) - done == jobs - 1:  # a worker is idle from now: load the
-                            from ..simulator import report_pages  # noqa: F401  report's plotting meanwhile
+                            from ..simulator.report import packing as report_pages  # noqa: F401  report's plotting meanwhile
                 except BaseException:  # one run failed (or Ctrl-C): do not wait for the others
                     ex.shutdown(wait=False, cancel_futures=True)
                     raise
