@@ -37,7 +37,7 @@ from gpufleet.engine.state import ClusterState  # noqa: E402
 from gpufleet.kube.dra.cache import DraCache  # noqa: E402
 from gpufleet.kube.dra.live import with_dra  # noqa: E402
 from gpufleet.policies import build_profile  # noqa: E402
-from gpufleet.simulator.dra import DRIVER, classes_json, node_slice_json  # noqa: E402
+from gpufleet.simulator.traces.dra import DRIVER, classes_json, node_slice_json  # noqa: E402
 
 SHARES = (1000, 250, 500)
 
