@@ -87,7 +87,7 @@ def dra_setup(api_client, nodes: int) -> None:
     from kubernetes import client
 
     from gpufleet.engine.model import Gpu, Node
-    from gpufleet.simulator.dra import node_slice_json
+    from gpufleet.simulator.traces.dra import node_slice_json
 
     co = client.CustomObjectsApi(api_client)
     root = Path(__file__).parents[1]

@@ -167,8 +167,8 @@ def test_a_burst_split_between_gpufleet_and_kube_scheduler_never_runs_a_device_t
     allocated = {k for k, c in claims.items() if (c.get("status") or {}).get("allocation")}
 
     # gpufleet counts every claim any scheduler allocated
-    assert wait_for(lambda: {f"{NS}/{k}" for k in allocated} <= set(loop.state.claim_holds), 20), \
-        sorted({f"{NS}/{k}" for k in allocated} - set(loop.state.claim_holds))
+    assert wait_for(lambda: {f"{NS}/{k}" for k in allocated} <= set(loop.cache.state.claim_holds), 20), \
+        sorted({f"{NS}/{k}" for k in allocated} - set(loop.cache.state.claim_holds))
 
     # kubelet on each node prepares its pods' claims in the order they were bound: a device given twice runs once
     order = sorted(pods.values(), key=lambda p: min((c.last_transition_time for c in p.status.conditions or []
