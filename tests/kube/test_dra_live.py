@@ -409,8 +409,8 @@ def test_an_older_watch_event_of_a_claim_we_wrote_never_frees_its_device():
     loop.schedule_due()  # p1: finalizer, allocation and reservation written, bound (inline)
     assert api.binds == [("ml/p1", "d0")]
     api.add_pod(pod("p2", claims={"gpu": "c2"}))
-    for kind in loop.watch_kinds:  # every event on its own, a scheduling cycle after each
-        for t, obj in api.watch(kind, loop.rv[kind]):
+    for kind in loop.cache.watch_kinds:  # every event on its own, a scheduling cycle after each
+        for t, obj in api.watch(kind, loop.cache.rv[kind]):
             loop.handle(kind, t, obj)
             loop.clock.t += 61
             loop.schedule_due()
