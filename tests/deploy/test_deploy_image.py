@@ -91,7 +91,7 @@ ALLOCATABLE = str(GPUS * SLOTS)  # what kubelet must show once the DaemonSet's a
 pytestmark = [
     pytest.mark.skipif(not (E2E_BIN and IMAGE_TAR), reason="real-node tier: set GPUFLEET_E2E_BIN and GPUFLEET_E2E_IMAGE_TAR"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the real node needs root"),
-    pytest.mark.slow,
+    pytest.mark.node,
 ]
 
 

@@ -1,7 +1,7 @@
 """The repack yardsticks of ``gpufleet.simulator.bounds.idle`` (in ``gpufleet simulate``'s report and
 ``bench/idle_breakdown.py``), against an exact bin count on small instances.
 
-The README's "where the rest goes" leans on two numbers: best-fit decreasing (a real packing, so never
+docs/results.md's "where the rest goes" leans on two numbers: best-fit decreasing (a real packing, so never
 below the optimum) and the arc-flow LP bound (never above it).  Both are checked here on random small
 instances whose optimum a brute force finds.
 """

@@ -1,6 +1,6 @@
 """The seeded trace variants of ``bench/variants.py`` (issue 14's held-out discipline) do what they say.
 
-Every figure in the README's family table rests on these generators: that a pinnedNN trace pins NN% of
+Every figure in the family table of docs/results.md rests on these generators: that a pinnedNN trace pins NN% of
 the GPU pods to models a node of that model can hold, that a multigpuNN trace reaches NN% multi-GPU
 demand, that each (variant, seed) is one fixed draw, and that the tuning and held-out splits do not
 overlap.  The command line refuses a bad name, policy or file in one line, before any run starts.
