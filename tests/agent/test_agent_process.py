@@ -227,3 +227,21 @@ def test_pod_source_waits_for_an_api_server_that_does_not_answer(errors, api_wai
         assert core.calls == calls
     else:
         assert now[0] == pytest.approx(api_wait_s) and core.calls > 3  # backed off up to the limit, not beyond
+
+
+def test_a_served_pod_kubelet_admits_again_gets_its_own_gpus_not_the_next_pods():
+    # a kubelet stopped mid-admission (its Allocate cancelled after the agent served w0) and the new kubelet
+    # admits w0 again: kubelet lists it without devices, so it is w0 again, not w1 (seen on the real node)
+    w0 = json.dumps({"node": "n1", "gpus": [{"index": 3, "uuid": "GPU-t4-03"}], "gpu_milli": 1000})
+    w1 = json.dumps({"node": "n1", "gpus": [{"index": 4, "uuid": "GPU-t4-04"}], "gpu_milli": 1000})
+    pods = [pod("w0", w0), pod("w1", w1)]
+    pods[0]["metadata"]["resourceVersion"] = "905"
+    pods[1]["metadata"]["resourceVersion"] = "912"
+    waiting = {("ml", "w0"), ("ml", "w1")}
+    again = pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/w0"}, admitting=waiting)
+    assert again.pod_key == "ml/w0" and again.again and again.gpu_uuids == ["GPU-t4-03"]
+    assert not pick(pods, "n1", "nvidia.com/gpu", 1, set(), admitting=waiting).again
+    # once kubelet recorded w0's devices it is no longer waiting: the next Allocate is w1's
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/w0"}, admitting={("ml", "w1")}).pod_key == "ml/w1"
+    # without kubelet's list, binding order and the served set decide, as before
+    assert pick(pods, "n1", "nvidia.com/gpu", 1, {"ml/w0"}).pod_key == "ml/w1"

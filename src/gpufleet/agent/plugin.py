@@ -102,6 +102,7 @@ class PodAssignment:
     assignment: Assignment
     gpu_uuids: list[str]  # as the annotation names them, one per assigned GPU ("" = unknown)
     uid: str = ""
+    again: bool = False  # served before, and kubelet still lists it without devices: it is being admitted again
 
     @property
     def served_key(self) -> str:
@@ -482,7 +483,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
         if pa is None and self.guard:
             self._exclusive_or_refuse(ids)
         with self._lock:
-            if pa is not None and pa.served_key in self.allocated:
+            if pa is not None and pa.served_key in self.allocated and not pa.again:
                 uuids = None  # served meanwhile by a concurrent Allocate
             if uuids and pa is not None:
                 a = pa.assignment

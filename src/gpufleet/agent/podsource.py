@@ -45,7 +45,11 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
 
     ``admitting``: the pods kubelet knows but has not given devices of ``resource`` yet (PodResources); kubelet
     adds a pod to its pod list before admitting it, one pod at a time, so this names the pod being admitted.
-    Only those are candidates then (a pod another scheduler bound matches none: kubelet's choice stands)."""
+    Only those are candidates then (a pod another scheduler bound matches none: kubelet's choice stands), served
+    ones (``exclude``) included: kubelet lists a pod it has given no device as waiting, so a served pod there is
+    being admitted again -- its first Allocate was cancelled by a kubelet that stopped, or lost in a restart -- and
+    must get its own GPUs again, not the next pod's (seen on the real node: a kubelet restart mid-burst gave a pod
+    the GPU of another)."""
     cands = []
     invalid = []
     for p in pods:
@@ -57,7 +61,8 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         uid = str(meta.get("uid") or "")
         if admitting is not None and (meta.get("namespace") or "default", meta.get("name") or "") not in admitting:
             continue
-        if served_key(key, uid) in exclude:
+        again = served_key(key, uid) in exclude
+        if again and admitting is None:
             continue
         ts = _arrival(meta)
         asks = _asks(spec, resource, count)
@@ -83,7 +88,7 @@ def pick(pods: list[dict], node: str, resource: str, count: int, exclude: set[st
         if (len(asg.mig) if is_mig else len(asg.gpu_indices)) != count:
             log.debug("%s: assignment holds a different number of %s than requested (%d)", key, resource, count)
             continue
-        cands.append((ts, key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid)))
+        cands.append((ts, key, PodAssignment(key, asg, [str(u or "") for u in uuids], uid, again=again)))
     cands.sort(key=lambda c: (c[0], c[1]))
     if cands:
         return cands[0][2]
