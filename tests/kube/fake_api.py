@@ -291,6 +291,11 @@ class FakeApi:
             p = self.pods.get(f"{namespace}/{name}")
             return copy.deepcopy(p) if p is not None else None
 
+    def node_exists(self, name: str) -> bool:
+        with self._cv:
+            self._count("node_exists")
+            return name in self.nodes
+
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None:
         if self.call_latency_s:
             time.sleep(self.call_latency_s)

@@ -109,3 +109,43 @@ def test_a_gang_moves_whole_and_nothing_stays_on_a_gone_node():
     clock.t += 10
     loop.schedule_due()
     assert ("ml/stray", 0) in api.evicted and "ml/stray" not in api.pods
+
+
+def _sync_pods_only(api, loop):
+    for t, obj in api.watch("pod", loop.cache.rv["pod"]):
+        loop.handle("pod", t, obj)
+
+
+def test_a_pod_on_a_node_its_watch_has_not_brought_yet_is_left_alone():
+    # nodes and pods come on separate watches: on a loaded apiserver a pod bound to a node that has just joined can
+    # arrive before the node; the API is asked, and the pod (another scheduler's, here) stays
+    api, clock = FakeApi(), Clock()
+    api.add_node(_node("od"))
+    loop = _loop(api, clock)
+    api.add_node(_node("new"))
+    p = _pod("web", spot=None)
+    p["spec"]["nodeName"] = "new"
+    api.add_pod(p)
+    _sync_pods_only(api, loop)
+    assert "new" not in loop.cache.node_objs and "ml/web" in loop.cache.bound_pods
+    clock.t += 10
+    loop.schedule_due()
+    assert api.evicted == [] and "ml/web" in api.pods and loop.stats.interrupted == 0
+    # the API failing while asked: nothing is evicted on a guess
+    calls = []
+
+    def down(name):
+        calls.append(name)
+        raise OSError("connection refused")
+
+    api.node_exists = down
+    api.delete_node("new")
+    clock.t += 10
+    loop.schedule_due()
+    assert calls == ["new"] and api.evicted == []
+    del api.node_exists
+    # the node is really gone (deleted before the watch ever brought it): the pod goes, as the pod GC would do
+    _sync(api, loop)
+    clock.t += 10
+    loop.schedule_due()
+    assert api.evicted == [("ml/web", 0)] and "ml/web" not in api.pods

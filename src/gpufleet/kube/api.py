@@ -52,6 +52,10 @@ class SchedulerApi(Protocol):
         """List one of ``POLICY_KINDS``; raises ``NotFound`` when the API does not serve it (CRD not installed)."""
         ...
     def get_pod(self, namespace: str, name: str) -> dict | None: ...
+    def node_exists(self, name: str) -> bool:
+        """Whether the API server has this Node now (read from it, not the watch cache; a list by name, so the
+        scheduler's RBAC stays nodes: list + watch).  Raises on an API failure."""
+        ...
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str]) -> None: ...
     def evict_pod(self, namespace: str, name: str, uid: str | None = None, grace_period_s: int | None = None) -> None:
         """Evict a pod through the Eviction API (preemption, reclaim), so the API server itself keeps every
@@ -215,6 +219,12 @@ class KubernetesApi:
 
     def list_nodes(self) -> tuple[list[dict], str]:
         return self._list("/api/v1/nodes?")
+
+    def node_exists(self, name: str) -> bool:
+        from urllib.parse import quote
+
+        body = self._request("GET", f"/api/v1/nodes?fieldSelector={quote('metadata.name=' + name)}")
+        return bool(body.get("items"))
 
     def list_pods(self) -> tuple[list[dict], str]:
         from urllib.parse import quote

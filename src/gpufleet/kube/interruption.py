@@ -11,8 +11,11 @@ order; a replacement is annotated ``gpufleet.io/moved-from`` (the pod it replace
 --force``.
 
 Nothing stays bound to a node that is gone: a bound pod whose node no longer exists is evicted at once (grace 0), as
-the pod garbage collector would do later.  All of it runs on the loop's thread, at most every ``interval_s`` unless
-a node changed.
+the pod garbage collector would do later.  "No longer exists" is asked of the API server, not read from the watch
+cache alone: nodes and pods come on separate watches, so a pod bound to a node that has just joined can arrive before
+that node does (a loaded apiserver, a slow informer), and evicting it then would delete a healthy pod of any
+scheduler; the pod garbage collector checks the API for the same reason.  All of it runs on the loop's thread, at
+most every ``interval_s`` unless a node changed.
 """
 
 from __future__ import annotations
@@ -104,13 +107,26 @@ class Drainer:
     def _gone(self) -> int:
         nodes = self.cache.node_objs
         done = 0
+        confirmed: dict[str, bool] = {}  # node -> gone, asked of the API once per pass
         for key, pod in list(self.cache.bound_pods.items()):
             node = (pod.get("spec") or {}).get("nodeName")
             if node and node not in nodes and key not in self.forced:  # also one still terminating from the drain
+                if node not in confirmed:
+                    confirmed[node] = self._really_gone(node)
+                if not confirmed[node]:
+                    continue
                 if self._evict(pod, node, f"node {node} is gone", grace_s=0):
                     done += 1
                     self.forced[key] = self.clock()
-        return done
+        return done  # a node the API has and the cache not yet: its watch event reruns this pass
+
+    def _really_gone(self, node: str) -> bool:
+        """The cache has no such node: gone only if the API server has none either (else the node watch lags)."""
+        try:
+            return not self.api.node_exists(node)
+        except Exception as exc:  # noqa: BLE001 -- cannot tell: evict nothing, ask again next pass
+            log.warning("is node %s gone? the API did not say: %s", node, exc)
+            return False
 
     def _evict(self, pod: dict, node: str, reason: str, grace_s: int | None) -> bool:
         meta = pod.get("metadata") or {}
