@@ -23,6 +23,7 @@ place it with ``take_held`` once its victims are gone.
 from __future__ import annotations
 
 import itertools
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping, Sequence
 
@@ -66,6 +67,17 @@ def _could_fit(sched: Scheduler, r: PodRequest, node: int, freed: Sequence[Assig
     return cpu >= r.cpu_milli and mem >= r.memory_mib and gpu >= (0 if r.mig_profile else r.total_gpu_milli)
 
 
+START_BY_POD = -1  # find_victims' start: a node chosen by the pod's key
+
+
+def candidate_bound(sched: Scheduler) -> dict[str, int]:
+    """``find_victims``' search bound, as kube-scheduler's: candidates on max(100, 10% of the nodes), from a
+    node chosen at random -- by a hash of the pod's key, not a draw from the scheduler's generator, so that how
+    often a shell plans (the live loop rations by time, the replay by what changed) moves no later decision.
+    Both shells of the round pass it, so the live loop and the replay break ties between equal plans alike."""
+    return {"max_candidates": max(100, len(sched.state) // 10), "start": START_BY_POD}
+
+
 def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignment], bool] | None = None,
                  age_rank: Mapping[str, int] | None = None, budgets: Budgets = NO_BUDGETS,
                  notes: list[str] | None = None, max_candidates: int | None = None, start: int = 0,
@@ -78,11 +90,14 @@ def find_victims(sched: Scheduler, r: PodRequest, pdb_allows: Callable[[Assignme
     collects why other nodes were not chosen.  ``max_candidates``: stop once this
     many nodes have a workable plan and take the best of those, looking at nodes
     from ``start`` on (kube-scheduler's bounded candidate search, so a live
-    scheduler does not stall on a large cluster); None looks at every node.
+    scheduler does not stall on a large cluster; ``START_BY_POD``: a node chosen by the pod's key); None looks at
+    every node.
     ``exclude``: pods already on their way out (evictions in flight, terminating):
     never victims again, and neither is a pod group with one of them.
     """
     st = sched.state
+    if start == START_BY_POD:
+        start = zlib.crc32(r.key.encode()) % len(st.nodes) if len(st.nodes) else 0
     allows = pdb_allows or (lambda a: True)
     order = age_rank if age_rank is not None else {k: i for i, k in enumerate(st.assignments)}
     by_group: dict[str, list[Assignment]] = {}

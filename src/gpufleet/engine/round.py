@@ -22,7 +22,8 @@ claims allocated for the pod) belong on ``Attempt`` beside ``room``, carried out
 before the Binding, so both shells get them.
 
 Rationing is the port's: the live loop caps planning time (``kube.preemption.Preemptor``), the replay
-plans again only once something it could take came (``simulator.experiments.replay``); both answer ``may_plan``.
+plans again only once something it could take came or a pod left (``simulator.experiments.replay``); both answer
+``may_plan``.  That both shells decide alike is tested, not assumed: ``tests/engine/test_round_parity.py``.
 What changed since a pod last failed decides whether it is worth trying again: ``schedqueue.Change``
 and ``schedqueue.may_fit_after``, kube-scheduler's queueing hints, used by both shells.
 

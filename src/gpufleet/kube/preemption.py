@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..engine.model import Assignment, PodRequest
-from ..engine.preemption import Plan
+from ..engine.preemption import Plan, candidate_bound
 from ..engine.round import Attempt, RoomFor
 from ..engine.schedqueue import RoomPlan
 from .api import SchedulerApi
@@ -86,7 +86,7 @@ class Preemptor:
 
     def victim_options(self) -> Mapping[str, Any]:
         cache = self.cache
-        return dict(budgets=cache.budgets(), age_rank=cache.age_rank(), **self._candidate_bound())
+        return dict(budgets=cache.budgets(), age_rank=cache.age_rank(), **candidate_bound(cache.sched))
 
     def room_coming(self, request: PodRequest) -> str:
         """DRA: devices of claims whose pods are gone come back once the resourceclaim controller deallocates them."""
@@ -161,8 +161,4 @@ class Preemptor:
         """(evicted, already gone), or None if a victim is not bound yet (see ``Evictions.evict``)."""
         return self.evictions.evict(victims, self.cache.bound_pods, reason, kind, for_)
 
-    def _candidate_bound(self) -> dict:
-        """Like kube-scheduler: look for preemption candidates on max(100, 10% of nodes), from a random node on."""
-        n = len(self.cache.state)
-        return {"max_candidates": max(100, n // 10), "start": int(self.cache.sched.rng.integers(n)) if n else 0}
 

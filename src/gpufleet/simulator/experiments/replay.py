@@ -57,7 +57,7 @@ from ...engine.framework import Scheduler
 from ...engine.gang import GangResult
 from ...engine.model import GPU_MILLI, Node, PodRequest
 from ...engine.plugins.queuequota import QueueQuota
-from ...engine.preemption import Plan
+from ...engine.preemption import Plan, candidate_bound
 from ...engine.queues import Queue, QueueTree, request_vector
 from ...engine.round import Attempt, RoomFor, SchedulingRound
 from ...engine.schedqueue import Backoff, QueuedPod, order_pending, requeue_hints, room_only, sort_key
@@ -275,8 +275,13 @@ class _Replay:
         self.running_by_prio: dict[int, int] = {}  # priority -> pods running
         self.placed_by_prio: dict[int, int] = {}  # priority -> pods placed so far (an epoch for plan rationing)
         self.lent = 0  # placements beyond a queue's quota so far (an epoch for reclaim planning)
+        self.left = 0  # pods that stopped so far (an epoch for planning: room a plan could use)
+        self.seen: dict[int, int] = {}  # pod -> when it (or, for a victim, its new pod) came, as a sequence number
+        self.seen_n = 0
+        self.age: dict[int, int] = {}  # running pod -> its age as the live loop's (start second, then first sight)
         self.dirty: set[int] = set()  # nodes that gained room since the last retry round
         self.wake_any: set[tuple] = set()  # groups last kept out by a cluster-wide count (queue quota): tried at every round
+        self.requeued: set[tuple] = set()  # groups of victims waiting again: never tried against this cluster yet
         self.hints = requeue_hints(sched.profile)
         self.plans = _PlanRation()
         self.round = SchedulingRound(self, self, self, preemption)
@@ -294,14 +299,18 @@ class _Replay:
         return sum(c for p, c in self.placed_by_prio.items() if p < priority)
 
     def _plan_key(self, room: RoomFor) -> tuple:
-        """Planning is rationed per gang, else per queue (with queues) or per priority (without)."""
+        """Planning is rationed per gang, else per queue (with queues) or per priority and decision group (without:
+        a plan that failed for one pod fails for a pod the engine cannot tell from it, not for another shape)."""
         if room.request is None:
             return ("gang", room.key)
-        return (room.request.queue, None) if self.tree is not None else (None, room.priority)
+        if self.tree is not None:
+            return (room.request.queue, None)
+        return (None, room.priority, self.waiting.group_of[self.by_key[room.request.key]])
 
     def _plan_epoch(self, room: RoomFor) -> tuple:
-        """What must have changed since a plan failed: placements beyond quota (not for gangs), lower ones."""
-        return (0 if room.request is None else self.lent, self._lower_placed(room.priority))
+        """What must have changed since a plan failed: placements beyond quota (not for gangs), lower ones, or a
+        pod that stopped (its room may complete a plan, as the live loop finds when it plans again)."""
+        return (0 if room.request is None else self.lent, self._lower_placed(room.priority), self.left)
 
     def _attempt(self, i: int, now: float, fits: bool | None = None, plan: bool = True) -> Attempt:
         """Pod i through the shared round (its decision comes back through ``bind``/``wait``/``evict``)."""
@@ -312,6 +321,7 @@ class _Replay:
     def place_initial(self, i: int, now: float) -> None:
         """A pod already running when the trace starts: placed if it fits, never waits."""
         r = self.reqs[i]
+        self._came(i)
         if could_fit(self.state, r) and self.sched.schedule(r, waited_s=0.0).ok:
             self.wake_any.discard(self.waiting.group_of[i])
             self.placed(i, now)
@@ -332,6 +342,7 @@ class _Replay:
         self.backoff.forget(r.key)
         self.seq += 1
         self.ends[i] = self.seq
+        self.age[i] = (int(now) << 32) + self.seen.get(i, 0)
         heapq.heappush(self.events, (now + float(self.wl.run_s[i]), 0, self.seq, i))
         self.gang_waiting.pop(i, None)
 
@@ -343,6 +354,7 @@ class _Replay:
         self.used_milli -= r.total_gpu_milli
         self.running_by_prio[r.priority] -= 1
         self.ends.pop(i, None)  # an evicted pod's departure event is stale now
+        self.left += 1
         if node is not None:
             self.dirty.add(self.state.index[node])
 
@@ -361,6 +373,7 @@ class _Replay:
         for v in victims:
             j = self.by_key[v.pod_key]
             self._stopped(j, v.node)
+            self._came(j)
             if self.gangs is not None and self.reqs[j].pod_group:
                 self.gangs.remove(v.pod_key)  # forgets its devices
                 self.gangs.add(self.reqs[j], now)
@@ -368,6 +381,7 @@ class _Replay:
             else:
                 self.sched.forget(v.pod_key)
                 self.waiting.add(j, self.arrived_at.get(j, now))
+                self.requeued.add(self.waiting.group_of[j])  # as a new pod: tried against every node
             if v.queue in self.team_preempted:
                 (self.team_reclaimed if kind == "reclaimed" else self.team_preempted)[v.queue] += 1
         if kind == "reclaimed":
@@ -420,7 +434,9 @@ class _Replay:
             self.plans.failed(self._plan_key(room), self._plan_epoch(room), now)
 
     def victim_options(self) -> dict:
-        return {}
+        # ages: the order pods were placed (the live loop: their start times); the snapshot's own order is not
+        # it, a dry run that rolls back puts a pod last
+        return {"age_rank": {self.reqs[i].key: self.age[i] for i in self.ends}, **candidate_bound(self.sched)}
 
     def room_coming(self, request: PodRequest) -> str:
         return ""  # nothing comes back on its own: pods leave when they end
@@ -461,17 +477,29 @@ class _Replay:
         every waiting group failed against the rest of the cluster then, and nothing there
         has more room now.  With queues see ``retry_queues``."""
         w = self.waiting
+        fresh, self.requeued = self.requeued & w.groups.keys(), set()
         if not len(w):
             self.dirty.clear()
             return
         room = sorted(self.dirty)
         ok = w.with_room(self.state, room)  # schedqueue.may_fit_after, for every group at once
         self.dirty.clear()
+        for g in fresh:
+            ok[w.group_ids[g]] = True
         if self.tree is not None:
             self.retry_queues(now, ok)
             return
         for g in self.wake_any & w.groups.keys():
             ok[w.group_ids[g]] = True
+        lowest = min((p for p, c in self.running_by_prio.items() if c), default=None)
+        if self.preemption and room and lowest is not None:  # a pod that could evict: the room that came may
+            for gid in np.flatnonzero(~ok & (w.count > 0)):  # complete a plan (the live loop plans at each retry)
+                g = w.group_list[gid]
+                i0 = w.head(g)
+                if i0 is not None and (r0 := self.reqs[i0]).priority > lowest \
+                        and self.may_plan(RoomFor(r0.key, r0.priority, r0), now):
+                    ok[gid] = True
+                    fresh.add(g)
         heads = [e for gid in np.flatnonzero(ok & (w.count > 0)) if (e := self._head_entry(w.group_list[gid])) is not None]
         heapq.heapify(heads)
         while heads:
@@ -480,7 +508,7 @@ class _Replay:
             if i is None:
                 continue
             fits = w.fits_on(w.group_ids[group], self.state, room)
-            a = self._attempt(i, now, fits=True if fits else None if group in self.wake_any else False)
+            a = self._attempt(i, now, fits=True if fits else None if group in self.wake_any or group in fresh else False)
             if a.ok:
                 if a.made_room:  # victims left (or held room was taken): their nodes count as gained room
                     room = sorted(set(room) | self.dirty)
@@ -560,8 +588,14 @@ class _Replay:
     def on_event(self, kind: int, i: int, now: float) -> None:
         raise ValueError(f"unknown replay event kind {kind}")
 
+    def _came(self, i: int) -> None:
+        """Pod i came (or, a victim, its controller's new pod did): the live loop's first sight of it."""
+        self.seen_n += 1
+        self.seen[i] = self.seen_n
+
     def arrive(self, i: int, now: float) -> None:
         self.result.pods_arrived += 1
+        self._came(i)
         self.arrived_at[i] = now
         r = self.reqs[i]
         if self.gangs is not None and r.pod_group:
@@ -609,6 +643,8 @@ class _Replay:
                 self.arrive(i, now)
                 if self.progress is not None:
                     self.progress(1)
+            if self.dirty:  # an arrival's victims left: as the live loop's watch of their deletion, the pods
+                self.retry(now)  # that may fit where they were are tried at once
             if left_any or any(self.reqs[i].pod_group for i in arrivals):
                 self.gang_round(now)
         while si < len(sample_times):
