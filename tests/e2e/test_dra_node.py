@@ -12,7 +12,8 @@ shares and the extended-resource pod are what 1.35 cannot do: the agent must pub
 Event per missing gate, and `nvidia.com/gpu: 1` stays Pending; everything else is asserted as on 1.36+.
 
 Asserted for every Running pod: the container's NVIDIA_VISIBLE_DEVICES and /dev/nvidia* and kubelet's
-PodResources name exactly the devices of its claims' allocations; then an agent restart and a kubelet restart
+PodResources name exactly the devices of its claims' allocations (on kubelet < 1.37, which may list a claim shared by
+two pods twice, the same set: see KUBELET_DUPLICATES); then an agent restart and a kubelet restart
 lose nothing (pods keep running, slices come back, new claims are prepared, old ones unprepared); and a claim
 allocated by hand to a device another pod holds is refused by the plugin (event naming both claims), its
 container never created.  The report goes to $E2E_LOGS/gpufleet-dra-e2e-report.txt.
@@ -238,8 +239,23 @@ def check_running(node: RealNode, names: list[str], problems: list[str]) -> dict
             problems.append(f"{name}: /dev nvidia{have_idx} (+ctl {'nvidiactl' in devs}) != allocated GPUs {want_idx}")
         got = sorted(d for drv, pool, d in pr.get(("default", name), []) if drv == DRIVER and pool == NODE)
         if got != sorted(devices):
-            problems.append(f"{name}: PodResources {got} != allocated {sorted(devices)}")
+            if kubelet_lists_twice(node) and sorted(set(got)) == sorted(set(devices)):
+                KUBELET_DUPLICATES.add(f"{name}: {got}")
+            else:
+                problems.append(f"{name}: PodResources {got} != allocated {sorted(devices)}")
     return out
+
+
+# kubelet before 1.37 appends a claim's devices to its cache on every NodePrepareResources call made before the claim
+# is marked prepared, and two pods sharing a claim admitted together both make that call: PodResources then lists
+# the claim's device twice for each (kubelet's race; 1.37 resets the list before it adds). gpufleet's plugin prepared
+# it once and its exporter counts each holder once, so on those kubelets the devices are compared as a set and the
+# duplicates are reported, not failed.
+KUBELET_DUPLICATES: set[str] = set()
+
+
+def kubelet_lists_twice(node: RealNode) -> bool:
+    return release_of(Path(node.loc["bin"]) / "kubelet") < (1, 37)
 
 
 def unprepared(node: RealNode, name: str, problems: list[str], after: str) -> None:
@@ -390,6 +406,9 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     report.append(f"double allocation refused: {msgs[:1]}")
     (node.logs / "events.txt").write_text(node.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
     report.append("timings: " + json.dumps(timings))
+    if KUBELET_DUPLICATES:
+        report.append(f"kubelet {release[0]}.{release[1]} lists a shared claim's device twice in PodResources (its "
+                      f"race, fixed in 1.37): {sorted(KUBELET_DUPLICATES)}")
     report += [f"PROBLEM {p}" for p in problems]
     text = "\n".join(report)
     (node.logs / "gpufleet-dra-e2e-report.txt").write_text(text + "\n")
