@@ -44,7 +44,7 @@ TIERS: dict[str, tuple[str, list[str], list[str], bool]] = {
                  ["tests/e2e/test_extender_node.py"], [], True),
     "image": ("the container image deployed by the project's own manifests (kubectl apply -k) on a real node",
               ["tests/deploy/test_deploy_image.py"], [], True),
-    "prometheus": ("recording and alert rules under the real promtool", ["tests/monitoring"], [], False),
+    "prometheus": ("recording and alert rules under the real promtool", ["tests/deploy/monitoring"], [], False),
 }
 
 

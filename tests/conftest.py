@@ -4,7 +4,8 @@
 Why here, by rule, and not by hand on each test: a tier is what a test needs to run (a real kube-apiserver, a real
 node, time), and that is already said once -- by the folder the real-component tiers live in (``tests/integration``,
 ``tests/e2e``, whose conftests set them up and skip them cleanly without their components), by an explicit marker
-(``slow``, ``node``, ``integration``), or by the test being a hypothesis test.  The first rule that holds wins."""
+(``slow``, ``node``, ``integration``, ``property``), or by the test being a hypothesis test.  Otherwise tests live
+beside the part of ``src/`` they test (``tests/engine/``, ``tests/kube/``, ...), whatever their tier.  The first rule that holds wins."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def tier_of(path: Path, markers: Iterable[str], hypothesis: bool = False) -> str
         return "apiserver"
     if "slow" in marks:
         return "slow"
-    if "property" in marks or hypothesis or top == "property":
+    if "property" in marks or hypothesis:
         return "property"
     return "unit"
 

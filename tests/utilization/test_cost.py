@@ -68,7 +68,7 @@ def test_known_figures_on_a_shared_gpu():
 
 
 def test_the_recording_rules_case():
-    """tests/monitoring/cost_rules_test.yaml's first case (8/h, two 0.25 shares busy 12.5% and 25%, 12.5% nobody's,
+    """tests/deploy/monitoring/cost_rules_test.yaml's first case (8/h, two 0.25 shares busy 12.5% and 25%, 12.5% nobody's,
     a second GPU idle) for one hour: gpufleet cost gives the figures the recording rules give per hour."""
     hist = [("n1", "0", "a", "p1", 0.25, 1, 60, "team-a", "Deployment/web"),
             ("n1", "0", "b", "p2", 0.25, 1, 60, "team-b", "Job/train")]

@@ -203,7 +203,7 @@ def test_config_errors_name_the_field():
 def test_json_adapters():
     assert pod_info_from_json({"metadata": {"name": "x", "creationTimestamp": "2025-01-01T00:00:00Z"},
                                "spec": {"containers": [{"name": "c"}]}}) is None
-    # reclaim reads budgets with the one PodDisruptionBudget type (tests/unit/test_disruption.py has the rest)
+    # reclaim reads budgets with the one PodDisruptionBudget type (tests/engine/test_disruption.py has the rest)
     null = PodDisruptionBudget.from_json({"metadata": {"namespace": "a", "name": "b"}, "spec": {}, "status": {"disruptionsAllowed": 0}})
     assert null.selector is None and not null.covers_pod(PodInfo("a", "p", 1, 0).facts())
     everything = PodDisruptionBudget.from_json({"metadata": {"namespace": "a", "name": "b"}, "spec": {"selector": {}},

@@ -9,7 +9,7 @@ from gpufleet.engine.queues import Queue
 from gpufleet.engine.status import Code
 
 from ...builders import cycle_for
-from ...queues.helpers import cluster, gpu_pod
+from ..queues.helpers import cluster, gpu_pod
 from ..builders import mig_node
 
 

@@ -23,7 +23,7 @@ from gpufleet.agent.exporter import (
 )
 from gpufleet.agent.nvml import FakeBackend
 
-from .test_exporter import ASSIGNED, INDEX, PODS, Kubelet, backend, by, cgroup_v1, cgroup_v2, scrape
+from .test_exporter_prometheus import ASSIGNED, INDEX, PODS, Kubelet, backend, by, cgroup_v1, cgroup_v2, scrape
 
 
 @pytest.fixture

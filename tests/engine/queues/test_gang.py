@@ -8,7 +8,7 @@ from gpufleet.engine.errors import ConfigError
 from gpufleet.engine.gang import GangScheduler, PodGroup, groups_from_pods, place_gang, schedule_gangs
 from gpufleet.engine.queues import Queue
 
-from ..engine.builders import gpu_node
+from ..builders import gpu_node
 from .helpers import cluster, gpu_pod
 
 

@@ -106,7 +106,7 @@ def test_demand_pinned_to_several_models_goes_where_pinned_load_is_lowest():
 _PIN_RATES = """
 from gpufleet.engine.state import ClusterState
 from tests.builders import A100, T4, V100, make_node
-from tests.unit.test_default_policy import Parts, req
+from tests.policies.default.test_policy import Parts, req
 # three models with as many GPUs each, and demand that may use any of them: 16 water-filling slices over
 # three models give one of them a slice more, and which one is a tie
 state = ClusterState([make_node(m, 4, m, cpu_milli=64_000, memory_mib=262_144) for m in (A100, T4, V100)])

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 HERE = Path(__file__).parent
-RULES = HERE.parents[1] / "deploy" / "monitoring" / "prometheus-rules.yaml"
+RULES = HERE.parents[2] / "deploy" / "monitoring" / "prometheus-rules.yaml"
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not on PATH (Debian package prometheus)")
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 HERE = Path(__file__).parent
-RULES = HERE.parents[1] / "deploy" / "monitoring" / "cost-rules.yaml"
+RULES = HERE.parents[2] / "deploy" / "monitoring" / "cost-rules.yaml"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not on PATH (Debian package prometheus)")
 

@@ -9,7 +9,7 @@ from gpufleet.engine.queues import QueueTree, request_vector
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import build_profile
 
-from ..engine.builders import gpu_node
+from ..builders import gpu_node
 
 
 def cluster(n_nodes=2, gpus=4, queues=None, nodes=None, policy="bestfit"):
