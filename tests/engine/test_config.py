@@ -108,7 +108,30 @@ CONFIG_ERRORS = [
      "plugin 'DescentScore': strand_quantiles must be an integer >= 0, got 2.5"),
     ("threshold above 1", {"name": "p", "pluginConfig": {"FGDScore": {"threshold": 90}}, "plugins": {"score": ["FGDScore"]}},
      "plugin 'FGDScore': threshold must be a number in [0.0, 1.0], got 90"),
+    ("kube-scheduler's pluginConfig list, a bad value", {"name": "p", "pluginConfig": [{"name": "CpuReserve", "args": {"cpu_reserve": -1}}],
+                                                         "plugins": {"filter": ["CpuReserve"]}},
+     "plugin 'CpuReserve': cpu_reserve must be a number >= 0, got -1"),
+    ("pluginConfig list entry without a name", {"name": "p", "pluginConfig": [{"args": {}}]},
+     "profile 'p': pluginConfig[0]: must be {name: PLUGIN, args: {...}}"),
+    ("pluginConfig list entry with an unknown key", {"name": "p", "pluginConfig": [{"name": "CpuReserve", "arg": {}}]},
+     "pluginConfig[0]: unknown key(s) ['arg']"),
+    ("pluginConfig list naming a plugin twice", {"name": "p", "pluginConfig": [{"name": "CpuReserve"}, {"name": "CpuReserve"}]},
+     "pluginConfig[1]: 'CpuReserve' is configured twice"),
+    ("pluginConfig a string", {"name": "p", "pluginConfig": "CpuReserve"}, "pluginConfig must be a mapping of plugin names"),
+    ("pluginConfig arguments not a mapping", {"name": "p", "pluginConfig": {"CpuReserve": [1]}},
+     "pluginConfig for 'CpuReserve' must be a mapping of arguments, got [1]"),
 ]
+
+
+def test_kube_schedulers_plugin_config_list_means_the_same_as_the_mapping():
+    plugins = {"filter": ["CpuReserve"], "score": ["DescentScore"]}
+    as_list = registry().build_profile({"name": "p", "plugins": plugins, "pluginConfig": [
+        {"name": "CpuReserve", "args": {"cpu_reserve": 0.5}}, {"name": "WorkloadModel", "args": {"memory_pods": 7}}]})
+    as_map = registry().build_profile({"name": "p", "plugins": plugins, "pluginConfig": {
+        "CpuReserve": {"cpu_reserve": 0.5}, "WorkloadModel": {"memory_pods": 7}}})
+    for prof in (as_list, as_map):
+        assert prof.filters[0].args.cpu_reserve == 0.5  # type: ignore[attr-defined]
+        assert prof.scores[0][0].model.args.memory_pods == 7  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("cfg, message", [c[1:] for c in CONFIG_ERRORS], ids=[c[0] for c in CONFIG_ERRORS])

@@ -9,7 +9,7 @@ A profile names its plugins per extension point and weights its scores::
           score:
             - {name: FGD, weight: 1}
           gpuSelect: FGD
-        pluginConfig:
+        pluginConfig:                  # or kube-scheduler's form: [{name: FGD, args: {}}]
           FGD: {}
 
 Everything is checked at start-up: an unknown plugin, a plugin placed at an
@@ -99,7 +99,7 @@ class Registry:
             raise ConfigError(f"profile: unknown key(s) {sorted(unknown)}")
         pname = cfg.get("name") or "default"
         plugins = cfg.get("plugins") or {}
-        pconf = cfg.get("pluginConfig") or {}
+        pconf = _plugin_config(cfg.get("pluginConfig"), pname)
         bad_points = set(plugins) - set(EXTENSION_POINTS)
         if bad_points:
             raise ConfigError(f"profile {pname!r}: unknown extension point(s) {sorted(bad_points)}; known: {sorted(EXTENSION_POINTS)}")
@@ -152,6 +152,36 @@ class Registry:
             if n in self._shared:
                 handle.shared(n)
         return prof
+
+
+def _plugin_config(v: Any, pname: str) -> dict[str, Any]:
+    """``pluginConfig`` as plugin name -> arguments, from gpufleet's mapping (``{CpuReserve: {cpu_reserve: 0}}``)
+    or kube-scheduler's list (``[{name: CpuReserve, args: {cpu_reserve: 0}}]``)."""
+    if v is None:
+        return {}
+    if isinstance(v, Mapping):
+        out = dict(v)
+    elif isinstance(v, list):
+        out = {}
+        for i, e in enumerate(v):
+            where = f"profile {pname!r}: pluginConfig[{i}]"
+            if not isinstance(e, Mapping) or not isinstance(e.get("name"), str):
+                raise ConfigError(f"{where}: must be {{name: PLUGIN, args: {{...}}}}, got {e!r}")
+            extra = set(e) - {"name", "args"}
+            if extra:
+                raise ConfigError(f"{where}: unknown key(s) {sorted(extra)}; known: args, name")
+            if e["name"] in out:
+                raise ConfigError(f"{where}: {e['name']!r} is configured twice")
+            out[e["name"]] = e.get("args")
+    else:
+        raise ConfigError(f"profile {pname!r}: pluginConfig must be a mapping of plugin names to arguments or a list of "
+                          f"{{name, args}}, got {v!r}")
+    for name, args in out.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"profile {pname!r}: pluginConfig: plugin name must be a string, got {name!r}")
+        if args is not None and not isinstance(args, Mapping):
+            raise ConfigError(f"profile {pname!r}: pluginConfig for {name!r} must be a mapping of arguments, got {args!r}")
+    return out
 
 
 def _names(v: Any, pname: str, point: str) -> list[str]:
