@@ -154,3 +154,17 @@ def test_dra_shaped_requests_place_like_device_plugin_ones():
             if a.ok:
                 held = state.claim_holds[f"default/p{i}-gpu"]
                 assert (a.assignment.node, a.assignment.gpu_indices) == (b.assignment.node, tuple(j for j, _, _ in held.gpus)), policy
+
+
+def test_row_counts_equal_a_sum_along_each_row():
+    """The DRA filter's per-node count of fitting GPUs (a popcount for 8 GPUs a node, a product otherwise)."""
+    import numpy as np
+
+    from gpufleet.engine.dra.plugin import row_counts
+
+    rng = np.random.default_rng(7)
+    for g in (1, 3, 8, 16):
+        m = rng.random((53, g)) > 0.4
+        for grid in (m, np.asfortranarray(m), m[::2]):
+            assert row_counts(grid).tolist() == grid.sum(axis=1).tolist()
+            assert row_counts(grid).dtype == np.int64

@@ -265,7 +265,7 @@ class DynamicResources:
                             blocked[table.node[dk], table.gpu[dk]] = True
                     table.need_cache[bk] = blocked
                 fit &= ~blocked
-            count += fit.sum(axis=1)
+            count += row_counts(fit)
         alloc = state.dra.allocated
         for dk in others:  # other devices: few; checked one by one
             ref = table.refs[dk]
@@ -361,6 +361,19 @@ def _gpu_need(ref: DeviceRef, spec: ExactRequest) -> tuple[int, int] | None:
         return (GPU_MILLI, 0)
     milli = int(consumed.get(f"{ref.driver}/{GPU_MILLI_CAPACITY}", 0))
     return (milli, -(-int(mem) // MIB))
+
+
+_BITWISE_COUNT = getattr(np, "bitwise_count", None)  # numpy >= 2.0
+
+
+def row_counts(m: np.ndarray) -> np.ndarray:
+    """Per row of a bool [node, GPU] grid, how many are True.  ``m.sum(axis=1)`` is slow along a short last axis (about
+    0.3 ms on 5,000 x 8, most of what a DRA pod's filter cost beyond the device-plugin path's); a row of 8 bools is one
+    64-bit word whose set bits are its True cells, any other width a small float matrix product (exact)."""
+    n, g = m.shape
+    if g == 8 and _BITWISE_COUNT is not None and m.flags.c_contiguous:
+        return _BITWISE_COUNT(m.view(np.uint64).reshape(n)).astype(np.int64)
+    return (m.astype(np.float32) @ np.ones(g, dtype=np.float32)).astype(np.int64)
 
 
 def _none_match(c: ResourceClaim, spec: ExactRequest) -> str:
