@@ -103,6 +103,8 @@ class Drills:
         self.extra: list[str] = []  # pods a fault created (the rest of a gang)
         self.protected: set[str] = set()  # pods a PodDisruptionBudget with no disruptions allowed covers
         self.note = ""  # what the last fault saw (said in its row)
+        self.why: list[str] = []  # what the last audit found over-committed
+        self.moved: list[str] = []  # and bound twice
 
     def create(self, items: list[dict]) -> None:
         for attempt in range(60):  # the apiserver may be restarting
@@ -132,13 +134,13 @@ class Drills:
         return all(n in ps and self.running(ps[n]) for n in names)
 
     def audit(self) -> tuple[int, int, int]:
-        """(pods lost, bound twice, GPUs over-committed) over every pod of ours so far."""
+        """(pods lost, bound twice, GPUs over-committed) over every pod of ours so far; ``self.why`` says which."""
         ps = self.pods()
         lost = [n for n in self.ours - self.deleted if n not in ps or ps[n]["status"].get("phase") == "Failed"]
         twice = 0
-        milli: dict[int, int] = {}
+        milli: dict[int, dict[str, int]] = {}
         pr = self.n.pod_resources()
-        over = 0
+        why: list[str] = []
         for name, p in ps.items():
             if name not in self.ours or not self.running(p):
                 continue
@@ -146,20 +148,24 @@ class Drills:
             key = (p["spec"].get("nodeName") or "", a)
             if name in self.first and self.first[name] != key:
                 twice += 1
+                why.append(f"{name} moved from {self.first[name]} to {key}")
             self.first.setdefault(name, key)
             if not a:
-                over += 1  # a pod of ours running without gpufleet's assignment
+                why.append(f"{name} runs without gpufleet's assignment")
                 continue
             d = json.loads(a)
             want = {g["uuid"] for g in d["gpus"]}
             for g in d["gpus"]:
-                milli[g["index"]] = milli.get(g["index"], 0) + int(d.get("gpu_milli") or 1000)
+                milli.setdefault(g["index"], {})[name] = int(d.get("gpu_milli") or 1000)
             got = {i.split("::")[0] for i in pr.get(("default", name), [])}
             if got != want:
-                over += 1  # kubelet gave it GPUs its assignment does not name
-        over += sum(1 for v in milli.values() if v > 1000)
+                why.append(f"{name}: kubelet gave {sorted(got)}, its assignment names {sorted(want)}")
+        why += [f"GPU {gi}: {sum(v.values())} milli ({', '.join(sorted(v))})" for gi, v in sorted(milli.items())
+                if sum(v.values()) > 1000]
         self.lost_now = lost
-        return len(lost), twice, over
+        self.moved = [w for w in why if " moved from " in w]
+        self.why = [w for w in why if " moved from " not in w]
+        return len(lost), twice, len(self.why)
 
     def drill(self, title: str, burst: list[dict], fault, probe_name: str | None, timeout_s: float = 240,
               victims: frozenset[str] = frozenset()) -> None:
@@ -186,6 +192,8 @@ class Drills:
         self.note = ""
         if new_lost:
             row["note"] += " lost: " + ", ".join(sorted(new_lost))
+        if self.why or self.moved:
+            row["note"] += " " + "; ".join(self.why + self.moved)
         print(json.dumps(row), flush=True)
         self.rows.append(row)
         self.delete(names)
@@ -310,9 +318,8 @@ def test_fault_drills(node):
         return sum(1 for k, p in d.pods().items() if k.startswith(prefix) and p["spec"].get("nodeName"))
 
     def leader_killed_mid_burst() -> float:
-        wait(lambda: bound_of("lead-") > 0, 30, 0.05)
-        return kill_leader(f"with {bound_of('lead-')} of 6 bound")
-    d.drill("scheduler leader SIGKILL mid-burst (2 replicas)", burst("lead"), leader_killed_mid_burst, "lead-probe")
+        return kill_leader(f"as the burst was created ({bound_of('lead-')} of 6 bound)")
+    d.drill("scheduler leader SIGKILL with a burst pending (2 replicas)", burst("lead"), leader_killed_mid_burst, "lead-probe")
 
     gang = [manifest(f"gang-{i}", group="train", size=4) for i in range(4)]
 
@@ -343,7 +350,7 @@ def test_fault_drills(node):
 
     def kill_leader_mid_preemption() -> float:
         wait(lambda: bool(going()), 60, 0.05)
-        return kill_leader(f"once {', '.join(going()) or 'nothing'} was being evicted")
+        return kill_leader(f"once it was evicting {', '.join(going()) or 'nothing'}")
     d.drill("scheduler leader SIGKILL mid-preemption (PDB on the others)", [manifest("urgent", gpus=2,
             priority_class="drill-urgent")], kill_leader_mid_preemption, None, victims=frozenset({"free-0", "free-1"}))
     assert not ({f"guard-{i}" for i in range(3)} - set(d.pods())), "a pod under the budget was evicted"
