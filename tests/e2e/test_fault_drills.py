@@ -319,7 +319,7 @@ def test_fault_drills(node):
 
     def leader_killed_mid_burst() -> float:
         return kill_leader(f"as the burst was created ({bound_of('lead-')} of 6 bound)")
-    d.drill("scheduler leader SIGKILL with a burst pending (2 replicas)", burst("lead"), leader_killed_mid_burst, "lead-probe")
+    d.drill("scheduler leader SIGKILL just after a burst (2 replicas)", burst("lead"), leader_killed_mid_burst, "lead-probe")
 
     gang = [manifest(f"gang-{i}", group="train", size=4) for i in range(4)]
 
