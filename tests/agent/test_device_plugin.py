@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 
 import grpc
@@ -375,14 +376,17 @@ def test_unknown_device_spec_mode_is_refused(tmp_path):
         DevicePlugin("nvidia.com/gpu", FakeBackend("t4").gpus(), str(tmp_path), device_specs="some")
 
 
-def test_a_pod_kubelet_admits_again_gets_its_own_gpu_again(sockdir):
+def test_a_pod_kubelet_admits_again_gets_its_own_gpu_again(sockdir, caplog):
     # the pod source says kubelet lists the served pod without devices (a cancelled Allocate, a kubelet restart)
     class Again(OnePod):
         def pending_assignment(self, resource, count, exclude):
             return dataclasses.replace(self.pa, again=self.pa.served_key in exclude)
 
+    caplog.set_level(logging.INFO, logger="gpufleet")
     t4 = FakeBackend("t4").gpus()
     p = DevicePlugin("nvidia.com/gpu", t4, sockdir, replicas=4, pods=Again(share(gpu=2, uid="u1")))
     assert p.allocate_one(["GPU-t4-00::1"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-t4-02"
     assert p.allocate_one(["GPU-t4-00::2"]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-t4-02"  # not kubelet's GPU 0
     assert p.allocated["ml/share#u1"]["devices"] == ["GPU-t4-00::2"]
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()] == [
+        "nvidia.com/gpu: kubelet admits ml/share again (its earlier Allocate did not complete): its own GPUs again"]

@@ -468,6 +468,9 @@ class DevicePlugin(pbg.DevicePluginServicer):
             # had placed, because its own assignment named the GPU)
             pa = self._pending(len(ids))
         uuids: list[str] | None = None
+        if isinstance(pa, PodAssignment) and pa.again:
+            log.info("%s: kubelet admits %s again (its earlier Allocate did not complete): its own GPUs again",
+                     self.resource, pa.pod_key)
         if isinstance(pa, InvalidAssignment):
             self._refuse(pa, f"pod {pa.pod_key}: {pa.message}; not starting it on GPUs the scheduler did not choose")
         if pa is not None:
