@@ -213,7 +213,6 @@ SEEN: dict[str, tuple[dict[str, str], list[str]]] = {}  # pod -> (its GPU env, i
 def check_running(node: RealNode, names: list[str], problems: list[str]) -> dict[str, list[str]]:
     """Every pod: env, /dev and PodResources equal its claims' allocated devices. Returns pod -> devices."""
     uuids = device_uuids(node)
-    pr = dynamic_resources()
     out = {}
     for name in names:
         p = node.get_json("pod", name)
@@ -237,13 +236,34 @@ def check_running(node: RealNode, names: list[str], problems: list[str]) -> dict
         have_idx = sorted(int(d[6:]) for d in devs if d.startswith("nvidia") and d[6:].isdigit())
         if have_idx != want_idx or "nvidiactl" not in devs:
             problems.append(f"{name}: /dev nvidia{have_idx} (+ctl {'nvidiactl' in devs}) != allocated GPUs {want_idx}")
-        got = sorted(d for drv, pool, d in pr.get(("default", name), []) if drv == DRIVER and pool == NODE)
-        if got != sorted(devices):
-            if kubelet_lists_twice(node) and sorted(set(got)) == sorted(set(devices)):
-                KUBELET_DUPLICATES.add(f"{name}: {got}")
-            else:
-                problems.append(f"{name}: PodResources {got} != allocated {sorted(devices)}")
+    problems += podresources_match(node, out)
     return out
+
+
+def podresources_match(node: RealNode, want: dict[str, list[str]], timeout_s: float = 30.0) -> list[str]:
+    """kubelet's PodResources name each pod's allocated devices. Just after a kubelet restart it may answer before it
+    has taken its running pods back (kubelet 1.35 lists them with no devices for a moment), so it is asked again
+    until it agrees or ``timeout_s`` passes; how long that took is reported (PODRESOURCES_CAUGHT_UP_S)."""
+    t0 = time.monotonic()
+    while True:
+        pr = dynamic_resources()
+        bad = []
+        for name, devices in want.items():
+            got = sorted(d for drv, pool, d in pr.get(("default", name), []) if drv == DRIVER and pool == NODE)
+            if got != sorted(devices):
+                if kubelet_lists_twice(node) and sorted(set(got)) == sorted(set(devices)):
+                    KUBELET_DUPLICATES.add(f"{name}: {got}")
+                else:
+                    bad.append(f"{name}: PodResources {got} != allocated {sorted(devices)}")
+        waited = time.monotonic() - t0
+        if not bad or waited > timeout_s:
+            if waited > 0.5:
+                PODRESOURCES_CAUGHT_UP_S.append(round(waited, 1) if not bad else -1.0)
+            return bad
+        time.sleep(1.0)
+
+
+PODRESOURCES_CAUGHT_UP_S: list[float] = []  # each check that had to ask again: seconds until kubelet agreed (-1: never)
 
 
 # kubelet before 1.37 appends a claim's devices to its cache on every NodePrepareResources call made before the claim
@@ -406,6 +426,8 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     report.append(f"double allocation refused: {msgs[:1]}")
     (node.logs / "events.txt").write_text(node.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
     report.append("timings: " + json.dumps(timings))
+    if PODRESOURCES_CAUGHT_UP_S:
+        report.append(f"PodResources agreed only after asking again for {PODRESOURCES_CAUGHT_UP_S} s (-1: never)")
     if KUBELET_DUPLICATES:
         report.append(f"kubelet {release[0]}.{release[1]} lists a shared claim's device twice in PodResources (its "
                       f"race, fixed in 1.37): {sorted(KUBELET_DUPLICATES)}")
