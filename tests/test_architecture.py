@@ -15,7 +15,10 @@ ADAPTER_LIBS = ("kubernetes", "grpc", "pynvml", "prometheus_client")
 
 def _lint_imports(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("lint-imports")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "importlinter.cli"]
+    # no script beside this interpreter (a venv that sees the system's import-linter): its click command directly
+    # (``python -m importlinter.cli`` runs nothing and exits 0)
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                                                                 "lint_imports_command()"]
     return subprocess.run(cmd + list(args), cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
 
 
