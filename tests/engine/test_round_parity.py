@@ -9,7 +9,9 @@ eviction.  The inputs are made once, as Kubernetes objects, and converted for th
 converters (``node_from_json``, ``parse_pod``), so only the shells differ.
 
 Both model a victim the same way: it waits again, in its place in the queue (the replay keeps it; here its
-controller's new pod has its name and creation time).
+controller's new pod has its name and creation time).  The policies compared learn online or not at all; the
+paper's FGD is left out on purpose: the simulator gives it the whole trace up front (its published setting),
+which a live scheduler cannot have.
 """
 
 from __future__ import annotations
