@@ -16,7 +16,11 @@ back are left out, so a dry run planned once more or once less does not count, a
 Scenarios: the packing experiment (every policy, seeds 42-44), the replay at two loads (default and
 fgd), the replay with priorities (preemption) and with team queues (DRF order, reclaim), the replay of
 pod groups (the gang round, gang preemption; the bundled trace's multi-GPU pods paired into gangs), and
-the queues experiment, and the spot replay (a subclass of the replay).  About 10 minutes on one quiet core.
+the queues experiment, and the spot replay (a subclass of the replay); the main job (``gpufleet simulate``
+with its offline bound: the MIP's result also depends on its time limit, which a heavily loaded machine can
+hit); the engine benchmark's decisions (``bench_kube_loop.py --engine-only``'s clusters at 5,000 nodes, default,
+fgd and bestfit: every decision's node, GPUs, score, feasible count and status).  About 15 minutes on one
+quiet core.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ SCENARIOS: dict[str, list[str] | str] = {
     "replay-gangs": "gangs",
     "queues": ["--experiment", "queues", "--policy", "default,fgd", "--seeds", "42"],
     "spot": ["--experiment", "spot", "--policy", "default", "--seeds", "42"],
+    "main": ["--seeds", "42"],  # the main job as the README runs it, offline bound included
+    "engine": "engine",
 }
 # keys whose values are timings (differ from run to run)
 _TIMING = {"wall_s", "decision_ms_p50", "decision_ms_p99", "solve_s", "solve_s_max", "jobs", "generated"}
@@ -195,6 +201,43 @@ def _gangs() -> dict:
     return {"json": _clean(run.to_json())}
 
 
+def _engine() -> dict:
+    """The engine benchmark's clusters (``bench_kube_loop.engine_bench``: uniform A100 nodes and the trace's node
+    mix, 5,000 nodes, 4,000 pods), each policy from an empty snapshot: a digest of every decision."""
+    from dataclasses import replace
+
+    from gpufleet.engine.framework import Scheduler
+    from gpufleet.engine.model import Gpu, Node, PodRequest
+    from gpufleet.engine.state import ClusterState
+    from gpufleet.policies import build_profile
+    from gpufleet.simulator.experiments.packing import prime_policy
+    from gpufleet.simulator.traces import trace as tracemod
+
+    n_nodes = 5000
+    tnodes = tracemod.load_nodes(tracemod.bundled(tracemod.DEFAULT_NODES))
+    tpods = [p.request() for p in tracemod.load_pods(tracemod.bundled(tracemod.DEFAULT_PODS)).pods[:4000]]
+    clusters = {
+        "uniform": ([Node(f"n{i}", 128_000, 1_048_576, tuple(Gpu(j, f"g{i}-{j}", "A100", 81920) for j in range(8)),
+                          max_pods=110) for i in range(n_nodes)],
+                    [PodRequest(name=f"e{i}", cpu_milli=2000, memory_mib=8192, gpu_count=1, gpu_milli=[1000, 250, 500][i % 3])
+                     for i in range(4000)]),
+        "trace": ([replace(tnodes[i % len(tnodes)], name=f"t{i}") for i in range(n_nodes)], tpods),
+    }
+    out = {}
+    for cname, (nodes, reqs) in clusters.items():
+        for policy in ("default", "fgd", "bestfit"):
+            s = Scheduler(build_profile(policy), ClusterState(nodes), seed=0)
+            prime_policy(s, reqs)
+            h = hashlib.sha256()
+            for r in reqs:
+                d = s.schedule(r)
+                a = d.assignment
+                h.update(repr((d.ok, d.score, d.feasible_nodes, a and (a.node, a.gpu_indices, a.gpu_milli, a.mig),
+                               str(d.status))).encode())
+            out[f"{cname}-{policy}"] = h.hexdigest()
+    return {"json": out}
+
+
 def record(path: str, only: set[str] | None) -> int:
     sys.path.insert(0, str(_REPO))
     results: dict[str, Any] = {}
@@ -203,7 +246,7 @@ def record(path: str, only: set[str] | None) -> int:
             continue
         t0 = time.perf_counter()
         with Recorder().active() as rec:
-            res = _gangs() if spec == "gangs" else _simulate(list(spec))
+            res = _gangs() if spec == "gangs" else _engine() if spec == "engine" else _simulate(list(spec))
         res["placements"] = {"changes": len(rec.log), "sha256": rec.digest()}
         results[name] = res
         print(f"{name}: {len(rec.log)} snapshot changes, digest {rec.digest()[:16]}, {time.perf_counter() - t0:.0f} s",
