@@ -17,7 +17,7 @@ from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import GPU_MILLI, Assignment, PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies.default import DescentScore, WorkloadArgs, WorkloadModel
-from gpufleet.policies.paper.fgd import DEDUPE_MIN_NODES, FGDScore, state_groups
+from gpufleet.policies.paper.fgd import DEDUPE_MIN_NODES, FGDScore, memo_keys, state_groups, state_ids
 
 from tests.builders import A100, T4, make_node
 
@@ -91,3 +91,73 @@ def test_state_groups_put_identical_nodes_together_and_only_them():
     for i in range(6):  # each node's representative is in the same state
         np.testing.assert_array_equal(state.gpu_free_milli[i], state.gpu_free_milli[reps[inv[i]]])
         assert state.cpu_free[i] == state.cpu_free[reps[inv[i]]]
+
+
+@SETTINGS
+@given(state=cluster(), shape=st.sampled_from(SHAPES), kind=st.sampled_from(["fgd", "default"]))
+def test_a_remembered_node_state_scores_as_a_fresh_computation(state, shape, kind):
+    """The memo of node states (FGDScore._remembered): a node scored after others in its state were is scored as
+    a plugin that never saw those gives it, and nodes in a state seen before are not computed again."""
+    warm = plugin(kind)
+    n = len(state)
+    warm.score(cycle(shape), state, np.arange(n // 2))
+    computed: list[int] = []
+    inner = warm._gpu_scores if 0 < shape[1] < GPU_MILLI else warm._node_scores
+
+    def counting(c, s, nodes):
+        computed.append(nodes.size)
+        return inner(c, s, nodes)
+
+    if inner == warm._gpu_scores:
+        warm._gpu_scores = counting  # type: ignore[method-assign]
+    else:
+        warm._node_scores = counting  # type: ignore[method-assign]
+    for i in range(n // 2, n):
+        got = warm.score(cycle(shape), state, np.array([i]))
+        np.testing.assert_array_equal(got, plugin(kind).score(cycle(shape), state, np.array([i])))
+    seen = set(memo_keys(state, np.arange(n // 2)))
+    fresh = 0
+    for k in memo_keys(state, np.arange(n // 2, n)):  # states not seen before, each computed once
+        fresh += k not in seen
+        seen.add(k)
+    assert sum(computed) == fresh
+
+
+def test_the_memo_keeps_requests_and_device_slots_apart():
+    """Two pods of one FGD shape that differ in memory score apart (the strand measure reads memory), and two nodes
+    that differ only in free kubelet device slots are different states where slots are counted."""
+    nodes = [make_node(f"n{i}", 8, A100, cpu_milli=64_000, memory_mib=65_536) for i in range(4)]
+    state = ClusterState(nodes)
+    p = plugin("default")
+    small = Cycle(request=PodRequest(name="a", cpu_milli=2000, memory_mib=1024, gpu_count=1, gpu_milli=1000), rng=np.random.default_rng(0))
+    big = Cycle(request=PodRequest(name="b", cpu_milli=2000, memory_mib=60_000, gpu_count=1, gpu_milli=1000), rng=np.random.default_rng(0))
+    at = np.arange(4)
+    p.score(small, state, at)
+    np.testing.assert_array_equal(p.score(big, state, at), plugin("default").score(big, state, at))
+    assert not np.array_equal(plugin("default").score(small, state, at), plugin("default").score(big, state, at))
+    slotted = ClusterState([make_node(f"s{i}", 8, A100, cpu_milli=64_000, memory_mib=65_536) for i in range(2)])
+    slotted.slots_limited = True
+    slotted.gpu_slots_free[1, 0] = 0
+    a, b = memo_keys(slotted, np.arange(2))
+    assert a != b
+    assert memo_keys(state, np.array([0])) == memo_keys(state, np.array([1]))
+
+
+def test_state_ids_follow_every_change_and_keep_copies_apart():
+    """state_ids renumbers a node when its version moves: a node that changes and changes back has its old number,
+    and a copy that diverges from its original (copies share versions) is numbered from its own columns."""
+    nodes = [make_node(f"n{i}", 8, A100) for i in range(3)]
+    state = ClusterState(nodes)
+    at = np.arange(3)
+    idle = state_ids(state, at)
+    assert idle[0] == idle[1] == idle[2]
+    a = Assignment(pod_key="a", node="n1", cpu_milli=1000, memory_mib=1024, gpu_indices=(3,), gpu_milli=500, gpu_memory_mib=(0,))
+    state.reserve(a)
+    used = state_ids(state, at)
+    assert used[1] != used[0] == used[2]
+    copy = state.copy()
+    state.unreserve("a")
+    copy.reserve(Assignment(pod_key="b", node="n0", cpu_milli=1000, memory_mib=1024, gpu_indices=(3,), gpu_milli=500, gpu_memory_mib=(0,)))
+    assert (state_ids(state, at) == idle).all()  # back where it was
+    c = state_ids(copy, at)
+    assert c[0] == c[1] == used[1] and c[2] == idle[2]

@@ -6,7 +6,7 @@ identical states so that a full re-score costs a few dozen evaluations, and lear
 
 from __future__ import annotations
 
-import functools
+import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields
@@ -26,6 +26,7 @@ from .workload import POPULARITY_THRESHOLD, TargetWorkload, frag_amount, node_vi
 
 
 DEDUPE_MIN_NODES = 32  # below this, grouping costs more than it saves
+MEMO_MAX_STATES = 100_000  # node states whose scores are remembered per workload version (see FragDescent._remembered)
 
 
 def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,24 +35,60 @@ def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np
     A fragmentation score depends only on these columns, so nodes in one group
     score alike; a large cluster has few distinct states (most nodes are idle or
     full), which turns a full re-score (a new epoch, a re-learned workload) from
-    every node into a few dozen.
+    every node into a few dozen.  The groups are those of ``state_ids``: exact,
+    and kept per node between cycles, so grouping costs O(nodes) integer work.
     """
-    g = state.max_gpus
-    cols = np.empty((nodes.size, 3 + 2 * g), dtype=np.int64)
-    cols[:, 0] = _node_kinds(state)[nodes]
-    cols[:, 1] = state.cpu_free[nodes]
-    cols[:, 2] = state.mem_free[nodes]
-    cols[:, 3 : 3 + g] = state.gpu_free_milli[nodes]
-    cols[:, 3 + g :] = state.gpu_mem_free[nodes]
-    # group by a 64-bit hash of each row (wrapping multiply-add), then check that every node
-    # equals its representative; on a collision, fall back to comparing whole rows
-    _, first, inverse = np.unique((cols * _hash_coeffs(cols.shape[1])).sum(axis=1), return_index=True, return_inverse=True)
-    inverse = inverse.ravel()
-    if not (cols == cols[first[inverse]]).all():
-        rows = np.ascontiguousarray(cols).view(np.dtype((np.void, cols.itemsize * cols.shape[1]))).ravel()
-        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-        inverse = inverse.ravel()
-    return nodes[first], inverse
+    ids = state_ids(state, nodes)
+    m = int(ids.max()) + 1 if ids.size else 0
+    if m > 4 * ids.size:  # sparse ids: sorting is cheaper than tables of every id
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        return nodes[first], inverse.ravel()
+    first = np.full(m, -1, dtype=np.int64)
+    first[ids[::-1]] = np.arange(ids.size - 1, -1, -1)  # a node of each id (any member stands for its group)
+    present = first >= 0
+    return nodes[first[present]], (np.cumsum(present) - 1)[ids]
+
+
+IDS_MAX_STATES = 1_000_000  # distinct node states numbered per epoch before the numbering starts over
+_IDS: OrderedDict[int, dict] = OrderedDict()  # epoch -> {"table": {state bytes: id}, "gen": int, token: (ids, versions)}
+_ID_GEN = itertools.count(1)
+
+
+def state_ids(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    """Per node, a number for its state (``memo_keys``): equal numbers, equal states, within an epoch and ``id_generation``.
+
+    Each node's number is kept with the node version it was taken at (per state object: copies share versions)
+    and taken again only when the version moved, so a cycle numbers the one or two nodes that changed, not all.
+    """
+    e = _IDS.get(state.epoch)
+    if e is None:
+        e = _IDS[state.epoch] = {"table": {}, "gen": next(_ID_GEN)}
+        while len(_IDS) > 8:
+            _IDS.popitem(last=False)
+    else:
+        _IDS.move_to_end(state.epoch)
+    table = e["table"]
+    if len(table) > IDS_MAX_STATES:
+        e.clear()
+        e.update(table={}, gen=next(_ID_GEN))
+        table = e["table"]
+    per = e.get(state.token)
+    n = len(state)
+    if per is None or per[0].size != n:
+        per = e[state.token] = (np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+    ids, vers = per
+    stale = nodes[vers[nodes] != state.version[nodes]]
+    if stale.size:
+        for i, k in zip(stale.tolist(), memo_keys(state, stale)):
+            ids[i] = table.setdefault(k, len(table))
+        vers[stale] = state.version[stale]
+    return ids[nodes]
+
+
+def id_generation(state: ClusterState) -> int:
+    """Changes when ``state_ids`` starts numbering this epoch's states over (see IDS_MAX_STATES)."""
+    state_ids(state, np.zeros(0, dtype=np.int64))
+    return _IDS[state.epoch]["gen"]
 
 
 _KINDS: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -70,9 +107,20 @@ def _node_kinds(state: ClusterState) -> np.ndarray:
     return kinds
 
 
-@functools.lru_cache(maxsize=8)
-def _hash_coeffs(width: int) -> np.ndarray:
-    return np.random.default_rng(20231).integers(1, 2**62, width, dtype=np.int64) | 1
+def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
+    """Per node, the bytes of everything a fragmentation score reads of it: the GPU make-up (``_node_kinds``), free
+    CPU and memory, and per GPU free milli, free memory and (where kubelet devices are counted) free device slots."""
+    g = state.max_gpus
+    slots = state.slots_limited
+    cols = np.empty((nodes.size, 3 + (3 if slots else 2) * g), dtype=np.int64)
+    cols[:, 0] = _node_kinds(state)[nodes]
+    cols[:, 1] = state.cpu_free[nodes]
+    cols[:, 2] = state.mem_free[nodes]
+    cols[:, 3 : 3 + g] = state.gpu_free_milli[nodes]
+    cols[:, 3 + g : 3 + 2 * g] = state.gpu_mem_free[nodes]
+    if slots:
+        cols[:, 3 + 2 * g :] = state.gpu_slots_free[nodes]
+    return [row.tobytes() for row in cols]
 
 
 def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -99,6 +147,7 @@ class FragDescent:
     name = ""
     learner: OnlineWorkload
     _gsel: OrderedDict  # see _gpu_cache
+    _memo: list | None = None  # see _remembered
 
     def observe_pod(self, cycle: Cycle) -> None:
         self.learner.observe_pod(cycle)
@@ -135,11 +184,44 @@ class FragDescent:
         if stale.size:
             if stale.size >= DEDUPE_MIN_NODES:
                 reps, inv = state_groups(state, stale)
-                rows[stale] = self._gpu_scores(cycle, state, reps)[inv]
+                rows[stale] = self._remembered("gpu", cycle, state, reps)[inv]
             else:
-                rows[stale] = self._gpu_scores(cycle, state, stale)
+                rows[stale] = self._remembered("gpu", cycle, state, stale)
             vers[stale] = state.version[stale]
         return rows[nodes]
+
+    def _remembered(self, what: str, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """``_gpu_scores`` (``what`` "gpu") or ``_node_scores`` ("node") of ``nodes``, through a memo of node states.
+
+        Why: a node's score for a pod depends only on the node's state (``memo_keys``), the pod's resources and what
+        is fixed per workload version and epoch (the target workload, the ratios learned, the pattern table), and
+        nodes keep going through the same states: nodes of one make-up are filled the same way, so the node that
+        changed in the last cycle is often in a state some node was in before (``state_ids`` numbers the states).  A remembered row is the one that
+        computing it again would give (the computation is row by row), so placements do not change.  The memo is
+        dropped when the workload version or the epoch changes, and when it holds ``MEMO_MAX_STATES`` states.
+        The first call in a version always computes, so whatever is learned lazily per version is learned at the
+        same pod as without the memo.
+        """
+        if nodes.size == 0:
+            return self._gpu_scores(cycle, state, nodes) if what == "gpu" else self._node_scores(cycle, state, nodes)
+        ids = state_ids(state, nodes).tolist()
+        version = (self.learner.version, state.epoch, id_generation(state), len(state.model_names), state.slots_limited)
+        m = self._memo
+        if m is None or m[0] != version or m[2] > MEMO_MAX_STATES:
+            m = self._memo = [version, {}, 0]
+        r = cycle.request
+        table = m[1].setdefault((what, r.cpu_milli, r.memory_mib, r.gpu_count, r.gpu_milli, r.gpu_memory_mib,
+                                 r.mig_profile, r.gpu_models_allow, r.gpu_models_deny), {})
+        miss = [i for i, k in enumerate(ids) if k not in table]
+        if miss:
+            at = nodes[miss]
+            new = self._gpu_scores(cycle, state, at) if what == "gpu" else self._node_scores(cycle, state, at)
+            for i, v in zip(miss, new):
+                table[ids[i]] = v
+            m[2] += len(miss)
+            if len(miss) == len(ids):
+                return new
+        return np.array([table[k] for k in ids])
 
     def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """Scores of placing a pod that is not a single shared GPU."""
@@ -184,8 +266,8 @@ class FragDescent:
         if nodes.size >= DEDUPE_MIN_NODES:
             reps, inv = state_groups(state, nodes)
             if reps.size < nodes.size:
-                return self._node_scores(cycle, state, reps)[inv]
-        return self._node_scores(cycle, state, nodes)
+                return self._remembered("node", cycle, state, reps)[inv]
+        return self._remembered("node", cycle, state, nodes)
 
     def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
         r = cycle.request
@@ -252,4 +334,5 @@ class FGDScore(FragDescent, PaperPlugin):
         self.learner.observe(r)
 
 
-__all__ = ["DEDUPE_MIN_NODES", "FGDScore", "FORGET_BELOW", "FragDescent", "SEEN_KEYS_MAX", "fade", "state_groups"]
+__all__ = ["DEDUPE_MIN_NODES", "FGDScore", "FORGET_BELOW", "FragDescent", "SEEN_KEYS_MAX", "fade", "memo_keys", "state_groups",
+           "state_ids"]
