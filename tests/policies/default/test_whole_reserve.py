@@ -105,3 +105,26 @@ def test_the_share_joins_the_used_gpu_not_a_whole_one_on_the_same_node():
     assert not d.ok and R in d.status.message
     # a whole-GPU pod still gets one
     assert s.schedule(share("z", 1000)).ok
+
+
+def test_whole_gpu_counts_kept_between_cycles_follow_every_placement_and_release():
+    """The per-node whole-GPU counts are kept between cycles (WholeGpuReserve._whole_gpus): after every placement
+    and release, one plugin's verdicts and kept nodes equal a fresh plugin's."""
+    s = scheduler(nodes(), "bestfit")
+    warm = learned(whole_reserve=1.0)
+    kept_at = []
+
+    def check(step):
+        cw, cf = (Cycle(request=share("x", 810), rng=np.random.default_rng(0)) for _ in range(2))
+        a, b = warm.filter(cw, s.state), learned(whole_reserve=1.0).filter(cf, s.state)
+        assert (a.ok == b.ok).all() and a.passes_all == b.passes_all, step
+        ka, kb = cw.read(WHOLE_KEPT), cf.read(WHOLE_KEPT)
+        assert (ka is None) == (kb is None) and (ka is None or (ka == kb).all()), step
+        kept_at.append(ka is not None)
+
+    for k, (node, milli) in enumerate([*SCARCE, ("n1", 300), ("n0", 1000)]):
+        assert s.schedule(share(f"placed{k}", milli, node=node)).ok
+        check(k)
+    s.state.unreserve("placed3")
+    check("released")
+    assert any(kept_at) and not all(kept_at)  # the reserve was on at some steps, off at others

@@ -107,6 +107,7 @@ class WholeGpuReserve:
         self.args = args or WholeGpuReserveArgs()
         self.model = model or WorkloadModel()
         self._idle_cache: dict = {}  # (version, share milli) -> leaves_idle
+        self._whole: dict = {}  # see _whole_gpus
 
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> WholeGpuReserve:
@@ -122,19 +123,41 @@ class WholeGpuReserve:
                 or r.gpu_count != 1 or not 0 < r.gpu_milli < GPU_MILLI or r.mig_profile
                 or not m.learned() or not self.cpu_spare(state) or not self.leaves_idle(r.gpu_milli)):
             return FilterResult(all_pass(n), passes_all=True)
-        mm = model_mask(state, r)
-        usable = state.gpu_usable if mm is None else state.gpu_usable & mm[state.gpu_model]
-        whole = usable & (state.gpu_free_milli >= GPU_MILLI)
+        usable, whole_n, usable_n = self._whole_gpus(state, r)
         per_gpu_cpu = m.cpu_per_gpu_milli() * GPU_MILLI
-        fed = whole.sum(axis=1)
+        fed = whole_n
         if per_gpu_cpu > 0:
             fed = np.minimum(fed, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
-        if fed.sum() >= a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable.sum():
+        if fed.sum() >= a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n:
             return FilterResult(all_pass(n), passes_all=True)
         kept = fed > 0
         cycle.write(WHOLE_KEPT, kept)
-        ok = ~kept | (eligible_gpus(state, r) & ~whole).any(axis=1)
+        ok = ~kept
+        at = np.flatnonzero(kept)  # few: whole GPUs are scarce here
+        whole = usable[at] & (state.gpu_free_milli[at] >= GPU_MILLI)
+        ok[at] = (eligible_gpus(state, r, at) & ~whole).any(axis=1)
         return FilterResult(ok, (self.REASON,), passes_all=bool(ok.all()))
+
+    def _whole_gpus(self, state: ClusterState, r) -> tuple[np.ndarray, np.ndarray, int]:
+        """(usable [nodes, G], whole free usable GPUs per node, usable GPUs in all) for the pod's GPU models.
+
+        The per-node counts are kept between cycles and taken again only for nodes whose version moved (one or
+        two per cycle), not over every GPU of the cluster; per state object (copies share versions) and epoch."""
+        key = (state.token, state.epoch, r.gpu_models_allow, r.gpu_models_deny)
+        c = self._whole.get(key)
+        if c is None or c[1].size != len(state):
+            mm = model_mask(state, r)
+            usable = state.gpu_usable if mm is None else state.gpu_usable & mm[state.gpu_model]
+            counts = (usable & (state.gpu_free_milli >= GPU_MILLI)).sum(axis=1)
+            c = self._whole[key] = (usable, counts, state.version.copy(), int(usable.sum()))
+            while len(self._whole) > 8:
+                self._whole.pop(next(iter(self._whole)))
+        usable, counts, vers, usable_n = c
+        stale = np.flatnonzero(vers != state.version)
+        if stale.size:
+            counts[stale] = (usable[stale] & (state.gpu_free_milli[stale] >= GPU_MILLI)).sum(axis=1)
+            vers[stale] = state.version[stale]
+        return usable, counts, usable_n
 
     def cpu_spare(self, state: ClusterState) -> bool:
         """GPUs bind first, with CPU to spare for the whole GPUs the reserve keeps.
