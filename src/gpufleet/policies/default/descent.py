@@ -146,7 +146,7 @@ class DescentScore(FragDescent):
                 stranded = np.maximum(stranded, total - np.maximum(mem, 0) * (g_milli / m_mib))
             out += a.strand_weight * stranded
         if a.sliver_weight:
-            out += a.sliver_weight * self._sliver_table()[np.clip(gpu, 0, GPU_MILLI)].sum(axis=-1)
+            out += a.sliver_weight * self._sliver_table()[np.minimum(np.maximum(gpu, 0), GPU_MILLI)].sum(axis=-1)  # np.clip, without its overhead
         return out
 
     def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
@@ -211,7 +211,7 @@ class DescentScore(FragDescent):
             if term is not None:
                 out = out + term
         if self.args.share_fit:
-            out = out - self.args.share_fit * np.clip(left - milli, 0, GPU_MILLI) / GPU_MILLI
+            out = out - self.args.share_fit * np.minimum(np.maximum(left - milli, 0), GPU_MILLI) / GPU_MILLI
         return out
 
     # --- where the whole-GPU reserve keeps a node's whole GPUs ---------------------------------------

@@ -92,7 +92,7 @@ class SharePatterns:
         if ok is None:
             return None
         used = GPU_MILLI - left
-        load = np.clip(np.rint((used + milli) / PATTERN_STEP).astype(np.int64), 0, ok.size - 1)
+        load = np.minimum(np.maximum(np.rint((used + milli) / PATTERN_STEP).astype(np.int64), 0), ok.size - 1)  # np.clip, without its overhead
         return np.where(used > 0, np.where(ok[load], self.args.pattern_weight, -self.args.pattern_penalty), 0.0)
 
 
