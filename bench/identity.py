@@ -30,6 +30,7 @@ import contextlib
 import hashlib
 import io
 import json
+import re
 import sys
 import tempfile
 import time
@@ -56,7 +57,10 @@ SCENARIOS: dict[str, list[str] | str] = {
     "engine": "engine",
 }
 # keys whose values are timings (differ from run to run)
-_TIMING = {"wall_s", "decision_ms_p50", "decision_ms_p99", "solve_s", "solve_s_max", "jobs", "generated"}
+_TIMING = {"wall_s", "wall_s_mean", "decision_ms_p50", "decision_ms_p99", "solve_s", "solve_s_max", "jobs", "generated",
+           "provenance"}
+_PATHS = {"pods", "nodes"}  # trace files: compared by name (two checkouts have two paths)
+_SOLVE_TIME = re.compile(r", \d+ s\)")  # the bound's headline says how long the MIP took
 
 
 class Recorder:
@@ -149,11 +153,24 @@ class Recorder:
 
 
 def _clean(x: Any) -> Any:
+    """The output less what differs from run to run: timings, the commit and date, where the checkout is."""
     if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items() if k not in _TIMING}
+        return {k: Path(v).name if k in _PATHS and isinstance(v, str) else _clean(v) for k, v in x.items() if k not in _TIMING}
     if isinstance(x, list):
         return [_clean(v) for v in x]
+    if isinstance(x, str):
+        return _SOLVE_TIME.sub(", N s)", x)
     return x
+
+
+def _clean_table(text: str) -> str:
+    """The printed table less its timings: the "wall s" column and the MIP's solve time."""
+    lines = text.splitlines()
+    cut = next((ln.index("wall s") for ln in lines if "wall s" in ln and ln.startswith("policy")), None)
+    if cut is not None:  # the header and every row whose last field, under "wall s", is a number
+        lines = [ln[:cut].rstrip() if ln.startswith("policy") or ln[cut:].strip().replace(".", "").isdigit() else ln
+                 for ln in lines]
+    return _SOLVE_TIME.sub(", N s)", "\n".join(lines))
 
 
 def _simulate(argv: list[str]) -> dict:
@@ -168,7 +185,7 @@ def _simulate(argv: list[str]) -> dict:
             raise RuntimeError(f"gpufleet simulate {' '.join(argv)}: exit {rc}")
         data = json.loads(out.read_text())
     data.pop("provenance", None)
-    return {"json": _clean(data), "table": buf.getvalue()}
+    return {"json": _clean(data), "table": _clean_table(buf.getvalue())}
 
 
 def _gangs() -> dict:
@@ -273,7 +290,11 @@ def _diff(a: Any, b: Any, where: str, out: list[str]) -> None:
 
 
 def compare(before: str, after: str) -> int:
-    a, b = json.loads(Path(before).read_text()), json.loads(Path(after).read_text())
+    def load(path: str) -> dict:  # cleaned again: a recording made before a timing was known to differ
+        return {name: {**res, "json": _clean(res.get("json")), "table": _clean_table(res.get("table", ""))}
+                for name, res in json.loads(Path(path).read_text()).items()}
+
+    a, b = load(before), load(after)
     bad = 0
     for name in sorted(set(a) & set(b)):
         out: list[str] = []
