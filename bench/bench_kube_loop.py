@@ -20,17 +20,20 @@ import statistics
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import Gpu, Node, PodRequest
 from gpufleet.engine.state import ClusterState
-from tests.kube.fake_api import FakeApi
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
 from gpufleet.simulator.traces import trace
 from gpufleet.simulator.experiments.packing import prime_policy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: the fake API server lives in its tests
+from tests.kube.fake_api import FakeApi  # noqa: E402
 
 
 def node(i: int) -> dict:
@@ -58,6 +61,7 @@ def main() -> None:
     ap.add_argument("--engine-policies", default="default,fgd,bestfit")
     ap.add_argument("--rounds", type=int_range(1), default=3)
     ap.add_argument("--engine-only", action="store_true")
+    ap.add_argument("--figures", action="store_true", help="also print FIGURE lines (bench/side_by_side.py reads them)")
     args = ap.parse_args()
     for workers, latency_s in (() if args.engine_only else ((0, 0.0), (16, args.latency_ms / 1000))):
         api = FakeApi()
@@ -78,10 +82,10 @@ def main() -> None:
         mode = f"{workers} bind workers, {latency_s * 1000:.1f} ms per API call" if workers else "inline binds, no latency"
         print(f"loop: {len(api.binds)} of {args.pods} pods bound on {args.nodes} nodes in {dt:.2f} s = {len(api.binds) / dt:.0f} pods/s ({args.policy}; {mode})")
 
-    engine_bench(args.engine_nodes, [p for p in args.engine_policies.split(",") if p], args.rounds)
+    engine_bench(args.engine_nodes, [p for p in args.engine_policies.split(",") if p], args.rounds, args.figures)
 
 
-def engine_bench(n_nodes: int, policies: list[str], rounds: int) -> None:
+def engine_bench(n_nodes: int, policies: list[str], rounds: int, figures: bool = False) -> None:
     """Decisions/s of ``Scheduler.schedule`` at ``n_nodes`` nodes, policies alternating in one process.
 
     Two clusters: ``uniform`` (8 x A100 nodes, single-GPU and fractional pods:
@@ -97,23 +101,37 @@ def engine_bench(n_nodes: int, policies: list[str], rounds: int) -> None:
                     [PodRequest(name=f"e{i}", cpu_milli=2000, memory_mib=8192, gpu_count=1, gpu_milli=[1000, 250, 500][i % 3]) for i in range(4000)]),
         "trace": ([replace(tnodes[i % len(tnodes)], name=f"t{i}") for i in range(n_nodes)], tpods),
     }
+    for pol in policies:  # warm-up, not timed: imports, scipy, numpy's first calls
+        s = Scheduler(build_profile(pol), ClusterState(clusters["trace"][0][:200]), seed=0)
+        for r in tpods[:200]:
+            s.schedule(r)
     rates: dict[tuple[str, str], list[float]] = {}
+    cpu_rates: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
         for cname, (nodes, reqs) in clusters.items():
             for pol in policies:
                 s = Scheduler(build_profile(pol), ClusterState(nodes), seed=0)
                 prime_policy(s, reqs)  # the paper's FGD is given its target workload; default learns online
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for r in reqs:
                     s.schedule(r)
                 rates.setdefault((cname, pol), []).append(len(reqs) / (time.perf_counter() - t0))
-    print(f"engine at {n_nodes} nodes, 4,000 decisions per run, median of {rounds} round(s):")
+                cpu_rates.setdefault((cname, pol), []).append(len(reqs) / max(time.process_time() - c0, 1e-9))
+    print(f"engine at {n_nodes} nodes, 4,000 decisions per run, median of {rounds} round(s); per CPU second: "
+          f"this process's CPU time, which other processes on the cores do not take")
     for (cname, pol), v in rates.items():
-        print(f"  {cname:<8} {pol:<8} {statistics.median(v):7.0f} decisions/s  (runs: {', '.join(f'{x:.0f}' for x in v)})")
+        c = cpu_rates[(cname, pol)]
+        print(f"  {cname:<8} {pol:<8} {statistics.median(v):7.0f} decisions/s, {statistics.median(c):7.0f} per CPU second"
+              f"  (runs: {', '.join(f'{x:.0f}' for x in v)})")
+        if figures:
+            print(f"FIGURE {cname}-{pol}-dps {statistics.median(v):.1f}")
+            print(f"FIGURE {cname}-{pol}-cpu-dps {statistics.median(c):.1f}")
     snap = ClusterState(clusters["uniform"][0])
     arrays = sum(v.nbytes for v in vars(snap).values() if isinstance(v, np.ndarray))
     print(f"memory: the uniform cluster's snapshot arrays {arrays / 2**20:.1f} MiB; this process's peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (every cluster, policy and cache above)")
+    if figures:
+        print(f"FIGURE peak-rss-mib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
 
 if __name__ == "__main__":
     from gpufleet.cli.main import run_script

@@ -1,0 +1,95 @@
+"""Time one command in two checkouts side by side: alternating rounds, medians, new / old ratios.
+
+Why: the machines this project is measured on (2 shared cores) change speed by a factor of two and more from
+one minute to the next, so a time means something only beside another taken in the same minutes.  Each round
+runs the command once in each checkout (the order alternates), with ``PYTHONPATH=<checkout>/src`` and the
+checkout as working directory, and records the CPU seconds of the whole process tree (``RUSAGE_CHILDREN``:
+workers included; other processes on the cores do not count), the wall seconds, and every ``FIGURE name
+value`` line the command prints.  ``python -m timeit "sum(range(1000))"`` is printed before and after, as
+issue 39 asks for beside every time.
+
+    python bench/side_by_side.py /tmp/old /tmp/new --rounds 3 -- gpufleet simulate
+    python bench/side_by_side.py /tmp/old /tmp/new -- python bench/bench_kube_loop.py --engine-only \\
+        --engine-policies default --rounds 1 --figures
+
+(``git worktree add --detach /tmp/old <commit>`` makes a checkout of an older commit; the command runs with
+the ``python`` found first on PATH, so ``gpufleet`` and ``python -m gpufleet`` both work.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _timeit() -> str:
+    out = subprocess.run([sys.executable, "-m", "timeit", "sum(range(1000))"], capture_output=True, text=True)
+    return out.stdout.strip() or out.stderr.strip()
+
+
+def _run(checkout: Path, cmd: list[str]) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
+    if cmd[0] == "gpufleet":  # the checkout's code, not whatever is installed
+        cmd = [sys.executable, "-m", "gpufleet.cli.main", *cmd[1:]]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=checkout)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"{checkout}: {' '.join(cmd)} exited {p.returncode}: {tail}")
+    out = {"process_cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "process_wall_s": wall}
+    for name, val in re.findall(r"^FIGURE (\S+) (\S+)$", p.stdout, re.M):
+        out[name] = float(val)
+    return out
+
+
+def main() -> int:
+    from gpufleet.argtypes import int_range
+    from gpufleet.cli.main import Parser
+    from gpufleet.engine.errors import UsageError
+
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        raise UsageError("give the command after --, e.g. side_by_side.py OLD NEW -- gpufleet simulate")
+    cut = argv.index("--")
+    cmd = argv[cut + 1 :]
+    ap = Parser(prog="side_by_side.py", description=__doc__.split("\n")[0])
+    ap.add_argument("old", type=Path, help="checkout of the old commit")
+    ap.add_argument("new", type=Path, help="checkout of the new commit")
+    ap.add_argument("--rounds", type=int_range(1), default=3)
+    args = ap.parse_args(argv[:cut])
+    if not cmd:
+        raise UsageError("no command after --")
+    for c in (args.old, args.new):
+        if not (c / "src" / "gpufleet").is_dir():
+            raise UsageError(f"{c}: not a gpufleet checkout (no src/gpufleet)")
+    print("timeit before:", _timeit(), flush=True)
+    res: dict[Path, dict[str, list[float]]] = {args.old: {}, args.new: {}}
+    for i in range(args.rounds):
+        for c in (args.old, args.new) if i % 2 == 0 else (args.new, args.old):
+            for name, v in _run(c, cmd).items():
+                res[c].setdefault(name, []).append(v)
+    print("timeit after:", _timeit())
+    print(f"{'figure':<28} {'old':>10} {'new':>10} {'new/old':>8}   medians of {args.rounds} round(s); runs old | new")
+    for name, a in res[args.old].items():
+        b = res[args.new].get(name, [])
+        if not b:
+            continue
+        ma, mb = statistics.median(a), statistics.median(b)
+        ratio = f"{mb / ma:8.3f}" if ma else "       -"
+        print(f"{name:<28} {ma:10.3f} {mb:10.3f} {ratio}   {[round(x, 2) for x in a]} | {[round(x, 2) for x in b]}")
+    return 0
+
+
+if __name__ == "__main__":
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("side_by_side.py", main))
