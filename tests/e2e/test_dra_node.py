@@ -1,8 +1,11 @@
-"""DRA on a real node: kubelet + containerd (CDI) + the STOCK kube-scheduler, gpufleet's agent in --dra mode.
+"""DRA on a real node: kubelet + containerd (CDI) + gpufleet's agent in --dra mode, the claims allocated by gpufleet's
+scheduler or by the STOCK kube-scheduler (the same scenario, once each).
 
 The agent (fake A100 node with MIG, fake device nodes and a fake sysfs for PCIe roots) publishes its
-ResourceSlices; kube-scheduler allocates every claim from them (no gpufleet scheduler runs), kubelet calls the
-agent's kubelet plugin, containerd applies its CDI specs. Pods: one GPU; two GPUs under a matchAttribute
+ResourceSlices; one scheduler allocates every claim from them (``gpufleet``: gpufleet's scheduler writes the
+allocations and reservations, creates the claim of the extended-resource pod, binds; ``kube-scheduler``: no gpufleet
+scheduler runs, so the slices are shown to be standard), kubelet calls the agent's kubelet plugin, containerd applies
+its CDI specs. Pods: one GPU; two GPUs under a matchAttribute
 (pcieRoot) constraint; a MIG slice; two 20 GiB shares on one GPU by consumable capacity; one claim shared by two
 pods; `nvidia.com/gpu: 1` through the extended-resource DeviceClass; a claim no device meets.  The DeviceClasses are
 those `kubectl apply -k` installs for the release (deploy/dra, or deploy/overlays/dra-k8s-1.35 on 1.35).
@@ -14,9 +17,10 @@ Event per missing gate, and `nvidia.com/gpu: 1` stays Pending; everything else i
 Asserted for every Running pod: the container's NVIDIA_VISIBLE_DEVICES and /dev/nvidia* and kubelet's
 PodResources name exactly the devices of its claims' allocations (on kubelet < 1.37, which may list a claim shared by
 two pods twice, the same set: see KUBELET_DUPLICATES); then an agent restart and a kubelet restart
-lose nothing (pods keep running, slices come back, new claims are prepared, old ones unprepared); and a claim
+lose nothing (pods keep running, slices come back, new claims are prepared, old ones unprepared), and so does a
+restart of gpufleet's scheduler (its state rebuilt from the claims alone: the next pod gets a free device); and a claim
 allocated by hand to a device another pod holds is refused by the plugin (event naming both claims), its
-container never created.  The report goes to $E2E_LOGS/gpufleet-dra-e2e-report.txt.
+container never created.  The report goes to $E2E_LOGS/<scheduler>/gpufleet-dra-e2e-report.txt.
 """
 
 from __future__ import annotations
@@ -57,8 +61,11 @@ def bdf(g) -> str:
     return g.pci_bus_id.lower()[4:] if len(g.pci_bus_id) == 16 else g.pci_bus_id.lower()
 
 
-@pytest.fixture(scope="module")
-def dra_node():
+SCHEDULERS = ("gpufleet", "kube-scheduler")
+
+
+@pytest.fixture(params=SCHEDULERS)
+def dra_node(request):
     loc, why = e2e_env()
     if why:
         pytest.skip(why)
@@ -68,7 +75,8 @@ def dra_node():
         fcntl.flock(lock, fcntl.LOCK_EX)
     base = Path(tempfile.mkdtemp(prefix="gpufleet-dra-e2e-"))
     data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
-    node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
+    node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs") / request.param)
+    node.scheduler = request.param  # type: ignore[attr-defined]
     node.logs.mkdir(parents=True, exist_ok=True)
     if ALPHA_GATES and not full_dra(release_of(Path(loc["bin"]) / "kubelet")):  # 1.35 with what docs/dra.md says to turn on
         gates = ",".join(f"{g}=true" for g in ALPHA_GATES_135)
@@ -141,19 +149,26 @@ def template(name: str, request: dict, constraints: list | None = None) -> dict:
             "spec": {"spec": spec}}
 
 
-def pod(name: str, claims: list[dict] | None = None, limits: dict | None = None) -> dict:
+def start_scheduler(node: RealNode) -> None:
+    node.gpufleet("gpufleet-scheduler", ["scheduler", "--kubeconfig", str(node.kubeconfig), "--metrics-addr", "127.0.0.1:19251",
+                                         "--no-leader-elect"])
+
+
+def pod(name: str, claims: list[dict] | None = None, limits: dict | None = None, scheduler: str = "kube-scheduler") -> dict:
     c: dict = {"name": "c", "image": "local/busybox:1", "imagePullPolicy": "Never",
                "command": ["sh", "-c", "env; echo DEVS; ls /dev; sleep 3600"],
                "resources": {"limits": {"cpu": "10m", "memory": "16Mi", **(limits or {})},
                              "requests": {"cpu": "10m", "memory": "16Mi"}}}
     spec: dict = {"terminationGracePeriodSeconds": 1, "containers": [c]}
+    if scheduler == "gpufleet":
+        spec["schedulerName"] = "gpufleet"
     if claims:
         spec["resourceClaims"] = claims
         c["resources"]["claims"] = [{"name": cl["name"]} for cl in claims]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": spec}
 
 
-def workload(full: bool) -> list[dict]:
+def workload(full: bool, scheduler: str) -> list[dict]:
     gpu = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpufleet.io"}}
     share = {"name": "gpu", "exactly": {"deviceClassName": "gpu-share.gpufleet.io", "capacity": {"requests": {"memory": "20Gi", "gpuMilli": "300"}},
                                         "selectors": [{"cel": {"expression": "device.attributes['gpu.gpufleet.io'].index == 7"}}]}}
@@ -169,15 +184,15 @@ def workload(full: bool) -> list[dict]:
         {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "shared-gpu", "namespace": "default"},
          "spec": {"devices": {"requests": [gpu]}}},
     ]
-    pods = [pod("one", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]),
-            pod("pair", [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]),
-            pod("mig", [{"name": "mig", "resourceClaimTemplateName": "mig-1g"}]),
-            *([pod("share-a", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}]),
-               pod("share-b", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}])] if full else []),
-            pod("shared-1", [{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
-            pod("shared-2", [{"name": "gpu", "resourceClaimName": "shared-gpu"}]),
-            pod("extended", limits={"nvidia.com/gpu": "1"}),
-            pod("impossible", [{"name": "gpu", "resourceClaimTemplateName": "h100"}])]
+    pods = [pod("one", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}], scheduler=scheduler),
+            pod("pair", [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}], scheduler=scheduler),
+            pod("mig", [{"name": "mig", "resourceClaimTemplateName": "mig-1g"}], scheduler=scheduler),
+            *([pod("share-a", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}], scheduler=scheduler),
+               pod("share-b", [{"name": "gpu", "resourceClaimTemplateName": "share-20g"}], scheduler=scheduler)] if full else []),
+            pod("shared-1", [{"name": "gpu", "resourceClaimName": "shared-gpu"}], scheduler=scheduler),
+            pod("shared-2", [{"name": "gpu", "resourceClaimName": "shared-gpu"}], scheduler=scheduler),
+            pod("extended", limits={"nvidia.com/gpu": "1"}, scheduler=scheduler),
+            pod("impossible", [{"name": "gpu", "resourceClaimTemplateName": "h100"}], scheduler=scheduler)]
     return items + pods
 
 
@@ -303,12 +318,16 @@ def check_served(node: RealNode, full: bool, problems: list[str]) -> None:
         problems.append(f"Node Events DRAFeatureNotServed name {sorted(said())}, want both gates")
 
 
-def test_dra_with_the_stock_kube_scheduler(dra_node):
+def test_dra_claims_on_a_real_node(dra_node):
     node = dra_node
+    sched: str = node.scheduler  # type: ignore[attr-defined]
     timings: dict = node.timings  # type: ignore[attr-defined]
-    report: list[str] = []
+    KUBELET_DUPLICATES.clear()
+    report: list[str] = [f"claims allocated by {sched}"]
     problems: list[str] = []
     prepare_host(node)
+    if sched == "gpufleet":
+        start_scheduler(node)
     t = time.monotonic()
     start_agent(node)
     assert wait(lambda: len(device_uuids(node)) == 16, 60), f"slices: {slices(node)}"
@@ -325,7 +344,7 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     node.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
     report.append(f"DeviceClasses from {kdir.relative_to(REPO)}: {sorted(c['metadata']['name'] for c in classes)}")
     t = time.monotonic()
-    items = workload(full)
+    items = workload(full, sched)
     shares = ["share-a", "share-b"] if full else []
     first = [i for i in items if i["kind"] != "Pod" or i["metadata"]["name"] in shares]  # GPU 7 for the shares
     node.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
@@ -353,7 +372,7 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
         ext = node.get_json("pod", "extended")
         msgs = [e["message"] for e in node.get_json("events", "--field-selector", "involvedObject.name=extended")["items"]
                 if e.get("reason") == "FailedScheduling"]
-        if ext["status"].get("phase") != "Pending" or not any("Insufficient nvidia.com/gpu" in m for m in msgs):
+        if ext["status"].get("phase") != "Pending" or not any("nvidia.com/gpu" in m for m in msgs):
             problems.append(f"extended on 1.35: {ext['status'].get('phase')}, {msgs[-1:]} (want Pending, Insufficient nvidia.com/gpu)")
         report.append(f"extended (1.35): {msgs[-1][:200] if msgs else 'no FailedScheduling event'}")
     imp = node.get_json("pod", "impossible")
@@ -362,6 +381,11 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     ev = [e for e in node.get_json("events", "--field-selector", "involvedObject.name=impossible")["items"]
           if e.get("reason") == "FailedScheduling"]
     report.append(f"impossible: {ev[-1]['message'][:300] if ev else 'no FailedScheduling event'}")
+    for cn in claims_of(node, imp):
+        if (node.get_json("resourceclaim", cn).get("status") or {}).get("allocation"):
+            problems.append(f"impossible: its claim {cn} was allocated")
+    if sched == "gpufleet" and not any("request gpu" in e["message"] and "claim default/impossible-gpu-" in e["message"] for e in ev):
+        problems.append(f"impossible: no FailedScheduling event naming its claim and request: {[e['message'] for e in ev]}")
 
     # the agent restarts: nothing lost; a claim prepared before is unprepared after, a new one prepared
     node.stop("gpufleet-agent")
@@ -369,7 +393,7 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     start_agent(node)
     check_running(node, running, problems)
     unprepared(node, "one", problems, "the agent restart")
-    node.kubectl("create", "-f", "-", input=json.dumps(pod("after-agent", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])))
+    node.kubectl("create", "-f", "-", input=json.dumps(pod("after-agent", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}], scheduler=sched)))
     ok = wait(lambda: node.get_json("pod", "after-agent")["status"].get("phase") == "Running", 120, 1)
     timings["agent restart -> new claim's pod Running s"] = round(time.monotonic() - t, 1) if ok else None
     running = [n for n in running if n != "one"] + ["after-agent"]
@@ -388,11 +412,35 @@ def test_dra_with_the_stock_kube_scheduler(dra_node):
     check_running(node, running, problems)
     gone = "extended" if full else "mig"
     unprepared(node, gone, problems, "the kubelet restart")
-    node.kubectl("create", "-f", "-", input=json.dumps(pod("after-kubelet", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}])))
+    node.kubectl("create", "-f", "-", input=json.dumps(pod("after-kubelet", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}], scheduler=sched)))
     ok = wait(lambda: node.get_json("pod", "after-kubelet")["status"].get("phase") == "Running", 150, 1)
     timings["kubelet restart -> new claim's pod Running s"] = round(time.monotonic() - t, 1) if ok else None
     running = [n for n in running if n != gone] + ["after-kubelet"]
     check_running(node, running, problems)
+
+    freed: list[str] = []
+    if sched == "gpufleet":  # gpufleet's scheduler restarts: what it knows comes back from the claims alone
+        freed = held.get("pair") or []
+        unprepared(node, "pair", problems, "the kubelet restart")  # its two GPUs free, every other whole GPU held
+        running.remove("pair")
+        wait(lambda: not any(p["metadata"]["name"] == "pair" for p in node.pods()), 60, 1)
+        t = time.monotonic()
+        node.restart("gpufleet-scheduler")
+        node.kubectl("create", "-f", "-", input=json.dumps(pod("after-scheduler", [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                                                                scheduler=sched)))
+        ok = wait(lambda: node.get_json("pod", "after-scheduler")["status"].get("phase") == "Running", 120, 1)
+        timings["scheduler restart -> new claim's pod Running s"] = round(time.monotonic() - t, 1) if ok else None
+        running.append("after-scheduler")
+    held = check_running(node, running, problems)
+    owners: dict[str, set[str]] = {}
+    for n, devs in held.items():
+        for d in devs:
+            owners.setdefault(d, set()).add(n.removesuffix("-1").removesuffix("-2").removesuffix("-a").removesuffix("-b"))
+    if any(len(o) > 1 for o in owners.values()):  # only the shared claim's pods and the two shares share a device
+        problems.append(f"a device held by two pods that share no claim: {owners}")
+    if sched == "gpufleet" and not set(held.get("after-scheduler") or ["none"]) <= set(freed):
+        problems.append(f"after the scheduler restart the new pod got {held.get('after-scheduler')}, not a GPU freed before it ({freed})")
+    report.append("devices at the end: " + json.dumps(held))
 
     # coexistence: a claim allocated by another allocator to the GPU pod "after-agent" holds, for a pod bound here
     held_dev = [r["device"] for cn in claims_of(node, node.get_json("pod", "after-agent"))
