@@ -293,6 +293,15 @@ def kubelet_lists_twice(node: RealNode) -> bool:
     return release_of(Path(node.loc["bin"]) / "kubelet") < (1, 37)
 
 
+def settled(node: RealNode, names: list[str], timeout_s: float = 60) -> bool:
+    """Until ``check_running`` finds nothing wrong (or the time is up): the real check follows."""
+    def clean() -> bool:
+        trial: list[str] = []
+        check_running(node, names, trial)
+        return not trial
+    return wait(clean, timeout_s, 2)
+
+
 def unprepared(node: RealNode, name: str, problems: list[str], after: str) -> None:
     """Delete a pod; its claim must be unprepared by the plugin (CDI spec gone) and deallocated."""
     uids = [node.get_json("resourceclaim", cn)["metadata"]["uid"] for cn in claims_of(node, node.get_json("pod", name))]
@@ -378,8 +387,11 @@ def test_dra_claims_on_a_real_node(dra_node):
     imp = node.get_json("pod", "impossible")
     if imp["status"].get("phase") != "Pending" or imp["spec"].get("nodeName"):
         problems.append(f"impossible: {imp['status'].get('phase')} on {imp['spec'].get('nodeName')}")
-    ev = [e for e in node.get_json("events", "--field-selector", "involvedObject.name=impossible")["items"]
-          if e.get("reason") == "FailedScheduling"]
+    def failed() -> list[dict]:
+        return [e for e in node.get_json("events", "--field-selector", "involvedObject.name=impossible")["items"]
+                if e.get("reason") == "FailedScheduling"]
+    wait(lambda: any("claim default/impossible-gpu-" in e["message"] for e in failed()), 60, 1)  # once its claim exists
+    ev = failed()
     report.append(f"impossible: {ev[-1]['message'][:300] if ev else 'no FailedScheduling event'}")
     for cn in claims_of(node, imp):
         if (node.get_json("resourceclaim", cn).get("status") or {}).get("allocation"):
@@ -409,6 +421,7 @@ def test_dra_claims_on_a_real_node(dra_node):
     timings["kubelet restart -> slices republished s"] = round(time.monotonic() - t, 1) if ok else None
     if not ok:
         problems.append(f"slices after the kubelet restart: {[(s['metadata']['name'], s['spec']['pool']) for s in slices(node)]}")
+    settled(node, running)  # kubelet answers PodResources and pod logs again a few seconds after its restart
     check_running(node, running, problems)
     gone = "extended" if full else "mig"
     unprepared(node, gone, problems, "the kubelet restart")
