@@ -130,21 +130,6 @@ class ControlPlane:
         (d / "tokens.csv").write_text(f'{TOKEN},admin,admin-uid,"system:masters"\n')
         (d / "certs").mkdir()
         api_log = d / "apiserver.log"
-        api = subprocess.Popen(
-            [str(self.assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-             f"--secure-port={api_port}", "--bind-address=127.0.0.1", f"--cert-dir={d / 'certs'}",
-             f"--token-auth-file={d / 'tokens.csv'}", "--authorization-mode=RBAC",
-             f"--service-account-key-file={key}", f"--service-account-signing-key-file={key}",
-             "--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.0.0.0/24",
-             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--enable-priority-and-fairness=false",
-             "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000", "--event-ttl=10m",
-             "--allow-privileged=true", "--advertise-address=127.0.0.1",
-             # 1.3x refuses a loopback advertise address with the endpoint reconciler; nothing here needs the
-             # kubernetes Service endpoints
-             "--endpoint-reconciler-type=none", *self.extra_args],
-            stdout=open(api_log, "wb"), stderr=subprocess.STDOUT)
-        self.procs.append(api)
-        self.url = f"https://127.0.0.1:{api_port}"
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -153,7 +138,33 @@ class ControlPlane:
             req = urllib.request.Request(self.url + "/readyz", headers={"Authorization": f"Bearer {TOKEN}"})
             return urllib.request.urlopen(req, timeout=2, context=ctx).status == 200
 
-        _wait(ready, 90, "kube-apiserver", api, api_log)
+        # the free port can be taken between _free_port() and kube-apiserver's bind (another control plane, an
+        # outgoing connection's ephemeral port): then a new port, at most three tries
+        for attempt in range(3):
+            if attempt:
+                api_port = _free_port()
+            api = subprocess.Popen(
+                [str(self.assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                 f"--secure-port={api_port}", "--bind-address=127.0.0.1", f"--cert-dir={d / 'certs'}",
+                 f"--token-auth-file={d / 'tokens.csv'}", "--authorization-mode=RBAC",
+                 f"--service-account-key-file={key}", f"--service-account-signing-key-file={key}",
+                 "--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.0.0.0/24",
+                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--enable-priority-and-fairness=false",
+                 "--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000", "--event-ttl=10m",
+                 "--allow-privileged=true", "--advertise-address=127.0.0.1",
+                 # 1.3x refuses a loopback advertise address with the endpoint reconciler; nothing here needs the
+                 # kubernetes Service endpoints
+                 "--endpoint-reconciler-type=none", *self.extra_args],
+                stdout=open(api_log, "wb"), stderr=subprocess.STDOUT)
+            self.procs.append(api)
+            self.url = f"https://127.0.0.1:{api_port}"
+            try:
+                _wait(ready, 90, "kube-apiserver", api, api_log)
+                break
+            except RuntimeError:
+                if attempt == 2 or api.poll() is None or "address already in use" not in api_log.read_text():
+                    raise
+                self.procs.remove(api)
         self.kubeconfig.write_text(f"""apiVersion: v1
 kind: Config
 clusters:
