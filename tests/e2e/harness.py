@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from .conftest import e2e_env
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "k8s-e2e-node"
@@ -205,3 +213,27 @@ def wait(cond, timeout_s: float, every_s: float = 0.5) -> bool:
             pass
         time.sleep(every_s)
     return False
+
+
+def module_node(prefix: str) -> Iterator[RealNode]:
+    """A real node for one test module (the body of its module-scoped fixture): skips without the real-node tier's
+    environment; a SIGTERM (CI's timeout) still tears the node down; the logs stay under E2E_LOGS or a temp dir."""
+    loc, why = e2e_env()
+    if why:
+        pytest.skip(why)
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    n = RealNode(loc, base / "data", Path(os.environ.get("E2E_LOGS") or base / "logs"))
+    n.logs.mkdir(parents=True, exist_ok=True)
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        n.up()
+        yield n
+    finally:
+        (n.logs / "teardown.log").write_text(n.down())
+        signal.signal(signal.SIGTERM, old)
+        shutil.rmtree(base / "data", ignore_errors=True)
+

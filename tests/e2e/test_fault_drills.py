@@ -30,17 +30,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from .conftest import e2e_env
-from .harness import NODE, RealNode, _exe, wait
+from .harness import NODE, RealNode, module_node, _exe, wait
 
 PROFILE = "h100-nvlink"
 UUIDS = [f"GPU-h100-{i:02d}" for i in range(8)]
@@ -48,24 +45,7 @@ UUIDS = [f"GPU-h100-{i:02d}" for i in range(8)]
 
 @pytest.fixture(scope="module")
 def node():
-    loc, why = e2e_env()
-    if why:
-        pytest.skip(why)
-    base = Path(tempfile.mkdtemp(prefix="gpufleet-e2e-drills-"))
-    n = RealNode(loc, base / "data", Path(os.environ.get("E2E_LOGS") or base / "logs"))
-    n.logs.mkdir(parents=True, exist_ok=True)
-
-    def interrupted(*_):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        n.up()
-        yield n
-    finally:
-        (n.logs / "teardown.log").write_text(n.down())
-        signal.signal(signal.SIGTERM, old)
-        shutil.rmtree(base / "data", ignore_errors=True)
+    yield from module_node("gpufleet-e2e-drills-")
 
 
 def manifest(name: str, gpus: int = 1, milli: int | None = None, group: str | None = None, size: int = 0,

@@ -21,9 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,32 +28,14 @@ import pytest
 
 from tests.dra_release import release_of
 
-from .conftest import e2e_env
-from .harness import NODE, REPO, RealNode, wait
+from .harness import NODE, REPO, RealNode, module_node, wait
 
 PROFILE = "h100-nvlink"  # 8 GPUs GPU-h100-00 .. 07
 
 
 @pytest.fixture(scope="module")
 def node():
-    loc, why = e2e_env()
-    if why:
-        pytest.skip(why)
-    base = Path(tempfile.mkdtemp(prefix="gpufleet-e2e-sharing-"))
-    n = RealNode(loc, base / "data", Path(os.environ.get("E2E_LOGS") or base / "logs"))
-    n.logs.mkdir(parents=True, exist_ok=True)
-
-    def interrupted(*_):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        n.up()
-        yield n
-    finally:
-        (n.logs / "teardown.log").write_text(n.down())
-        signal.signal(signal.SIGTERM, old)
-        shutil.rmtree(base / "data", ignore_errors=True)
+    yield from module_node("gpufleet-e2e-sharing-")
 
 
 def fakedev(n: RealNode) -> Path:
