@@ -3,49 +3,37 @@ file (autoscaling_rules_test.yaml).  Skipped when promtool is not on PATH (Debia
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-HERE = Path(__file__).parent
-RULES = HERE.parents[2] / "deploy" / "autoscaling" / "prometheus-rules.yaml"
-PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not on PATH (Debian package prometheus)")
+from .conftest import needs_promtool, promtool
+
+RULES = Path(__file__).parents[3] / "deploy" / "autoscaling" / "prometheus-rules.yaml"
+UNIT_TESTS = "autoscaling_rules_test.yaml"
 
 
-@pytest.fixture
-def rules_dir(tmp_path):
-    doc = yaml.safe_load(RULES.read_text())
-    assert doc["kind"] == "PrometheusRule"
-    (tmp_path / "autoscaling.rules.yaml").write_text(yaml.safe_dump({"groups": doc["spec"]["groups"]}, sort_keys=False))
-    shutil.copy(HERE / "autoscaling_rules_test.yaml", tmp_path / "rules_test.yaml")
-    return tmp_path
-
-
-def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PROMTOOL), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
-
-
+@needs_promtool
 def test_promtool_check_rules(rules_dir):
     r = promtool("check", "rules", "autoscaling.rules.yaml", cwd=rules_dir)
     assert r.returncode == 0 and "SUCCESS" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+@needs_promtool
 def test_promtool_test_rules(rules_dir):
-    r = promtool("test", "rules", "rules_test.yaml", cwd=rules_dir)
+    r = promtool("test", "rules", UNIT_TESTS, cwd=rules_dir)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@needs_promtool
 @pytest.mark.parametrize("old, new", [("value: 70     # 35%", "value: 35     # 35%"), ("value: 60", "value: 55")])
 def test_a_broken_expectation_fails(rules_dir, old, new):
     """The unit tests can fail: the per-pod figure of the whole GPU (35), or the plain mean of the pods (55)."""
-    t = (rules_dir / "rules_test.yaml").read_text()
+    t = (rules_dir / UNIT_TESTS).read_text()
     assert old in t
-    (rules_dir / "rules_test.yaml").write_text(t.replace(old, new))
-    assert promtool("test", "rules", "rules_test.yaml", cwd=rules_dir).returncode != 0
+    (rules_dir / UNIT_TESTS).write_text(t.replace(old, new))
+    assert promtool("test", "rules", UNIT_TESTS, cwd=rules_dir).returncode != 0
 
 
 def test_own_group_apart_from_the_monitoring_rules():

@@ -7,37 +7,21 @@ checked against what the agent exports without promtool.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
-HERE = Path(__file__).parent
-RULES = HERE.parents[2] / "deploy" / "monitoring" / "cost-rules.yaml"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not on PATH (Debian package prometheus)")
+from .conftest import needs_promtool, promtool
 
-
-@pytest.fixture
-def rules_dir(tmp_path):
-    doc = yaml.safe_load(RULES.read_text())
-    assert doc["kind"] == "PrometheusRule"
-    (tmp_path / "cost.rules.yaml").write_text(yaml.safe_dump({"groups": doc["spec"]["groups"]}, sort_keys=False))
-    shutil.copy(HERE / "cost_rules_test.yaml", tmp_path / "cost_rules_test.yaml")
-    return tmp_path
-
-
-def _promtool(*args, cwd):
-    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+RULES = Path(__file__).parents[3] / "deploy" / "monitoring" / "cost-rules.yaml"
+UNIT_TESTS = "cost_rules_test.yaml"
 
 
 @needs_promtool
 def test_promtool_check_and_test_rules(rules_dir):
-    r = _promtool("check", "rules", "cost.rules.yaml", cwd=rules_dir)
+    r = promtool("check", "rules", "cost.rules.yaml", cwd=rules_dir)
     assert r.returncode == 0 and "SUCCESS" in r.stdout + r.stderr, r.stdout + r.stderr
-    r = _promtool("test", "rules", "cost_rules_test.yaml", cwd=rules_dir)
+    r = promtool("test", "rules", "cost_rules_test.yaml", cwd=rules_dir)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -45,7 +29,7 @@ def test_promtool_check_and_test_rules(rules_dir):
 def test_a_broken_expectation_fails(rules_dir):
     t = (rules_dir / "cost_rules_test.yaml").read_text().replace("value: 12\n", "value: 13\n")
     (rules_dir / "cost_rules_test.yaml").write_text(t)
-    assert _promtool("test", "rules", "cost_rules_test.yaml", cwd=rules_dir).returncode != 0
+    assert promtool("test", "rules", "cost_rules_test.yaml", cwd=rules_dir).returncode != 0
 
 
 def test_rules_read_only_what_the_agent_exports_and_their_own_records():
