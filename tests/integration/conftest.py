@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -289,11 +290,17 @@ def disruption_controller(control_plane):
     Kubernetes computes (currentHealthy, desiredHealthy, disruptionsAllowed) from the pods' Ready conditions,
     and the Eviction API enforces them as in a cluster.  Per module: the other modules' tests write budgets'
     status themselves or need none.  Skipped when the assets lack the binary."""
+    yield from kcm_controllers(control_plane, "disruption", "kcm.log")
+
+
+def kcm_controllers(control_plane: ControlPlane, controllers: str, log_name: str) -> Iterator[subprocess.Popen]:
+    """The body of a fixture that runs kube-controller-manager with only ``controllers`` (its --controllers) against
+    the control plane, logging to ``log_name`` in its dir; skipped when the assets lack the binary."""
     kcm = Path(ASSETS) / "kube-controller-manager"
     if not kcm.is_file():
         pytest.skip("KUBEBUILDER_ASSETS has no kube-controller-manager")
-    log = control_plane.dir / "kcm.log"
-    proc = subprocess.Popen([str(kcm), f"--kubeconfig={control_plane.kubeconfig}", "--controllers=disruption",
+    log = control_plane.dir / log_name
+    proc = subprocess.Popen([str(kcm), f"--kubeconfig={control_plane.kubeconfig}", f"--controllers={controllers}",
                              "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false"],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     time.sleep(1.0)

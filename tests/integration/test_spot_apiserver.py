@@ -8,15 +8,13 @@ timings of each step (notice to evicted, to the replacement bound; node deleted 
 
 from __future__ import annotations
 
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from .conftest import ASSETS
+from .conftest import kcm_controllers
 from .test_kube_scheduler import Sched, bound, events
 
 SPOT = {"karpenter.sh/capacity-type": "spot"}
@@ -35,25 +33,7 @@ def ns(core):
 
 @pytest.fixture(scope="module")
 def replicaset_controller(control_plane):
-    kcm = Path(ASSETS) / "kube-controller-manager"
-    if not kcm.is_file():
-        pytest.skip("KUBEBUILDER_ASSETS has no kube-controller-manager")
-    log = control_plane.dir / "kcm-rs.log"
-    proc = subprocess.Popen([str(kcm), f"--kubeconfig={control_plane.kubeconfig}", "--controllers=replicaset",
-                             "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials=false"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    time.sleep(1.0)
-    if proc.poll() is not None:
-        raise RuntimeError(f"kube-controller-manager exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    yield from kcm_controllers(control_plane, "replicaset", "kcm-rs.log")
 
 
 @pytest.fixture
