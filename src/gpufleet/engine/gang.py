@@ -86,15 +86,7 @@ class PodGroup:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any], created_s: float = 0.0) -> "PodGroup":
         """A ``gpufleet.io/v1alpha1`` PodGroup custom resource; ConfigError names object and field."""
-        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-        name = meta.get("name") if isinstance(meta, Mapping) else None
-        if not name or not isinstance(name, str):
-            raise ConfigError("PodGroup: field metadata.name is required")
-        ns = meta.get("namespace") or "default"  # type: ignore[union-attr]
-        where = f"PodGroup {ns}/{name}"
-        spec = obj.get("spec")
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: field spec: required object")
+        name, ns, where, spec = _group_object(obj, "")
         mm = spec.get("minMember")
         if not isinstance(mm, int) or isinstance(mm, bool) or mm < 1:
             raise ConfigError(f"{where}: field spec.minMember: must be an integer >= 1, got {mm!r}")
@@ -115,15 +107,7 @@ class PodGroup:
         """A ``scheduling.k8s.io/v1beta1`` PodGroup (what a Workload's podGroupTemplates become): the ``gang``
         policy's ``minCount`` is the gang's minimum, ``basic`` places its pods one by one; ``spec.priority`` is
         the group's priority (kube-scheduler's ``PodGroupPriority``).  ConfigError names object and field."""
-        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-        name = meta.get("name") if isinstance(meta, Mapping) else None
-        if not name or not isinstance(name, str):
-            raise ConfigError("PodGroup: field metadata.name is required")
-        ns = meta.get("namespace") or "default"  # type: ignore[union-attr]
-        where = f"PodGroup {ns}/{name} ({SCHEDULING_API})"
-        spec = obj.get("spec")
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: field spec: required object")
+        name, ns, where, spec = _group_object(obj, f" ({SCHEDULING_API})")
         pol = spec.get("schedulingPolicy")
         if not isinstance(pol, Mapping) or ("gang" in pol) == ("basic" in pol):
             raise ConfigError(f"{where}: field spec.schedulingPolicy: exactly one of basic or gang is required")
@@ -139,6 +123,21 @@ class PodGroup:
             raise ConfigError(f"{where}: field spec.priority: must be an integer, got {prio!r}")
         bad = next(((f"spec.{f}", why) for f, why in _UNSUPPORTED_GROUP_FIELDS.items() if spec.get(f)), None)
         return cls(name, ns, mc, None, DEFAULT_TIMEOUT_S, prio or 0, created_s, SCHEDULING_API, "gang" in pol, bad)
+
+
+def _group_object(obj: Mapping[str, Any], api: str) -> tuple[str, str, str, Mapping[str, Any]]:
+    """A PodGroup object's name, namespace, where (``PodGroup ns/name`` and ``api``, for messages) and spec;
+    ConfigError when metadata.name or spec is missing."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not name or not isinstance(name, str):
+        raise ConfigError("PodGroup: field metadata.name is required")
+    ns = meta.get("namespace") or "default"  # type: ignore[union-attr]
+    where = f"PodGroup {ns}/{name}{api}"
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: field spec: required object")
+    return name, ns, where, spec
 
 
 class PodGroupNotReady(GpufleetError):

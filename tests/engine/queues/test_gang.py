@@ -147,6 +147,20 @@ def test_pod_group_objects_and_annotations():
     assert groups["default/h"].min_member == 2 and "default/e" not in groups
 
 
+
+@pytest.mark.parametrize("parse,api", [(PodGroup.from_json, ""), (PodGroup.from_scheduling_json, " (scheduling.k8s.io/v1beta1)")])
+@pytest.mark.parametrize("obj,message", [
+    ({}, "PodGroup: field metadata.name is required"),
+    ({"metadata": {"name": ""}}, "PodGroup: field metadata.name is required"),
+    ({"metadata": {"name": 3}, "spec": {}}, "PodGroup: field metadata.name is required"),
+    ({"metadata": {"name": "x"}}, "PodGroup default/x{api}: field spec: required object"),
+    ({"metadata": {"name": "x", "namespace": "nlp"}, "spec": []}, "PodGroup nlp/x{api}: field spec: required object"),
+])
+def test_both_pod_group_kinds_name_a_missing_name_or_spec(parse, api, obj, message):
+    with pytest.raises(ConfigError) as exc:
+        parse(obj)
+    assert str(exc.value) == message.format(api=api)
+
 # --- the hold's life cycle (issue 17) ----------------------------------------------------------
 
 
