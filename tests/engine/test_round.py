@@ -178,3 +178,91 @@ def test_gang_round_live_waits_for_its_victims():
     out = rnd.gang_round(1.0)
     assert [r.ok for r in out] == [False]
     assert ("gang_waits", "default/job") in port.log and port.log[-1][0] == "evict_for_gang"
+
+
+# --- room kept for a nominated pod (kube-scheduler's nominatedNodeName) ----------------------------------
+
+def _nominated(gpus: int = 2, nodes: int = 1):
+    """``urgent`` (priority 10, all ``gpus`` GPUs) evicted ``low`` (priority 0) on n0, live: the victim is not gone yet."""
+    s, port, rnd = setup(nodes=nodes, gpus=gpus, gone_at_once=False)
+    assert rnd.try_pod(gpu_pod("low", gpus), 0.0, 0.0).ok
+    assert not rnd.try_pod(gpu_pod("urgent", gpus, priority=10), 1.0, 0.0).ok
+    assert rnd.nominations["default/urgent"].node == "n0"
+    assert rnd.nominations["default/urgent"].victims == {"default/low"}
+    return s, port, rnd
+
+
+def _victims_gone(s, rnd, *keys: str) -> None:
+    for k in keys:  # what the live loop does when the watch shows a victim deleted
+        s.forget(k)
+        rnd.forget(k)
+
+
+def test_room_made_for_a_nominated_pod_is_not_taken_by_a_pod_of_lower_or_equal_priority():
+    s, port, rnd = _nominated()
+    _victims_gone(s, rnd, "default/low")
+    for name, prio in (("late", 0), ("peer", 10)):
+        a = rnd.try_pod(gpu_pod(name, 1, priority=prio), 2.0, 0.0)
+        assert not a.ok and "NominatedRoom" in a.decision.rejected_by
+        assert "keep their room for a nominated pod" in str(a.decision.status.reasons)
+    assert rnd.try_pod(gpu_pod("urgent", 2, priority=10), 3.0, 0.0, nominated=True).ok
+    assert "default/urgent" not in rnd.nominations  # placed: nothing is kept any more
+
+
+def test_the_room_is_kept_while_the_victims_are_still_leaving_too():
+    s, port, rnd = _nominated(gpus=4)  # urgent needs all 4; low holds all 4 until it is gone
+    assert not rnd.try_pod(gpu_pod("late", 1), 2.0, 0.0).ok  # no room anyway (low still there)
+    _victims_gone(s, rnd, "default/low")
+    assert not rnd.try_pod(gpu_pod("late", 1), 2.0, 0.0).ok
+
+
+def test_a_higher_priority_pod_may_still_take_the_room():
+    s, port, rnd = _nominated()
+    _victims_gone(s, rnd, "default/low")
+    assert rnd.try_pod(gpu_pod("boss", 1, priority=20), 2.0, 0.0).ok
+
+
+def test_a_lower_priority_pod_goes_elsewhere_or_beside_the_nominated_pod_when_there_is_room():
+    s, port, rnd = setup(nodes=2, gone_at_once=False)
+    assert rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0).ok  # n0
+    assert rnd.try_pod(gpu_pod("other", 1, priority=10), 0.0, 0.0).ok  # n1, half free
+    assert not rnd.try_pod(gpu_pod("urgent", 2, priority=10), 1.0, 0.0).ok
+    _victims_gone(s, rnd, "default/low")
+    a = rnd.try_pod(gpu_pod("late", 1), 2.0, 0.0)
+    assert a.ok and a.decision.assignment.node == "n1"
+    assert not rnd.try_pod(gpu_pod("later", 1), 2.0, 0.0).ok  # n0 is urgent's
+    # room beyond what the nominated pod needs stays open
+    s2, port2, rnd2 = setup(gpus=4, gone_at_once=False)
+    assert rnd2.try_pod(gpu_pod("low", 2), 0.0, 0.0).ok and rnd2.try_pod(gpu_pod("other", 2), 0.0, 0.0).ok
+    assert not rnd2.try_pod(gpu_pod("urgent", 2, priority=10), 1.0, 0.0).ok
+    victims = rnd2.nominations["default/urgent"].victims
+    _victims_gone(s2, rnd2, *victims)
+    assert rnd2.try_pod(gpu_pod("small", 0), 2.0, 0.0).ok  # CPU only: leaves the GPUs to urgent
+
+
+def test_a_nomination_ends_when_its_pod_is_gone_or_its_room_is_taken_anyway():
+    s, port, rnd = _nominated()
+    _victims_gone(s, rnd, "default/low")
+    assert rnd.forget("default/urgent")  # the nominated pod was deleted: the loop wakes the waiting pods
+    assert rnd.try_pod(gpu_pod("late", 1), 2.0, 0.0).ok
+    s, port, rnd = _nominated()
+    _victims_gone(s, rnd, "default/low")
+    assert rnd.try_pod(gpu_pod("boss", 2, priority=20), 2.0, 0.0).ok  # took it all
+    assert not rnd.try_pod(gpu_pod("urgent", 2, priority=10), 3.0, 0.0, nominated=True).ok
+    assert "default/urgent" not in rnd.nominations  # its victims are gone and it does not fit: nothing kept
+
+
+def test_no_room_is_made_for_a_lower_priority_pod_in_room_kept_for_a_nominated_pod():
+    s, port, rnd = _nominated(gpus=4)  # low (priority 0) holds 4 GPUs; urgent (10) nominated for all 4
+    port.log.clear()
+    a = rnd.try_pod(gpu_pod("mid", 1, priority=5), 2.0, 0.0)  # could evict low, but that room is urgent's
+    assert not a.ok and a.room is None
+    assert ("planned", "default/mid", "none") in port.log and not any(e[0] == "evict" for e in port.log)
+
+
+def test_nothing_nominated_when_no_victim_was_deleted():
+    s, port, rnd = setup(gone_at_once=False)
+    port.evict = lambda a: None  # type: ignore[method-assign]  # every DELETE failed
+    assert rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0).ok
+    assert not rnd.try_pod(gpu_pod("urgent", 2, priority=10), 1.0, 0.0).ok
+    assert rnd.nominations == {}

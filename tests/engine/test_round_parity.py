@@ -162,20 +162,17 @@ def _replay(policy: str, pods: list[dict], arrival: list[float], run: list[float
 
     monkeypatch.setattr(replay_mod._Replay, "placed", spy_placed)
     monkeypatch.setattr(replay_mod._Replay, "remove_victims", spy_remove)
+    # rationing differs by design (the live loop caps planning time, which this small scenario never reaches; the
+    # replay plans again for a kind of pod only PLAN_INTERVAL_S after a failed plan): off here, both plan at every retry
+    monkeypatch.setattr(replay_mod, "PLAN_INTERVAL_S", 0.0)
     run_replay(nodes, wl, policy, seed=SEED, warmup=0.0, frag=False)
     return placed, evicted
 
 
-# seed 8: the live loop lets a lower-priority pod take room made for a preemptor before the preemptor binds
-STEAL = pytest.mark.xfail(strict=True, reason=(
-    "live: the room a preemption makes is not kept for the nominated pod: the victim's own new pod takes it back "
-    "before the preemptor is tried again (kube-scheduler counts nominated pods on their node); the replay places "
-    "the preemptor at once"))
-
-
+# seed 8: live, a preemptor's victim is deleted and created again before the preemptor is tried; the room
+# is kept for the nominated preemptor (engine.round's nominations), as the replay places it at once
 @pytest.mark.parametrize(("policy", "seed"), [("default", 1), ("default", 2), ("default", 3), ("bestfit", 2),
-                                              ("bestfit", 4), ("random", 6), ("packing", 13),
-                                              pytest.param("default", 8, marks=STEAL)])
+                                              ("bestfit", 4), ("random", 6), ("packing", 13), ("default", 8)])
 def test_live_loop_and_replay_make_the_same_decisions(policy, seed, monkeypatch):
     pods, arrival, run = _scenario(seed)
     live_placed, live_evicted = _live(policy, pods, arrival, run)

@@ -26,6 +26,10 @@ from .state import ClusterState
 from .status import Code, Diagnosis, Status
 
 MAX_NODE_SCORE = 100
+# a node whose room is kept for a pod nominated there (its victims are leaving), as kube-scheduler counts
+# nominated pods on their node for pods of lower or equal priority; ``engine.round`` sets ``Cycle.kept_off``
+NOMINATED_ROOM = "NominatedRoom"
+KEPT_OFF_REASON = "node(s) keep their room for a nominated pod of equal or higher priority"
 
 
 @dataclass
@@ -87,6 +91,8 @@ class Cycle:
     assignment: Assignment | None = None
     status: Status = field(default_factory=Status.success)
     only_nodes: np.ndarray | None = None  # bool mask: consider only these nodes (scheduler extender)
+    # bool mask: nodes whose room is kept for a nominated pod of at least this pod's priority (``engine.round``)
+    kept_off: np.ndarray | None = None
     waited_s: float = 0.0  # how long the pod has waited in the caller's queue (0: unknown or just arrived)
     take_held: bool = False  # room plugins hold for pods not yet here may be taken (the caller would evict otherwise)
     # the filters' rejections in order: (nodes newly rejected, index of the first reason, per-node codes or None);
@@ -269,6 +275,13 @@ class Scheduler:
             feasible &= cycle.only_nodes
             rejections.append((~cycle.only_nodes, 0, None))
             reasons.append("node(s) were not offered by kube-scheduler")
+        if cycle.kept_off is not None:
+            newly = feasible & cycle.kept_off
+            feasible &= ~cycle.kept_off
+            if newly.any():
+                rejections.append((newly, len(reasons), None))
+                reasons.append(KEPT_OFF_REASON)
+                rejected.append(NOMINATED_ROOM)
         for p in self.profile.filters:
             res = p.filter(cycle, self.state)
             if res.passes_all:
@@ -465,8 +478,10 @@ class Scheduler:
         if cycle.assignment is not None:
             self.state.unreserve(cycle.assignment.pod_key)
 
-    def _schedule(self, request: PodRequest, waited_s: float = 0.0, take_held: bool = False) -> tuple[Cycle, Decision]:
+    def _schedule(self, request: PodRequest, waited_s: float = 0.0, take_held: bool = False,
+                  kept_off: np.ndarray | None = None) -> tuple[Cycle, Decision]:
         cycle = self.new_cycle(request, waited_s, take_held)
+        cycle.kept_off = kept_off
         dec = self.decide(cycle)
         if dec.ok:
             st = self.reserve(cycle)
@@ -536,5 +551,5 @@ def feasible_reason_counts(cycle: Cycle) -> dict[str, int]:
 __all__: Sequence[str] = [
     "Binder", "BindError", "Code", "Cycle", "StateKey", "Decision", "FilterResult", "FilterPlugin", "GpuChoice",
     "GpuSelectPlugin", "PreFilterPlugin", "Profile", "ReservePlugin", "Scheduler", "ScorePlugin",
-    "EXTENSION_POINTS", "MAX_NODE_SCORE",
+    "EXTENSION_POINTS", "KEPT_OFF_REASON", "MAX_NODE_SCORE", "NOMINATED_ROOM",
 ]

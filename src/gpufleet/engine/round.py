@@ -21,6 +21,13 @@ the round tries the pod again straight away).  Further writes that must precede 
 claims allocated for the pod) belong on ``Attempt`` beside ``room``, carried out by the port's ``bind``
 before the Binding, so both shells get them.
 
+Room made for a pod is kept for it (kube-scheduler's ``nominatedNodeName``): once a plan's victims are
+being deleted, the pod is *nominated* to the plan's node, and until it binds (or is gone, or plans again) a
+pod of lower or equal priority is not placed where it would leave the nominated pod no room once the
+victims are gone; a pod of higher priority may still take it.  A shell whose victims leave at once (the
+replay) tries the pod again straight away, so the room is never open to anyone else there; the live loop
+tries it once the watch shows the victims gone, and other pods are tried meanwhile.
+
 Rationing is the port's: the live loop caps planning time (``kube.preemption.Preemptor``), the replay
 plans again only once something it could take came or a pod left (``simulator.experiments.replay``); both answer
 ``may_plan``.  That both shells decide alike is tested, not assumed: ``tests/engine/test_round_parity.py``.
@@ -36,12 +43,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .framework import Decision, Scheduler
+import numpy as np
+
+from .framework import Cycle, Decision, Scheduler
 from .gang import GangResult, GangScheduler
-from .model import PodRequest
+from .model import Assignment, PodRequest
 from .preemption import Plan, find_gang_victims
 from .schedqueue import COULD_FIT, RoomPlan, plan_room
 from .status import Status
@@ -94,6 +103,16 @@ class Attempt:
         return self.decision.ok
 
 
+@dataclass
+class Nomination:
+    """Room being made for a pod: ``victims`` (pod keys) are being deleted so that ``request`` fits on ``node``.
+    While it lasts, pods of lower or equal priority may not take the room (``SchedulingRound._schedule``)."""
+
+    request: PodRequest
+    node: str
+    victims: set[str] = field(default_factory=set)  # still to go (a shell says when one is gone: ``forget``)
+
+
 class Snapshot(Protocol):
     """Where the round finds the scheduler (with its cluster state) and the queue tree (None: no queues)."""
 
@@ -133,9 +152,10 @@ class RoomPort(Protocol):
         """Pods on their way out already: never chosen as victims again."""
         ...
 
-    def evict(self, attempt: Attempt) -> bool:
+    def evict(self, attempt: Attempt) -> bool | None:
         """Delete ``attempt.room``'s victims for the pod.  True when they are gone already (the pod is
-        tried again at once, with held room); False when it binds after they are gone (a later round)."""
+        tried again at once, with held room); False when it binds after they are gone (a later round: the
+        pod is nominated to ``attempt.room.node`` meanwhile); None when nothing was deleted (it plans again later)."""
         ...
 
     def evict_for_gang(self, room: RoomFor, plan: Plan) -> bool:
@@ -191,6 +211,7 @@ class SchedulingRound:
         self.preemption = preemption
         self.timer = timer  # measures planning time (the live loop rations it)
         self.gangs = GangScheduler(snapshot.sched)
+        self.nominations: dict[str, Nomination] = {}  # pod -> the room being made for it
 
     @property
     def sched(self) -> Scheduler:
@@ -208,6 +229,13 @@ class SchedulingRound:
             self.gangs.when = when
         return self.gangs
 
+    def forget(self, key: str) -> bool:
+        """A pod is gone (placed elsewhere and deleted, evicted, finished): it is no victim any more, and a
+        nomination of its own ends.  True when that ended a nomination (pods it kept out may fit now)."""
+        for nom in self.nominations.values():
+            nom.victims.discard(key)
+        return self.nominations.pop(key, None) is not None
+
     # --- single pods -----------------------------------------------------------------------
     def try_pod(self, req: PodRequest, now: float, waited_s: float, nominated: bool = False,
                 fits: bool | None = None, plan: bool = True) -> Attempt:
@@ -218,19 +246,109 @@ class SchedulingRound:
         ``plan`` False: make no room for it this time (the shell tried for its kind already)."""
         a = self._decide(req, now, waited_s, nominated, fits, plan)
         if a.ok:
-            self.port.bind(a)
+            self._bind(a)
             return a
         self.port.wait(a)
-        if a.room is not None and a.room.victims and self.rooms.evict(a):
-            again = Attempt(req, self._cycle(req, waited_s, True, None), made_room=True)  # victims gone: the room is its own
-            (self.port.bind if again.ok else self.port.wait)(again)
-            return again
+        nom = self.nominations.get(req.key)
+        if nom is not None and not nom.victims:
+            del self.nominations[req.key]  # its victims are gone and it still does not fit: the room was not enough
+        if a.room is not None and a.room.victims:
+            gone = self.rooms.evict(a)
+            if gone is None:
+                return a
+            if a.room.node is not None:
+                self.nominations[req.key] = Nomination(req, a.room.node, set() if gone else {v.pod_key for v in a.room.victims})
+            if gone:
+                again = Attempt(req, self._cycle(req, waited_s, True, None), made_room=True)  # victims gone: the room is its own
+                if again.ok:
+                    self._bind(again)
+                else:
+                    self.port.wait(again)
+                return again
         return a
+
+    def _bind(self, a: Attempt) -> None:
+        self.nominations.pop(a.request.key, None)
+        self.port.bind(a)
 
     def _cycle(self, req: PodRequest, waited_s: float, take_held: bool, fits: bool | None) -> Decision:
         if fits is False or (fits is None and not self.port.could_fit(req)):
             return Decision(req.key, NO_ROOM)
-        return self.sched.schedule(req, waited_s=waited_s, take_held=take_held)
+        return self._schedule(req, waited_s, take_held)
+
+    # --- room kept for nominated pods --------------------------------------------------------
+    def _holds(self, req: PodRequest) -> list[Nomination]:
+        """Nominations that keep their room from ``req``: other pods' of at least its priority."""
+        return [n for k, n in self.nominations.items() if k != req.key and n.request.priority >= req.priority]
+
+    def _schedule(self, req: PodRequest, waited_s: float, take_held: bool) -> Decision:
+        """The engine's cycle, kept off a node where the pod would leave a nominated pod of at least its priority
+        no room once that pod's victims are gone (tried again without that node; the generator is rewound so
+        that the retry draws what the first try drew)."""
+        sched = self.sched
+        holds = self._holds(req)
+        if not holds:
+            return sched.schedule(req, waited_s=waited_s, take_held=take_held)
+        kept_off: np.ndarray | None = None
+        rng_state = sched.rng.bit_generator.state
+        while True:
+            cycle, dec = sched._schedule(req, waited_s, take_held, kept_off)
+            a = dec.assignment
+            if not dec.ok or a is None or not any(self._displaced(n, a) for n in holds if n.node == a.node):
+                return dec
+            sched.unreserve(cycle)
+            if kept_off is None:
+                kept_off = np.zeros(len(sched.state), dtype=bool)
+            kept_off[sched.state.index[a.node]] = True
+            sched.rng.bit_generator.state = rng_state
+
+    def _fits_on(self, req: PodRequest, node: int) -> Decision:
+        """Would ``req`` fit on ``node`` now (a dry run that draws nothing from the scheduler's generator)?"""
+        sched = self.sched
+        c = Cycle(request=req, rng=np.random.default_rng(0), take_held=True)
+        mask = np.zeros(len(sched.state), dtype=bool)
+        mask[node] = True
+        c.only_nodes = mask
+        return sched.decide(c)
+
+    def _gone_on(self, tx: Any, nom: Nomination) -> None:
+        """In a dry run: the nominated pod's victims still on its node are gone."""
+        st = self.sched.state
+        for v in nom.victims:
+            if (va := st.assignments.get(v)) is not None and va.node == nom.node:
+                tx.evict(v)
+
+    def _displaced(self, nom: Nomination, placed: Assignment) -> bool:
+        """Would the nominated pod find no room on its node once its victims are gone, with ``placed`` there,
+        though it would without?  (A nomination that no longer fits there anyway holds nothing.)"""
+        st = self.sched.state
+        i = st.index[nom.node]
+        with st.transaction() as tx:  # rolls back
+            self._gone_on(tx, nom)
+            if self._fits_on(nom.request, i).ok:
+                return False
+            tx.evict(placed.pod_key)
+            return self._fits_on(nom.request, i).ok
+
+    def _kept_from(self, req: PodRequest, node: str, victims: list[Assignment]) -> Nomination | None:
+        """The nomination whose room ``req`` would take if placed on ``node`` after ``victims`` go, or None."""
+        st = self.sched.state
+        i = st.index.get(node)
+        holds = [n for n in self._holds(req) if n.node == node]
+        if i is None or not holds:
+            return None
+        for nom in holds:
+            with st.transaction() as tx:  # rolls back
+                for v in victims:
+                    tx.evict(v.pod_key)
+                self._gone_on(tx, nom)
+                d = self._fits_on(nom.request, i)
+                if not d.ok or d.assignment is None:
+                    continue  # it no longer fits there anyway: it holds nothing
+                tx.reserve(d.assignment)
+                if not self._fits_on(req, i).ok:
+                    return nom
+        return None
 
     def _decide(self, req: PodRequest, now: float, waited_s: float, nominated: bool, fits: bool | None,
                 plan: bool) -> Attempt:
@@ -265,7 +383,7 @@ class SchedulingRound:
             log.info("%s (priority %d) ends the hold of pod group %s (priority %d)", req.key, req.priority,
                      holder.group.key, holder.group.priority)
             gangs.release_hold("preempted")
-            return self.sched.schedule(req, waited_s=waited_s), ""
+            return self._schedule(req, waited_s, False), ""
         return dec, why
 
     def _plan(self, req: PodRequest, now: float) -> RoomPlan | None:
@@ -282,6 +400,13 @@ class SchedulingRound:
             plan = plan_room(self.sched, self.tree, req, self.rooms.victim_options, exclude=exclude)
         except Exception:  # a planning bug must not stop scheduling: the pod waits with no plan
             log.exception("making room for %s failed", req.key)
+        if plan is not None and plan.victims:
+            if plan.node is None and len(nodes := {v.node for v in plan.victims}) == 1:
+                plan.node = nodes.pop()  # reclaim on one node: the pod is nominated there too
+            if plan.node is not None and (nom := self._kept_from(req, plan.node, plan.victims)) is not None:
+                log.info("no room made for %s on %s: its room is kept for %s (priority %d, nominated there)",
+                         req.key, plan.node, nom.request.key, nom.request.priority)
+                plan = None
         outcome = "none" if plan is None or (plan.kind != "held" and not plan.victims) else \
             "held" if plan.kind == "held" else "victims"
         self.rooms.planned(room, now, self.timer() - t0, outcome)
@@ -362,4 +487,4 @@ class SchedulingRound:
         return plan is not None and self.rooms.evict_for_gang(room, plan)
 
 
-__all__ = ["Attempt", "NO_ROOM", "RoomFor", "RoomPort", "RoundPort", "SchedulingRound", "Snapshot"]
+__all__ = ["Attempt", "NO_ROOM", "Nomination", "RoomFor", "RoomPort", "RoundPort", "SchedulingRound", "Snapshot"]

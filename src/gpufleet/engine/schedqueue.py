@@ -32,6 +32,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .framework import NOMINATED_ROOM
 from .model import GPU_MILLI, Assignment, PodRequest
 from .preemption import find_victims
 
@@ -133,7 +134,7 @@ EVERYTHING = Change(anything=True)
 def requeue_hints(profile: Profile) -> dict[str, str]:
     """Plugin name -> what may lift its rejection (``ROOM``, ``PODS``, ``NODES``), from each plugin's
     ``requeue_on``; plugins that do not say are ``PODS`` (woken whenever a pod leaves)."""
-    out = {COULD_FIT: ROOM}
+    out = {COULD_FIT: ROOM, NOMINATED_ROOM: ROOM}  # room kept for a nominated pod: more room on its node may do
     plugins: list[Any] = [*profile.pre_filters, *profile.filters, *profile.reserves, profile.gpu_selector]
     for p in plugins:
         if p is not None:

@@ -200,9 +200,9 @@ class SchedulerLoop:
         self.queue.forget(key)
         self.preemptor.forget(key)
         self.evictions.forget(key)
-        freed = False
+        freed = self.round.forget(key)  # a nomination ended: the room it kept is open again
         if self.round.gangs.gangs:
-            freed = self.round.gangs.remove(key)  # a held member's room, or a whole hold, given back
+            freed = self.round.gangs.remove(key) or freed  # a held member's room, or a whole hold, given back
         freed = self.cache.forget_pod(key) or freed
         freed = self.binder.forget(key) or freed
         if freed:

@@ -6,7 +6,9 @@ PodDisruptionBudgets -- and this module carries the plans out: victims are delet
 Why a module of its own: making room is kube-scheduler's PostFilter, a step apart from the cycle
 that finds no node.  ``Preemptor`` is the round's ``RoomPort`` for the live loop and owns what that
 decides: the nominations (pod -> victims being deleted for it; the queue tries nominated pods first)
-and its planning debt (planning time is capped at ``PLAN_SHARE`` of the loop's).  It reads the
+and its planning debt (planning time is capped at ``PLAN_SHARE`` of the loop's).  The room itself is
+kept for the nominated pod by the round (``SchedulingRound.nominations``); this writes
+``status.nominatedNodeName`` as kube-scheduler does.  It reads the
 cache's snapshot (``ClusterView``) each time: a relist replaces it.
 """
 
@@ -98,16 +100,17 @@ class Preemptor:
         """Pods on their way out (evictions in flight, terminating): never chosen as victims again."""
         return self.evictions.leaving(self.cache.bound_pods)
 
-    def evict(self, attempt: Attempt) -> bool:
-        """Delete the plan's victims; the pod binds once the watch shows them gone (False: not yet)."""
+    def evict(self, attempt: Attempt) -> bool | None:
+        """Delete the plan's victims; the pod binds once the watch shows them gone (False: not yet; None:
+        nothing was deleted, it plans again at its next retry)."""
         key = attempt.request.key
         pod = self.queue.pending.get(key)
         if pod is not None and attempt.room is not None:
             try:
-                self.carry_out(key, pod, attempt.room)
+                return False if self.carry_out(key, pod, attempt.room) else None
             except Exception:  # an eviction bug must not stop the loop
                 log.exception("making room for %s failed", key)
-        return False
+        return None
 
     def evict_for_gang(self, room: RoomFor, plan: Plan) -> bool:
         """Delete a gang's victims and nominate every member until they are gone (False: not yet)."""
@@ -131,31 +134,33 @@ class Preemptor:
         there = [v for v in nom[0] if v in self.cache.state.assignments]
         return bool(there) and (now < nom[1] or bool(set(there) & self.leaving()))
 
-    def carry_out(self, key: str, pod: dict, rp: RoomPlan) -> None:
-        """Delete a plan's victims through the API and nominate the pod until they are gone."""
+    def carry_out(self, key: str, pod: dict, rp: RoomPlan) -> bool:
+        """Delete a plan's victims through the API and nominate the pod until they are gone.  False when
+        nothing happened (no victims, a victim not bound yet, every DELETE failed)."""
         if not rp.victims:
-            return
+            return False
         now = self.clock()
         reason, kind, lines, node = rp.reason, rp.kind, rp.explanation, rp.node or ""
         done = self._evict(rp.victims, reason, kind, key)
         if done is None:
-            return
+            return False
         evicted, gone = done
         if not evicted and not gone:
-            return  # nothing happened (every DELETE failed): plan again at the next retry
+            return False  # nothing happened (every DELETE failed): plan again at the next retry
         self.nominated[key] = (evicted | gone, now + self.nominated_timeout_s)
+        if node:  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE (the round keeps the room)
+            ns, name = key.split("/", 1)
+            try:
+                self.api.nominate(ns, name, node)
+            except Exception as exc:  # best effort: the round keeps the room whether or not the status says so
+                log.info("could not set nominatedNodeName on %s: %s", key, exc)
         if not evicted:
-            return  # the victims were gone already: their room frees without us
+            return True  # the victims were gone already: their room frees without us
         what = [ln for ln in (lines or []) if not names_any(ln, gone)]
         if gone:
             what.append(f"already gone: {', '.join(sorted(gone))}")
         self.events.send(pod, "Normal", "Preempting" if kind == "preempted" else "Reclaiming", "; ".join(what or [reason]))
-        if kind == "preempted":  # like kube-scheduler: `kubectl get pod -o wide` shows NOMINATED NODE
-            ns, name = key.split("/", 1)
-            try:
-                self.api.nominate(ns, name, node)
-            except Exception as exc:  # best effort: the loop keeps the room by trying the pod first
-                log.info("could not set nominatedNodeName on %s: %s", key, exc)
+        return True
 
     def _evict(self, victims: list[Assignment], reason: str, kind: str, for_: str) -> tuple[set[str], set[str]] | None:
         """(evicted, already gone), or None if a victim is not bound yet (see ``Evictions.evict``)."""
