@@ -505,3 +505,37 @@ def test_a_budget_with_match_expressions_protects_its_pods_from_preemption_and_r
     run(api, loop, clock)
     assert [k for k, _ in api.evicted] == ["team-a/a1", "team-a/a0"]
     assert {"team-a/a2", "team-a/a3"} <= set(bound(api))
+
+
+def test_room_a_preemption_made_is_kept_for_the_preemptor_while_its_victim_goes():
+    """In one pass: urgent evicts low; late, of lower priority, would fit in the half of the node already free
+    but the room is urgent's (kube-scheduler's nominatedNodeName); once low is gone urgent binds there."""
+    api = cluster(gpus_per_node=4)
+    clock = Clock()
+    loop = make(api, clock)
+    api.add_pod(pod("low", ns="ml", gpus=2))
+    run(api, loop, clock, rounds=1)
+    api.add_pod(pod("urgent", ns="ml", gpus=4, priority=100))
+    api.add_pod(pod("late", ns="ml", gpus=2))
+    sync(api, loop)
+    loop.schedule_due()  # urgent first: low evicted (the watch has not shown it gone yet); then late
+    assert [k for k, _ in api.evicted] == ["ml/low"] and bound(api) == []
+    assert api.pods["ml/urgent"]["status"]["nominatedNodeName"] == "n0"
+    assert any("nominated pod" in m for m in messages(api, "ml/late", "FailedScheduling"))
+    run(api, loop, clock, rounds=3)
+    assert bound(api) == ["ml/urgent"]
+
+
+def test_a_restarted_scheduler_keeps_the_room_of_a_pod_nominated_before():
+    """The nomination is read back from status.nominatedNodeName: peer (same priority, first in line) is kept off
+    the node whose room urgent's victims freed, though it would fit there."""
+    api = cluster(gpus_per_node=4)
+    clock = Clock()
+    api.add_pod(pod("peer", ns="ml", gpus=2, priority=100))
+    urgent = pod("urgent", ns="ml", gpus=4, priority=100)
+    urgent["status"]["nominatedNodeName"] = "n0"
+    api.add_pod(urgent)
+    loop = make(api, clock)
+    run(api, loop, clock, rounds=2)
+    assert bound(api) == ["ml/urgent"]
+    assert any("nominated pod" in m for m in messages(api, "ml/peer", "FailedScheduling"))

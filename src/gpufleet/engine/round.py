@@ -229,6 +229,10 @@ class SchedulingRound:
             self.gangs.when = when
         return self.gangs
 
+    def nominate(self, req: PodRequest, node: str, victims: AbstractSet[str] = frozenset()) -> None:
+        """Keep room on ``node`` for ``req`` (a shell that learns of a nomination made before, e.g. after a restart)."""
+        self.nominations[req.key] = Nomination(req, node, set(victims))
+
     def forget(self, key: str) -> bool:
         """A pod is gone (placed elsewhere and deleted, evicted, finished): it is no victim any more, and a
         nomination of its own ends.  True when that ended a nomination (pods it kept out may fit now)."""
@@ -257,7 +261,7 @@ class SchedulingRound:
             if gone is None:
                 return a
             if a.room.node is not None:
-                self.nominations[req.key] = Nomination(req, a.room.node, set() if gone else {v.pod_key for v in a.room.victims})
+                self.nominate(req, a.room.node, set() if gone else {v.pod_key for v in a.room.victims})
             if gone:
                 again = Attempt(req, self._cycle(req, waited_s, True, None), made_room=True)  # victims gone: the room is its own
                 if again.ok:

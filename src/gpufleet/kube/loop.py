@@ -319,17 +319,24 @@ class SchedulerLoop:
         return n
 
     def _learn_waiting(self) -> None:
-        """The pods that joined the queue are shown to the learning plugins before any is tried."""
+        """The pods that joined the queue are shown to the learning plugins before any is tried; one that
+        shows ``status.nominatedNodeName`` (a preemptor, seen again after a restart) has its room kept, as
+        kube-scheduler's nominator takes nominations from the pods it lists."""
         for k in self.queue.take_new():
             pod = self.queue.pending.get(k)
             if pod is None:
                 continue
             try:
-                self.cache.sched.observe(self.cache.request(k, pod))
+                req = self.cache.request(k, pod)
+                self.cache.sched.observe(req)
             except GpufleetError:
-                pass  # invalid: schedule_one reports it
+                continue  # invalid: schedule_one reports it
             except Exception:  # a learning bug must not stop the loop
                 log.exception("learning from pod %s failed", k)
+                continue
+            node = (pod.get("status") or {}).get("nominatedNodeName")
+            if node and node in self.cache.state.index and k not in self.round.nominations:
+                self.round.nominate(req, node)
 
     def _safe_gang_round(self, keys: list[str]) -> int:
         try:
