@@ -29,6 +29,16 @@ def _svg(fig) -> str:
     return s[s.find("<svg"):]
 
 
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str, legend_cols: int = 1) -> str:
+    """Every plot's labels, light grid and small legend, as SVG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=legend_cols)
+    return _svg(fig)
+
+
 def _mean_curve(runs: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
     arr = np.array([[np.nan if v is None else v for v in r[key]] for r in runs], dtype=float)
     with warnings.catch_warnings():  # bins no run reached are NaN: drawn as gaps
@@ -45,12 +55,7 @@ def curves_plot(by_policy: Mapping[str, list[Mapping[str, Any]]], key: str, ylab
         ax.plot(x, m, label=pol, color=c, lw=1.6)
         if len(runs) > 1:
             ax.fill_between(x, m - s, m + s, color=c, alpha=0.15, lw=0)
-    ax.set_xlabel("arrived GPU request (% of cluster GPU capacity)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    return _svg(fig)
+    return _finish(fig, ax, "arrived GPU request (% of cluster GPU capacity)", ylabel, title, legend_cols=2)
 
 
 def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, float], bound: float | None) -> str:
@@ -95,12 +100,7 @@ def time_plot(series: Mapping[str, Mapping[str, Sequence[float]]], key: str, yla
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
     for i, (pol, s) in enumerate(series.items()):
         ax.plot(np.array(s["t_h"]), np.array(s[key]), label=pol, color=PALETTE[i % len(PALETTE)], lw=1.2)
-    ax.set_xlabel("simulated time (hours)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _svg(fig)
+    return _finish(fig, ax, "simulated time (hours)", ylabel, title)
 
 
 def table_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], marked: Sequence[int] = ()) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .plots import PALETTE, _svg, table_html, time_plot, write_report
+from .plots import PALETTE, _finish, table_html, time_plot, write_report
 
 
 def load_curves(runs: Sequence[Mapping[str, Any]], key: str, ylabel: str, title: str, log: bool = False) -> str:
@@ -31,12 +31,7 @@ def load_curves(runs: Sequence[Mapping[str, Any]], key: str, ylabel: str, title:
                 label=pol + (f" ({wi})" if wi else ""))
     if log:
         ax.set_yscale("symlog", linthresh=1.0)
-    ax.set_xlabel("offered GPU load (fraction of cluster GPU capacity)")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
-    return _svg(fig)
+    return _finish(fig, ax, "offered GPU load (fraction of cluster GPU capacity)", ylabel, title, legend_cols=2)
 
 
 def search_plot(search: Mapping[str, Any]) -> str:
@@ -48,12 +43,7 @@ def search_plot(search: Mapping[str, Any]) -> str:
     if search.get("added") is not None:
         ax.axvline(search["added"], color=PALETTE[2], ls=":", lw=1.2, label=f"recommended: +{search['added']}")
     ax.set_yscale("symlog", linthresh=1.0)
-    ax.set_xlabel(f"{search['shape']} nodes added")
-    ax.set_ylabel("queueing delay (s)")
-    ax.set_title("Capacity search")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _svg(fig)
+    return _finish(fig, ax, f"{search['shape']} nodes added", "queueing delay (s)", "Capacity search")
 
 
 def write_replay_report(path: str, runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
