@@ -241,13 +241,18 @@ def claim_controller(control_plane):
 # --- shared by the integration test files ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def admin(control_plane):
+def api_client(kubeconfig: Path):
+    """A kubernetes ApiClient of its own (not the library's global default) for one control plane's kubeconfig."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
-    config.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=cfg)
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     return client.ApiClient(cfg)
+
+
+@pytest.fixture(scope="module")
+def admin(control_plane):
+    return api_client(control_plane.kubeconfig)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,7 +29,7 @@ import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from .conftest import ASSETS, HAVE_ASSETS, ControlPlane, assets_release
+from .conftest import ASSETS, HAVE_ASSETS, ControlPlane, _free_port, api_client, assets_release
 from .test_kube_scheduler import Sched
 
 KUBE = "kube-scheduler"  # the stock scheduler's profile name (pods say schedulerName: kube-scheduler)
@@ -57,12 +56,6 @@ def _release(binary: Path) -> tuple[int, int]:
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30).stdout
     m = re.search(r"v(\d+)\.(\d+)", out)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +106,7 @@ profiles:
 
 @pytest.fixture(scope="module")
 def api137(cp137):
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(cp137.kubeconfig), client_configuration=cfg)
-    return client.ApiClient(cfg)
+    return api_client(cp137.kubeconfig)
 
 
 @dataclass
