@@ -14,8 +14,11 @@ this machine's cores.
 
     KUBEBUILDER_ASSETS=/path/to/bin python bench/bench_kube_apiserver.py --nodes 1000 --pods 3000 [--rounds 2]
 
-``--scenario`` picks the pods (nodes always carry hostname and one of three zone labels):
-``gpu`` (default, above); ``preferred-anti``: CPU pods, replicas of 10 apps with
+``--scenario`` picks the pods, one workload or several separated by commas (each round runs every workload
+under both schedulers, which one goes first alternating from round to round; nodes always carry hostname and
+one of three zone labels):
+``gpu`` (default, above); ``one-gpu``: every pod one whole ``nvidia.com/gpu`` (the same request to both
+schedulers); ``preferred-anti``: CPU pods, replicas of 10 apps with
 preferred hostname anti-affinity among each app's replicas (weight 100);
 ``spread``: CPU pods, replicas of 10 apps spread over the 3 zones with maxSkew 1
 (DoNotSchedule); ``dra``: the nodes are DRA nodes (no ``nvidia.com/gpu``; each publishes a ResourceSlice of 8 A100
@@ -23,6 +26,21 @@ as ``gpufleet agent --dra`` does, the shipped DeviceClasses applied), every pod 
 ResourceClaimTemplate ``one-gpu``; kube-controller-manager's resourceclaim controller (from $KUBEBUILDER_ASSETS) makes
 the claims, and the schedulers start once every pod has its claim, so both time allocation, claim writes and binds.
 Afterwards the claims are checked: every bound pod's claim allocated and reserved for it, no device given twice.
+
+``--timing``: ``start`` (default) creates the pods first and times from the scheduler's process start until
+every pod is bound; ``created`` starts the scheduler first, waits until it says it is ready (``/readyz``; both
+have one), then creates the pods (16 threads) and times from the first pod's creation until every pod is
+bound (the creation's own time is printed beside it: a figure close to it means creation, not the scheduler,
+set the pace).  Both schedulers get the same client limits, ``--kube-api-qps`` / ``--kube-api-burst``
+(default 1,000 / 1,000: kube-scheduler's ``clientConnection``, gpufleet's flags of the same names); the
+apiserver's flags are the integration tier's (``tests/integration/conftest.ControlPlane``: priority and
+fairness off, 2,000 / 1,000 requests in flight).  kube-scheduler runs its stock profile (every default
+plugin), named ``gpufleet`` so it takes the same pods, leader election off.  Pods and nodes are created with
+plain JSON requests, and binds are counted from a JSON watch decoded as plain dicts, so the bench itself
+takes as little of the shared cores as it can.
+
+    KUBEBUILDER_ASSETS=... python bench/bench_kube_apiserver.py --scenario one-gpu,preferred-anti,spread \
+        --nodes 500 --pods 3000 --rounds 3 --timing created
 
     KUBEBUILDER_ASSETS=... python bench/bench_kube_apiserver.py --scenario dra --nodes 500 --pods 3000 --rounds 3
 """
@@ -174,29 +192,34 @@ def cpu_s(pid: int) -> float:
 
 
 class BindCounter:
-    """Counts pods in the namespace that have a node, from a watch (cheap for the apiserver, same for every scheduler)."""
+    """Counts pods in the namespace that have a node, from a watch decoded as plain JSON (cheap for the apiserver
+    and for this process; the same for every scheduler)."""
 
-    def __init__(self, core, namespace: str):
+    def __init__(self, api, namespace: str):
         import threading
-
-        from kubernetes import watch
 
         self.bound: set[str] = set()
         self.first_t: float | None = None
-        self._w = watch.Watch()
+        self.last_t: float | None = None
         self._stop = False
+        self.namespace = namespace
 
         def run() -> None:
-            rv = core.list_namespaced_pod(namespace, limit=1).metadata.resource_version
+            rv = api._request("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")["metadata"]["resourceVersion"]
             while not self._stop:
                 try:
-                    for ev in self._w.stream(core.list_namespaced_pod, namespace, resource_version=rv, timeout_seconds=60):
-                        o = ev["object"]
-                        rv = o.metadata.resource_version
-                        if o.spec.node_name and o.metadata.name not in self.bound:
+                    for type_, o in api.watch("pod", rv, 60):
+                        m = o.get("metadata") or {}
+                        rv = m.get("resourceVersion") or rv
+                        if type_ == "BOOKMARK" or m.get("namespace") != namespace:
+                            continue
+                        if (o.get("spec") or {}).get("nodeName") and m["name"] not in self.bound:
+                            self.last_t = time.perf_counter()
                             if self.first_t is None:
-                                self.first_t = time.perf_counter()
-                            self.bound.add(o.metadata.name)
+                                self.first_t = self.last_t
+                            self.bound.add(m["name"])
+                        if self._stop:
+                            return
                 except Exception:
                     time.sleep(0.2)
 
@@ -205,40 +228,68 @@ class BindCounter:
 
     def stop(self) -> None:
         self._stop = True
-        self._w.stop()
 
 
 KUBE_SCHEDULER_CONFIG = """apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
-clientConnection: {{kubeconfig: "{kubeconfig}", qps: 1000, burst: 1000}}
+clientConnection: {{kubeconfig: "{kubeconfig}", qps: {qps}, burst: {burst}}}
 leaderElection: {{leaderElect: false}}
 profiles:
 - schedulerName: gpufleet
 """
 
 
-def scheduler_cmd(which: str, args, kubeconfig: Path, d: Path) -> list[str]:
-    if which == "gpufleet":
-        prof = ["-m", "cProfile", "-o", args.profile] if args.profile else []
+def scheduler_cmd(which: str, args, kubeconfig: Path, d: Path, port: int) -> list[str]:
+    if which.startswith("gpufleet"):
+        prof = ["-m", "cProfile", "-o", args.profile] if args.profile and which == "gpufleet" else []
+        # an older checkout (--old-src) may not have the client limit flags: it runs without a limit
+        limits = [f"--kube-api-qps={args.kube_api_qps}", f"--kube-api-burst={args.kube_api_burst}"] if which == "gpufleet" else []
         return [sys.executable, *prof, "-m", "gpufleet.cli.main", "scheduler", "--kubeconfig", str(kubeconfig),
-                "--no-leader-elect", f"--metrics-addr=127.0.0.1:{_free_port()}", f"--policy={args.policy}",
-                f"--bind-workers={args.bind_workers}", "--log-level=WARNING"]
+                "--no-leader-elect", f"--metrics-addr=127.0.0.1:{port}", f"--policy={args.policy}",
+                f"--bind-workers={args.bind_workers}", *limits, "--log-level=WARNING"]
     # the stock kube-scheduler, its profile named like ours so it takes the same pods (the
     # fractional annotation means nothing to it: each pod takes one whole nvidia.com/gpu)
     cfg = d / "kube-scheduler.yaml"
-    cfg.write_text(KUBE_SCHEDULER_CONFIG.format(kubeconfig=kubeconfig))
-    return [args.kube_scheduler, f"--config={cfg}", f"--secure-port={_free_port()}", "--bind-address=127.0.0.1",
+    cfg.write_text(KUBE_SCHEDULER_CONFIG.format(kubeconfig=kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst))
+    return [args.kube_scheduler, f"--config={cfg}", f"--secure-port={port}", "--bind-address=127.0.0.1",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}", "-v=1"]
 
 
-def run_one(which: str, args, assets: str) -> dict | None:
+def scheduler_ready(which: str, port: int) -> bool:
+    """The scheduler's own /readyz: gpufleet's after its first list, kube-scheduler's once its informers synced."""
+    import ssl
+    import urllib.request
+
+    ours = which.startswith("gpufleet")
+    url = f"http://127.0.0.1:{port}/readyz" if ours else f"https://127.0.0.1:{port}/readyz"
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        return urllib.request.urlopen(url, timeout=2, context=None if ours else ctx).status == 200
+    except OSError:
+        return False
+
+
+def create_all(api, bodies: list[tuple[str, dict]], threads: int = 16) -> None:
+    """POST every (path, body) from ``threads`` threads, plain JSON through gpufleet's raw client."""
+    with ThreadPoolExecutor(threads) as ex:
+        for f in [ex.submit(api._request, "POST", path, body) for path, body in bodies]:
+            f.result()
+
+
+def run_one(which: str, scenario: str, args, assets: str) -> dict | None:
     from kubernetes import client, config
+
+    from gpufleet.kube.api import KubernetesApi
 
     d = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
     cp = ControlPlane(assets, d)
     proc = None
     counter = None
     claims = None
+    spy = None
+    tag = f"{which} {scenario}"
     try:
         cp.start()
         cfg = client.Configuration()
@@ -246,58 +297,94 @@ def run_one(which: str, args, assets: str) -> dict | None:
         cfg.connection_pool_maxsize = 32
         api_client = client.ApiClient(cfg)
         core: Any = client.CoreV1Api(api_client)  # plain JSON bodies, as the adapter sends them
-        core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
-        dra = args.scenario == "dra"
+        raw = KubernetesApi(str(cp.kubeconfig), pool_size=32)
+        raw._request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
+        dra = scenario == "dra"
         status = DRA_NODE_STATUS if dra else NODE_STATUS
         t0 = time.perf_counter()
+        create_all(raw, [("/api/v1/nodes", node_body(i)) for i in range(args.nodes)])
         with ThreadPoolExecutor(16) as ex:
-            def mk(i):
-                core.create_node(node_body(i), _preload_content=False)
-                core.patch_node_status(f"node-{i:05d}", status, _preload_content=False)
-            list(ex.map(mk, range(args.nodes)))
-            if dra:
-                dra_setup(api_client, args.nodes)
-                claims = ClaimController(assets, cp.kubeconfig, d)
-            t1 = time.perf_counter()
-            list(ex.map(lambda i: core.create_namespaced_pod("bench", pod_body(i, args.scenario), _preload_content=False), range(args.pods)))
-        t2 = time.perf_counter()
-        if dra:  # the controller makes every pod's claim before any scheduler starts
-            while sum(1 for p in core.list_namespaced_pod("bench").items if p.status.resource_claim_statuses) < args.pods:
-                if time.perf_counter() - t2 > args.timeout_s:
-                    print(f"[{which}] the resourceclaim controller did not make every claim in {args.timeout_s:.0f} s", file=sys.stderr)
-                    return None
-                time.sleep(1)
-        t3 = time.perf_counter()
-        print(f"[{which}] setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s"
-              + (f", their claims in {t3 - t2:.1f} s" if dra else ""))
-        counter = BindCounter(core, "bench")
+            list(ex.map(lambda i: raw._request("PATCH", f"/api/v1/nodes/node-{i:05d}/status", status,
+                                               content_type="application/merge-patch+json"), range(args.nodes)))
+        if dra:
+            dra_setup(api_client, args.nodes)
+            claims = ClaimController(assets, cp.kubeconfig, d)
+        t1 = time.perf_counter()
+        pods = [("/api/v1/namespaces/bench/pods", pod_body(i, scenario)) for i in range(args.pods)]
+        port = _free_port()
         log = open(d / "scheduler.log", "wb")
-        cpu0 = {proc_name(p): cpu_s(p.pid) for p in cp.procs}
-        start = time.perf_counter()
-        proc = subprocess.Popen(scheduler_cmd(which, args, cp.kubeconfig, d), stdout=log, stderr=subprocess.STDOUT)
+        cpu0: dict[str, float] = {}
+        created_s = None
+        counter = BindCounter(raw, "bench")
+
+        def launch() -> subprocess.Popen:
+            nonlocal spy
+            env = None
+            if which == "gpufleet-old":  # the same scheduler from another checkout, side by side
+                env = {**os.environ, "PYTHONPATH": str(Path(args.old_src) / "src")}
+            p = subprocess.Popen(scheduler_cmd(which, args, cp.kubeconfig, d, port), stdout=log, stderr=subprocess.STDOUT, env=env)
+            if args.py_spy and which == "gpufleet":
+                out = f"{args.py_spy}.{scenario}.{len(list(Path(args.py_spy).parent.glob(Path(args.py_spy).name + '.*')))}.txt"
+                spy = subprocess.Popen(["py-spy", "record", "--pid", str(p.pid), "--threads", "--gil", "--rate", "100",
+                                        "--format", "raw", "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return p
+
+        if args.timing == "start":
+            create_all(raw, pods)
+            t2 = time.perf_counter()
+            if dra:  # the controller makes every pod's claim before any scheduler starts
+                while sum(1 for p in core.list_namespaced_pod("bench").items if p.status.resource_claim_statuses) < args.pods:
+                    if time.perf_counter() - t2 > args.timeout_s:
+                        print(f"[{tag}] the resourceclaim controller did not make every claim in {args.timeout_s:.0f} s", file=sys.stderr)
+                        return None
+                    time.sleep(1)
+            print(f"[{tag}] setup: {args.nodes} nodes in {t1 - t0:.1f} s, {args.pods} pods in {t2 - t1:.1f} s"
+                  + (f", their claims in {time.perf_counter() - t2:.1f} s" if dra else ""))
+            cpu0 = {proc_name(p): cpu_s(p.pid) for p in cp.procs}
+            start = time.perf_counter()
+            proc = launch()
+        else:
+            print(f"[{tag}] setup: {args.nodes} nodes in {t1 - t0:.1f} s")
+            proc = launch()
+            while not scheduler_ready(which, port):
+                if proc.poll() is not None or time.perf_counter() - t1 > args.timeout_s:
+                    print(f"[{tag}] the scheduler did not get ready", file=sys.stderr)
+                    print((d / "scheduler.log").read_text()[-3000:])
+                    return None
+                time.sleep(0.1)
+            cpu0 = {proc_name(p): cpu_s(p.pid) for p in cp.procs}
+            cpu0[which] = cpu_s(proc.pid)
+            start = time.perf_counter()
+            create_all(raw, pods)
+            created_s = time.perf_counter() - start
         while time.perf_counter() - start < args.timeout_s and len(counter.bound) < args.pods:
             if proc.poll() is not None:
                 print((d / "scheduler.log").read_text()[-3000:])
                 return None
             time.sleep(0.05)
-        end = time.perf_counter()
         n = len(counter.bound)
+        end = counter.last_t if n >= args.pods and counter.last_t else time.perf_counter()
         cpu = {k: cpu_s(p.pid) - cpu0[k] for k, p in zip(cpu0, cp.procs)}
-        cpu[which] = cpu_s(proc.pid)
+        cpu[which] = cpu_s(proc.pid) - cpu0.get(which, 0.0)
         total = end - start
-        res = {"which": which, "bound": n, "total_s": total, "pods_per_s": n / total, "steady": None, "cpu": cpu}
-        print(f"[{which}] {n} of {args.pods} pods bound in {total:.2f} s from process start = {n / total:.0f} pods/s")
-        if counter.first_t:
+        res = {"which": which, "scenario": scenario, "bound": n, "total_s": total, "pods_per_s": n / total, "steady": None,
+               "cpu": cpu, "created_s": created_s}
+        since = "from process start" if args.timing == "start" else f"from the first pod's creation (creating them took {created_s:.2f} s)"
+        print(f"[{tag}] {n} of {args.pods} pods bound in {total:.2f} s {since} = {n / total:.0f} pods/s")
+        if counter.first_t and args.timing == "start":
             ft = counter.first_t
             res["steady"] = n / max(1e-9, end - ft)
-            print(f"[{which}] first bind after {ft - start:.2f} s (start-up, list of nodes and pods); {res['steady']:.0f} pods/s from then")
+            print(f"[{tag}] first bind after {ft - start:.2f} s (start-up, list of nodes and pods); {res['steady']:.0f} pods/s from then")
         if dra:
             res["quality"] = dra_quality(api_client)
-            print(f"[{which}] claims: {res['quality']}")
-        elif args.scenario != "gpu":
-            res["quality"] = placement_quality(core, args.scenario)
-            print(f"[{which}] placement: {res['quality']}")
-        print(f"[{which}] CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + f" (wall {total:.1f} s, {os.cpu_count()} cores)")
+            print(f"[{tag}] claims: {res['quality']}")
+        elif scenario not in ("gpu", "one-gpu"):
+            res["quality"] = placement_quality(core, scenario)
+            print(f"[{tag}] placement: {res['quality']}")
+        warn = [ln for ln in (d / "scheduler.log").read_text(errors="replace").splitlines() if "pool is full" in ln]
+        if warn:
+            print(f"[{tag}] {len(warn)} connection(s) opened beyond the client's pool (urllib3: pool is full)")
+        print(f"[{tag}] CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + f" (wall {total:.1f} s, {os.cpu_count()} cores)")
         return res if n >= args.pods else None
     finally:
         if counter is not None:
@@ -308,10 +395,27 @@ def run_one(which: str, args, assets: str) -> dict | None:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if spy is not None:
+            try:
+                spy.wait(20)
+            except subprocess.TimeoutExpired:
+                spy.kill()
         if claims is not None:
             claims.stop()
         cp.stop()
-        shutil.rmtree(d, ignore_errors=True)
+        if args.keep:
+            print(f"[{tag}] kept {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def timeit_us() -> float:
+    """``python -m timeit "sum(range(1000))"``'s figure (best of 5, microseconds): the machine's speed now."""
+    import timeit
+
+    t = timeit.Timer("sum(range(1000))")
+    n, _ = t.autorange()
+    return min(t.repeat(5, n)) / n * 1e6
 
 
 def main() -> int:
@@ -322,38 +426,68 @@ def main() -> int:
     ap.add_argument("--nodes", type=int_range(1), default=1000)
     ap.add_argument("--pods", type=int_range(1), default=3000)
     ap.add_argument("--policy", default="default")
-    ap.add_argument("--scenario", choices=("gpu", "preferred-anti", "spread", "dra"), default="gpu")
+    ap.add_argument("--scenario", default="gpu", help="gpu, one-gpu, preferred-anti, spread or dra; several separated by commas")
+    ap.add_argument("--timing", choices=("start", "created"), default="start",
+                    help="start: pods first, timed from the scheduler's start; created: scheduler ready first, timed "
+                         "from the first pod's creation")
     ap.add_argument("--bind-workers", type=int_range(1), default=16)
+    ap.add_argument("--kube-api-qps", type=int_range(1), default=1000, help="both schedulers' client QPS (default 1000)")
+    ap.add_argument("--kube-api-burst", type=int_range(1), default=1000, help="both schedulers' client burst (default 1000)")
     ap.add_argument("--timeout-s", type=float_range(0, lo_open=True), default=300)
     ap.add_argument("--profile", default="", help="write a cProfile of the gpufleet scheduler process here")
+    ap.add_argument("--py-spy", default="", metavar="PREFIX",
+                    help="sample the gpufleet scheduler with py-spy (every thread, samples of the thread holding the GIL: where its Python CPU goes) into PREFIX.<scenario>.<n>.txt")
+    ap.add_argument("--keep", action="store_true", help="keep each run's folder (logs of the apiserver and the scheduler)")
     ap.add_argument("--rounds", type=int_range(1), default=1, help="rounds; each runs every scheduler once, alternating")
+    ap.add_argument("--only", default="", help="run only these schedulers (gpufleet, gpufleet-old, kube-scheduler; commas)")
+    ap.add_argument("--old-src", default="", metavar="CHECKOUT",
+                    help="also run gpufleet from this checkout (its src/) as gpufleet-old, in the same rounds")
     ap.add_argument("--kube-scheduler", default="", help="stock kube-scheduler binary to compare with "
                     "(default: $KUBEBUILDER_ASSETS/kube-scheduler when present)")
     args = ap.parse_args()
+    scenarios = [x.strip() for x in args.scenario.split(",") if x.strip()]
+    bad = [x for x in scenarios if x not in ("gpu", "one-gpu", "preferred-anti", "spread", "dra")]
+    if bad or not scenarios:
+        print(f"bench_kube_apiserver.py: --scenario {args.scenario}: unknown workload {bad[0] if bad else '(none)'!r} "
+              "(gpu, one-gpu, preferred-anti, spread, dra)", file=sys.stderr)
+        return 2
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if not assets or not all((Path(assets) / b).is_file() for b in ("etcd", "kube-apiserver")):
         print("set KUBEBUILDER_ASSETS to a folder with etcd and kube-apiserver", file=sys.stderr)
         return 2
     if not args.kube_scheduler and (Path(assets) / "kube-scheduler").is_file():
         args.kube_scheduler = str(Path(assets) / "kube-scheduler")
-    which = ["gpufleet"] + (["kube-scheduler"] if args.kube_scheduler else [])
-    results: dict[str, list[dict]] = {w: [] for w in which}
+    which = ["gpufleet"] + (["gpufleet-old"] if args.old_src else []) + (["kube-scheduler"] if args.kube_scheduler else [])
+    if args.only:
+        which = [w for w in which if w in args.only.split(",")]
+    results: dict[tuple[str, str], list[dict]] = {(s, w): [] for s in scenarios for w in which}
     ok = True
-    for _ in range(args.rounds):
+    speeds = [timeit_us()]
+    print(f"timeit sum(range(1000)): {speeds[0]:.1f} us; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    for rnd in range(args.rounds):
+        for s in scenarios:
+            for w in (which if rnd % 2 == 0 else which[::-1]):
+                r = run_one(w, s, args, assets)
+                ok &= r is not None
+                if r:
+                    results[(s, w)].append(r)
+        speeds.append(timeit_us())
+        print(f"timeit sum(range(1000)): {speeds[-1]:.1f} us; load average {os.getloadavg()[0]:.1f}")
+    timing = "from process start" if args.timing == "start" else "from the first pod's creation"
+    print(f"summary ({args.nodes} nodes, {args.pods} pods, pods bound/s {timing}, median of {args.rounds} round(s); "
+          f"timeit {min(speeds):.1f}-{max(speeds):.1f} us):")
+    for s in scenarios:
         for w in which:
-            r = run_one(w, args, assets)
-            ok &= r is not None
-            if r:
-                results[w].append(r)
-    print(f"summary ({args.scenario}: {args.nodes} nodes, {args.pods} pods, median of {args.rounds} round(s)):")
-    for w, rs in results.items():
-        if rs:
-            print(f"  {w:<15} {statistics.median(r['pods_per_s'] for r in rs):6.0f} pods/s from process start, "
-                  f"{statistics.median(r['steady'] or 0 for r in rs):6.0f} steady")
-    if all(results[w] for w in which) and len(which) == 2:
-        a = statistics.median(r["pods_per_s"] for r in results["gpufleet"])
-        b = statistics.median(r["pods_per_s"] for r in results["kube-scheduler"])
-        print(f"  gpufleet / kube-scheduler = {a / b:.2f}x")
+            rs = results[(s, w)]
+            if rs:
+                rates = ", ".join(f"{r['pods_per_s']:.0f}" for r in rs)
+                print(f"  {s:<15} {w:<15} {statistics.median(r['pods_per_s'] for r in rs):6.0f} pods/s  (rounds: {rates}; "
+                      f"scheduler CPU s median {statistics.median(r['cpu'][w] for r in rs):.1f})")
+        for other in ("kube-scheduler", "gpufleet-old"):
+            if "gpufleet" in which and other in which and results[(s, "gpufleet")] and results[(s, other)]:
+                a = statistics.median(r["pods_per_s"] for r in results[(s, "gpufleet")])
+                b = statistics.median(r["pods_per_s"] for r in results[(s, other)])
+                print(f"  {s:<15} gpufleet / {other} = {a / b:.2f}x")
     return 0 if ok else 1
 
 

@@ -106,6 +106,7 @@ class SchedulerCache:
         self.scheduler_name = scheduler_name
         self.seed = seed
         self.policy_kinds: list[str] = list(policy_kinds or [])
+        self._native_groups = NATIVE_GROUPS in self.policy_kinds
         self.quota = quota
         self.objects = PolicyObjects()
         self.state = ClusterState()
@@ -243,9 +244,11 @@ class SchedulerCache:
         its ``spec.schedulingGroup`` names when that group is a gang gpufleet honours (None: a single pod)."""
         m = pod.get("metadata") or {}
         group = (m.get("annotations") or {}).get(ann.POD_GROUP)
-        if group is not None or NATIVE_GROUPS not in self.policy_kinds:
+        if group is not None or not self._native_groups:
             return group
         sg = (pod.get("spec") or {}).get("schedulingGroup")
+        if sg is None:  # most pods: asked for every due pod in every scheduling slice, so the quick answer first
+            return None
         name = sg.get("podGroupName") if isinstance(sg, Mapping) else None
         g = self.objects.groups.get(f"{m.get('namespace') or 'default'}/{name}") if isinstance(name, str) else None
         return name if g is not None and g.api == SCHEDULING_API and g.gang and g.unsupported is None else None

@@ -11,7 +11,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ..argtypes import host_port, int_range
+from ..argtypes import float_range, host_port, int_range
 
 log = logging.getLogger("gpufleet.scheduler")
 
@@ -41,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--identity", default=os.environ.get("POD_NAME", socket.gethostname()),
                    help="this replica's name in the Lease (default: $POD_NAME, else the host name)")
     p.add_argument("--bind-workers", type=int_range(1, 256), default=16, help="parallel Binding calls, 1-256 (default 16)")
+    p.add_argument("--kube-api-qps", type=float_range(0), default=0.0, metavar="QPS",
+                   help="calls per second to the API server, as kube-scheduler's clientConnection.qps (default 0: no "
+                        "limit; watches not counted)")
+    p.add_argument("--kube-api-burst", type=int_range(1, 100000), default=None, metavar="N",
+                   help="calls allowed at once above --kube-api-qps (default: the QPS figure)")
     p.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=True,
                    help="delete lower-priority or borrowed pods to make room (default on)")
     p.add_argument("--eviction-grace-period", type=int_range(0, 86400), default=None, metavar="S",
@@ -73,7 +78,7 @@ def load_profile(policy: str, config: str | None):
     return build_profile(policy)
 
 
-def start(args: argparse.Namespace, command: str, component: str, pool_size: int = 32):
+def start(args: argparse.Namespace, command: str, component: str, pool_size: int = 32, qps: float = 0.0, burst: int = 0):
     """Logging, the profile and the API client for a long-running command; (profile, api) or an exit code."""
     from ..engine.errors import ConfigError
     from .api import KubernetesApi
@@ -86,7 +91,7 @@ def start(args: argparse.Namespace, command: str, component: str, pool_size: int
         print(f"gpufleet {command}: bad configuration: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     # bad --kubeconfig/--context: UsageError (2); no cluster configured: RuntimeFailure (1); cli.main prints it
-    return profile, KubernetesApi(args.kubeconfig, args.context, component=component, pool_size=pool_size)
+    return profile, KubernetesApi(args.kubeconfig, args.context, component=component, pool_size=pool_size, qps=qps, burst=burst)
 
 
 class Metrics:
@@ -155,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     from .loop import SchedulerLoop
     from .runner import Runner
 
-    started = start(args, "scheduler", "gpufleet-scheduler", pool_size=max(10, args.bind_workers + 4))
+    started = start(args, "scheduler", "gpufleet-scheduler", pool_size=max(10, args.bind_workers + 4), qps=args.kube_api_qps,
+                    burst=args.kube_api_burst or 0)
     if isinstance(started, int):
         return started
     profile, api = started
