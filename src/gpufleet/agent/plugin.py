@@ -51,6 +51,7 @@ from ..engine.model import Assignment
 from .deviceplugin import api_pb2 as pb
 from .deviceplugin import api_pb2_grpc as pbg
 from .nvml import GpuInfo
+from .pause import pause
 
 log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
@@ -507,6 +508,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 uuids = list(dict.fromkeys(self.by_id[i].gpu_uuid for i in ids))
                 self.anonymous = (self.anonymous + [{"devices": ids, "uuids": uuids, "time_s": round(time.time(), 3)}])[-MAX_ANONYMOUS:]
             self._save_checkpoint()
+        pause("allocate", pa.pod_key if isinstance(pa, PodAssignment) else f"devices {ids} (no assignment)")
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
         indices = sorted({g.index for g in self.gpus.values() if g.uuid in uuids}
                          | {g.index for g in self.gpus.values() for m in g.mig if m.uuid in uuids})

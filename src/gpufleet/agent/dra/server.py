@@ -35,6 +35,7 @@ from . import dra_v1_pb2 as pb
 from . import dra_v1_pb2_grpc as pbg
 from . import pluginregistration_v1_pb2 as rpb
 from . import pluginregistration_v1_pb2_grpc as rpbg
+from ..pause import pause
 from .prepare import PrepareError, Preparer
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class DraService(pbg.DRAPluginServicer):
                                            cdi_device_ids=list(d.cdi_ids))
                     if d.share_id:
                         dev.share_id = d.share_id
+                pause("prepare", f"{c.namespace}/{c.name} ({c.uid})")
             except PrepareError as exc:
                 out.claims[c.uid].error = exc.message
             except Exception as exc:  # a bug or an I/O failure for one claim must not fail the others
