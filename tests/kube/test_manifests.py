@@ -75,6 +75,10 @@ def test_extender_manifest_and_kube_scheduler_config():
     assert load_config(yaml.safe_load(cm["data"]["config.yaml"]), registry())
     dep = next(x for x in d if x["kind"] == "Deployment")
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["template"]["spec"]["containers"][0]["args"][0] == "extender"
+    # one replica with Recreate (never two snapshots binding), replaced 30 s after its node is lost, not 300 s
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert {(t["key"], t["effect"], t["tolerationSeconds"]) for t in dep["spec"]["template"]["spec"]["tolerations"]} == {
+        ("node.kubernetes.io/unreachable", "NoExecute", 30), ("node.kubernetes.io/not-ready", "NoExecute", 30)}
     svc = next(x for x in d if x["kind"] == "Service")
     cfg = docs("extender/kube-scheduler-config.yaml")[0]
     assert cfg["kind"] == "KubeSchedulerConfiguration" and cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
