@@ -153,3 +153,19 @@ def test_a_second_lookup_serves_a_placed_pod_by_its_assignment(sockdir):
     p = DevicePlugin("nvidia.com/gpu", H100, sockdir, slots=10, pods=Flaky(GpuUse({}, {4: {"ml/placed"}})))
     r = p.allocate_one([dev(0)])  # kubelet's choice (GPU 0) while the first lookup failed
     assert r.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-h100-04" and r.envs["GPUFLEET_POD"] == "ml/placed"
+
+
+def test_preference_for_a_pod_without_assignment_skips_gpus_gpufleet_assigned(sockdir):
+    """kubelet sees every device of a GPU gpufleet assigned to a pod not admitted yet as free: the preference must not
+    offer it to another scheduler's pod, or the guard refuses that pod (both created together on the real node)."""
+    every = [dev(g, k) for g in range(8) for k in range(10)]
+    p = plugin(sockdir, GpuUse({dev(1, 0): "ml/running"}, {0: {"ml/placed"}, 1: {"ml/running"}}, ("ml/foreign", "u")))
+    assert p.prefer([d for d in every if d != dev(1, 0)], [], 1) == [dev(2)]
+    assert p.prefer(every, [], 2) == [dev(2), dev(3)]
+    # its own assignment is not another pod's promise; with too few GPUs left the guard decides (avail unchanged)
+    own = plugin(sockdir, GpuUse({}, {0: {"ml/foreign"}}, ("ml/foreign", "u")))
+    assert own.prefer(every, [], 1) == [dev(0)]
+    full = plugin(sockdir, GpuUse({}, {g: {f"ml/p{g}"} for g in range(7)}))
+    assert full.prefer(every, [], 2) == [dev(0), dev(1)]
+    # without the guard (time-slicing asked for) nothing is left out
+    assert plugin(sockdir, GpuUse({}, {0: {"ml/placed"}}), replicas=10, slots=10).prefer(every, [], 1) == [dev(0)]

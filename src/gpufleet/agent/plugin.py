@@ -368,7 +368,28 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 log.info("%s: %s's assigned devices are not all available to kubelet; topology preference instead", self.resource, pa.pod_key)
             except AssignmentMismatch as exc:
                 log.warning("%s: %s", self.resource, exc)
+        elif self.guard:
+            avail = self._not_promised(avail, size - len(chosen))
         return chosen + self.topology_pick(avail, size - len(chosen))
+
+    def _not_promised(self, avail: list[str], need: int) -> list[str]:
+        """For a pod without an assignment under the node guard: leave out the GPUs gpufleet assigned to pods kubelet
+        has not admitted yet.  kubelet sees all their devices free, so it would pick one, and the guard would then
+        refuse the pod (seen on the real node: gpufleet's pod and kube-scheduler's created together, kubelet
+        offered the second the GPU of the first).  When too few GPUs are left, ``avail`` unchanged (the guard
+        decides)."""
+        source = getattr(self.pods, "gpu_use", None)
+        try:
+            use = source(self.resource, need) if source is not None else None
+        except Exception as exc:  # noqa: BLE001 - a preference only: Allocate's guard asks again
+            log.warning("%s: cannot tell which GPUs gpufleet assigned: %s", self.resource, exc)
+            use = None
+        if use is None:
+            return avail
+        me = use.admitting[0] if use.admitting else ""
+        promised = {gi for gi, pods in use.by_gpu.items() if pods - {me}}
+        left = [a for a in avail if self.by_id[a].gpu_index not in promised]
+        return left if len({self.by_id[a].gpu_index for a in left}) >= need else avail
 
     def topology_pick(self, avail: list[str], need: int) -> list[str]:
         if need <= 0:
