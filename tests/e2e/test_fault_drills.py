@@ -12,9 +12,11 @@ A real node (Kubernetes 1.37.2: etcd, kube-apiserver, kube-scheduler, kube-contr
 controller, kubelet, containerd; 8 fake H100s) with gpufleet's agent (default configuration) and two scheduler replicas
 with leader election (as deploy/scheduler ships them).  A steady set of pods runs (whole GPUs and 250-milli shares)
 under a PodDisruptionBudget (matchExpressions) that allows no disruption.  Beside gpufleet's pods, each set holds a
-pod with the default scheduler name: kube-scheduler binds it, the agent's node guard admits it only on a GPU nobody
-uses, and the agent records the GPU kubelet gave it (docs/safety.md).  Each drill starts a burst of new pods, injects
-the fault while they are being placed and admitted, and then creates a probe pod (one whole GPU):
+pod created with the default scheduler name: deploy/admission (applied as `kubectl apply -k deploy` does) routes it
+to gpufleet, and the checks say so for each (on 1.35, which serves no MutatingAdmissionPolicy, kube-scheduler binds
+it and the node guard stands alone; two schedulers placing pods at once may then race for a GPU, and the guard
+refuses the loser: docs/safety.md).  Each drill starts a burst of new pods, injects the fault while they are being
+placed and admitted, and then creates a probe pod (one whole GPU):
 
 * none (the baseline: what the same burst and probe take without a fault);
 * kube-apiserver restart; etcd restart; kubelet restart;
@@ -56,6 +58,8 @@ import pytest
 import yaml
 
 from gpufleet.agent import pause as pause_points
+
+from tests.dra_release import release_of
 
 from .harness import KUBELET_ROOT, NODE, RealNode, _exe, module_node, wait
 
@@ -156,7 +160,8 @@ class Drills:
         self.takeover_s: float | None = None  # the last leader kill's take-over
         self.replace_refused = False  # the fault may make kubelet refuse a pod's admission: replace it
         self.refused: list[str] = []
-        self.foreign: set[str] = set()  # our pods with the default scheduler name
+        self.foreign: set[str] = set()  # our pods created with the default scheduler name
+        self.routing = False  # deploy/admission routes them to gpufleet (1.36+); else kube-scheduler binds them
 
     def create(self, items: list[dict]) -> None:
         for attempt in range(60):  # the apiserver may be restarting
@@ -229,6 +234,9 @@ class Drills:
                 why.append(f"{name} moved from {self.first[name]} to {key}")
             if a:
                 self.first.setdefault(name, key)
+            if name in self.foreign and self.routing and (p["spec"].get("schedulerName") != "gpufleet" or "gpufleet.io/routed-by"
+                                                          not in (p["metadata"].get("annotations") or {})):
+                why.append(f"{name}: created with the default scheduler name, not routed to gpufleet")
             if not a:
                 why.append(f"{name} runs without an assignment" + (" (the agent did not record kubelet's GPUs)"
                                                                      if name in self.foreign else ""))
@@ -403,6 +411,19 @@ def test_fault_drills(node):
         n.gpufleet(f"gpufleet-scheduler-{who}", sched(who))
     d = Drills(n)
     assert wait(lambda: d.leader() in port, 60), "no scheduler replica took the Lease"
+    # GPU pods with the default scheduler name are routed to gpufleet by deploy/admission, as `kubectl apply -k deploy`
+    # installs it (MutatingAdmissionPolicy: served from 1.36); the node guard stays on behind it
+    d.routing = release_of(Path(n.loc["bin"]) / "kube-apiserver") >= (1, 36)
+    if d.routing:
+        n.kubectl("apply", "-f", str(REPO / "deploy/admission/route-gpu-pods.yaml"))
+        probe = manifest("routing-probe", gpus=100, scheduler="default-scheduler")  # never fits: only its name matters
+
+        def routed() -> bool:
+            n.kubectl("delete", "pod", "routing-probe", "--ignore-not-found", "--grace-period=0", "--force", check=False)
+            n.kubectl("create", "-f", "-", input=json.dumps(probe))
+            return n.get_json("pod", "routing-probe")["spec"]["schedulerName"] == "gpufleet"
+        assert wait(routed, 60, 1.0), "the MutatingAdmissionPolicy never took effect"
+        n.kubectl("delete", "pod", "routing-probe", "--grace-period=0", "--force", check=False)
     # steady state: a whole GPU for gpufleet's pod and one for kube-scheduler's, 4 shares of 250 milli on one more,
     # under a budget that allows no disruption
     steady = [manifest("steady-w0", app="steady"), manifest("steady-d0", app="steady", scheduler="default-scheduler")] + [
@@ -624,6 +645,9 @@ def test_dra_prepare_drills(node):
         assert wait(lambda: running(steady), 180, 1), n.get_json("pods", "-n", "default")
         steady_devs = {s: v for s, v in claim_devices(n).items() if s in steady}
 
+        def registrations() -> int:
+            return (log.read_text() if log.exists() else "").count("kubelet registered DRA driver")
+
         def prepared_lines() -> dict[str, int]:
             text = log.read_text() if log.exists() else ""
             out: dict[str, int] = {}
@@ -636,15 +660,20 @@ def test_dra_prepare_drills(node):
             points.arm("prepare", 60)
             n.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim_pod(x) for x in names]}))
             who = points.paused("prepare", 90)
-            note = ""
+            t_end = time.monotonic()
             if who is None:
                 points.disarm("prepare")
                 note = "no NodePrepareResources reached the pause point within 90 s; "
             else:
+                registered = registrations()
                 kill9(n, "gpufleet-agent-dra")
                 n.gpufleet("gpufleet-agent-dra", agent)
-                note = f"killed while kubelet waited for the prepare of {who.split(' (')[0]}; "
-            t_end = time.monotonic()
+                t0 = time.monotonic()
+                back = wait(lambda registered=registered: registrations() > registered, 60, 0.1)
+                note = f"killed while kubelet waited for the prepare of {who.split(' (')[0]}; " + (
+                    f"the restarted agent registered with kubelet after {time.monotonic() - t0:.1f} s; " if back else
+                    "the restarted agent did not register within 60 s; ")
+                t_end = t0
             ok = wait(lambda names=names: running(names), 240, 0.5)
             recover = round(time.monotonic() - t_end, 1) if ok else None
             time.sleep(2)
