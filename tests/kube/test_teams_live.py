@@ -532,10 +532,22 @@ def test_a_restarted_scheduler_keeps_the_room_of_a_pod_nominated_before():
     api = cluster(gpus_per_node=4)
     clock = Clock()
     api.add_pod(pod("peer", ns="ml", gpus=2, priority=100))
-    urgent = pod("urgent", ns="ml", gpus=4, priority=100)
-    urgent["status"]["nominatedNodeName"] = "n0"
-    api.add_pod(urgent)
+    def urgent():
+        u = pod("urgent", ns="ml", gpus=4, priority=100)
+        u["status"]["nominatedNodeName"] = "n0"
+        return u
+    api.add_pod(urgent())
     loop = make(api, clock)
-    run(api, loop, clock, rounds=2)
-    assert bound(api) == ["ml/urgent"]
-    assert any("nominated pod" in m for m in messages(api, "ml/peer", "FailedScheduling"))
+    sync(api, loop)
+    loop.schedule_due()
+    assert bound(api) == ["ml/urgent"]  # tried first, as before the restart (peer, first in line otherwise, waits)
+    assert not any("nominated pod" in m for m in messages(api, "ml/peer", "FailedScheduling"))
+    # had peer been tried first (its backoff over, urgent's not), it would still have been kept off n0
+    api2 = cluster(gpus_per_node=4)
+    api2.add_pod(pod("peer", ns="ml", gpus=2, priority=100))
+    api2.add_pod(urgent())
+    loop2 = make(api2, clock)
+    sync(api2, loop2)
+    loop2._learn_waiting()
+    loop2.schedule_one(api2.pods["ml/peer"])
+    assert bound(api2) == [] and any("nominated pod" in m for m in messages(api2, "ml/peer", "FailedScheduling"))

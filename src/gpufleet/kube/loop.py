@@ -337,6 +337,7 @@ class SchedulerLoop:
             node = (pod.get("status") or {}).get("nominatedNodeName")
             if node and node in self.cache.state.index and k not in self.round.nominations:
                 self.round.nominate(req, node)
+                self.preemptor.nominated.setdefault(k, (set(), self.clock() + self.preemptor.nominated_timeout_s))  # tried first
 
     def _safe_gang_round(self, keys: list[str]) -> int:
         try:
