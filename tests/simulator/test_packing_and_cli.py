@@ -94,6 +94,35 @@ def test_cli_json_and_report(tiny, capsys):
     assert "unallocated GPU %" in capsys.readouterr().out
 
 
+def test_workers_give_what_one_process_gives(tiny, capsys):
+    """--jobs 2 (workers forked after the parent imported what they use; the curve plots drawn in them) prints
+    the same table and JSON as one process, and the report has every plot."""
+    import re
+
+    def run(jobs: str) -> tuple[str, dict, str]:
+        out, rep = tiny / f"out{jobs}.json", tiny / f"report{jobs}.html"
+        assert main(["simulate", "--nodes", str(tiny / "nodes.csv"), "--pods", str(tiny / "pods.csv"), "--policy", "fgd,bestfit",
+                     "--seeds", "1-2", "--jobs", jobs, "--json", str(out), "--report", str(rep), "--no-progress"]) == 0
+        doc = json.loads(out.read_text())
+        for r in doc["runs"]:
+            r.pop("wall_s"), r.pop("decision_ms_p50", None), r.pop("decision_ms_p99", None)
+        for s in doc["summary"].values():
+            s.pop("wall_s_mean")
+        doc["bound"].pop("solve_s_max"), doc["bound"].pop("headline")
+        for b in doc["bound"]["runs"]:
+            b.pop("solve_s")
+        doc.pop("params")
+        table = "\n".join(line[:line.rfind(" ")] for line in capsys.readouterr().out.splitlines())  # less "wall s"
+        return re.sub(r", \d+ s\)", "", table), doc, rep.read_text()
+
+    t1, d1, r1 = run("1")
+    t2, d2, r2 = run("2")
+    assert t1 == t2 and d1 == d2
+    assert r1.count("<svg") == r2.count("<svg") == 6
+    for title in ("Allocated GPUs vs arrived demand", "Fragmentation amount", "Fragmentation rate"):
+        assert title in r2
+
+
 @pytest.mark.parametrize("left_out,tail", [
     ({}, "(mip, solver gap <= 0.005 points, 2 s)"),
     ({"810 milli": [238.0, 1104.0]}, "; the best placement found leaves out 238 of the 1,104 810-milli pods"),

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +180,24 @@ def _bound_one(task: dict) -> dict:
     return offline_bound(nodes, tr.pods, seed=task["seed"], tune=task["tune"]).to_json()
 
 
+def _import_for_workers(experiment: str) -> None:
+    """Import here, once, what every worker imports for its first run (the engine's policies, the experiment, the
+    bounds' solver: about 0.5 CPU s a process): workers made by fork start with it, instead of each importing it."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=False) != "fork":
+        return  # spawned or forkserver workers import for themselves; importing here would only add to the parent
+    from ..policies import default, paper  # noqa: F401  what registry() imports
+
+    if experiment == "packing":
+        import scipy.optimize  # noqa: F401  the keep-first LP of every run, the MIP of the bound
+
+        from ..simulator.bounds import bound  # noqa: F401
+        from ..simulator.experiments import packing  # noqa: F401
+    elif experiment == "queues":
+        from ..simulator.experiments import queues  # noqa: F401
+
+
 # --- published figures ------------------------------------------------------------------
 
 
@@ -234,6 +253,11 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
+    with ExitStack() as stack:  # the worker pool, kept until the report is drawn (its workers draw some plots)
+        return _run(args, stack)
+
+
+def _run(args: argparse.Namespace, stack: ExitStack) -> int:
     nodes_path = args.nodes or str(tracemod.bundled(tracemod.DEFAULT_NODES))
     pods_path = args.pods or str(tracemod.bundled(tracemod.DEFAULT_PODS))
     policies = parse_policies(args.policy)
@@ -284,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
           f"{jobs} worker(s)", file=sys.stderr)
     runs: list[dict] = []
     bounds: list[dict] = []
+    pool: ProcessPoolExecutor | None = None
     from tqdm import tqdm
 
     bar = tqdm(total=len(tasks) + (len(args.seeds) if args.bound else 0), unit="run", disable=args.no_progress, file=sys.stderr)
@@ -298,23 +323,24 @@ def run(args: argparse.Namespace) -> int:
                     bounds.append(_bound_one(dict(tasks[0], seed=s)))
                     bar.update(1)
         else:
-            with ProcessPoolExecutor(max_workers=jobs) as ex:
-                # longest first (the bound's MIP, then the policies by their usual cost), so that no worker is left
-                # alone with a long run at the end while the other idles; the output is sorted below, unchanged
-                futs = {}
-                if args.bound and args.experiment == "packing":
-                    futs.update({ex.submit(_bound_one, dict(tasks[0], seed=s)): "bound" for s in args.seeds})
-                for t in sorted(tasks, key=lambda t: -_RUN_COST.get(t["policy"], 1.0)):
-                    futs[ex.submit(_run_one, t)] = "run"
-                try:
-                    for done, f in enumerate(as_completed(futs), 1):
-                        (runs if futs[f] == "run" else bounds).append(f.result())
-                        bar.update(1)
-                        if args.report and len(futs) - done == jobs - 1:  # a worker is idle from now: load the
-                            from ..simulator.report import packing as report_pages  # noqa: F401  report's plotting meanwhile
-                except BaseException:  # one run failed (or Ctrl-C): do not wait for the others
-                    ex.shutdown(wait=False, cancel_futures=True)
-                    raise
+            _import_for_workers(args.experiment)
+            ex = pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs))
+            # longest first (the bound's MIP, then the policies by their usual cost), so that no worker is left
+            # alone with a long run at the end while the other idles; the output is sorted below, unchanged
+            futs = {}
+            if args.bound and args.experiment == "packing":
+                futs.update({ex.submit(_bound_one, dict(tasks[0], seed=s)): "bound" for s in args.seeds})
+            for t in sorted(tasks, key=lambda t: -_RUN_COST.get(t["policy"], 1.0)):
+                futs[ex.submit(_run_one, t)] = "run"
+            try:
+                for done, f in enumerate(as_completed(futs), 1):
+                    (runs if futs[f] == "run" else bounds).append(f.result())
+                    bar.update(1)
+                    if args.report and len(futs) - done == jobs - 1:  # a worker is idle from now: load the
+                        from ..simulator.report import packing as report_pages  # noqa: F401  report's plotting meanwhile
+            except BaseException:  # one run failed (or Ctrl-C): do not wait for the others
+                ex.shutdown(wait=False, cancel_futures=True)
+                raise
     finally:
         bar.close()
     order = {p: i for i, p in enumerate(policies)}
@@ -380,7 +406,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             write_simulation_report(args.report, args.experiment, runs, summary, published, bound, params,
                                     provenance=prov, problems=problems,
-                                    bound_note=_headline(summary, bound, bound_info) if bound is not None else "")
+                                    bound_note=_headline(summary, bound, bound_info) if bound is not None else "",
+                                    submit=pool.submit if pool is not None else None)
         print(f"wrote {args.report}", file=sys.stderr)
     return 0
 
