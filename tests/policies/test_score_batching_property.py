@@ -161,3 +161,27 @@ def test_state_ids_follow_every_change_and_keep_copies_apart():
     assert (state_ids(state, at) == idle).all()  # back where it was
     c = state_ids(copy, at)
     assert c[0] == c[1] == used[1] and c[2] == idle[2]
+
+
+def _take_packed_reference(left: np.ndarray, milli: int, count: int) -> np.ndarray:
+    """``NodeResource.Sub`` as the simulator writes it: a stable sort, the first ``count`` GPUs that hold ``milli``."""
+    out = left.copy()
+    order = np.argsort(out, axis=1, kind="stable")
+    srt = np.take_along_axis(out, order, axis=1)
+    ok = srt >= milli
+    take = ok & (np.cumsum(ok, axis=1) <= count)
+    np.put_along_axis(out, order, srt - take * milli, axis=1)
+    return out
+
+
+@SETTINGS
+@given(rows=st.lists(st.lists(st.sampled_from([0, 100, 250, 300, 500, 700, 1000]), min_size=8, max_size=8), min_size=1, max_size=12),
+       milli=st.sampled_from([100, 250, 500, 1000]), count=st.integers(1, 8))
+def test_take_packed_takes_the_least_sufficient_gpus_first(rows, milli, count):
+    """The one-GPU shortcut and the indexed form take exactly the GPUs the stable sort takes (ties: the first)."""
+    from gpufleet.policies.paper._common import take_packed
+
+    left = np.array(rows, dtype=np.int64)
+    assert np.array_equal(take_packed(left, milli, count), _take_packed_reference(left, milli, count))
+    assert np.array_equal(take_packed(left, milli, 1), _take_packed_reference(left, milli, 1))
+    assert take_packed(np.zeros((3, 0), dtype=np.int64), milli, count).shape == (3, 0)

@@ -165,8 +165,10 @@ class DescentScore(FragDescent):
         q = self.args.quant_milli
         return np.floor(delta / q) if q > 0 else delta
 
-    def _descent(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after, gpu_after, mem_after) -> np.ndarray:
-        """Quantised measure decrease from node ``nodes[rows]`` as it is to the given after-states.
+    def _descent(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after, gpu_after, mem_after,
+                 view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Quantised measure decrease from node ``nodes[rows]`` as it is to the given after-states (``view``:
+        ``node_view`` of ``nodes`` where the caller has it).
 
         The stale before-states and all after-states go through ``_measure`` in
         one call: with one changed node per cycle, numpy's per-call cost is most
@@ -179,7 +181,7 @@ class DescentScore(FragDescent):
         self._q_rhos = self._rho_quantiles(state) if use_q else None
         vals, vers = self._before_cache(state)
         stale = np.flatnonzero(vers[nodes] != state.version[nodes])
-        cpu, left, model = node_view(state, nodes)
+        cpu, left, model = view if view is not None else node_view(state, nodes)
         mem = state.mem_free[nodes]
         m = self._measure(
             np.concatenate([cpu[stale], cpu_after]),
@@ -197,15 +199,18 @@ class DescentScore(FragDescent):
 
     def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
-        cpu, left, _ = node_view(state, nodes)
+        view = node_view(state, nodes)
+        cpu, left, _ = view
         mem = state.mem_free[nodes]
         new_left = take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
-        return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib)
+        return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib, view)
 
-    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-        out = super()._gpu_scores(cycle, state, nodes)
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray,
+                    view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        view = view if view is not None else node_view(state, nodes)
+        out = super()._gpu_scores(cycle, state, nodes, view)
         milli = cycle.request.gpu_milli
-        left = node_view(state, nodes)[1]
+        left = view[1]
         if self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight:
             term = self.patterns.term(self.model.version, self.model.share_sizes, milli, left)
             if term is not None:

@@ -12,14 +12,23 @@ MAX_SPEC_GPU_MILLI = 8_000
 
 
 def take_packed(left: np.ndarray, milli: int, count: int) -> np.ndarray:
-    """``NodeResource.Sub``: take ``count`` GPUs of ``milli``, least sufficient first."""
+    """``NodeResource.Sub``: take ``count`` GPUs of ``milli``, least sufficient first (the first such GPU on ties)."""
     out = left.copy()
-    order = np.argsort(out, axis=1, kind="stable")
-    srt = np.take_along_axis(out, order, axis=1)
+    if left.shape[1] == 0:
+        return out
+    if count == 1:  # one GPU: the least sufficient, the first of equals (what the stable sort below picks)
+        fit = left >= milli
+        big = np.iinfo(left.dtype).max if left.dtype.kind in "iu" else np.inf
+        j = np.argmin(np.where(fit, left, big), axis=1)
+        rows = np.flatnonzero(fit.any(axis=1))
+        out[rows, j[rows]] -= milli
+        return out
+    order = np.argsort(left, axis=1, kind="stable")
+    at = np.arange(left.shape[0])[:, None]
+    srt = left[at, order]
     ok = srt >= milli
     take = ok & (np.cumsum(ok, axis=1) <= count)
-    srt = srt - take * milli
-    np.put_along_axis(out, order, srt, axis=1)
+    out[at, order] = srt - take * milli
     return out
 
 

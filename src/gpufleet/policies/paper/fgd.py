@@ -205,7 +205,7 @@ class FragDescent:
         if nodes.size == 0:
             return self._gpu_scores(cycle, state, nodes) if what == "gpu" else self._node_scores(cycle, state, nodes)
         ids = state_ids(state, nodes).tolist()
-        version = (self.learner.version, state.epoch, id_generation(state), len(state.model_names), state.slots_limited)
+        version = (self.learner.version, state.epoch, _IDS[state.epoch]["gen"], len(state.model_names), state.slots_limited)  # state_ids just numbered this epoch (id_generation)
         m = self._memo
         if m is None or m[0] != version or m[2] > MEMO_MAX_STATES:
             m = self._memo = [version, {}, 0]
@@ -233,10 +233,11 @@ class FragDescent:
         after = frag_amount(cpu - r.cpu_milli, new_left, model, tw, acc)
         return _sigmoid_score(before - after)
 
-    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-        """[k, G] scores of placing a shared pod on each GPU (-inf where it does not fit)."""
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray,
+                    view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """[k, G] scores of placing a shared pod on each GPU (-inf where it does not fit); ``view``: ``node_view`` of ``nodes``."""
         r = cycle.request
-        cpu, left, _ = node_view(state, nodes)
+        cpu, left, model = view if view is not None else node_view(state, nodes)
         k, g = left.shape
         rows, cols = np.nonzero(eligible_gpus(state, r, nodes) & (left >= r.gpu_milli))
         out = np.full((k, g), -np.inf)
@@ -246,14 +247,17 @@ class FragDescent:
             new_left = left[ur].copy()
             new_left[np.arange(ur.size), uc] -= r.gpu_milli
             mem_after = state.mem_free[nodes[ur]] - r.memory_mib
-            out[rows, cols] = self._placement_scores(state, nodes, ur, cpu[ur] - r.cpu_milli, new_left, mem_after)[inv]
+            out[rows, cols] = self._placement_scores(state, nodes, ur, cpu[ur] - r.cpu_milli, new_left, mem_after,
+                                                     (cpu, left, model))[inv]
         return out
 
     def _placement_scores(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after: np.ndarray,
-                          gpu_after: np.ndarray, mem_after: np.ndarray) -> np.ndarray:
-        """Score of turning node ``nodes[rows]`` (as it is now) into each given after-state."""
+                          gpu_after: np.ndarray, mem_after: np.ndarray,
+                          view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Score of turning node ``nodes[rows]`` (as it is now) into each given after-state; ``view``: ``node_view`` of ``nodes``."""
         tw, acc = self._tw(state)
-        cpu, left, model = node_view(state, nodes[rows])
+        cpu, left, model = view if view is not None else node_view(state, nodes)
+        cpu, left, model = cpu[rows], left[rows], model[rows]
         return _sigmoid_score(frag_amount(cpu, left, model, tw, acc) - frag_amount(cpu_after, gpu_after, model, tw, acc))
 
     _UNFIT = 0.0  # score of a node where no GPU takes the share (the filters normally drop it)
