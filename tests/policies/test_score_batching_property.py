@@ -185,3 +185,17 @@ def test_take_packed_takes_the_least_sufficient_gpus_first(rows, milli, count):
     assert np.array_equal(take_packed(left, milli, count), _take_packed_reference(left, milli, count))
     assert np.array_equal(take_packed(left, milli, 1), _take_packed_reference(left, milli, 1))
     assert take_packed(np.zeros((3, 0), dtype=np.int64), milli, count).shape == (3, 0)
+
+
+@SETTINGS
+@given(rows=st.lists(st.lists(st.sampled_from([0, 100, 250, 300, 500, 700, 1000]), min_size=8, max_size=8), min_size=1, max_size=12),
+       milli=st.sampled_from([0, 100, 250, 500]))
+def test_distinct_placements_are_numpy_unique(rows, milli):
+    """The hand-made unique gives np.unique's first occurrences and inverse, so the same placements stand for each group."""
+    from gpufleet.policies.paper.fgd import distinct_placements
+
+    left = np.array(rows, dtype=np.int64)
+    r, c = np.nonzero(left >= milli)
+    first, inverse = distinct_placements(left, r, c)
+    _, ufirst, uinverse = np.unique(r * (GPU_MILLI + 1) + left[r, c], return_index=True, return_inverse=True)
+    assert np.array_equal(first, ufirst) and np.array_equal(inverse, uinverse.ravel())

@@ -267,11 +267,12 @@ class Scheduler:
 
     def _filter(self, cycle: Cycle, explain: bool = False) -> np.ndarray:
         n = len(self.state)
-        feasible = np.ones(n, dtype=bool)
+        feasible: np.ndarray | None = None  # None: every node so far (made on the first rejection)
         rejections: list[tuple[np.ndarray, int, np.ndarray | Callable[[], np.ndarray] | None]] = []
         reasons: list[str] = []
         rejected: list[str] = []
         if cycle.only_nodes is not None:
+            feasible = np.ones(n, dtype=bool)
             feasible &= cycle.only_nodes
             rejections.append((~cycle.only_nodes, 0, None))
             reasons.append("node(s) were not offered by kube-scheduler")
@@ -286,12 +287,17 @@ class Scheduler:
             res = p.filter(cycle, self.state)
             if res.passes_all:
                 continue
-            newly = feasible & ~res.ok
+            newly = ~res.ok if feasible is None else feasible & ~res.ok
             if newly.any():
                 rejections.append((newly, len(reasons), res.codes if res.codes is not None else res.codes_of))
                 reasons.extend(res.reasons)
-                feasible &= res.ok
+                if feasible is None:
+                    feasible = np.array(res.ok, dtype=bool)  # all-true & ok, a copy: never the plugin's own array
+                else:
+                    feasible &= res.ok
                 rejected.append(p.name)
+        if feasible is None:
+            feasible = np.ones(n, dtype=bool)
         cycle.feasible = feasible
         cycle._first_fail = None
         cycle._rejections = rejections
@@ -301,13 +307,20 @@ class Scheduler:
         return feasible
 
     def _score(self, cycle: Cycle, cand: np.ndarray) -> np.ndarray:
-        total = np.zeros(cand.size, dtype=np.float64)
+        """The weighted sum of the applying plugins' normalised scores of ``cand``, summed from 0.0 in profile order.
+
+        The cached raw scores are read in place when every node is a candidate (no copy of [nodes]); the first
+        term is added to 0.0 (``+ 0.0``: what adding it to zeros gives, -0.0 included) and a weight of 1 is not
+        multiplied (exact), so the sum has the same bits as zeros plus each weighted term."""
+        total: np.ndarray | None = None
         st = self.state
-        feasible = cycle.feasible if cycle.feasible is not None and cycle.feasible.size == len(st) else None
+        n = len(st)
+        feasible = cycle.feasible if cycle.feasible is not None and cycle.feasible.size == n else None
         for p, w in self.profile.scores:
             applies = getattr(p, "applies", None)  # optional: a plugin with no opinion on this pod is skipped
             if applies is not None and not applies(cycle, st):
                 continue
+            post = getattr(p, "post_score", None)  # optional: a per-cycle part that must not be cached
             key = p.cache_key(cycle)
             if key is None:
                 raw = np.asarray(p.score(cycle, st, cand), dtype=np.float64)
@@ -329,12 +342,15 @@ class Scheduler:
                 if stale.size:
                     vals[stale] = p.score(cycle, st, stale)
                     vers[stale] = st.version[stale]
-                raw = vals[cand]
-            post = getattr(p, "post_score", None)  # optional: a per-cycle part that must not be cached
+                raw = vals if cand.size == n and post is None else vals[cand]  # cand: sorted, distinct; n of them: every node
             if post is not None:
                 raw = post(cycle, st, cand, raw)
-            total += w * p.normalize(raw)
-        return total
+            term = p.normalize(raw) if w == 1 else w * p.normalize(raw)
+            if total is None:
+                total = np.add(term, 0.0, dtype=np.float64)  # a new array: never the cache's
+            else:
+                total += term
+        return total if total is not None else np.zeros(cand.size, dtype=np.float64)
 
     def _pick(self, cycle: Cycle, cand: np.ndarray, scores: np.ndarray) -> int:
         best = scores.max()

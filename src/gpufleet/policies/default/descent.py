@@ -182,6 +182,8 @@ class DescentScore(FragDescent):
         vals, vers = self._before_cache(state)
         stale = np.flatnonzero(vers[nodes] != state.version[nodes])
         cpu, left, model = view if view is not None else node_view(state, nodes)
+        if stale.size == 0:  # every before-state known (the measure is row by row: the same values as in one batch)
+            return self._quantise(vals[nodes[rows]] - self._measure(cpu_after, gpu_after, mem_after, model[rows], tw, acc))
         mem = state.mem_free[nodes]
         m = self._measure(
             np.concatenate([cpu[stale], cpu_after]),
@@ -190,9 +192,9 @@ class DescentScore(FragDescent):
             np.concatenate([model[stale], model[rows]]),
             tw, acc,
         )
-        if stale.size:
-            vals[nodes[stale]] = m[: stale.size]
-            vers[nodes[stale]] = state.version[nodes[stale]]
+        at = nodes[stale]
+        vals[at] = m[: stale.size]
+        vers[at] = state.version[at]
         return self._quantise(vals[nodes[rows]] - m[stale.size:])
 
     _placement_scores = _descent  # FragDescent._gpu_scores enumerates the placements; this measure scores them

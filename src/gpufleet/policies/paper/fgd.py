@@ -127,8 +127,17 @@ def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) ->
     """(first, inverse) over (node, GPU) placements of one share: placing it on either of two GPUs
     of a node with the same free milli leaves the same multiset of free GPUs, which is all a
     fragmentation measure sees, so one placement stands for both (8 -> 1 on an idle node)."""
-    _, first, inverse = np.unique(rows * (GPU_MILLI + 1) + left[rows, cols], return_index=True, return_inverse=True)
-    return first, inverse.ravel()
+    key = rows * (GPU_MILLI + 1) + left[rows, cols]
+    # np.unique(key, return_index=True, return_inverse=True) without its wrapper's cost: a stable sort, the first
+    # of each run of equal keys (its first occurrence), and each key's run number
+    order = np.argsort(key, kind="stable")
+    srt = key[order]
+    new = np.empty(srt.size, dtype=bool)
+    new[:1] = True
+    np.not_equal(srt[1:], srt[:-1], out=new[1:])
+    inverse = np.empty(key.size, dtype=np.intp)
+    inverse[order] = np.cumsum(new) - 1
+    return order[new], inverse
 
 
 def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
