@@ -86,8 +86,8 @@ class GpuFit:
         r = cycle.request
         n = len(state)
         k = r.gpu_count
-        mm = model_mask(state, r)
         if r.mig_profile:
+            mm = model_mask(state, r)
             count = state.mig_free_count(r.mig_profile)
             ok = count >= k
             mig_codes = np.zeros(n, dtype=np.int64)
@@ -102,7 +102,7 @@ class GpuFit:
         key = (state.token, state.epoch, k, r.gpu_milli, r.gpu_memory_mib, r.gpu_models_allow, r.gpu_models_deny)
         ent = self._fit.get(key)
         if ent is None:  # every node once, then only the nodes whose free devices changed (their version moved)
-            ok, codes = self._fit_rows(state, r, mm, slice(None))
+            ok, codes = self._fit_rows(state, r, model_mask(state, r), slice(None))
             ent = (ok, codes, state.version.copy())
             self._fit[key] = ent
             if len(self._fit) > FIT_CACHE_SHAPES:
@@ -112,7 +112,7 @@ class GpuFit:
             ok, codes, vers = ent
             stale = np.flatnonzero(vers != state.version)
             if stale.size:
-                ok[stale], codes[stale] = self._fit_rows(state, r, mm, stale)
+                ok[stale], codes[stale] = self._fit_rows(state, r, model_mask(state, r), stale)
                 vers[stale] = state.version[stale]
         return FilterResult(ok.copy(), self.REASONS, codes.copy())  # copies: the cache moves on with the next pod
 
