@@ -199,3 +199,14 @@ def test_distinct_placements_are_numpy_unique(rows, milli):
     first, inverse = distinct_placements(left, r, c)
     _, ufirst, uinverse = np.unique(r * (GPU_MILLI + 1) + left[r, c], return_index=True, return_inverse=True)
     assert np.array_equal(first, ufirst) and np.array_equal(inverse, uinverse.ravel())
+
+
+@SETTINGS
+@given(state=cluster())
+def test_node_kinds_number_make_ups_as_numpy_unique_does(state):
+    """The make-up numbering by bytes gives np.unique(axis=0)'s ids (distinct make-ups in sorted order)."""
+    from gpufleet.policies.paper.fgd import _node_kinds
+
+    static = np.concatenate([state.gpu_usable, state.gpu_model, state.gpu_mem_cap], axis=1).astype(np.int64)
+    _, ref = np.unique(static, axis=0, return_inverse=True)
+    assert np.array_equal(_node_kinds(state), ref.ravel())
