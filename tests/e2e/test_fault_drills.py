@@ -159,7 +159,8 @@ class Drills:
         self.moved: list[str] = []  # and bound twice
         self.takeover_s: float | None = None  # the last leader kill's take-over
         self.replace_refused = False  # the fault may make kubelet refuse a pod's admission: replace it
-        self.refused: list[str] = []
+        self.refused: list[str] = []  # pods kubelet refused at admission (replaced)
+        self.refused_why: set[str] = set()  # kubelet's messages, shortened
         self.foreign: set[str] = set()  # our pods created with the default scheduler name
         self.routing = False  # deploy/admission routes them to gpufleet (1.36+); else kube-scheduler binds them
 
@@ -200,7 +201,8 @@ class Drills:
             p = ps.get(name)
             st = (p or {}).get("status") or {}
             if p and st.get("phase") == "Failed" and st.get("reason") == "UnexpectedAdmissionError" and name in manifests:
-                self.refused.append(f"{name}: {st.get('message', '')[:160]}")
+                self.refused.append(name)
+                self.refused_why.add(re.sub(r"^Pod was rejected: ", "", st.get("message", ""))[:90])
                 copy = json.loads(json.dumps(manifests[name]))
                 copy["metadata"]["name"] = f"{name}-r"
                 self.deleted.add(name)
@@ -264,7 +266,7 @@ class Drills:
         if before is not None:
             before()
         self.takeover_s = None
-        self.refused = []
+        self.refused, self.refused_why = [], set()
         self.create(burst)
         t_end = fault()  # returns when the fault is over (restart issued, process continued)
         manifests = {b["metadata"]["name"]: b for b in burst}
@@ -295,14 +297,15 @@ class Drills:
                + ", ".join(sorted(x for x in names if not self.all_running([x])))}
         self.note = ""
         if self.refused:
-            row["note"] += " refused: " + "; ".join(self.refused)
+            row["note"] += (f"; refused at admission: {len(self.refused)} ({', '.join(self.refused)}): "
+                            + " | ".join(sorted(self.refused_why)))
         if new_lost:
             row["note"] += " lost: " + ", ".join(sorted(new_lost))
         if self.why or self.moved:
             row["note"] += " " + "; ".join(self.why + self.moved)
         print(json.dumps(row), flush=True)
         ROWS.append(row)
-        self.delete(names + [r.split(":")[0] for r in self.refused])
+        self.delete(names + self.refused)
         return row
 
     def leader(self) -> str:
