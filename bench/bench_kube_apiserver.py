@@ -191,6 +191,28 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each thread of a Python process, by thread name (``py-spy dump`` names the native thread ids;
+    /proc counts their CPU); bind workers and watches summed into ``bind_*`` and ``watch-*``.  Empty without py-spy."""
+    import re
+
+    try:
+        out = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    names = {int(t): n for t, n in re.findall(r'^Thread (\d+) \(\w+\): "(.*)"', out, re.M)}
+    got: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        name = names.get(int(task.name), "other")
+        name = "bind_*" if name.startswith("bind_") else "watch-* but pods" if name.startswith("watch-") and name != "watch-pod" else name
+        try:
+            f = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        got[name] = got.get(name, 0.0) + (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    return got
+
+
 class BindCounter:
     """Counts pods in the namespace that have a node, from a watch decoded as plain JSON (cheap for the apiserver
     and for this process; the same for every scheduler)."""
@@ -364,6 +386,7 @@ def run_one(which: str, scenario: str, args, assets: str) -> dict | None:
             time.sleep(0.05)
         n = len(counter.bound)
         end = counter.last_t if n >= args.pods and counter.last_t else time.perf_counter()
+        threads = thread_cpu(proc.pid) if args.thread_cpu and which.startswith("gpufleet") else {}
         cpu = {k: cpu_s(p.pid) - cpu0[k] for k, p in zip(cpu0, cp.procs)}
         cpu[which] = cpu_s(proc.pid) - cpu0.get(which, 0.0)
         total = end - start
@@ -385,6 +408,10 @@ def run_one(which: str, scenario: str, args, assets: str) -> dict | None:
         if warn:
             print(f"[{tag}] {len(warn)} connection(s) opened beyond the client's pool (urllib3: pool is full)")
         print(f"[{tag}] CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items()) + f" (wall {total:.1f} s, {os.cpu_count()} cores)")
+        if threads:
+            res["threads"] = threads
+            print(f"[{tag}] its threads' CPU seconds (start-up included): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1])))
         return res if n >= args.pods else None
     finally:
         if counter is not None:
@@ -437,6 +464,7 @@ def main() -> int:
     ap.add_argument("--profile", default="", help="write a cProfile of the gpufleet scheduler process here")
     ap.add_argument("--py-spy", default="", metavar="PREFIX",
                     help="sample the gpufleet scheduler with py-spy (every thread, samples of the thread holding the GIL: where its Python CPU goes) into PREFIX.<scenario>.<n>.txt")
+    ap.add_argument("--thread-cpu", action="store_true", help="print the gpufleet scheduler's CPU seconds per thread (needs py-spy)")
     ap.add_argument("--keep", action="store_true", help="keep each run's folder (logs of the apiserver and the scheduler)")
     ap.add_argument("--rounds", type=int_range(1), default=1, help="rounds; each runs every scheduler once, alternating")
     ap.add_argument("--only", default="", help="run only these schedulers (gpufleet, gpufleet-old, kube-scheduler; commas)")
