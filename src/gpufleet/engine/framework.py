@@ -277,6 +277,8 @@ class Scheduler:
             rejections.append((~cycle.only_nodes, 0, None))
             reasons.append("node(s) were not offered by kube-scheduler")
         if cycle.kept_off is not None:
+            if feasible is None:  # every node so far
+                feasible = np.ones(n, dtype=bool)
             newly = feasible & cycle.kept_off
             feasible &= ~cycle.kept_off
             if newly.any():
