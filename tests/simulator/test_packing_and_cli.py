@@ -95,8 +95,8 @@ def test_cli_json_and_report(tiny, capsys):
 
 
 def test_workers_give_what_one_process_gives(tiny, capsys):
-    """--jobs 2 (workers forked after the parent imported what they use; the curve plots drawn in them) prints
-    the same table and JSON as one process, and the report has every plot."""
+    """--jobs 2 (workers forked after the parent imported what they use) prints the same table and JSON as one
+    process, and the report has every plot."""
     import re
 
     def run(jobs: str) -> tuple[str, dict, str]:

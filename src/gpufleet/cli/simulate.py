@@ -15,7 +15,6 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -253,11 +252,6 @@ def summarize(runs: list[dict]) -> dict[str, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    with ExitStack() as stack:  # the worker pool, kept until the report is drawn (its workers draw some plots)
-        return _run(args, stack)
-
-
-def _run(args: argparse.Namespace, stack: ExitStack) -> int:
     nodes_path = args.nodes or str(tracemod.bundled(tracemod.DEFAULT_NODES))
     pods_path = args.pods or str(tracemod.bundled(tracemod.DEFAULT_PODS))
     policies = parse_policies(args.policy)
@@ -308,7 +302,6 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
           f"{jobs} worker(s)", file=sys.stderr)
     runs: list[dict] = []
     bounds: list[dict] = []
-    pool: ProcessPoolExecutor | None = None
     from tqdm import tqdm
 
     bar = tqdm(total=len(tasks) + (len(args.seeds) if args.bound else 0), unit="run", disable=args.no_progress, file=sys.stderr)
@@ -324,23 +317,23 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
                     bar.update(1)
         else:
             _import_for_workers(args.experiment)
-            ex = pool = stack.enter_context(ProcessPoolExecutor(max_workers=jobs))
-            # longest first (the bound's MIP, then the policies by their usual cost), so that no worker is left
-            # alone with a long run at the end while the other idles; the output is sorted below, unchanged
-            futs = {}
-            if args.bound and args.experiment == "packing":
-                futs.update({ex.submit(_bound_one, dict(tasks[0], seed=s)): "bound" for s in args.seeds})
-            for t in sorted(tasks, key=lambda t: -_RUN_COST.get(t["policy"], 1.0)):
-                futs[ex.submit(_run_one, t)] = "run"
-            try:
-                for done, f in enumerate(as_completed(futs), 1):
-                    (runs if futs[f] == "run" else bounds).append(f.result())
-                    bar.update(1)
-                    if args.report and len(futs) - done == jobs - 1:  # a worker is idle from now: load the
-                        from ..simulator.report import packing as report_pages  # noqa: F401  report's plotting meanwhile
-            except BaseException:  # one run failed (or Ctrl-C): do not wait for the others
-                ex.shutdown(wait=False, cancel_futures=True)
-                raise
+            with ProcessPoolExecutor(max_workers=jobs) as ex:
+                # longest first (the bound's MIP, then the policies by their usual cost), so that no worker is left
+                # alone with a long run at the end while the other idles; the output is sorted below, unchanged
+                futs = {}
+                if args.bound and args.experiment == "packing":
+                    futs.update({ex.submit(_bound_one, dict(tasks[0], seed=s)): "bound" for s in args.seeds})
+                for t in sorted(tasks, key=lambda t: -_RUN_COST.get(t["policy"], 1.0)):
+                    futs[ex.submit(_run_one, t)] = "run"
+                try:
+                    for done, f in enumerate(as_completed(futs), 1):
+                        (runs if futs[f] == "run" else bounds).append(f.result())
+                        bar.update(1)
+                        if args.report and len(futs) - done == jobs - 1:  # a worker is idle from now: load the
+                            from ..simulator.report import packing as report_pages  # noqa: F401  report's plotting meanwhile
+                except BaseException:  # one run failed (or Ctrl-C): do not wait for the others
+                    ex.shutdown(wait=False, cancel_futures=True)
+                    raise
     finally:
         bar.close()
     order = {p: i for i, p in enumerate(policies)}
@@ -406,8 +399,7 @@ def _run(args: argparse.Namespace, stack: ExitStack) -> int:
         else:
             write_simulation_report(args.report, args.experiment, runs, summary, published, bound, params,
                                     provenance=prov, problems=problems,
-                                    bound_note=_headline(summary, bound, bound_info) if bound is not None else "",
-                                    submit=pool.submit if pool is not None else None)
+                                    bound_note=_headline(summary, bound, bound_info) if bound is not None else "")
         print(f"wrote {args.report}", file=sys.stderr)
     return 0
 

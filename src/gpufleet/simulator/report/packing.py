@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import html
-from concurrent.futures import Future
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .plots import bars_plot, curves_plot, definitions_html, table_html, write_report
 from .idle import idle_section
@@ -33,13 +32,6 @@ PACKING_METRICS = [
 ]
 
 
-CURVES: list[tuple[str, str, str]] = [  # the curve plots: key, y label, title
-    ("allocation_pct", "GPU allocation ratio (%)", "Allocated GPUs vs arrived demand"),
-    ("frag_amount_pct", "fragmented GPUs (% of capacity)", "Fragmentation amount"),
-    ("frag_rate_pct", "fragmented / idle GPUs (%)", "Fragmentation rate"),
-]
-
-
 def _by_policy(runs: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
     out: dict[str, list[Mapping[str, Any]]] = {}
     for r in runs:
@@ -59,10 +51,7 @@ def write_simulation_report(
     provenance: Mapping[str, Any] | None = None,
     problems: Mapping[str, Sequence[str]] | None = None,
     bound_note: str = "",
-    submit: Callable[..., Future] | None = None,
 ) -> None:
-    """``submit``: an executor's ``submit``, to draw the three curve plots in its workers while this process
-    draws the others (the same SVG either way)."""
     by = _by_policy(runs)
     sections: list[tuple[str, str]] = []
     if problems and any(problems.values()):
@@ -99,14 +88,14 @@ def write_simulation_report(
         if bound_note:
             note += f"<p><b>{html.escape(bound_note)}</b></p>"
         sections.append(("Summary", note + table_html(headers, rows, marked) + definitions_html(defs)))
-        drawn = [submit(curves_plot, by, *c) for c in CURVES] if submit is not None else None  # drawn there meanwhile
         sections.append(("Unallocated GPUs", bars_plot(
             {p: s for p, s in summary.items() if s["unallocated_gpu_pct_mean"] is not None}, published, bound)))
         idle = idle_section(summary)
         if idle:
             sections.append(("Where the idle GPUs are", idle))
-        svgs = [f.result() for f in drawn] if drawn is not None else [curves_plot(by, *c) for c in CURVES]
-        grid = "<div class='grid'>" + "".join(svgs) + "</div>"
+        grid = "<div class='grid'>" + curves_plot(by, "allocation_pct", "GPU allocation ratio (%)", "Allocated GPUs vs arrived demand") \
+            + curves_plot(by, "frag_amount_pct", "fragmented GPUs (% of capacity)", "Fragmentation amount") \
+            + curves_plot(by, "frag_rate_pct", "fragmented / idle GPUs (%)", "Fragmentation rate") + "</div>"
         sections.append((f"Curves (mean over {len(seeds)} seeds, band = ±1 std)" if several else f"Curves (seed {seeds[0]})", grid))
     sections.extend(extra_sections)
     write_report(path, f"gpufleet simulate: {experiment} experiment", sections, params, provenance)
