@@ -8,6 +8,8 @@ and start the same command line again.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -38,8 +40,11 @@ class RealNode:
                         E2E_BIN=loc["bin"], K8S_BIN=loc["assets"], GPUFLEET_E2E_BIN=loc["bin"],
                         KUBEBUILDER_ASSETS=loc["assets"], GPUFLEET_E2E_RECIPE=loc["recipe"], GPUFLEET_SRC=str(REPO),
                         PYTHONPATH=str(REPO / "src"), PYTHONDONTWRITEBYTECODE="1")
+        # the fake NVML's per-process load ($GPUFLEET_FAKE_PROCESSES): a test writes it, no file is no load
+        self.env["GPUFLEET_FAKE_PROCESSES"] = str(data / "fake-processes.json")
         self.npids = data / "node-pids"
         self.argv: dict[str, list[str]] = {}
+        self.up_s = 0.0
 
     # --- bring-up / teardown --------------------------------------------------------------
     def up(self) -> float:
@@ -140,6 +145,16 @@ class RealNode:
     def gpufleet(self, name: str, args: list[str]) -> int:
         return self.start(name, [sys.executable, "-m", "gpufleet.cli.main", *args])
 
+    def fakedev(self, gpus: int) -> Path:
+        """Fake device nodes /dev/nvidia0..gpus-1 and nvidiactl in a private dir (not /dev): the agent's --dev-root,
+        from which it hands containers their /dev/nvidiaN (nvidia-uvm left out: the agent skips it)."""
+        d = self.data / "fakedev"
+        d.mkdir(exist_ok=True)
+        for name, minor in [(f"nvidia{i}", i) for i in range(gpus)] + [("nvidiactl", 255)]:
+            if not (d / name).exists():
+                os.mknod(d / name, 0o666 | 0o020000, os.makedev(195, minor))
+        return d
+
     # --- API ------------------------------------------------------------------------------
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60) -> str:
         r = subprocess.run([str(Path(self.loc["bin"]) / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
@@ -215,25 +230,38 @@ def wait(cond, timeout_s: float, every_s: float = 0.5) -> bool:
     return False
 
 
-def module_node(prefix: str) -> Iterator[RealNode]:
-    """A real node for one test module (the body of its module-scoped fixture): skips without the real-node tier's
-    environment; a SIGTERM (CI's timeout) still tears the node down; the logs stay under E2E_LOGS or a temp dir."""
+@contextlib.contextmanager
+def module_node(prefix: str, *, env: dict[str, str] | None = None, logs_subdir: str = "") -> Iterator[RealNode]:
+    """A real node for a test module's (or a parametrized test's) fixture: ``with module_node(...) as n: yield n``.
+
+    Skips without the real-node tier's environment; holds ``$GPUFLEET_E2E_LOCK`` (a flock) while the node is up when
+    that names a lock file; a SIGTERM (CI's timeout) still tears the node down; the data go under
+    ``$GPUFLEET_E2E_DATA`` (kept) or a temp dir (removed), the logs under ``$E2E_LOGS`` or the temp dir (kept), in
+    ``logs_subdir`` when given.  ``env``: the node's own settings (node_up.sh, cp-up.sh: ``KUBELET_FEATURE_GATES``,
+    ``KCM_EXTRA_ARGS``, ``APISERVER_EXTRA_ARGS``, ``SCHEDULER_EXTRA_ARGS``); an ``*_ARGS`` value is added to one the
+    environment already has, any other replaces it.  ``n.up_s``: how long the node took to come up."""
     loc, why = e2e_env()
     if why:
         pytest.skip(why)
     base = Path(tempfile.mkdtemp(prefix=prefix))
-    n = RealNode(loc, base / "data", Path(os.environ.get("E2E_LOGS") or base / "logs"))
+    data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
+    n = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs") / logs_subdir)
     n.logs.mkdir(parents=True, exist_ok=True)
+    for var, val in (env or {}).items():
+        n.env[var] = f"{n.env.get(var, '')} {val}".strip() if var.endswith("ARGS") else val
 
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        n.up()
-        yield n
-    finally:
-        (n.logs / "teardown.log").write_text(n.down())
-        signal.signal(signal.SIGTERM, old)
-        shutil.rmtree(base / "data", ignore_errors=True)
-
+    with contextlib.ExitStack() as held:
+        if os.environ.get("GPUFLEET_E2E_LOCK"):
+            lock = held.enter_context(open(os.environ["GPUFLEET_E2E_LOCK"], "a"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        old = signal.signal(signal.SIGTERM, interrupted)
+        try:
+            n.up_s = n.up()
+            yield n
+        finally:
+            (n.logs / "teardown.log").write_text(n.down())
+            signal.signal(signal.SIGTERM, old)
+            shutil.rmtree(base / "data", ignore_errors=True)

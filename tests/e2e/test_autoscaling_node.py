@@ -27,14 +27,11 @@ the examples' 300 s / 120 s. kube-controller-manager runs its controllers under 
 from __future__ import annotations
 
 import copy
-import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -45,8 +42,7 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from .conftest import e2e_env
-from .harness import NODE, RealNode, wait
+from .harness import NODE, RealNode, module_node, wait
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = "h100-nvlink"  # 8 whole GPUs
@@ -222,67 +218,35 @@ def follow(stack: Stack, tl: Timeline, steps: dict[str, Callable[[], bool]], unt
 
 @pytest.fixture(scope="module")
 def stack():
-    loc, why = e2e_env()
-    if why:
-        pytest.skip(why)
     for tool in ("prometheus", "promtool"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not on PATH (Debian package prometheus)")
     adapter = adapter_binary()
     if not adapter:
         pytest.skip("prometheus-adapter not built: scripts/build-prometheus-adapter.sh")
-    lock = None
-    if os.environ.get("GPUFLEET_E2E_LOCK"):
-        lock = open(os.environ["GPUFLEET_E2E_LOCK"], "a")  # noqa: SIM115 - held until teardown
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    base = Path(tempfile.mkdtemp(prefix="gpufleet-hpa-"))
-    data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
-    node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
-    node.logs.mkdir(parents=True, exist_ok=True)
-    node.env["GPUFLEET_FAKE_PROCESSES"] = str(data / "fake-processes.json")
     # the HPA controller under its own ServiceAccount (kube-system/horizontal-pod-autoscaler), as kubeadm runs it: the
     # metrics APIs then authorize it through deploy/autoscaling's RBAC, not as an admin
-    node.env["KCM_EXTRA_ARGS"] = "--use-service-account-credentials=true"
-
-    def interrupted(*_):
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, interrupted)
-    s = None
-    try:
-        t = time.monotonic()
-        node.up()
+    with module_node("gpufleet-hpa-", env={"KCM_EXTRA_ARGS": "--use-service-account-credentials=true"}) as node:
         s = Stack(node)
-        s.report.append(f"node up {time.monotonic() - t:.0f} s")
-        pid = node.pid_of("kube-controller-manager")
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if pid else []
-        creds = [a for a in argv if a.startswith("--use-service-account-credentials=")]
-        assert creds and creds[-1].endswith("=true"), f"kube-controller-manager without ServiceAccount credentials: {argv}"
-        start_gpufleet(node)
-        install_adapter_objects(s)
-        start_prometheus(node)
-        s.adapter_argv = adapter_argv(s, adapter)  # type: ignore[attr-defined]
-        yield s
-    finally:
-        for extra in ("prometheus-adapter", "prometheus"):  # not in the recipe's list of processes it stops
-            if node.pid_of(extra):
-                node.stop(extra)
-        if s is not None:
+        s.report.append(f"node up {node.up_s:.0f} s")
+        try:
+            pid = node.pid_of("kube-controller-manager")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0") if pid else []
+            creds = [a for a in argv if a.startswith("--use-service-account-credentials=")]
+            assert creds and creds[-1].endswith("=true"), f"kube-controller-manager without ServiceAccount credentials: {argv}"
+            start_gpufleet(node)
+            install_adapter_objects(s)
+            start_prometheus(node)
+            s.adapter_argv = adapter_argv(s, adapter)  # type: ignore[attr-defined]
+            yield s
+        finally:
             text = "\n".join(s.report)
             (node.logs / "gpufleet-autoscaling-report.txt").write_text(text + "\n")
             print("\n" + text)
-        (node.logs / "teardown.log").write_text(node.down())
-        signal.signal(signal.SIGTERM, old_term)
-        if lock is not None:
-            lock.close()
 
 
 def start_gpufleet(node: RealNode) -> None:
-    fakedev = node.data / "fakedev"
-    fakedev.mkdir(exist_ok=True)
-    for name, minor in [(f"nvidia{i}", i) for i in range(8)] + [("nvidiactl", 255)]:
-        if not (fakedev / name).exists():
-            os.mknod(fakedev / name, 0o666 | 0o020000, os.makedev(195, minor))
+    fakedev = node.fakedev(8)
     node.gpufleet("gpufleet-agent", ["agent", "--nvml", f"fake:{PROFILE}", "--node-name", NODE, "--kubeconfig", str(node.kubeconfig),
                                      "--device-plugin-dir", "/var/lib/kubelet/device-plugins", "--state-dir",
                                      str(node.data / "gpufleet-agent"), "--metrics-addr", AGENT_METRICS, "--dev-root",

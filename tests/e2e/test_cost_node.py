@@ -9,14 +9,10 @@ The cost table, the check and the timings are printed and written to $E2E_LOGS/g
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -25,8 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import e2e_env
-from .harness import NODE, RealNode, wait
+from .harness import NODE, module_node, wait
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = "h100-nvlink"
@@ -43,40 +38,16 @@ LOAD = {"train": 60, "eval": 30, "infer-1": 20}  # SM % of its GPU each pod's pr
 
 @pytest.fixture(scope="module")
 def node():
-    loc, why = e2e_env()
-    if why:
-        pytest.skip(why)
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not on PATH (Debian package prometheus)")
-    lock = None
-    if os.environ.get("GPUFLEET_E2E_LOCK"):
-        lock = open(os.environ["GPUFLEET_E2E_LOCK"], "a")  # noqa: SIM115 - held until teardown
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    base = Path(tempfile.mkdtemp(prefix="gpufleet-cost-"))
-    data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
-    n = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
-    n.logs.mkdir(parents=True, exist_ok=True)
-    n.env["GPUFLEET_FAKE_PROCESSES"] = str(data / "fake-processes.json")
-
-    def interrupted(*_):
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        t = time.monotonic()
-        n.up()
-        n.report = [f"node up {time.monotonic() - t:.0f} s"]  # type: ignore[attr-defined]
-        yield n
-    finally:
-        if n.pid_of("prometheus"):
-            n.stop("prometheus")
-        text = "\n".join(getattr(n, "report", []))
-        (n.logs / "gpufleet-cost-report.txt").write_text(text + "\n")
-        print("\n" + text)
-        (n.logs / "teardown.log").write_text(n.down())
-        signal.signal(signal.SIGTERM, old_term)
-        if lock is not None:
-            lock.close()
+    with module_node("gpufleet-cost-") as n:
+        n.report = [f"node up {n.up_s:.0f} s"]  # type: ignore[attr-defined]
+        try:
+            yield n
+        finally:
+            text = "\n".join(n.report)  # type: ignore[attr-defined]
+            (n.logs / "gpufleet-cost-report.txt").write_text(text + "\n")
+            print("\n" + text)
 
 
 def _prom(q: str, at: float | None = None) -> list[dict]:
@@ -118,11 +89,7 @@ def _ts(s: str) -> float:
 
 def test_cost_from_real_prometheus_matches_the_pods_that_ran(node):
     report: list[str] = node.report  # type: ignore[attr-defined]
-    fakedev = node.data / "fakedev"
-    fakedev.mkdir(exist_ok=True)
-    for name, minor in [(f"nvidia{i}", i) for i in range(8)] + [("nvidiactl", 255)]:
-        if not (fakedev / name).exists():
-            os.mknod(fakedev / name, 0o666 | 0o020000, os.makedev(195, minor))
+    fakedev = node.fakedev(8)
     # the node is a spot p5.48xlarge (Karpenter's labels); the price file prices its GPUs
     node.kubectl("label", "node", NODE, "karpenter.sh/capacity-type=spot", "node.kubernetes.io/instance-type=p5.48xlarge",
                  "--overwrite")

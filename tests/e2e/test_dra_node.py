@@ -25,11 +25,8 @@ container never created.  The report goes to $E2E_LOGS/<scheduler>/gpufleet-dra-
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,8 +37,8 @@ from gpufleet.agent.nvml import FakeBackend
 
 from tests.dra_release import full_dra, release_of
 
-from .conftest import e2e_env
-from .harness import KUBELET_ROOT, NODE, RealNode, wait
+from .harness import KUBELET_ROOT, NODE, RealNode, module_node, wait
+from .locations import locations
 
 PROFILE = "a100-mig"
 GPUS = FakeBackend(PROFILE).gpus()
@@ -66,50 +63,26 @@ SCHEDULERS = ("gpufleet", "kube-scheduler")
 
 @pytest.fixture(params=SCHEDULERS)
 def dra_node(request):
-    loc, why = e2e_env()
-    if why:
-        pytest.skip(why)
-    lock = None
-    if os.environ.get("GPUFLEET_E2E_LOCK"):
-        lock = open(os.environ["GPUFLEET_E2E_LOCK"], "a")  # noqa: SIM115 - held until teardown
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    base = Path(tempfile.mkdtemp(prefix="gpufleet-dra-e2e-"))
-    data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
-    node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs") / request.param)
-    node.scheduler = request.param  # type: ignore[attr-defined]
-    node.logs.mkdir(parents=True, exist_ok=True)
-    if ALPHA_GATES and not full_dra(release_of(Path(loc["bin"]) / "kubelet")):  # 1.35 with what docs/dra.md says to turn on
+    env: dict[str, str] = {}
+    if ALPHA_GATES and not full_dra(release_of(Path(locations()["bin"]) / "kubelet")):  # 1.35 with docs/dra.md's gates on
         gates = ",".join(f"{g}=true" for g in ALPHA_GATES_135)
-        for var, val in (("APISERVER_EXTRA_ARGS", f"--feature-gates={gates}"), ("SCHEDULER_EXTRA_ARGS", f"--feature-gates={gates}"),
-                         ("KCM_EXTRA_ARGS", "--feature-gates=DRAExtendedResource=true,DRADeviceTaints=true"),
-                         ("KUBELET_FEATURE_GATES", "DRAExtendedResource=true")):
-            node.env[var] = f"{node.env.get(var, '')} {val}".strip() if var.endswith("ARGS") else val
+        env = {"APISERVER_EXTRA_ARGS": f"--feature-gates={gates}", "SCHEDULER_EXTRA_ARGS": f"--feature-gates={gates}",
+               "KCM_EXTRA_ARGS": "--feature-gates=DRAExtendedResource=true,DRADeviceTaints=true",
+               "KUBELET_FEATURE_GATES": "DRAExtendedResource=true"}
     cdi_existed = CDI_DIR.exists()
-
-    def interrupted(*_):
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, interrupted)
     try:
-        node.timings = {"node up s": round(node.up(), 1)}  # type: ignore[attr-defined]
-        yield node
-    finally:
-        (node.logs / "teardown.log").write_text(node.down())
+        with module_node("gpufleet-dra-e2e-", env=env, logs_subdir=request.param) as node:
+            node.scheduler = request.param  # type: ignore[attr-defined]
+            yield node
+    finally:  # the plugin's CDI specs, once the node is down
         for p in CDI_DIR.glob("k8s.gpu.gpufleet.io-claim_*.json") if CDI_DIR.exists() else []:
             p.unlink()
         if not cdi_existed and CDI_DIR.exists() and not any(CDI_DIR.iterdir()):
             CDI_DIR.rmdir()
-        signal.signal(signal.SIGTERM, old_term)
-        if lock is not None:
-            lock.close()
 
 
 def prepare_host(node: RealNode) -> None:
-    fakedev = node.data / "fakedev"
-    fakedev.mkdir(exist_ok=True)
-    for name, minor in [(f"nvidia{g.index}", g.index) for g in GPUS] + [("nvidiactl", 255)]:
-        if not (fakedev / name).exists():
-            os.mknod(fakedev / name, 0o666 | 0o020000, os.makedev(195, minor))
+    node.fakedev(len(GPUS))
     sysfs = node.data / "sys"
     (sysfs / "bus" / "pci" / "devices").mkdir(parents=True, exist_ok=True)
     for g in GPUS:
@@ -330,7 +303,7 @@ def check_served(node: RealNode, full: bool, problems: list[str]) -> None:
 def test_dra_claims_on_a_real_node(dra_node):
     node = dra_node
     sched: str = node.scheduler  # type: ignore[attr-defined]
-    timings: dict = node.timings  # type: ignore[attr-defined]
+    timings: dict = {"node up s": round(node.up_s, 1)}
     KUBELET_DUPLICATES.clear()
     report: list[str] = [f"claims allocated by {sched}"]
     problems: list[str] = []

@@ -82,7 +82,8 @@ ROWS: list[dict] = []  # every run of every drill, both tests
 
 @pytest.fixture(scope="module")
 def node():
-    yield from module_node("gpufleet-e2e-drills-")
+    with module_node("gpufleet-e2e-drills-") as n:
+        yield n
 
 
 def manifest(name: str, gpus: int = 1, milli: int | None = None, group: str | None = None, size: int = 0,

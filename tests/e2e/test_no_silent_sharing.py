@@ -19,7 +19,6 @@ The outcome per scheduler name is printed and written to $E2E_LOGS/no-silent-sha
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -35,16 +34,8 @@ PROFILE = "h100-nvlink"  # 8 GPUs GPU-h100-00 .. 07
 
 @pytest.fixture(scope="module")
 def node():
-    yield from module_node("gpufleet-e2e-sharing-")
-
-
-def fakedev(n: RealNode) -> Path:
-    d = n.data / "fakedev"
-    d.mkdir(exist_ok=True)
-    for name, minor in [(f"nvidia{i}", i) for i in range(8)] + [("nvidiactl", 255)]:
-        if not (d / name).exists():
-            os.mknod(d / name, 0o666 | 0o020000, os.makedev(195, minor))
-    return d
+    with module_node("gpufleet-e2e-sharing-") as n:
+        yield n
 
 
 def pod(name: str, ns: str, scheduler: str | None) -> dict:
@@ -94,7 +85,7 @@ def run_nine(n: RealNode, ns: str, scheduler: str | None) -> dict:
 
 def test_nine_one_gpu_pods_on_eight_gpus_never_share(node):
     n = node
-    dev = fakedev(n)
+    dev = n.fakedev(8)
     n.gpufleet("gpufleet-agent", ["agent", "--nvml", f"fake:{PROFILE}", "--node-name", NODE, "--kubeconfig", str(n.kubeconfig),
                                   "--device-plugin-dir", "/var/lib/kubelet/device-plugins", "--state-dir",
                                   str(n.data / "gpufleet-agent"), "--metrics-addr", "127.0.0.1:19400",

@@ -13,16 +13,13 @@ Also: a pod kubelet admits while the agent's path to the API server is cut runs 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,8 +27,7 @@ import pytest
 
 from gpufleet.agent.nvml import FakeBackend
 
-from .conftest import e2e_env
-from .harness import NODE, RealNode, wait
+from .harness import NODE, RealNode, module_node, wait
 
 PROFILE = "a100-mig"  # GPUs 0-1 in MIG mode (7x 1g.10gb; 3g.40gb + 2x 2g.20gb), GPUs 2-7 whole A100-80GB
 GPUS = FakeBackend(PROFILE).gpus()
@@ -215,44 +211,8 @@ def check_pods(node: RealNode, pods: list[dict], stream: Stream, problems: list[
 
 @pytest.fixture(scope="module")
 def real_node():
-    loc, why = e2e_env()
-    if why:
-        pytest.skip(why)
-    lock = None
-    if os.environ.get("GPUFLEET_E2E_LOCK"):
-        lock = open(os.environ["GPUFLEET_E2E_LOCK"], "a")  # noqa: SIM115 - held until teardown
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    base = Path(tempfile.mkdtemp(prefix="gpufleet-e2e-"))
-    data = Path(os.environ.get("GPUFLEET_E2E_DATA") or base / "data")
-    node = RealNode(loc, data, Path(os.environ.get("E2E_LOGS") or base / "logs"))
-    node.logs.mkdir(parents=True, exist_ok=True)
-    node.env["GPUFLEET_FAKE_PROCESSES"] = str(data / "fake-processes.json")  # GPU load for the Prometheus test
-
-    def interrupted(*_):  # `timeout` / a CI cancel: still tear the node down (finalizers run on KeyboardInterrupt)
-        raise KeyboardInterrupt
-
-    old_term = signal.signal(signal.SIGTERM, interrupted)
-    try:
-        node.timings = {"node up s": round(node.up(), 1)}  # type: ignore[attr-defined]
+    with module_node("gpufleet-e2e-") as node:
         yield node
-    finally:
-        for extra in ("prometheus",):  # not in the recipe's list of processes it stops
-            if node.pid_of(extra):
-                node.stop(extra)
-        (node.logs / "teardown.log").write_text(node.down())
-        signal.signal(signal.SIGTERM, old_term)
-        if lock is not None:
-            lock.close()
-
-
-def make_fakedev(node: RealNode) -> None:
-    """Fake device nodes in a private dir (not /dev): the agent hands containers /dev/nvidiaN from there."""
-    fakedev = node.data / "fakedev"
-    fakedev.mkdir(exist_ok=True)
-    names = [(f"nvidia{i}", i) for i in range(len(GPUS))] + [("nvidiactl", 255)]  # nvidia-uvm left out: spec skipped
-    for name, minor in names:
-        if not (fakedev / name).exists():
-            os.mknod(fakedev / name, 0o666 | 0o020000, os.makedev(195, minor))
 
 
 def start_agent(node: RealNode, extra: list[str]) -> None:
@@ -268,11 +228,11 @@ def gpu_allocatable(node: RealNode) -> int:
 
 def test_real_node_random_stream_with_restarts(real_node):
     node = real_node
-    timings: dict = node.timings  # type: ignore[attr-defined]
+    timings: dict = {"node up s": round(node.up_s, 1)}
     report: list[str] = []
     problems: list[str] = []
     t_start = time.monotonic()
-    make_fakedev(node)
+    node.fakedev(len(GPUS))
     seed = int(os.environ.get("GPUFLEET_E2E_SEED", "12"))
 
     # the agent, DEFAULT configuration
@@ -550,7 +510,7 @@ def test_a_pod_admitted_while_the_agent_cannot_reach_the_api_server_runs_on_its_
     import re
 
     node = real_node
-    make_fakedev(node)
+    node.fakedev(len(GPUS))
     text = node.kubeconfig.read_text()
     m = re.search(r"server:\s*https://([\d.]+):(\d+)", text)
     assert m, "no https server in the kubeconfig"
