@@ -150,11 +150,11 @@ def _replay(policy: str, pods: list[dict], arrival: list[float], run: list[float
     evicted: list[str] = []
     orig_placed, orig_remove = replay_mod._Replay.placed, replay_mod._Replay.remove_victims
 
-    def spy_placed(self, i, now):
+    def spy_placed(self, i, now, tried=False):
         r = self.reqs[i]
         a = self.state.assignments[r.key]
         placed.append((now, r.key, a.node, tuple(sorted(a.gpu_indices))))
-        orig_placed(self, i, now)
+        orig_placed(self, i, now, tried)
 
     def spy_remove(self, victims, kind, now):
         evicted.extend(v.pod_key for v in victims)

@@ -79,13 +79,14 @@ def test_request_classes():
 
 
 def test_replay_orders_through_the_shared_scheduling_queue(tiny, monkeypatch):
-    """With queues the replay asks engine.schedqueue.order_pending for the order, as the live loop does; both
-    run each pod through the one scheduling round (engine.round)."""
+    """With queues the replay's retries (engine.pending) ask engine.schedqueue.order_pending for the order, as the
+    live loop does; both run each pod through the one scheduling round (engine.round)."""
+    from gpufleet.engine import pending
     from gpufleet.engine import round as round_
     from gpufleet.kube import loop
     from gpufleet.simulator.experiments import replay
 
-    assert loop.order_pending is schedqueue.order_pending and replay.order_pending is schedqueue.order_pending
+    assert loop.order_pending is schedqueue.order_pending and pending.order_pending is schedqueue.order_pending
     assert loop.SchedulingRound is round_.SchedulingRound and replay.SchedulingRound is round_.SchedulingRound
     calls = []
     real = schedqueue.order_pending
@@ -94,7 +95,7 @@ def test_replay_orders_through_the_shared_scheduling_queue(tiny, monkeypatch):
         calls.append(len(pods))
         return real(pods, tree, nominated)
 
-    monkeypatch.setattr(replay, "order_pending", spy)
+    monkeypatch.setattr(pending, "order_pending", spy)
     nodes, pods = _load(tiny)
     qf = tiny / "q.yaml"
     qf.write_text(QUEUES)

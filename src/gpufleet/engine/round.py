@@ -271,6 +271,17 @@ class SchedulingRound:
                 return again
         return a
 
+    def only_waits(self, req: PodRequest, now: float) -> bool:
+        """Would ``try_pod(req, fits=False)`` -- no node has room for it -- only tell the pod to wait?  True
+        when no gang's hold could be ended for it and no room may be planned for it now (nothing lower to
+        take, or the port's rationing says no) and the pod has no nomination a try would end (its room spent).
+        A shell may then pass over a pod that waits already."""
+        if self.gangs.held or req.key in self.nominations:
+            return False
+        if not self.preemption or (self.tree is None and not self.rooms.lower_priority_running(req.priority)):
+            return True
+        return not self.rooms.may_plan(RoomFor(req.key, req.priority, req), now)
+
     def _bind(self, a: Attempt) -> None:
         self.nominations.pop(a.request.key, None)
         self.port.bind(a)

@@ -6,22 +6,18 @@ time* -- ``deletion_time - scheduled_time`` (or ``- creation_time`` when the
 trace has no scheduled time): the time it held resources in production.  A
 pod placed late therefore still runs for as long as it did, as a job would.
 
-Each pod's trip is the live scheduler's, written once: ``engine.round.SchedulingRound``
+Each pod's trip is the live scheduler's, written once in ``engine/``: ``round.SchedulingRound``
 (the engine's cycle, held room, reclaim of quota its queue lent out, preemption of
-lower-priority pods, the gang round), the queue order ``engine.schedqueue``'s (pods
-that had victims deleted for them first, then with team queues hierarchical
-weighted DRF, else priority and first come).  What differs is only what the live
-loop's API calls do: victims leave at once (back to waiting, like a controller's
-re-created pod, keeping their first arrival time), so the pod is placed at once.
-A pod that does not fit waits until a change may let it fit
-(``engine.schedqueue.may_fit_after``, as the live queue's wake-ups): a pod
-leaving wakes the shapes that could fit on its node, or that a cluster-wide count
-(queue quota) kept out; nothing else changes in a replay.  A retry while nothing
-changed would fail again, so it is skipped (equivalent outcome, much less work),
-and within a round a (queue, shape, constraints) that failed is not tried again:
-resources only shrink while a round places pods.  Members of a pod group go
-through the round's gang scheduler (all or nothing, one holder at a time) after
-the single pods, as in ``SchedulerLoop.schedule_due``.
+lower-priority pods, the gang round) and ``pending.PendingGroups`` (which waiting pods a change
+may let fit, ``schedqueue.may_fit_after`` as the live queue's wake-ups, and the shared queue order:
+pods that had victims deleted for them first, then with team queues hierarchical weighted DRF,
+else priority and first come).  This module is the shell: it turns the trace into arrivals and
+departures on a clock, says what changed (a pod leaving frees room on its node; nothing else
+changes in a replay), and carries out the round's decisions.  What differs from the live loop is
+only what its API calls do: victims leave at once (back to waiting, like a controller's re-created
+pod, keeping their first arrival time), so the pod is placed at once.  Members of a pod group go
+through the round's gang scheduler (all or nothing, one holder at a time) after the single pods,
+as in ``SchedulerLoop.schedule_due``.  The figures are ``replay_metrics``'.
 
 Load (``load=X``): the arrival times are scaled so that the time-averaged
 offered GPU demand is X of the cluster's GPU capacity:
@@ -48,98 +44,32 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...engine.framework import Scheduler
 from ...engine.gang import GangResult
-from ...engine.model import GPU_MILLI, Node, PodRequest
+from ...engine.model import Node, PodRequest
+from ...engine.pending import PendingGroups, could_fit
 from ...engine.plugins.queuequota import QueueQuota
 from ...engine.preemption import Plan, candidate_bound
-from ...engine.queues import Queue, QueueTree, request_vector
+from ...engine.queues import Queue, QueueTree
 from ...engine.round import Attempt, RoomFor, SchedulingRound
-from ...engine.schedqueue import Backoff, QueuedPod, order_pending, requeue_hints, room_only, sort_key
+from ...engine.schedqueue import requeue_hints
 from ...engine.state import ClusterState
 from ...policies import build_profile
-from ...policies.paper.workload import TargetWorkload, frag_amount, node_view
+from ...policies.paper.workload import TargetWorkload
 from .packing import prime_policy
+from .replay_metrics import SAMPLES, ReplayRun, pinned_class, request_class, sample, stats, summarize
 from ..traces.trace import TraceError, TracePod
-from .waiting import WaitingPods, could_fit
 from ..traces.workload import DEFAULT_WARMUP, Workload, workload_from_trace
 
 if TYPE_CHECKING:
     from ..traces.constraints import NodeLimits
 
-SAMPLES = 200
-BOUNDED_SLOWDOWN_TAU_S = 10.0  # bounded slowdown: (wait + run) / max(run, tau)
 PLAN_INTERVAL_S = 300.0  # a queue (or priority) whose reclaim/preemption plan failed plans again at most this often
-
-
-def request_class(r: PodRequest) -> str:
-    """``cpu`` (no GPU), ``shares`` (part of one GPU), ``1``/``2``/``4``/``8`` GPUs, or ``N`` GPUs."""
-    if r.gpu_count == 0:
-        return "cpu"
-    if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
-        return "shares"
-    return str(r.gpu_count)
-
-
-def pinned_class(r: PodRequest) -> str | None:
-    """``<class>@<models>`` for a pod pinned to GPU models, else None."""
-    if r.gpu_count == 0 or not r.gpu_models_allow:
-        return None
-    return f"{request_class(r)}@{'|'.join(sorted(r.gpu_models_allow))}"
-
-
-def stats(values: Sequence[float] | np.ndarray) -> dict[str, float]:
-    a = np.asarray(values, dtype=float)
-    if a.size == 0:
-        return {"n": 0, "mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "max": 0.0}
-    p50, p95, p99 = np.percentile(a, [50, 95, 99])
-    return {"n": int(a.size), "mean": round(float(a.mean()), 2), "p50": round(float(p50), 2),
-            "p95": round(float(p95), 2), "p99": round(float(p99), 2), "max": round(float(a.max()), 2)}
-
-
-@dataclass
-class ReplayRun:
-    policy: str
-    seed: int
-    trace: str
-    load: float | None = None  # target offered load (None: the trace's own clock x speedup)
-    offered_load: float = 0.0  # offered GPU load actually replayed (reference capacity)
-    arrival_scale: float = 1.0  # factor applied to the gaps between arrivals
-    copies: int = 1  # passes of the trace, back to back
-    what_if: str = ""
-    nodes: int = 0
-    gpus: int = 0
-    warmup: float = DEFAULT_WARMUP
-    busy_window_h: list[float] = field(default_factory=list)  # [start, end], hours from the first arrival
-    t_h: list[float] = field(default_factory=list)
-    gpu_alloc_pct: list[float] = field(default_factory=list)
-    pending_pods: list[int] = field(default_factory=list)
-    frag_pct: list[float] = field(default_factory=list)  # fragmented GPUs (FGD's measure), % of capacity
-    queue_delay_s: dict[str, float] = field(default_factory=dict)
-    delay_by_class: dict[str, dict[str, float]] = field(default_factory=dict)
-    bounded_slowdown: dict[str, float] = field(default_factory=dict)
-    production_delay_s: dict[str, float] = field(default_factory=dict)  # same pods, what production had
-    pods_arrived: int = 0
-    pods_measured: int = 0
-    pods_placed: int = 0
-    pods_never_placed: int = 0
-    preemptions: int = 0
-    reclaims: int = 0
-    held_taken: int = 0  # pods placed in room a policy holds for pods not yet here rather than evicting anyone
-    mean_gpu_alloc_pct: float = 0.0  # over the busy window
-    mean_frag_pct: float = 0.0
-    teams: dict[str, dict] = field(default_factory=dict)
-    wall_s: float = 0.0
-
-    def to_json(self) -> dict:
-        d = dict(self.__dict__)
-        d["experiment"] = "replay"
-        return d
 
 
 def _limits_plugin(extras: Sequence[Mapping[str, object]], nodes: Sequence[Node], reqs: Sequence[PodRequest]) -> NodeLimits | None:
@@ -211,7 +141,7 @@ def run_replay(
     rp = _Replay(wl, reqs, sched, tree, limits, run, tw, preemption, progress)
     run.busy_window_h = [round((rp.w_start - rp.t_first) / 3600, 4), round((rp.w_end - rp.t_first) / 3600, 4)]
     rp.run()
-    _summarize(rp)
+    summarize(rp)
     run.wall_s = round(time.perf_counter() - t0, 3)
     return run
 
@@ -243,7 +173,7 @@ class _Replay:
     ``engine.round.SchedulingRound``'s, the live loop's too; this class is what the live loop's
     informers and API calls are instead: pods arrive and leave by the trace's clock, victims leave at
     once and wait again (so the round tries the pod again straight away).  It is the round's snapshot,
-    ``RoundPort`` and ``RoomPort``.  The waiting pods are ``WaitingPods``; what runs is counted here
+    ``RoundPort`` and ``RoomPort``.  The waiting pods are ``engine.pending.PendingGroups``; what runs is counted here
     (GPU milli, pods per priority) for the metrics and for the plan rationing.
     """
 
@@ -254,7 +184,8 @@ class _Replay:
         self.acc = tw.access(self.state.model_names) if tw is not None else None
         self.all_nodes = np.arange(len(self.state))  # the fragmentation sample's rows
         self.capacity = max(self.state.total_gpu_milli(), 1)
-        self.by_key = {r.key: i for i, r in enumerate(reqs)}
+        self.pending = PendingGroups(reqs, requeue_hints(sched.profile))  # waiting pods, what changed, the retries
+        self.by_key = self.pending.by_key
         arrival = wl.arrival_s
         self.measured = ~np.isnan(arrival)
         self.t_first = float(arrival[self.measured].min()) if self.measured.any() else 0.0
@@ -265,9 +196,6 @@ class _Replay:
         heapq.heapify(self.events)
         self.seq = 0
         self.ends: dict[int, int] = {}  # pod -> seq of its live departure event (victims' old ones are stale)
-        self.waiting = WaitingPods(reqs)
-        self.backoff = Backoff()
-        self.nominated: set[str] = set()
         self.arrived_at: dict[int, float] = {}
         self.delays = np.full(len(reqs), np.nan)
         self.used_milli = 0
@@ -279,10 +207,6 @@ class _Replay:
         self.seen: dict[int, int] = {}  # pod -> when it (or, for a victim, its new pod) came, as a sequence number
         self.seen_n = 0
         self.age: dict[int, int] = {}  # running pod -> its age as the live loop's (start second, then first sight)
-        self.dirty: set[int] = set()  # nodes that gained room since the last retry round
-        self.wake_any: set[tuple] = set()  # groups last kept out by a cluster-wide count (queue quota): tried at every round
-        self.requeued: set[tuple] = set()  # groups of victims waiting again: never tried against this cluster yet
-        self.hints = requeue_hints(sched.profile)
         self.plans = _PlanRation()
         self.round = SchedulingRound(self, self, self, preemption)
         self.gangs = self.round.gangs if any(r.pod_group for r in reqs) else None
@@ -305,7 +229,7 @@ class _Replay:
             return ("gang", room.key)
         if self.tree is not None:
             return (room.request.queue, None)
-        return (None, room.priority, self.waiting.group_of[self.by_key[room.request.key]])
+        return (None, room.priority, self.pending.group_of[self.by_key[room.request.key]])
 
     def _plan_epoch(self, room: RoomFor) -> tuple:
         """What must have changed since a plan failed: placements beyond quota (not for gangs), lower ones, or a
@@ -316,18 +240,17 @@ class _Replay:
         """Pod i through the shared round (its decision comes back through ``bind``/``wait``/``evict``)."""
         r = self.reqs[i]
         self.now = now
-        return self.round.try_pod(r, now, now - self.arrived_at.get(i, now), r.key in self.nominated, fits, plan)
+        return self.round.try_pod(r, now, now - self.arrived_at.get(i, now), r.key in self.pending.nominated, fits, plan)
 
     def place_initial(self, i: int, now: float) -> None:
         """A pod already running when the trace starts: placed if it fits, never waits."""
         r = self.reqs[i]
         self._came(i)
         if could_fit(self.state, r) and self.sched.schedule(r, waited_s=0.0).ok:
-            self.wake_any.discard(self.waiting.group_of[i])
-            self.placed(i, now)
+            self.placed(i, now, tried=True)
 
-    def placed(self, i: int, now: float) -> None:
-        """Bookkeeping once pod i holds its devices (by the round, alone or as a gang member)."""
+    def placed(self, i: int, now: float, tried: bool = False) -> None:
+        """Bookkeeping once pod i holds its devices (by the round, alone -- ``tried`` -- or as a gang member)."""
         r, tree = self.reqs[i], self.tree
         self.placed_by_prio[r.priority] = self.placed_by_prio.get(r.priority, 0) + 1
         if tree is not None and r.queue in tree.queues and any(
@@ -337,9 +260,7 @@ class _Replay:
         self.running_by_prio[r.priority] = self.running_by_prio.get(r.priority, 0) + 1
         if i in self.arrived_at and np.isnan(self.delays[i]):
             self.delays[i] = now - self.arrived_at[i]
-        self.waiting.remove(i)
-        self.nominated.discard(r.key)
-        self.backoff.forget(r.key)
+        self.pending.placed(i, tried)
         self.seq += 1
         self.ends[i] = self.seq
         self.age[i] = (int(now) << 32) + self.seen.get(i, 0)
@@ -356,7 +277,7 @@ class _Replay:
         self.ends.pop(i, None)  # an evicted pod's departure event is stale now
         self.left += 1
         if node is not None:
-            self.dirty.add(self.state.index[node])
+            self.pending.freed.add(self.state.index[node])
 
     def release(self, i: int) -> None:
         """Pod i ran its time and leaves."""
@@ -380,32 +301,25 @@ class _Replay:
                 self.gang_waiting[j] = now
             else:
                 self.sched.forget(v.pod_key)
-                self.waiting.add(j, self.arrived_at.get(j, now))
-                self.requeued.add(self.waiting.group_of[j])  # as a new pod: tried against every node
+                self.pending.requeue(j, self.arrived_at.get(j, now))  # as a new pod: tried against every node
             if v.queue in self.team_preempted:
                 (self.team_reclaimed if kind == "reclaimed" else self.team_preempted)[v.queue] += 1
         if kind == "reclaimed":
             self.result.reclaims += len(victims)
         else:
             self.result.preemptions += len(victims)
-        self.backoff.wake_all()
 
     # --- the round's ports (engine.round.RoundPort, RoomPort) ----------------------------------------
     def could_fit(self, request: PodRequest) -> bool:
         return could_fit(self.state, request)
 
     def bind(self, attempt: Attempt) -> None:
-        i = self.by_key[attempt.request.key]
-        self.wake_any.discard(self.waiting.group_of[i])
-        self.placed(i, self.now)
+        self.placed(self.by_key[attempt.request.key], self.now, tried=True)
         self.result.held_taken += attempt.held_room
 
     def wait(self, attempt: Attempt) -> None:
         i = self.by_key[attempt.request.key]
-        if not room_only(attempt.decision.rejected_by, self.hints):  # not only by room: any pod leaving may help
-            self.wake_any.add(self.waiting.group_of[i])
-        self.waiting.add(i, self.arrived_at.get(i, self.now))
-        self.backoff.defer(attempt.request.key, self.now)
+        self.pending.failed(i, self.arrived_at.get(i, self.now), attempt.decision.rejected_by)
 
     def gang_result(self, result: GangResult) -> None:
         """Nothing to report: the replay's gangs have no PodGroup objects."""
@@ -423,7 +337,10 @@ class _Replay:
         """Nothing: the pods a hold kept out are tried when the next pod leaves."""
 
     def lower_priority_running(self, priority: int) -> bool:
-        return any(p < priority and c for p, c in self.running_by_prio.items())
+        for p, c in self.running_by_prio.items():
+            if c and p < priority:
+                return True
+        return False
 
     def may_plan(self, room: RoomFor, now: float) -> bool:
         """Only once something it could take came since a plan for its kind failed (``_PlanRation``)."""
@@ -448,7 +365,7 @@ class _Replay:
         rp = attempt.room
         assert rp is not None
         self.remove_victims(rp.victims, rp.kind, self.now)
-        self.nominated.add(attempt.request.key)
+        self.pending.nominated.add(attempt.request.key)
         return True
 
     def evict_for_gang(self, room: RoomFor, plan: Plan) -> bool:
@@ -464,127 +381,12 @@ class _Replay:
         self.now = now
         self.round.gang_round(now)
 
-    def _head_entry(self, group: tuple) -> tuple | None:
-        i = self.waiting.head(group)
-        return None if i is None else (sort_key(self.waiting.queued[i], self.nominated), group)
-
     def retry(self, now: float) -> None:
-        """One pass over the waiting pods in the shared queue order (``engine.schedqueue``).
-
-        Without queues the order is static, so waiting pods are kept per group in that order
-        and merged lazily by their heads; a group whose head fails is done for the round.  A
-        group is only tried if it could fit on a node that gained room since the last round:
-        every waiting group failed against the rest of the cluster then, and nothing there
-        has more room now.  With queues see ``retry_queues``."""
-        w = self.waiting
-        fresh, self.requeued = self.requeued & w.groups.keys(), set()
-        if not len(w):
-            self.dirty.clear()
-            return
-        room = sorted(self.dirty)
-        ok = w.with_room(self.state, room)  # schedqueue.may_fit_after, for every group at once
-        self.dirty.clear()
-        for g in fresh:
-            ok[w.group_ids[g]] = True
-        if self.tree is not None:
-            self.retry_queues(now, ok)
-            return
-        for g in self.wake_any & w.groups.keys():
-            ok[w.group_ids[g]] = True
-        lowest = min((p for p, c in self.running_by_prio.items() if c), default=None)
-        if self.preemption and room and lowest is not None:  # a pod that could evict: the room that came may
-            for gid in np.flatnonzero(~ok & (w.count > 0)):  # complete a plan (the live loop plans at each retry)
-                g = w.group_list[gid]
-                i0 = w.head(g)
-                if i0 is not None and (r0 := self.reqs[i0]).priority > lowest \
-                        and self.may_plan(RoomFor(r0.key, r0.priority, r0), now):
-                    ok[gid] = True
-                    fresh.add(g)
-        heads = [e for gid in np.flatnonzero(ok & (w.count > 0)) if (e := self._head_entry(w.group_list[gid])) is not None]
-        heapq.heapify(heads)
-        while heads:
-            _, group = heapq.heappop(heads)
-            i = w.head(group)
-            if i is None:
-                continue
-            fits = w.fits_on(w.group_ids[group], self.state, room)
-            a = self._attempt(i, now, fits=True if fits else None if group in self.wake_any or group in fresh else False)
-            if a.ok:
-                if a.made_room:  # victims left (or held room was taken): their nodes count as gained room
-                    room = sorted(set(room) | self.dirty)
-                if (e := self._head_entry(group)) is not None:
-                    heapq.heappush(heads, e)
-
-    def retry_queues(self, now: float, ok: np.ndarray) -> None:
-        """With queues: the candidates are the first pods of each group that could fit on a node
-        that gained room, whose last failure was a cluster-wide count (its quota: usage moved), or that could reclaim
-        (within its quota while others borrow); they go through ``order_pending`` (DRF), as the
-        live loop's due pods do.  Rounds repeat while a group had all its candidates placed;
-        within one, a group makes room once."""
-        tree, w = self.tree, self.waiting
-        assert tree is not None
-        borrowing = False
-        if self.preemption:
-            use = tree.usage()
-            borrowing = any((nom := tree.nominal(q, "gpu_milli")) is not None and use[q].get("gpu_milli", 0) > nom
-                            for q in tree.queues)
-        per_group = 8
-        for _ in range(64):
-            cands: list[QueuedPod] = []
-            for group, members in w.groups.items():
-                r0 = self.reqs[members[0][1]]
-                if ok[w.group_ids[group]] or group in self.wake_any or (
-                        borrowing and r0.queue and self.may_plan(RoomFor(r0.key, r0.priority, r0), now)
-                        and tree.within_nominal(r0.queue, request_vector(r0))):
-                    cands.extend(w.first(group, per_group))
-            if not cands:
-                return
-            failed: set = set()
-            room_tried: set = set()
-            placed_n: dict[tuple, int] = {}
-            for key in order_pending(cands, tree, self.nominated):
-                i = self.by_key[key]
-                if i not in w:
-                    continue
-                group = w.group_of[i]
-                if group in failed:
-                    continue
-                plan = group not in room_tried
-                a = self._attempt(i, now, plan=plan)
-                if a.ok and not a.made_room:
-                    placed_n[group] = placed_n.get(group, 0) + 1
-                    continue
-                if plan:
-                    room_tried.add(group)
-                if a.ok:
-                    failed.clear()  # room was made: room for others too
-                    placed_n[group] = placed_n.get(group, 0) + 1
-                    continue
-                failed.add(group)
-            more = {g for g, n in placed_n.items() if n >= per_group and g in w.groups}
-            if not more:
-                return
-            ok = np.zeros(len(w.group_list), dtype=bool)
-            for g in more:
-                ok[w.group_ids[g]] = True
+        """The waiting pods that what changed may let fit go through the round again (``PendingGroups.retry``)."""
+        self.now = now
+        self.pending.retry(self.round, now, lambda i, fits, plan: self._attempt(i, now, fits, plan))
 
     # --- the clock --------------------------------------------------------------------------------
-    def sample(self, t: float) -> None:
-        run, tree = self.result, self.tree
-        run.t_h.append(round((t - self.t_first) / 3600.0, 4))
-        run.gpu_alloc_pct.append(round(self.used_milli / self.capacity * 100.0, 3))
-        run.pending_pods.append(len(self.waiting))
-        if self.tw is not None:
-            cpu, left, model = node_view(self.state, self.all_nodes)
-            run.frag_pct.append(round(float(frag_amount(cpu, left, model, self.tw, self.acc).sum()) / self.capacity * 100.0, 3))  # type: ignore[arg-type]
-        if tree is not None:
-            use = tree.usage()
-            for q in self.team_names:
-                g = use[q].get("gpu_milli", 0)
-                self.team_share[q].append(round(100.0 * g / self.capacity, 3))
-                nom = tree.nominal(q, "gpu_milli")
-                self.team_borrow[q].append(round(100.0 * max(0, g - nom) / self.capacity, 3) if nom is not None else 0.0)
-
     def on_event(self, kind: int, i: int, now: float) -> None:
         raise ValueError(f"unknown replay event kind {kind}")
 
@@ -614,7 +416,7 @@ class _Replay:
         while ev:
             now = ev[0][0]
             while si < len(sample_times) and sample_times[si] <= now:
-                self.sample(sample_times[si])
+                sample(self, sample_times[si])
                 si += 1
             lo, hi = max(last_t, self.w_start), min(now, self.w_end)
             if hi > lo:
@@ -635,7 +437,6 @@ class _Replay:
                 else:
                     self.on_event(kind, i, now)  # other events a subclass scheduled (spot_replay: nodes)
             if left_any:
-                self.backoff.wake_all()
                 self.retry(now)
             for i in arrivals:  # as the live loop: every pod that arrived is learned from before any is tried
                 self.sched.observe(self.reqs[i])
@@ -643,60 +444,13 @@ class _Replay:
                 self.arrive(i, now)
                 if self.progress is not None:
                     self.progress(1)
-            if self.dirty:  # an arrival's victims left: as the live loop's watch of their deletion, the pods
+            if self.pending.freed:  # an arrival's victims left: as the live loop's watch of their deletion, the pods
                 self.retry(now)  # that may fit where they were are tried at once
             if left_any or any(self.reqs[i].pod_group for i in arrivals):
                 self.gang_round(now)
         while si < len(sample_times):
-            self.sample(sample_times[si])
+            sample(self, sample_times[si])
             si += 1
 
 
-def _summarize(rp: _Replay) -> None:
-    """The replay's metrics, over the pods that arrived in the busy window (see the module docstring)."""
-    run, reqs, delays, tree = rp.result, rp.reqs, rp.delays, rp.tree
-    arrival = rp.wl.arrival_s
-    in_window = rp.measured & (arrival >= rp.w_start) & (arrival <= rp.w_end)
-    run.pods_never_placed = int(sum(1 for i in rp.waiting.queued if in_window[i]) + sum(1 for i in rp.gang_waiting if in_window[i]))
-    run.pods_placed = int(np.count_nonzero(~np.isnan(delays)))
-    w = np.flatnonzero(in_window & ~np.isnan(delays))
-    run.pods_measured = int(in_window.sum())
-    d = delays[w]
-    run.queue_delay_s = stats(d)
-    by: dict[str, list[float]] = {}
-    for iw in w.tolist():
-        by.setdefault(request_class(reqs[iw]), []).append(float(delays[iw]))
-        pc = pinned_class(reqs[iw])
-        if pc:
-            by.setdefault(pc, []).append(float(delays[iw]))
-    order_cls = {"shares": 0, "1": 1, "2": 2, "4": 4, "8": 8, "cpu": 100}
-    run.delay_by_class = {k: stats(v) for k, v in sorted(by.items(), key=lambda kv: (order_cls.get(kv[0], 50 if "@" not in kv[0] else 200), kv[0]))}
-    rt = rp.wl.run_s[w]
-    run.bounded_slowdown = stats(np.maximum(1.0, (d + rt) / np.maximum(rt, BOUNDED_SLOWDOWN_TAU_S)))
-    prod = rp.wl.production_delay_s[w]
-    run.production_delay_s = stats(prod[~np.isnan(prod)])
-    if rp.w_end > rp.w_start:
-        run.mean_gpu_alloc_pct = round(rp.alloc_integral / (rp.w_end - rp.w_start) / rp.capacity * 100.0, 3)
-    else:
-        run.mean_gpu_alloc_pct = run.gpu_alloc_pct[-1] if run.gpu_alloc_pct else 0.0
-    inw = [k for k, t in enumerate(run.t_h) if run.busy_window_h[0] <= t <= run.busy_window_h[1]]
-    if run.frag_pct and inw:
-        run.mean_frag_pct = round(float(np.mean([run.frag_pct[k] for k in inw])), 3)
-    if tree is not None:
-        for q in rp.team_names:
-            dq = [float(delays[i]) for i in w if reqs[i].queue == q]
-            mean_share = float(np.mean([rp.team_share[q][k] for k in inw])) if inw else 0.0
-            nom = tree.nominal(q, "gpu_milli")
-            run.teams[q] = {
-                "quota_gpus": None if nom is None else nom / GPU_MILLI, "weight": tree.queues[q].weight,
-                "parent": tree.queues[q].parent, "delay_s": stats(dq), "mean_share_pct": round(mean_share, 3),
-                "share_pct": rp.team_share[q], "borrowed_pct": rp.team_borrow[q],
-                "preempted": rp.team_preempted[q], "reclaimed_from": rp.team_reclaimed[q],
-                "never_placed": int(sum(1 for i in rp.waiting.queued if in_window[i] and reqs[i].queue == q)),
-            }
-        unq = [float(delays[i]) for i in w if reqs[i].queue not in tree.queues]
-        if unq:
-            run.teams["(no queue)"] = {"delay_s": stats(unq)}
-
-
-__all__ = ["ReplayRun", "request_class", "run_replay", "stats"]
+__all__ = ["ReplayRun", "pinned_class", "request_class", "run_replay", "stats"]

@@ -34,7 +34,8 @@ from ...engine.prices import PriceBook
 from ...engine.state import ClusterState
 from ...policies import build_profile
 from .packing import prime_policy
-from .replay import ReplayRun, _Replay, stats
+from .replay import _Replay
+from .replay_metrics import ReplayRun, stats, summarize
 from ..traces.spot_trace import HP, SPOT, GfsJob, GfsNode, SpotEvent
 from ..traces.workload import Workload
 
@@ -191,9 +192,9 @@ class _SpotReplay(_Replay):
         else:
             f.unfinished_gpu_h += gpu_h
 
-    def placed(self, i: int, now: float) -> None:
+    def placed(self, i: int, now: float, tried: bool = False) -> None:
         first = np.isnan(self.delays[i])
-        super().placed(i, now)
+        super().placed(i, now, tried)
         a = self.state.assignments.get(self.reqs[i].key)
         if a is not None:
             self.started[i] = (now, a.node)
@@ -263,10 +264,10 @@ class _SpotReplay(_Replay):
             plan = drain_plan(self.state, {e.node: f"taint {NOTICE_TAINT.key}"})
             self.remove_victims([self.state.assignments[m.pod_key] for m in plan], "interrupted", now)
             self._fill(e.node)
-            self.dirty.discard(self.state.index[e.node])
+            self.pending.freed.discard(self.state.index[e.node])
             for m in plan:  # placed again at once, highest priority first; gangs through the gang round
                 j = self.by_key[m.pod_key]
-                if not self.reqs[j].pod_group and j in self.waiting:
+                if not self.reqs[j].pod_group and j in self.pending:
                     self._attempt(j, now)  # the shared round: placed, or room made for it
             if any(m.group for m in plan):
                 self.gang_round(now)
@@ -278,7 +279,7 @@ class _SpotReplay(_Replay):
         else:  # back, empty
             if self.state.unreserve(hold) is None:
                 return
-            self.dirty.add(self.state.index[e.node])
+            self.pending.freed.add(self.state.index[e.node])
             self.retry(now)
             models = {g.model for g in self.clean[e.node].gpus}
             if any((allow := self.reqs[j].gpu_models_allow) is None or allow & models for j in self.gang_waiting):
@@ -303,16 +304,14 @@ def run_spot_replay(nodes: Sequence[GfsNode], jobs: Sequence[GfsJob], events: Se
                      prices=prices, spot_cfg=prices.spot)
     run.busy_window_h = [round((rp.w_start - rp.t_first) / 3600, 4), round((rp.w_end - rp.t_first) / 3600, 4)]
     rp.run()
-    from .replay import _summarize
-
-    _summarize(rp)
+    summarize(rp)
     end = max(rp.t_last, max((e.t_s + rp.t_first for e in events), default=rp.t_last))
     for i in list(rp.started):  # still running at the end: what ran so far is paid for, not completed (yet)
         rp._segment(i, min(end, rp.started[i][0] + float(rp.wl.run_s[i])), "unfinished")
     for i in np.flatnonzero(~rp.measured).tolist():
         if i not in rp.ever_placed:
             rp.cls[PREFILL].never_placed += 1  # the cluster could not hold all that was running at the start
-    for i in rp.waiting.queued:
+    for i in rp.pending.queued:
         rp.cls[kinds[i]].never_placed += 1
     for i in rp.gang_waiting:
         rp.cls[kinds[i]].never_placed += 1

@@ -1,4 +1,5 @@
-"""The replay's waiting pods: one list per decision group in queue order, and the cheap "could it fit" tests."""
+"""Pending pods by decision group (``engine.pending``): one list per group in queue order, the cheap "could it fit"
+tests, and a retry pass that tries only what a change may let fit."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpufleet.engine.model import Assignment, PodRequest
-from gpufleet.simulator.experiments.waiting import WaitingPods, could_fit
+from gpufleet.engine.pending import PendingGroups, could_fit
 
 from tests.builders import T4, make_node, state_of
 
@@ -17,7 +18,7 @@ def req(name: str, gpu_milli: int = 1000, gpu_count: int = 1, cpu_milli: int = 1
 
 def test_a_group_is_kept_in_queue_order_and_dropped_when_empty():
     reqs = [req("c"), req("a"), req("b"), req("share", gpu_milli=500)]
-    w = WaitingPods(reqs)
+    w = PendingGroups(reqs, {})
     assert len(w.group_list) == 2  # the three whole-GPU pods decide alike
     w.add(0, 1.0)
     w.add(1, 5.0)
@@ -36,7 +37,7 @@ def test_a_group_is_kept_in_queue_order_and_dropped_when_empty():
 
 
 def test_priority_splits_groups():
-    w = WaitingPods([req("low"), req("high", priority=100)])
+    w = PendingGroups([req("low"), req("high", priority=100)], {})
     assert w.group_of[0] != w.group_of[1]
 
 
@@ -53,7 +54,7 @@ def test_room_tests_agree_with_each_other(used, pod, fits):
     for g, m in enumerate(used):
         if m:
             st.reserve(Assignment(f"t/u{g}", "n", 0, 0, gpu_indices=(g,), gpu_milli=m, gpu_memory_mib=(0,)))
-    w = WaitingPods([pod])
+    w = PendingGroups([pod], {})
     assert w.with_room(st, [0]).tolist() == [fits]
     assert w.fits_on(0, st, [0]) is fits
     assert could_fit(st, pod) is fits

@@ -1,0 +1,266 @@
+"""Pending pods by decision group, woken by what changed, and tried again in the queue's order.
+
+Why: which waiting pods are worth another cycle after a change, and in which order they get it, is a
+scheduling decision, not the trace replay's bookkeeping; it was the replay's own code (``retry``,
+``retry_queues`` and the wake-up sets in ``simulator/experiments/replay.py``).  Here it is pure and
+beside the round (``engine.round.SchedulingRound``), whose ``try_pod`` each retry goes through.
+
+Pods of one (queue, shape, labels, priority) get the same answer from the scheduler against the same
+cluster (a *decision group*), so they are kept in one list in the shared queue order
+(``schedqueue.sort_key``) and a pass tries a group's head and moves on when it fails: resources only
+shrink while a pass places pods.  What changed since the last pass decides which groups are tried
+(``schedqueue.may_fit_after``, kube-scheduler's queueing hints, for every group at once):
+
+* ``freed``: nodes that gained room (a pod left or was evicted): groups that could fit on one of them;
+* ``kept_out``: groups last kept out by a cluster-wide count (queue quota, spread): every pass;
+* ``fresh``: groups with a pod back in the queue (a victim, as its controller's new pod): never tried
+  against this cluster yet;
+* with preemption, a group whose head could evict lower-priority pods and may plan now (the port's
+  rationing): the room that came may complete a plan.
+
+A group that is tried but has no node with room for its head (``room_on``) is passed over without a
+cycle when a try could only make it wait (``SchedulingRound.only_waits``): no gang hold to look past,
+no room it may plan now.  Skipping changes no outcome, only saves the call.
+
+With team queues the candidates (the first pods of each due group) go through ``order_pending``
+(hierarchical weighted DRF), as the live loop's due pods do; passes repeat while a group had all its
+candidates placed, and within a pass a group makes room once.
+
+No I/O: the shell (the replay; the live loop's queue keeps per-pod backoff and uses ``may_fit_after``
+directly) says what changed and carries out the round's decisions through its ports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .model import PodRequest
+from .queues import request_vector
+from .round import Attempt, RoomFor, SchedulingRound
+from .schedqueue import QueuedPod, order_pending, room_need, room_on, room_only, sort_key
+from .state import ClusterState
+
+PER_GROUP = 8  # with team queues: a group's candidates per pass
+
+
+class PendingGroups:
+    """Pending pods (by index into ``reqs``) per decision group, each group's list in queue order, and what
+    changed since the last pass (``freed``, ``kept_out``, ``fresh``; see the module docstring)."""
+
+    def __init__(self, reqs: Sequence[PodRequest], hints: Mapping[str, str]) -> None:
+        self.reqs = reqs
+        self.hints = hints  # schedqueue.requeue_hints of the profile
+        self.by_key = {r.key: i for i, r in enumerate(reqs)}
+        self.queued: dict[int, QueuedPod] = {}  # pending pods, in the order they came
+        self.groups: dict[tuple, list[tuple]] = {}  # group -> [(sort key, index)], in order; only non-empty groups
+        self.group_of = [(r.queue, r.shape(), r.labels, r.priority) for r in reqs]
+        self.group_ids: dict[tuple, int] = {}
+        for g in self.group_of:
+            self.group_ids.setdefault(g, len(self.group_ids))
+        self.group_list = list(self.group_ids)
+        self.count = np.zeros(len(self.group_list), dtype=np.int64)  # [group id]: pods waiting in it
+        first: dict[tuple, PodRequest] = {}
+        for i, g in enumerate(self.group_of):
+            first.setdefault(g, reqs[i])
+        self.need = [room_need(first[g]) for g in self.group_list]  # [group id]
+        need = np.array(self.need, dtype=np.int64).reshape(-1, 4)
+        self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (need[:, k].copy() for k in range(4))
+        self.priority = np.array([g[3] for g in self.group_list], dtype=np.int64)  # [group id]
+        self.priorities = sorted(set(self.priority.tolist()))
+        self.freed: set[int] = set()  # nodes that gained room since the last pass
+        self.kept_out: set[tuple] = set()  # groups last kept out by a cluster-wide count: tried at every pass
+        self.fresh: set[tuple] = set()  # groups of pods back in the queue: never tried against this cluster yet
+        self.nominated: set[str] = set()  # pods that had victims deleted for them: tried first, held room is theirs
+
+    def __len__(self) -> int:
+        return len(self.queued)
+
+    def __contains__(self, i: int) -> bool:
+        return i in self.queued
+
+    # --- the queue ---------------------------------------------------------------------------------
+    def add(self, i: int, first_seen_s: float) -> None:
+        if i not in self.queued:
+            r = self.reqs[i]
+            q = self.queued[i] = QueuedPod(r.key, r.priority, first_seen_s, r)
+            bisect.insort(self.groups.setdefault(self.group_of[i], []), (sort_key(q)[1:], i))
+            self.count[self.group_ids[self.group_of[i]]] += 1
+
+    def remove(self, i: int) -> None:
+        q = self.queued.pop(i, None)
+        if q is not None:
+            g = self.groups[self.group_of[i]]
+            g.remove((sort_key(q)[1:], i))
+            self.count[self.group_ids[self.group_of[i]]] -= 1
+            if not g:
+                del self.groups[self.group_of[i]]
+
+    def head(self, group: tuple) -> int | None:
+        g = self.groups.get(group)
+        return g[0][1] if g else None
+
+    def first(self, group: tuple, n: int) -> list[QueuedPod]:
+        return [self.queued[i] for _, i in self.groups[group][:n]]
+
+    # --- what the round decided, what changed ------------------------------------------------------
+    def failed(self, i: int, first_seen_s: float, rejected_by: Collection[str]) -> None:
+        """Pod i does not fit: it waits; kept out not only by room, its group is tried whenever a pod leaves."""
+        if not room_only(rejected_by, self.hints):
+            self.kept_out.add(self.group_of[i])
+        self.add(i, first_seen_s)
+
+    def placed(self, i: int, tried: bool = True) -> None:
+        """Pod i holds its devices.  ``tried``: it went through a cycle of its own (not a gang member), so its
+        group is not kept out by a count any more."""
+        if tried:
+            self.kept_out.discard(self.group_of[i])
+        self.remove(i)
+        self.nominated.discard(self.reqs[i].key)
+
+    def requeue(self, i: int, first_seen_s: float) -> None:
+        """Pod i (a victim) waits again, as a new pod: its group is tried against every node at the next pass."""
+        self.add(i, first_seen_s)
+        self.fresh.add(self.group_of[i])
+
+    # --- room tests --------------------------------------------------------------------------------
+    def with_room(self, state: ClusterState, nodes: Iterable[int]) -> np.ndarray:
+        """[group id]: could the group fit on one of ``nodes`` (CPU, memory, enough GPUs with its milli free)."""
+        ok = np.zeros(len(self.group_list), dtype=bool)
+        for d in nodes:
+            ok |= (self.cpu_milli <= state.cpu_free[d]) & (self.memory_mib <= state.mem_free[d]) & \
+                ((state.gpu_free_milli[d][None, :] >= self.gpu_milli[:, None]).sum(axis=1) >= self.gpu_count)
+        return ok
+
+    def fits_on(self, gid: int, state: ClusterState, nodes: Sequence[int]) -> bool:
+        """``with_room`` for one group on a few nodes, without numpy's per-call cost."""
+        return room_on(state, self.need[gid], nodes)
+
+    # --- a pass ------------------------------------------------------------------------------------
+    def retry(self, rnd: SchedulingRound, now: float, attempt: Callable[[int, bool | None, bool], Attempt]) -> None:
+        """One pass over the waiting pods that what changed may let fit, in the shared queue order.
+
+        ``attempt(i, fits, plan)`` sends pod i through ``rnd.try_pod`` (the shell knows how long it waited);
+        ``fits``: True (it has room on a freed node), None (ask the shell's screen), False (no room: straight
+        to making room); ``plan`` False: make no room for it this time."""
+        fresh, self.fresh = self.fresh & self.groups.keys(), set()
+        if not len(self):
+            self.freed.clear()
+            return
+        state = rnd.sched.state
+        room = sorted(self.freed)
+        fit = self.with_room(state, room)  # schedqueue.may_fit_after, for every group at once
+        ok = fit.copy()
+        self.freed.clear()
+        for g in fresh:
+            ok[self.group_ids[g]] = True
+        if rnd.tree is not None:
+            self._retry_queues(rnd, now, ok, attempt)
+            return
+        for g in self.kept_out & self.groups.keys():
+            ok[self.group_ids[g]] = True
+        if rnd.preemption and room:  # a pod that could evict: the room that came may complete a plan
+            above = [p for p in self.priorities if rnd.rooms.lower_priority_running(p)]
+            could = ~ok & (self.count > 0) & np.isin(self.priority, above) if above else None
+            for gid in np.flatnonzero(could).tolist() if could is not None else ():
+                g = self.group_list[gid]
+                i0 = self.head(g)
+                if i0 is not None and rnd.rooms.may_plan(RoomFor((r0 := self.reqs[i0]).key, r0.priority, r0), now):
+                    ok[gid] = True
+                    fresh.add(g)
+        nominated, groups = self.nominated, self.groups
+        # (nominated last?, head's sort key) per group: the order of sort_key(head, nominated)
+        heads = [((self.reqs[(lst := groups[g])[0][1]].key not in nominated, lst[0][0]), g)
+                 for gid in np.flatnonzero(ok & (self.count > 0)).tolist() if (g := self.group_list[gid]) in groups]
+        heapq.heapify(heads)
+        stale = False  # a try changed the cluster since ``fit`` was computed
+        while heads:
+            _, group = heapq.heappop(heads)
+            if not (members := groups.get(group)):
+                continue
+            i = members[0][1]
+            if stale:
+                fit, stale = self.with_room(state, room), False
+            if fit[self.group_ids[group]]:
+                fits: bool | None = True
+            elif group in self.kept_out or group in fresh:
+                fits = None
+            elif rnd.only_waits(self.reqs[i], now):
+                continue  # no room on a freed node and nothing else a try could do: it would only wait
+            else:
+                fits = False
+            a = attempt(i, fits, True)
+            stale = True
+            if a.ok:
+                if a.made_room:  # victims left (or held room was taken): their nodes count as gained room
+                    room = sorted(set(room) | self.freed)
+                if members := groups.get(group):
+                    heapq.heappush(heads, ((self.reqs[members[0][1]].key not in nominated, members[0][0]), group))
+
+    def _retry_queues(self, rnd: SchedulingRound, now: float, ok: np.ndarray,
+                      attempt: Callable[[int, bool | None, bool], Attempt]) -> None:
+        """With queues: the candidates are the first pods of each group that could fit on a node that gained
+        room, whose last failure was a cluster-wide count (its quota: usage moved), or that could reclaim
+        (within its quota while others borrow); they go through ``order_pending`` (DRF), as the live loop's
+        due pods do.  Passes repeat while a group had all its candidates placed; within one, a group makes
+        room once."""
+        tree = rnd.tree
+        assert tree is not None
+        borrowing = False
+        if rnd.preemption:
+            use = tree.usage()
+            borrowing = any((nom := tree.nominal(q, "gpu_milli")) is not None and use[q].get("gpu_milli", 0) > nom
+                            for q in tree.queues)
+        for _ in range(64):
+            cands: list[QueuedPod] = []
+            for group, members in self.groups.items():
+                r0 = self.reqs[members[0][1]]
+                if ok[self.group_ids[group]] or group in self.kept_out or (
+                        borrowing and r0.queue and rnd.rooms.may_plan(RoomFor(r0.key, r0.priority, r0), now)
+                        and tree.within_nominal(r0.queue, request_vector(r0))):
+                    cands.extend(self.first(group, PER_GROUP))
+            if not cands:
+                return
+            failed: set = set()
+            room_tried: set = set()
+            placed_n: dict[tuple, int] = {}
+            for key in order_pending(cands, tree, self.nominated):
+                i = self.by_key[key]
+                if i not in self:
+                    continue
+                group = self.group_of[i]
+                if group in failed:
+                    continue
+                plan = group not in room_tried
+                a = attempt(i, None, plan)
+                if a.ok and not a.made_room:
+                    placed_n[group] = placed_n.get(group, 0) + 1
+                    continue
+                if plan:
+                    room_tried.add(group)
+                if a.ok:
+                    failed.clear()  # room was made: room for others too
+                    placed_n[group] = placed_n.get(group, 0) + 1
+                    continue
+                failed.add(group)
+            more = {g for g, n in placed_n.items() if n >= PER_GROUP and g in self.groups}
+            if not more:
+                return
+            ok = np.zeros(len(self.group_list), dtype=bool)
+            for g in more:
+                ok[self.group_ids[g]] = True
+
+
+def could_fit(state: ClusterState, r: PodRequest) -> bool:
+    """A necessary condition, cheap: some node has the CPU, memory and free GPUs the pod asks for (``room_need``)."""
+    c, m, gc, gm = room_need(r)
+    ok = (state.cpu_free >= c) & (state.mem_free >= m)
+    if gc:
+        ok &= (state.gpu_free_milli >= gm).sum(axis=1) >= gc
+    return bool(ok.any())
+
+
+__all__ = ["PER_GROUP", "PendingGroups", "could_fit"]
