@@ -75,3 +75,100 @@ def test_every_arrival_is_counted_once_in_the_progress_bar_also_when_it_preempts
     r = run_replay(nodes, wl, "bestfit", warmup=0.0, frag=False, progress=ticks.append)
     assert r.preemptions == 2 and r.pods_arrived == 6
     assert sum(ticks) == 6
+
+
+class _Shell:
+    """The smallest shell of the round: the pending pods, a scheduler, no queues; nothing lower to preempt
+    unless ``lower`` (then every plan is allowed)."""
+
+    def __init__(self, reqs: list[PodRequest], nodes: list, lower: bool = False) -> None:
+        from gpufleet.engine.round import SchedulingRound
+        from gpufleet.engine.schedqueue import requeue_hints
+
+        from tests.builders import scheduler
+
+        self.reqs, self.sched, self.tree, self.lower = reqs, scheduler(nodes), None, lower
+        self.pending = PendingGroups(reqs, requeue_hints(self.sched.profile))
+        self.round = SchedulingRound(self, self, self)
+        self.tries: list[tuple[str, bool | None]] = []
+
+    def attempt(self, i: int, fits: bool | None, plan: bool):
+        self.tries.append((self.reqs[i].key, fits))
+        return self.round.try_pod(self.reqs[i], 0.0, 0.0, fits=fits, plan=plan)
+
+    def retry(self) -> None:
+        self.pending.retry(self.round, 0.0, self.attempt)
+
+    # RoundPort / RoomPort
+    def could_fit(self, request):
+        return could_fit(self.sched.state, request)
+
+    def bind(self, attempt):
+        self.pending.placed(self.pending.by_key[attempt.request.key])
+
+    def wait(self, attempt):
+        self.pending.failed(self.pending.by_key[attempt.request.key], 0.0, attempt.decision.rejected_by)
+
+    def lower_priority_running(self, priority):
+        return self.lower
+
+    def may_plan(self, room, now):
+        return self.lower
+
+    def planned(self, room, now, spent_s, outcome):
+        pass
+
+    def victim_options(self):
+        return {}
+
+    def room_coming(self, request):
+        return ""
+
+    def leaving(self):
+        return frozenset()
+
+
+def test_a_retry_pass_tries_only_what_the_freed_room_may_take_in_queue_order():
+    """Three groups wait for one GPU; a pod leaves the only GPU node: the first come is placed, and the two
+    others, which no node has room for any more, are passed over without a cycle."""
+    reqs = [req("run", cpu_milli=500), req("late", cpu_milli=1000), req("first", cpu_milli=2000),
+            req("second", cpu_milli=3000), req("cpu-only", gpu_count=0, gpu_milli=0, cpu_milli=64_000)]
+    sh = _Shell(reqs, [make_node("n", 1, T4, cpu_milli=16_000)])
+    assert sh.sched.schedule(reqs[0]).ok
+    for i, seen in ((1, 3.0), (2, 1.0), (3, 2.0), (4, 0.0)):
+        sh.pending.add(i, seen)
+    sh.retry()
+    assert sh.tries == []  # nothing changed: nothing is tried
+    sh.sched.forget("t/run")
+    sh.pending.freed.add(0)
+    sh.retry()
+    assert sh.tries == [("t/first", True)]  # 'cpu-only' asks more CPU than the node has: never tried
+    assert "t/first" in sh.sched.state.assignments and len(sh.pending) == 3 and not sh.pending.freed
+
+
+def test_a_group_kept_out_by_a_count_or_back_in_the_queue_is_tried_without_room():
+    reqs = [req("run"), req("a", cpu_milli=2000), req("b", cpu_milli=3000)]
+    sh = _Shell(reqs, [make_node("n", 1, T4)])
+    assert sh.sched.schedule(reqs[0]).ok
+    sh.pending.add(1, 1.0)
+    sh.pending.requeue(2, 2.0)  # a victim, as its controller's new pod
+    sh.pending.kept_out.add(sh.pending.group_of[1])
+    sh.retry()
+    assert sh.tries == [("t/a", None), ("t/b", None)]  # the shell's screen decides (no node has the room)
+    assert len(sh.pending) == 2 and not sh.pending.fresh
+
+
+def test_with_lower_priority_pods_running_a_pod_without_room_still_goes_to_the_round():
+    """Passing over a pod is only right when a try could do nothing but make it wait: with something lower to
+    preempt (and planning allowed), the round must see it (``only_waits``)."""
+    reqs = [req("run"), req("first", cpu_milli=2000), req("second", cpu_milli=3000)]
+    for lower, expected in ((False, [("t/first", True)]), (True, [("t/first", True), ("t/second", False)])):
+        sh = _Shell(reqs, [make_node("n", 1, T4)], lower=lower)
+        assert sh.sched.schedule(reqs[0]).ok
+        sh.pending.add(1, 1.0)
+        sh.pending.add(2, 2.0)
+        assert sh.round.only_waits(reqs[2], 0.0) is not lower
+        sh.sched.forget("t/run")
+        sh.pending.freed.add(0)
+        sh.retry()
+        assert sh.tries == expected
