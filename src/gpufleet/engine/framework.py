@@ -75,6 +75,11 @@ class GpuChoice:
     mig: tuple[tuple[int, int], ...] = ()
 
 
+# the GPUs the policy's selector picked for a pod asking by ResourceClaim (None: it picked none): DynamicResources
+# tries them first when it allocates on the chosen node
+DRA_CHOICE: StateKey[GpuChoice | None] = StateKey("DynamicResources/choice")
+
+
 @dataclass
 class Cycle:
     """One pod's trip through the framework."""
@@ -457,7 +462,7 @@ class Scheduler:
             sel = self.profile.gpu_selector
             picked = sel.select_gpus(cycle, self.state, node) if sel else None
             if r.dra is not None and r.dra.on_node(self.state, node):  # DRA: the policy's GPUs are the allocator's first choice
-                cycle.data["dra.choice"] = picked
+                cycle.write(DRA_CHOICE, picked)
                 picked = GpuChoice()
             if picked is None:
                 cycle.status = Status.error(
@@ -547,7 +552,7 @@ def _dra_usage(cycle: Cycle, st: ClusterState, node: int) -> tuple[tuple[str, in
     if r.mig_profile:
         return ((f"mig:{r.mig_profile}", r.gpu_count),)
     if r.gpu_milli >= GPU_MILLI:
-        choice = cycle.data.get("dra.choice")
+        choice = cycle.read(DRA_CHOICE)
         picked = list(choice.gpu_indices) if choice is not None and choice.gpu_indices else []
         caps = [int(st.gpu_mem_cap[node, j]) for j in picked] or [int(st.gpu_mem_cap[node].max())] * r.gpu_count
         return (("gpu_milli", r.gpu_count * GPU_MILLI), ("gpu_memory_mib", sum(caps[:r.gpu_count])))
@@ -567,7 +572,7 @@ def feasible_reason_counts(cycle: Cycle) -> dict[str, int]:
 
 
 __all__: Sequence[str] = [
-    "Binder", "BindError", "Code", "Cycle", "StateKey", "Decision", "FilterResult", "FilterPlugin", "GpuChoice",
+    "Binder", "BindError", "Code", "Cycle", "DRA_CHOICE", "StateKey", "Decision", "FilterResult", "FilterPlugin", "GpuChoice",
     "GpuSelectPlugin", "PreFilterPlugin", "Profile", "ReservePlugin", "Scheduler", "ScorePlugin",
     "EXTENSION_POINTS", "KEPT_OFF_REASON", "MAX_NODE_SCORE", "NOMINATED_ROOM",
 ]

@@ -56,7 +56,7 @@ def test_whole_gpus_and_shares_hold_their_gpus():
     # the allocation the adapter writes: shares with their consumed capacity
     sched2, shape2, _ = setup()
     cycle, dec = sched2._schedule(shape2(pod("s", gpus=1, milli=250)))
-    [(claim, alloc)] = cycle.data[DRA_ALLOCATIONS]
+    [(claim, alloc)] = cycle.read(DRA_ALLOCATIONS)
     r = alloc.results[0]
     assert r.driver == DRIVER and r.share_id and r.consumed_capacity[f"{DRIVER}/gpuMilli"] == 250
 

@@ -326,7 +326,7 @@ def _violates(v: Fraction, cap: Capacity) -> bool:
 
 _QUALIFIED: dict[int, tuple[Mapping[str, Capacity], dict[str, Capacity]]] = {}
 # (request spec, device capacity) -> (what the request consumes of such a device, whether that breaks a request policy)
-_CONSUMED: dict[tuple, tuple[dict[str, Fraction] | None, bool]] = {}
+_CONSUMED: dict[tuple, tuple[ExactRequest, dict[str, Fraction] | None, bool]] = {}
 
 
 def _qualified(capacity: Mapping[str, Capacity], driver: str) -> dict[str, Capacity]:
@@ -716,15 +716,16 @@ class _Search:
             return self._no(alt, "in use")
         if not admin and not multi and did in self.a.allocated.shared:
             return self._no(alt, "in use")
-        ckey = (spec, ref.capacity_key)  # the same for every device alike and every claim of one template
+        # the same for every device alike and every claim of one template (requests are interned: by identity)
+        ckey = (id(spec), ref.capacity_key)
         entry = _CONSUMED.get(ckey)
-        if entry is None:
+        if entry is None or entry[0] is not spec:
             got = consumed_capacity(spec.capacity_requests, d.capacity, ref.driver)
             if len(_CONSUMED) > 100_000:
                 _CONSUMED.clear()
-            entry = _CONSUMED[ckey] = (got, got is not None and any(
+            entry = _CONSUMED[ckey] = (spec, got, got is not None and any(
                 _violates(got[n], cap) for n, cap in _qualified(d.capacity, ref.driver).items()))
-        consumed, violates = entry
+        _, consumed, violates = entry
         if consumed is None:
             return self._no(alt, "has none of the requested capacity")
         already = self.a.allocated.consumed.get(did) if multi else None
@@ -758,7 +759,8 @@ class _Search:
         else:
             cur = self.allocating_cap.setdefault(did, {})
             for k, v in consumed.items():
-                cur[k] = cur.get(k, Fraction(0)) + v
+                prev = cur.get(k)
+                cur[k] = v if prev is None else prev + v
             self.allocating_shares[did] = self.allocating_shares.get(did, 0) + 1
         pick = _Pick(alt, ref, share, consumed if multi else None, counted)
         self.result[alt.claim].append(pick)
@@ -841,6 +843,8 @@ class _Search:
                 self.a.share_id() if pick.share else None,
                 dict(pick.consumed) if pick.share and pick.consumed is not None else None,
                 d.binding_conditions, d.binding_failure_conditions))
+        if not claim.spec.config and not any(p.alt.cls.config for p in self.result[ci]):  # nothing to copy (most claims)
+            return Allocation(tuple(results), (), *self._node_selector(ci))
         config: list[Mapping] = []
         seen_cls: dict[str, list[int]] = {}
         chosen = {p.alt.base: p.alt for p in self.result[ci]}

@@ -574,9 +574,24 @@ def _exact(p: _P, path: str, r: Mapping[str, Any], name: str, sub: bool) -> Exac
         caps = {k: p.quantity(f"{path}.capacity.requests[{k}]", v) for k, v in reqs.items()}
     if r.get("derivedAttributes"):
         raise p.fail(f"{path}.derivedAttributes", "derived attributes (alpha) are not supported")
-    return ExactRequest(name, cls, p.selectors(f"{path}.selectors", r.get("selectors")), "All" if mode == "All" else "ExactCount",
-                        count, admin,
-                        p.tolerations(f"{path}.tolerations", r.get("tolerations")), caps)
+    req = ExactRequest(name, cls, p.selectors(f"{path}.selectors", r.get("selectors")), "All" if mode == "All" else "ExactCount",
+                       count, admin,
+                       p.tolerations(f"{path}.tolerations", r.get("tolerations")), caps)
+    return intern_request(req)
+
+
+_REQUESTS: dict[ExactRequest, ExactRequest] = {}
+
+
+def intern_request(req: ExactRequest) -> ExactRequest:
+    """One object per distinct request (every claim of one template asks the same): the allocator's and the
+    plugin's caches keyed by a request then find it by identity instead of comparing its quantities."""
+    got = _REQUESTS.get(req)
+    if got is None:
+        if len(_REQUESTS) >= 10_000:
+            _REQUESTS.clear()
+        got = _REQUESTS.setdefault(req, req)
+    return got
 
 
 def parse_claim_spec(p: _P, path: str, spec: Any) -> ClaimSpec:
@@ -622,7 +637,18 @@ def parse_claim_spec(p: _P, path: str, spec: Any) -> ClaimSpec:
                          f"must be a fully qualified name (domain/name), got {attr!r}")
         constraints.append(Constraint(reqs, attr if ma is not None else None, attr if da is not None else None))
     config = tuple(p.obj(f"{path}.devices.config[{i}]", c) for i, c in enumerate(p.lst(f"{path}.devices.config", devices.get("config"))))
-    return ClaimSpec(tuple(requests), tuple(constraints), config)
+    out = ClaimSpec(tuple(requests), tuple(constraints), config)
+    if config:  # equality leaves the config out: only specs without one are one object per value
+        return out
+    got = _SPECS.get(out)
+    if got is None:
+        if len(_SPECS) >= 10_000:
+            _SPECS.clear()
+        got = _SPECS.setdefault(out, out)
+    return got
+
+
+_SPECS: dict[ClaimSpec, ClaimSpec] = {}
 
 
 def _allocation(p: _P, path: str, a: Any) -> Allocation | None:
@@ -852,6 +878,18 @@ class DeviceRef:
         return device_view(self.driver, self.pool, self.device)
 
     @cached_property
-    def capacity_key(self) -> tuple:
-        """What a request's consumption of this device depends on: devices alike share it (the allocator's cache)."""
-        return (self.driver, tuple(sorted(self.device.capacity.items())))
+    def capacity_key(self) -> int | tuple:
+        """What a request's consumption of this device depends on: devices alike share it (the allocator's cache).
+        A small int per distinct (driver, capacities), so the allocator's lookups hash no quantities; the tuple itself
+        once more kinds than ``_CAPACITY_KINDS_MAX`` were seen (never equal to an int: still one key per kind)."""
+        key = (self.driver, tuple(sorted(self.device.capacity.items())))
+        got = _CAPACITY_KINDS.get(key)
+        if got is None:
+            if len(_CAPACITY_KINDS) >= _CAPACITY_KINDS_MAX:
+                return key
+            got = _CAPACITY_KINDS.setdefault(key, len(_CAPACITY_KINDS))
+        return got
+
+
+_CAPACITY_KINDS: dict[tuple, int] = {}
+_CAPACITY_KINDS_MAX = 10_000

@@ -10,7 +10,7 @@
   (``allocator.py``) on each node that could have room.
 * reserve: the allocator runs on the chosen node with the devices the placement policy picked first
   (``prefer``), so the allocation is the fragmentation-aware one; the claims then hold their devices
-  in the snapshot (in-flight: no other pod gets them) and ``cycle.data[DRA_ALLOCATIONS]`` tells the
+  in the snapshot (in-flight: no other pod gets them) and ``cycle.read(DRA_ALLOCATIONS)`` tells the
   adapter what to write (the allocation and ``reservedFor``, before the bind).
 """
 
@@ -21,7 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..framework import Cycle, FilterResult
+from ..framework import DRA_CHOICE, Cycle, FilterResult, StateKey
 from ..model import GPU_MILLI
 from ..state import ClusterState
 from ..status import Status
@@ -30,8 +30,11 @@ from .extended import dra_way
 from .objects import RESERVED_FOR_MAX, Allocation, DeviceRef, ExactRequest, ResourceClaim
 from .usage import MIB, GPU_MILLI_CAPACITY, DeviceTable
 
-DRA_ALLOCATIONS = "dra.allocations"  # cycle.data: [(claim, allocation or None if it was allocated already)]
-_DATA = "dra.cycle"
+# per-cycle state under typed keys (engine.framework.StateKey), as the default policy's plugins keep theirs
+# what to write before the bind: [(claim, its new allocation, or None where it was allocated already)]
+DRA_ALLOCATIONS: StateKey[list[tuple[ResourceClaim, Allocation | None]]] = StateKey("DynamicResources/allocations")
+# the object and field a CEL or class error names (for the caller's event), when the attempt stopped on one
+DRA_ERROR_OBJECT: StateKey[tuple[str, str]] = StateKey("DynamicResources/error-object")
 
 
 @dataclass
@@ -48,6 +51,9 @@ class _Data:
         """What to allocate on a node: the pod's unallocated claims, and its extended-resource claim where DRA serves it."""
         ext = [self.extended] if self.extended is not None and self.by_dra is not None and self.by_dra[node] else []
         return self.to_allocate + ext
+
+
+_DATA: StateKey[_Data] = StateKey("DynamicResources/cycle")  # preFilter's findings, for filter and reserve
 
 
 @dataclass
@@ -91,9 +97,9 @@ class DynamicResources:
                 for c in data.to_allocate + ([data.extended] if data.extended is not None else []):
                     a.compile_check(c)
             except AllocationError as exc:
-                cycle.data["dra.error_object"] = (exc.obj, exc.field)
+                cycle.write(DRA_ERROR_OBJECT, (exc.obj, exc.field))
                 return Status.unresolvable(str(exc), plugin=self.name)
-        cycle.data[_DATA] = data
+        cycle.write(_DATA, data)
         return Status.success()
 
     def _allocator(self, state: ClusterState, prefer=None) -> Allocator:
@@ -108,7 +114,7 @@ class DynamicResources:
                    "do not serve them")
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
-        data: _Data | None = cycle.data.get(_DATA)
+        data = cycle.read(_DATA)
         n = len(state)
         if data is None:
             return FilterResult(np.ones(n, dtype=bool), passes_all=True)
@@ -164,7 +170,7 @@ class DynamicResources:
                 if codes[i] == len(reasons):
                     reasons.append(exc.reason)
             except AllocationError as exc:
-                cycle.data["dra.error_object"] = (exc.obj, exc.field)
+                cycle.write(DRA_ERROR_OBJECT, (exc.obj, exc.field))
                 return FilterResult(np.zeros(n, dtype=bool), (str(exc),))
         return FilterResult(ok | dp_pass, tuple(reasons), codes)
 
@@ -179,18 +185,21 @@ class DynamicResources:
         spec = c.spec.requests[0].exactly
         if spec.allocation_mode != "ExactCount" or spec.admin_access:
             return None
-        cls = state.dra.catalog.classes.get(spec.device_class_name)  # type: ignore[union-attr]
-        assert cls is not None
-        mkey = ("candidates", cls.name, cls.selectors, spec.selectors)
-        got = table.need_cache.get(mkey)  # the candidates of a class + selectors: once per device table
-        if got is None:
-            mask, err = state.dra.catalog.match_mask(table, cls, spec, c, a)  # type: ignore[union-attr]
-            k = np.flatnonzero(mask)
-            simple = bool(k.size) and not ((table.node[k] < 0).any() or table.counters[k].any() or table.is_mig[k].any())
-            got = table.need_cache[mkey] = (k, err, simple, mkey)
-        k, err, simple, mkey = got
+        memo = table.need_cache.get(("fast-of", id(spec)))  # requests are interned: one lookup by identity per pod
+        if memo is None or memo[0] is not spec:
+            cls = state.dra.catalog.classes.get(spec.device_class_name)  # type: ignore[union-attr]
+            assert cls is not None
+            mkey = ("candidates", cls.name, cls.selectors, spec.selectors)
+            got = table.need_cache.get(mkey)  # the candidates of a class + selectors: once per device table
+            if got is None:
+                mask, err = state.dra.catalog.match_mask(table, cls, spec, c, a)  # type: ignore[union-attr]
+                k = np.flatnonzero(mask)
+                simple = bool(k.size) and not ((table.node[k] < 0).any() or table.counters[k].any() or table.is_mig[k].any())
+                got = table.need_cache[mkey] = (k, err, simple, mkey)
+            memo = table.need_cache[("fast-of", id(spec))] = (spec, got)
+        k, err, simple, mkey = memo[1]
         if err is not None:
-            cycle.data["dra.error_object"] = (err.obj, err.field)
+            cycle.write(DRA_ERROR_OBJECT, (err.obj, err.field))
             return Status.unresolvable(str(err))
         if k.size == 0:
             return np.zeros(len(state), dtype=bool), _none_match(c, spec)
@@ -199,7 +208,7 @@ class DynamicResources:
         per_node = self._per_node(k, table, state, spec, mkey)
         if per_node is None:
             return None
-        data: _Data | None = cycle.data.get(_DATA)
+        data = cycle.read(_DATA)
         if data is not None:
             data.simple = (c.key, spec, mkey)
         return per_node >= spec.count, (f"claim {c.key}, request {spec.name}: fewer than {spec.count} free device(s) "
@@ -213,13 +222,45 @@ class DynamicResources:
         decision over 40,000 GPUs is a few whole-array operations."""
         assert state.dra is not None
         n = len(state)
+        memo = table.need_cache.get(("per-node-of", id(spec)))  # what follows from the request alone, by identity
+        if memo is None or memo[0] is not spec:
+            memo = table.need_cache[("per-node-of", id(spec))] = (spec, self._plan(k, table, state, spec, kkey))
+        plan = memo[1]
+        if plan is None:
+            return None
+        others, grid, blocked, holder = plan
+        count = np.zeros(n, dtype=np.int64)
+        if grid is not None:
+            # per node, what the GPU columns give: all nodes once per snapshot and device table, then only the nodes
+            # whose free amounts changed since (their version moved), as GpuFit keeps its verdicts
+            if holder[0] != state.token:
+                holder[:] = [state.token, _gpu_counts(grid, blocked, state, slice(None)), state.version.copy()]
+            else:
+                _, gcount, vers = holder
+                stale = np.flatnonzero(vers != state.version)
+                if stale.size:
+                    gcount[stale] = _gpu_counts(grid, blocked, state, stale)
+                    vers[stale] = state.version[stale]
+            count += holder[1]
+        alloc = state.dra.allocated
+        for dk in others:  # other devices: few; checked one by one
+            ref = table.refs[dk]
+            if ref.device.allow_multiple_allocations:
+                return None
+            if not alloc.in_use(ref.device_id) and not taint_blocks(ref.device, spec):
+                count[table.node[dk]] += 1
+        return count
+
+    def _plan(self, k: np.ndarray, table: DeviceTable, state: ClusterState, spec: ExactRequest,
+              kkey: tuple) -> tuple | None:
+        """For ``_per_node``, once per request and device table: (other devices, the GPU grid or None, the GPU cells
+        its taints block or None, the per-node counts' holder); None when the request is not decidable there."""
         split = table.need_cache.get(("split", kkey))
         if split is None:  # which candidates are GPUs of the snapshot, which other devices: once per device table
             gpu = table.gpu[k]
             on_gpu = gpu >= 0
             split = table.need_cache[("split", kkey)] = (gpu, on_gpu, bool(on_gpu.any()), k[~on_gpu].tolist())
         gpu, on_gpu, any_gpu, others = split
-        count = np.zeros(n, dtype=np.int64)
         if any_gpu:
             req_key = tuple(sorted((spec.capacity_requests or {}).items()))
             gk = ("grid", kkey, req_key)
@@ -246,45 +287,34 @@ class DynamicResources:
                 grid = table.need_cache[gk] = (cand, m2, b2, whole, bool(whole[cand].all()), bool((~whole[cand]).all()))
             if grid is False:
                 return None
-            cand, m2, b2, whole, all_whole, no_whole = grid
-            fm, mf = state.gpu_free_milli, state.gpu_mem_free
-            if all_whole:
-                fit = (fm >= GPU_MILLI) & (mf == state.gpu_mem_cap)
-            elif no_whole:
-                fit = (fm >= m2) & (mf >= b2)
-            else:
-                fit = np.where(whole, (fm >= GPU_MILLI) & (mf == state.gpu_mem_cap), (fm >= m2) & (mf >= b2))
-            fit &= cand & state.gpu_usable
+            blocked = None
             if table.any_taints:
                 bk = ("blocked", kkey, spec.tolerations)
                 blocked = table.need_cache.get(bk)
                 if blocked is None:  # taints change only with the slices: once per device table and tolerations
-                    blocked = np.zeros(cand.shape, dtype=bool)
+                    blocked = np.zeros(grid[0].shape, dtype=bool)
                     for dk in k[on_gpu].tolist():
                         if table.refs[dk].device.taints and taint_blocks(table.refs[dk].device, spec):
                             blocked[table.node[dk], table.gpu[dk]] = True
                     table.need_cache[bk] = blocked
-                fit &= ~blocked
-            count += row_counts(fit)
-        alloc = state.dra.allocated
-        for dk in others:  # other devices: few; checked one by one
-            ref = table.refs[dk]
-            if ref.device.allow_multiple_allocations:
-                return None
-            if not alloc.in_use(ref.device_id) and not taint_blocks(ref.device, spec):
-                count[table.node[dk]] += 1
-        return count
+            # requests alike share the counts (a holder: [snapshot token, counts, the node versions they are for])
+            ck = ("gpu-count", gk, spec.tolerations if blocked is not None else None)
+            holder = table.need_cache.get(ck)
+            if holder is None:
+                holder = table.need_cache[ck] = [None, None, None]
+            return others, grid, blocked, holder
+        return others, None, None, None
 
     # --- reserve -----------------------------------------------------------------------
     def reserve(self, cycle: Cycle, state: ClusterState) -> Status:
-        data: _Data | None = cycle.data.get(_DATA)
+        data = cycle.read(_DATA)
         if data is None or cycle.assignment is None:
             return Status.success()
         out: list[tuple[ResourceClaim, Allocation | None]] = [(c, None) for c, _ in data.allocated]
         node = state.index[cycle.assignment.node]
         claims = data.claims_on(node)
         if claims:
-            allocs = data.results.get(node) if cycle.data.get("dra.choice") is None else None
+            allocs = data.results.get(node) if cycle.read(DRA_CHOICE) is None else None
             if allocs is None:
                 try:
                     order = _prefer(cycle, state, node)
@@ -301,11 +331,11 @@ class DynamicResources:
                 state.hold_claim(table.hold_for(c.key, alloc.node_name or state.nodes[node].name, alloc, state))
                 data.held.append(c.key)
                 out.append((c, alloc))
-        cycle.data[DRA_ALLOCATIONS] = out
+        cycle.write(DRA_ALLOCATIONS, out)
         return Status.success()
 
     def unreserve(self, cycle: Cycle, state: ClusterState) -> None:
-        data: _Data | None = cycle.data.get(_DATA)
+        data = cycle.read(_DATA)
         if data is None:
             return
         for key in data.held:
@@ -317,32 +347,33 @@ class DynamicResources:
 def _picked_first(cycle: Cycle, state: ClusterState, node: int, simple: tuple, order) -> Iterator[DeviceRef]:
     """The node's candidates in the allocator's preference order, the GPUs the policy picked first: the rest are
     ordered only if those do not take the request (they nearly always do: the policy judged the same columns)."""
-    refs = _node_candidates(state, node, simple)
-    choice = cycle.data.get("dra.choice")
+    refs, by_gpu = _node_candidates(state, node, simple)
+    choice = cycle.read(DRA_CHOICE)
     picked = list(choice.gpu_indices) if choice is not None and not choice.mig else []
-    first: list[DeviceRef] = []
-    if picked:
-        table = state.dra.catalog.table(state)  # type: ignore[union-attr]
-        by_gpu = {int(table.gpu[table.index[r.device_id]]): r for r in refs}
-        first = [by_gpu[j] for j in picked if j in by_gpu]
+    first: list[DeviceRef] = [by_gpu[j] for j in picked if j in by_gpu] if picked else []
     yield from first
     rest = [r for r in refs if not any(r is f for f in first)]
     yield from (order(0, simple[1], rest) if len(rest) > 1 else rest)
 
 
-def _node_candidates(state: ClusterState, node: int, simple: tuple) -> list[DeviceRef]:
-    """The chosen node's devices that match the one request (the fast path's candidates, grouped by node once per
-    device table), for the allocator instead of matching every device of the node again."""
+def _node_candidates(state: ClusterState, node: int, simple: tuple) -> tuple[list[DeviceRef], dict[int, DeviceRef]]:
+    """The chosen node's devices that match the one request, and which of them is which GPU (the fast path's
+    candidates, grouped by node once per device table), for the allocator instead of matching every device of the
+    node again."""
     mkey = simple[2]
     table = state.dra.catalog.table(state)  # type: ignore[union-attr]
-    byn = table.need_cache.get(("by-node", mkey))
-    if byn is None:
+    per = table.need_cache.get(("by-node", mkey))
+    if per is None:  # the candidates sorted by node (in table order within one), once per device table
         k = table.need_cache[mkey][0]
-        byn = {}
-        for dk in k.tolist():
-            byn.setdefault(int(table.node[dk]), []).append(table.refs[dk])
-        table.need_cache[("by-node", mkey)] = byn
-    return list(byn.get(node, []))
+        order = np.argsort(table.node[k], kind="stable")
+        memo0: dict[int, tuple[list[DeviceRef], dict[int, DeviceRef]]] = {}
+        per = table.need_cache[("by-node", mkey)] = (k[order], table.node[k][order], memo0)
+    ks, ns, memo = per
+    got = memo.get(node)
+    if got is None:  # each node's when it is first chosen
+        mine = ks[np.searchsorted(ns, node, "left"):np.searchsorted(ns, node, "right")].tolist()
+        got = memo[node] = ([table.refs[dk] for dk in mine], {int(table.gpu[dk]): table.refs[dk] for dk in mine})
+    return list(got[0]), got[1]
 
 
 def _gpu_need(ref: DeviceRef, spec: ExactRequest) -> tuple[int, int] | None:
@@ -361,6 +392,22 @@ def _gpu_need(ref: DeviceRef, spec: ExactRequest) -> tuple[int, int] | None:
         return (GPU_MILLI, 0)
     milli = int(consumed.get(f"{ref.driver}/{GPU_MILLI_CAPACITY}", 0))
     return (milli, -(-int(mem) // MIB))
+
+
+def _gpu_counts(grid: tuple, blocked: np.ndarray | None, state: ClusterState, rows: np.ndarray | slice) -> np.ndarray:
+    """Per node of ``rows``: its candidate GPUs that can take the request now (the grid of ``_per_node``)."""
+    cand, m2, b2, whole, all_whole, no_whole = grid
+    fm, mf = state.gpu_free_milli[rows], state.gpu_mem_free[rows]
+    if all_whole:
+        fit = (fm >= GPU_MILLI) & (mf == state.gpu_mem_cap[rows])
+    elif no_whole:
+        fit = (fm >= m2[rows]) & (mf >= b2[rows])
+    else:
+        fit = np.where(whole[rows], (fm >= GPU_MILLI) & (mf == state.gpu_mem_cap[rows]), (fm >= m2[rows]) & (mf >= b2[rows]))
+    fit &= cand[rows] & state.gpu_usable[rows]
+    if blocked is not None:
+        fit &= ~blocked[rows]
+    return row_counts(fit)
 
 
 _BITWISE_COUNT = getattr(np, "bitwise_count", None)  # numpy >= 2.0
@@ -403,7 +450,7 @@ def _prefer(cycle: Cycle, state: ClusterState, node: int):
     Whole GPUs: as the node lists them.  Shares: the fullest GPU that still fits first (best fit), so
     GPUs stay whole for whole-GPU pods.  MIG: instances on the GPU with the fewest free instances first.
     """
-    choice = cycle.data.get("dra.choice")
+    choice = cycle.read(DRA_CHOICE)
     picked = list(choice.gpu_indices) if choice is not None else []
     picked_mig = list(choice.mig) if choice is not None else []
     table = state.dra.catalog.table(state)  # type: ignore[union-attr]

@@ -55,15 +55,15 @@ def claims_gpu_shape(claims: Sequence[ResourceClaim], state: "ClusterState") -> 
     mig: tuple[str, int] | None = None
     models: set[str] | None = None
     for c in claims:
-        got = table.need_cache.get(("shape-of", id(c)))
-        if got is not None and got[0] is c:
+        got = table.need_cache.get(("shape-of", id(c.spec)))  # claims of one template share their spec object
+        if got is not None and got[0] is c.spec:
             parts = got[1]
         else:  # what each request asks depends on the spec and the devices only: once per spec and device table
             key = ("shape", c.spec)
             parts = table.need_cache.get(key)
             if parts is None:
                 parts = table.need_cache[key] = _request_parts(c, state, table)
-            table.need_cache[("shape-of", id(c))] = (c, parts)
+            table.need_cache[("shape-of", id(c.spec))] = (c.spec, parts)
         for kind, count, extra, names in parts:
             if names is not None:
                 models = set(names) if models is None else models & names

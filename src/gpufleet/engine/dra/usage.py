@@ -172,7 +172,7 @@ class DeviceTable:
         self.cap_kind = np.zeros(n, dtype=np.int64)
         self.cap_kinds: list[DeviceRef] = []
         for k, r in enumerate(self.refs):
-            key = (r.device.allow_multiple_allocations, tuple(sorted(r.device.capacity.items())), r.driver)
+            key = (r.device.allow_multiple_allocations, r.capacity_key)  # the allocator's key too: made here, once
             kid = kinds.get(key)
             if kid is None:
                 kid = kinds[key] = len(self.cap_kinds)

@@ -104,9 +104,21 @@ def requests_and_mappings(pod: Mapping[str, Any], mapped: Mapping[str, DeviceCla
     return requests, mappings, amounts
 
 
+def _names_any(pod: Mapping[str, Any], mapped: Mapping[str, DeviceClass]) -> bool:
+    """Some container's requests or limits name a mapped resource (most pods: none, and then no claim)."""
+    spec = pod.get("spec") or {}
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        res = c.get("resources") if isinstance(c, Mapping) else None
+        if isinstance(res, Mapping):
+            for part in (res.get("requests"), res.get("limits")):
+                if isinstance(part, Mapping) and any(k in mapped for k in part):
+                    return True
+    return False
+
+
 def extended_claim(pod: Mapping[str, Any], mapped: Mapping[str, DeviceClass]) -> ExtendedClaim | None:
     """The pod's extended-resource claim, or None when no resource it requests is backed by DRA."""
-    if not mapped:
+    if not mapped or not _names_any(pod, mapped):
         return None
     reqs, maps, amounts = requests_and_mappings(pod, mapped)
     if not reqs:
