@@ -168,3 +168,63 @@ def test_row_counts_equal_a_sum_along_each_row():
         for grid in (m, np.asfortranarray(m), m[::2]):
             assert row_counts(grid).tolist() == grid.sum(axis=1).tolist()
             assert row_counts(grid).dtype == np.int64
+
+
+def test_kept_per_node_counts_equal_a_fresh_count_through_binds_releases_and_copies():
+    """The fast filter keeps its per-node counts and recomputes only nodes whose version moved: after every
+    placement, release and snapshot copy the kept counts must equal a count over the whole grid from scratch."""
+    import numpy as np
+
+    from gpufleet.engine.dra.plugin import DynamicResources, _gpu_counts
+
+    nodes = [gpu_node(f"n{i}", gpus=4, model="A100", memory_mib=81_920) for i in range(6)]
+    sched, shape, state = setup(nodes=nodes)
+    plugin = next(p for p in sched.profile.filters if isinstance(p, DynamicResources))
+    rng = np.random.default_rng(7)
+
+    def check(st):
+        table = st.dra.catalog.table(st)
+        for key, holder in [(k, v) for k, v in table.need_cache.items() if k[0] == "gpu-count" and v[0] is not None]:
+            memo = [v for k, v in table.need_cache.items() if k[0] == "per-node-of" and v[1] is not None and v[1][3] is holder]
+            assert memo, key
+            _, grid, blocked, _ = memo[0][1]
+            plugin._gpu_counts_now(grid, blocked, holder, st)
+            assert holder[1].tolist() == _gpu_counts(grid, blocked, st, slice(None)).tolist()
+
+    placed = []
+    for i in range(60):
+        milli = int(rng.choice([1000, 250, 500]))
+        d = sched.schedule(shape(pod(f"p{i}", gpus=int(rng.integers(1, 3)) if milli == 1000 else 1, milli=milli)))
+        if d.ok:
+            placed.append(f"default/p{i}-gpu")
+        if placed and rng.random() < 0.3:  # a claim deallocated: its GPUs free again
+            state.release_claim(placed.pop(int(rng.integers(len(placed)))))
+        check(state)
+        if i % 20 == 19:  # a what-if copy shares the device table: its counts are its own
+            c = state.copy()
+            c.release_claim(placed[0]) if placed else None
+            check(c)
+            check(state)
+
+
+def test_request_with_is_replace():
+    from gpufleet.engine.dra.pods import request_with
+
+    r = PodRequest("p", cpu_milli=100, memory_mib=10, gpu_count=0, scalars=(("x", 1),))
+    got = request_with(r, gpu_count=2, gpu_milli=1000, scalars=())
+    want = replace(r, gpu_count=2, gpu_milli=1000, scalars=())
+    assert got == want and got.__dict__ == want.__dict__ and r.gpu_count == 0
+    with pytest.raises(TypeError, match="no field"):
+        request_with(r, gpu_cuont=1)
+
+
+def test_share_ids_are_random_version_4_uuids():
+    import uuid
+
+    from gpufleet.engine.dra.allocator import random_share_id
+
+    ids = {random_share_id() for _ in range(200)}
+    assert len(ids) == 200
+    for s in ids:
+        u = uuid.UUID(s)
+        assert str(u) == s and u.version == 4 and u.variant == uuid.RFC_4122

@@ -92,10 +92,14 @@ class DynamicResources:
                                            f"then the pod is tried again", plugin=self.name)
             data.extended = ext.claim
         if data.to_allocate or data.extended is not None:
-            a = self._allocator(state)
+            ok = state.dra.catalog.compiled_ok
             try:
                 for c in data.to_allocate + ([data.extended] if data.extended is not None else []):
-                    a.compile_check(c)
+                    if ok.get(id(c.spec)) is not c.spec:
+                        self._allocator(state).compile_check(c)
+                        if len(ok) > 10_000:
+                            ok.clear()
+                        ok[id(c.spec)] = c.spec
             except AllocationError as exc:
                 cycle.write(DRA_ERROR_OBJECT, (exc.obj, exc.field))
                 return Status.unresolvable(str(exc), plugin=self.name)
@@ -119,12 +123,13 @@ class DynamicResources:
         if data is None:
             return FilterResult(np.ones(n, dtype=bool), passes_all=True)
         ok = np.ones(n, dtype=bool)
+        all_ok = not data.allocated and data.extended is None  # ``ok`` stays all true (most pods)
         reasons: list[str] = [self.REASONS[0]]
         codes = np.zeros(n, dtype=np.int64)
         for _, alloc in data.allocated:
             ok &= _allocation_nodes(alloc, state)
         claims = list(data.to_allocate)
-        dp_pass = np.zeros(n, dtype=bool)  # nodes whose device plugin serves the pod's extended resources
+        dp_pass: np.ndarray | None = None  # nodes whose device plugin serves the pod's extended resources
         if data.extended is not None:
             assert cycle.request.dra is not None and cycle.request.dra.extended is not None
             by_dra, mixed = dra_way(state, cycle.request.dra.extended)
@@ -147,18 +152,19 @@ class DynamicResources:
             return FilterResult(ok, tuple(reasons), codes)
         assert state.dra is not None
         table = state.dra.catalog.table(state)
-        a = self._allocator(state)
-        fast = self._fast(claims, table, state, a, cycle)
+        fast = self._fast(claims, table, state, cycle)
         if isinstance(fast, Status):  # a CEL runtime error: the pod's attempt stops here, with it as the reason
             return FilterResult(np.zeros(n, dtype=bool), fast.reasons)
         if fast is not None:
             room, why = fast
-            newly = ok & ~room
+            newly = ~room if all_ok else ok & ~room
             if newly.any():
                 reasons.append(why)
                 codes[newly] = len(reasons) - 1
-            return FilterResult((ok & room) | dp_pass, tuple(reasons), codes)
+            fits = room if all_ok else ok & room
+            return FilterResult(fits if dp_pass is None else fits | dp_pass, tuple(reasons), codes)
         # the general case: the allocator on every node that is still in the running
+        a = self._allocator(state)
         seen: dict[str, int] = {}
         for i in np.flatnonzero(ok):
             node = state.nodes[int(i)]
@@ -172,9 +178,9 @@ class DynamicResources:
             except AllocationError as exc:
                 cycle.write(DRA_ERROR_OBJECT, (exc.obj, exc.field))
                 return FilterResult(np.zeros(n, dtype=bool), (str(exc),))
-        return FilterResult(ok | dp_pass, tuple(reasons), codes)
+        return FilterResult(ok if dp_pass is None else ok | dp_pass, tuple(reasons), codes)
 
-    def _fast(self, claims: list[ResourceClaim], table: DeviceTable, state: ClusterState, a: Allocator,
+    def _fast(self, claims: list[ResourceClaim], table: DeviceTable, state: ClusterState,
               cycle: Cycle) -> tuple[np.ndarray, str] | Status | None:
         """One claim, one ExactCount request, no constraint, node-local devices: count free matching devices per node."""
         if len(claims) != 1:
@@ -192,7 +198,7 @@ class DynamicResources:
             mkey = ("candidates", cls.name, cls.selectors, spec.selectors)
             got = table.need_cache.get(mkey)  # the candidates of a class + selectors: once per device table
             if got is None:
-                mask, err = state.dra.catalog.match_mask(table, cls, spec, c, a)  # type: ignore[union-attr]
+                mask, err = state.dra.catalog.match_mask(table, cls, spec, c, self._allocator(state))  # type: ignore[union-attr]
                 k = np.flatnonzero(mask)
                 simple = bool(k.size) and not ((table.node[k] < 0).any() or table.counters[k].any() or table.is_mig[k].any())
                 got = table.need_cache[mkey] = (k, err, simple, mkey)
@@ -229,18 +235,12 @@ class DynamicResources:
         if plan is None:
             return None
         others, grid, blocked, holder = plan
+        if grid is not None and not others:  # GPUs only (the common case): the counts as they are (callers only read)
+            self._gpu_counts_now(grid, blocked, holder, state)
+            return holder[1]
         count = np.zeros(n, dtype=np.int64)
         if grid is not None:
-            # per node, what the GPU columns give: all nodes once per snapshot and device table, then only the nodes
-            # whose free amounts changed since (their version moved), as GpuFit keeps its verdicts
-            if holder[0] != state.token:
-                holder[:] = [state.token, _gpu_counts(grid, blocked, state, slice(None)), state.version.copy()]
-            else:
-                _, gcount, vers = holder
-                stale = np.flatnonzero(vers != state.version)
-                if stale.size:
-                    gcount[stale] = _gpu_counts(grid, blocked, state, stale)
-                    vers[stale] = state.version[stale]
+            self._gpu_counts_now(grid, blocked, holder, state)
             count += holder[1]
         alloc = state.dra.allocated
         for dk in others:  # other devices: few; checked one by one
@@ -250,6 +250,19 @@ class DynamicResources:
             if not alloc.in_use(ref.device_id) and not taint_blocks(ref.device, spec):
                 count[table.node[dk]] += 1
         return count
+
+    @staticmethod
+    def _gpu_counts_now(grid: tuple, blocked: np.ndarray | None, holder: list, state: ClusterState) -> None:
+        """Per node, what the GPU columns give, into ``holder``: all nodes once per snapshot and device table, then
+        only the nodes whose free amounts changed since (their version moved), as GpuFit keeps its verdicts."""
+        if holder[0] != state.token:
+            holder[:] = [state.token, _gpu_counts(grid, blocked, state, slice(None)), state.version.copy()]
+            return
+        _, gcount, vers = holder
+        stale = np.flatnonzero(vers != state.version)
+        if stale.size:
+            gcount[stale] = _gpu_counts(grid, blocked, state, stale)
+            vers[stale] = state.version[stale]
 
     def _plan(self, k: np.ndarray, table: DeviceTable, state: ClusterState, spec: ExactRequest,
               kkey: tuple) -> tuple | None:

@@ -56,6 +56,9 @@ class DraCatalog:
         self.version = 0
         self._tables: dict[tuple[int, int], DeviceTable] = {}
         self._masks: dict[tuple, tuple[np.ndarray, AllocationError | None]] = {}
+        # claim specs whose classes exist and whose selectors compile (by identity; specs are interned): PreFilter's
+        # check once per spec until the classes change
+        self.compiled_ok: dict[int, object] = {}
 
     def update_slice(self, s: ResourceSlice) -> None:
         self.inventory.update(s)
@@ -77,6 +80,7 @@ class DraCatalog:
         self.version += 1
         self._tables.clear()
         self._masks.clear()
+        self.compiled_ok.clear()
 
     def table(self, state: "ClusterState") -> "DeviceTable":
         key = (self.version, state.epoch)
@@ -220,7 +224,13 @@ class DeviceTable:
 
 
 def _consumed(c: Mapping[str, Fraction], driver: str, name: str) -> Fraction:
-    return c.get(f"{driver}/{name}", c.get(name, Fraction(0)))
+    v = c.get(f"{driver}/{name}")
+    if v is None:
+        v = c.get(name)
+    return _ZERO if v is None else v
+
+
+_ZERO = Fraction(0)
 
 
 def _attr(r: DeviceRef, name: str):

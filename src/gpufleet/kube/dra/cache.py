@@ -44,7 +44,7 @@ from ...engine.dra.objects import (
     parse_slice,
 )
 from ...engine.dra.extended import ExtendedClaim
-from ...engine.dra.pods import PodClaim, PodClaims
+from ...engine.dra.pods import PodClaim, PodClaims, request_with
 from ...engine.dra.shape import claims_gpu_shape
 from ...engine.dra.usage import ClaimHold, DraCatalog, DraState
 from ...engine.gpu_models import lookup
@@ -466,13 +466,13 @@ class DraCache:
         todo = [pc.claim for pc in pcs.claims if pc.claim is not None and pc.claim.allocation is None
                 and pc.claim.key not in state.claim_holds]
         if not pcs.claims:
-            return replace(r, dra=pcs, scalars=scalars)
+            return request_with(r, dra=pcs, scalars=scalars)
         shape = claims_gpu_shape(todo, state)
-        return replace(r, dra=pcs, scalars=scalars, gpu_count=r.gpu_count + shape.gpu_count,
-                       gpu_milli=shape.gpu_milli if shape.gpu_count else r.gpu_milli,
-                       gpu_memory_mib=shape.gpu_memory_mib if shape.gpu_count else r.gpu_memory_mib,
-                       mig_profile=shape.mig_profile or r.mig_profile,
-                       gpu_models_allow=shape.gpu_models_allow if shape.gpu_count else r.gpu_models_allow)
+        return request_with(r, dra=pcs, scalars=scalars, gpu_count=r.gpu_count + shape.gpu_count,
+                            gpu_milli=shape.gpu_milli if shape.gpu_count else r.gpu_milli,
+                            gpu_memory_mib=shape.gpu_memory_mib if shape.gpu_count else r.gpu_memory_mib,
+                            mig_profile=shape.mig_profile or r.mig_profile,
+                            gpu_models_allow=shape.gpu_models_allow if shape.gpu_count else r.gpu_models_allow)
 
     def pod_claim_keys(self, pod: Mapping) -> tuple[str, ...]:
         """The claims a bound pod uses (named, from templates, its extended-resource claim)."""
