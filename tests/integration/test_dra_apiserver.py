@@ -264,15 +264,35 @@ def test_what_1_35_drops_from_a_claim_and_a_slice(api):
     assert api.list_slices("no-such-node", DRIVER)[0] == []  # a dry run stores nothing
 
 
-def allocate(api: KubeDraApi, ns: str, name: str, results: list[dict], node: str, requests=("gpu",)) -> dict:
-    """Create a claim and write its allocation through the status subresource, as an allocator does."""
+def allocate(api: KubeDraApi, core, ns: str, name: str, results: list[dict], node: str, requests=("gpu",)) -> dict:
+    """Create a claim and write its allocation through the status subresource, as an allocator does, reserved for a
+    real pod (``<name>-pod``, bound to ``node``, never run: no kubelet).  The pod must exist: once the session's
+    resourceclaim controller runs (a module that needs it started it), it removes a reservation for a pod that does
+    not exist and deallocates the claim, and the test would see neither the pods' events nor the allocation."""
+    pod = core.create_namespaced_pod(ns, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-pod"},
+                                          "spec": {"nodeName": node, "containers": [{"name": "c", "image": "none"}]}})
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
             "spec": {"devices": {"requests": [{"name": r, "exactly": {"deviceClassName": "gpu.gpufleet.io"}} for r in requests]}}}
     c = api._request("POST", f"{RES}/namespaces/{ns}/resourceclaims", body)
     c["status"] = {"allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"0000-{name}"}]}
+        "reservedFor": [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}]}
     return api._request("PUT", f"{RES}/namespaces/{ns}/resourceclaims/{name}/status", c)
+
+
+@pytest.fixture
+def fresh_ns(core):
+    """A namespace of the test's own, deleted (with its pods, claims and events) at teardown: events another test
+    posted in a shared namespace cannot satisfy (or confuse) this test's waits."""
+    import uuid
+
+    ns = f"dra-it-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    yield ns
+    try:
+        core.delete_namespace(ns)
+    except Exception:
+        pass
 
 
 def events_for(api: KubeDraApi, ns: str, reason: str) -> list[dict]:
@@ -280,22 +300,24 @@ def events_for(api: KubeDraApi, ns: str, reason: str) -> list[dict]:
     return [e for e in items if e.get("reason") == reason]
 
 
-def test_claims_allocated_through_the_api_are_prepared_and_a_double_allocation_refused(api, node_a):
+def test_claims_allocated_through_the_api_are_prepared_and_a_double_allocation_refused(api, core, node_a, fresh_ns):
     root = Path(tempfile.mkdtemp(dir="/tmp", prefix="dra"))
     d = driver_for(api, node_a, root, profile="h100-nvlink")
-    ns = "default"
+    ns = fresh_ns
     d.start()
     try:
         d.step()
-        whole = allocate(api, ns, "dra-whole", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-2"}], node_a)
-        s1 = allocate(api, ns, "dra-share-1", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-5",
-                                               "shareID": "6b1a4d0e-1f2a-4c3b-8d4e-5f6a7b8c9d01",
-                                               "consumedCapacity": {"memory": "40Gi", "gpuMilli": "500"}}], node_a)
-        s2 = allocate(api, ns, "dra-share-2", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-5",
-                                               "shareID": "6b1a4d0e-1f2a-4c3b-8d4e-5f6a7b8c9d02",
-                                               "consumedCapacity": {"memory": "30Gi", "gpuMilli": "600"}}], node_a)
-        dup = allocate(api, ns, "dra-dup", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-2"}], node_a)
-        gone = allocate(api, ns, "dra-gone", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-9"}], node_a)
+        whole = allocate(api, core, ns, "dra-whole", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-2"}],
+                         node_a)
+        s1 = allocate(api, core, ns, "dra-share-1", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-5",
+                                                     "shareID": "6b1a4d0e-1f2a-4c3b-8d4e-5f6a7b8c9d01",
+                                                     "consumedCapacity": {"memory": "40Gi", "gpuMilli": "500"}}], node_a)
+        s2 = allocate(api, core, ns, "dra-share-2", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-5",
+                                                     "shareID": "6b1a4d0e-1f2a-4c3b-8d4e-5f6a7b8c9d02",
+                                                     "consumedCapacity": {"memory": "30Gi", "gpuMilli": "600"}}], node_a)
+        dup = allocate(api, core, ns, "dra-dup", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-2"}], node_a)
+        gone = allocate(api, core, ns, "dra-gone", [{"request": "gpu", "driver": DRIVER, "pool": node_a, "device": "gpu-9"}],
+                        node_a)
         p = d.preparer
         (w,) = p.prepare(ns, whole["metadata"]["uid"], "dra-whole")
         assert (w.device, w.uuid, w.whole) == ("gpu-2", "GPU-h100-02", True)
@@ -308,28 +330,23 @@ def test_claims_allocated_through_the_api_are_prepared_and_a_double_allocation_r
                 p.prepare(ns, s2["metadata"]["uid"], "dra-share-2")
         else:  # 1.35 dropped shareID and consumedCapacity: two whole allocations of one GPU, the second refused
             assert (sh.whole, sh.gpu_milli, sh.share_id) == (True, 1000, "")
-            with pytest.raises(PrepareError, match="default/dra-share-1"):
+            with pytest.raises(PrepareError, match=f"{ns}/dra-share-1"):
                 p.prepare(ns, s2["metadata"]["uid"], "dra-share-2")
         with pytest.raises(PrepareError) as e:
             p.prepare(ns, dup["metadata"]["uid"], "dra-dup")
-        assert "default/dra-dup" in e.value.message and "default/dra-whole" in e.value.message
+        assert f"{ns}/dra-dup" in e.value.message and f"{ns}/dra-whole" in e.value.message
         with pytest.raises(PrepareError, match="device 'gpu-9' does not exist on node dra-it-a"):
             p.prepare(ns, gone["metadata"]["uid"], "dra-gone")
         assert wait_for(lambda: len(events_for(api, ns, "DeviceAlreadyAllocated")) >= 3, 20)  # claim + pod, x2 claims
         evs = events_for(api, ns, "DeviceAlreadyAllocated")
         regarding = {(e["regarding"]["kind"], e["regarding"]["name"]) for e in evs}
         assert {("ResourceClaim", "dra-dup"), ("Pod", "dra-dup-pod"), ("ResourceClaim", "dra-share-2")} <= regarding
-        assert any("default/dra-whole" in e["note"] for e in evs if e["regarding"]["name"] == "dra-dup")
+        assert any(f"{ns}/dra-whole" in e["note"] for e in evs if e["regarding"]["name"] == "dra-dup")
         assert wait_for(lambda: any(e["regarding"]["name"] == "dra-gone" for e in events_for(api, ns, "DeviceNotFound")), 20)
         p.unprepare(ns, whole["metadata"]["uid"], "dra-whole")
         assert p.prepare(ns, dup["metadata"]["uid"], "dra-dup")[0].device == "gpu-2"
     finally:
-        d.stop()
-        for n in ("dra-whole", "dra-share-1", "dra-share-2", "dra-dup", "dra-gone"):
-            try:
-                api._request("DELETE", f"{RES}/namespaces/{ns}/resourceclaims/{n}")
-            except Exception:
-                pass
+        d.stop()  # the claims and pods go with the namespace
 
 
 def test_the_agent_process_in_dra_mode(control_plane, api, fresh_node):
