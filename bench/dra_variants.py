@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.variants import _nodes, variant_pods  # noqa: E402
+from bench.variants import _nodes, variant_nodes, variant_pods  # noqa: E402
 from gpufleet.simulator.experiments.packing import run_packing  # noqa: E402
 
 POLICIES = ("default", "fgd", "bestfit")
@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--seeds: a comma-separated list of integers, not {a.seeds!r}")
     rows = []
-    nodes = _nodes()
     for variant in a.variants.split(","):
         mode = "constrained" if variant.startswith("multigpu") else "claims"
+        nodes = variant_nodes(variant, _nodes())
         for seed in seeds:
             pods = variant_pods(variant, seed, nodes)
             for policy in a.policies.split(","):
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_packing(nodes, pods, policy, seed=seed, placing_bound=False, dra=dra)
                     rows.append({"variant": variant, "seed": seed, "policy": policy, "requests": dra or "device-plugin",
                                  "unallocated_gpu_pct": r.unallocated_gpu_pct, "pods_failed": r.pods_failed,
+                                 "mig_pods": r.mig_pods, "mig_pods_failed": r.mig_pods_failed,
                                  "wall_s": round(time.perf_counter() - t0, 1)})
                     print(json.dumps(rows[-1]), flush=True)
     if a.json:

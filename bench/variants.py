@@ -13,6 +13,11 @@ our own from the bundled default pod list, with the paper's methods:
 * ``multigpuNN``: single-GPU pods are replaced by copies of the trace's own
   multi-GPU pods until multi-GPU pods make NN% of the GPU demand (the default
   trace: 7%);
+* ``migNN``: MIG-shaped (not in the FGD paper; no family of the split, so never tuned on): 64 8-GPU hosts
+  are added (half A100-80GB, half H100-80GB, CPU and memory of the trace's 8-GPU nodes), GPUs 0-5 in MIG mode
+  with fixed layouts (``MIG_LAYOUTS``: instances created ahead, as the agent's fake backend and static MIG
+  give them), GPUs 6-7 whole; NN% of the GPU-share pods ask one MIG instance instead, the profile with the
+  fewest compute slices (of 7) covering their share (``mig_profile_for``); ``variant_nodes`` gives the hosts;
 * ``cpuNNN`` / ``gpushareNN``: the Alibaba release's own variants (read from
   ``../shared/traces`` when present; skipped otherwise).
 
@@ -168,7 +173,7 @@ def more_cpu_pods(pods: Sequence[TracePod], factor: float, rng: np.random.Genera
 
 
 _RELEASE = re.compile(r"(cpu|gpushare)\d+")
-_GENERATED = re.compile(r"(pinskew|pinned|multigpu|cpumore)(\d+)")
+_GENERATED = re.compile(r"(pinskew|pinned|multigpu|cpumore|mig)(\d+)")
 
 
 def check_variant(variant: str) -> None:
@@ -177,7 +182,7 @@ def check_variant(variant: str) -> None:
         return
     m = _GENERATED.fullmatch(variant)
     if not m:
-        raise ValueError(f"unknown variant {variant!r} (default, pinnedNN, pinskewNN, multigpuNN, cpumoreNNN, "
+        raise ValueError(f"unknown variant {variant!r} (default, pinnedNN, pinskewNN, multigpuNN, cpumoreNNN, migNN, "
                          "or one of the release's cpuNNN/gpushareNN)")
     kind, amount = m.group(1), int(m.group(2))
     if kind == "cpumore" and amount < 100:
@@ -208,7 +213,63 @@ def variant_pods(variant: str, seed: int, nodes: Sequence[Node], base: Sequence[
         return pin_models(base, nodes, share, rng)
     if kind == "multigpu":
         return more_multigpu(base, share, rng)
+    if kind == "mig":
+        return mig_pods(base, share, rng)
     return more_cpu_pods(base, share, rng)
+
+
+def variant_nodes(variant: str, nodes: Sequence[Node]) -> list[Node]:
+    """The cluster ``variant`` runs on: the trace's nodes, plus the MIG hosts for ``migNN``."""
+    m = _GENERATED.fullmatch(variant)
+    return list(nodes) + mig_hosts(nodes) if m is not None and m.group(1) == "mig" else list(nodes)
+
+
+# migNN: per MIG host, GPU i's layout for i < len(MIG_LAYOUTS) (each a valid A100/H100-80GB geometry of 7 compute
+# slices, the first two as the agent's fake a100-mig backend has them), the other GPUs whole
+MIG_LAYOUTS: tuple[tuple[str, ...], ...] = (
+    ("1g.10gb",) * 7, ("3g.40gb", "2g.20gb", "2g.20gb"), ("4g.40gb", "3g.40gb"), ("7g.80gb",),
+    ("4g.40gb", "2g.20gb", "1g.10gb"), ("7g.80gb",))
+MIG_HOSTS = 64
+MIG_MODELS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3")
+
+
+def mig_hosts(nodes: Sequence[Node]) -> list[Node]:
+    from gpufleet.engine.gpu_models import lookup
+    from gpufleet.engine.model import Gpu, MigInstance
+
+    like = next(n for n in nodes if len(n.gpus) == 8)
+    out = []
+    for h in range(MIG_HOSTS):
+        model = lookup(MIG_MODELS[h % 2])
+        assert model is not None
+        mem_of = dict(model.mig_profiles)
+        gpus = []
+        for j in range(8):
+            uuid = f"mig-host-{h:03d}-gpu{j}"
+            if j < len(MIG_LAYOUTS):
+                insts = tuple(MigInstance(prof, mem_of[prof], k) for k, prof in enumerate(MIG_LAYOUTS[j]))
+                gpus.append(Gpu(j, uuid, model.name, model.memory_mib, mig_enabled=True, mig_instances=insts))
+            else:
+                gpus.append(Gpu(j, uuid, model.name, model.memory_mib))
+        out.append(Node(f"mig-host-{h:03d}", like.cpu_milli, like.memory_mib, tuple(gpus), dict(like.labels), max_pods=like.max_pods))
+    return out
+
+
+def mig_profile_for(gpu_milli: int) -> str:
+    """The MIG profile with the fewest compute slices (of 7) that covers a share of ``gpu_milli``."""
+    slices = max(1, -(-gpu_milli * 7 // 1000))
+    return {1: "1g.10gb", 2: "2g.20gb", 3: "3g.40gb", 4: "4g.40gb"}.get(slices, "7g.80gb")
+
+
+def mig_pods(pods: Sequence[TracePod], share: float, rng: np.random.Generator) -> list[TracePod]:
+    """A ``share`` of the GPU-share pods ask one MIG instance instead (their model pins dropped: MIG hosts only)."""
+    idx = [i for i, p in enumerate(pods) if p.num_gpu == 1 and p.gpu_milli < 1000]
+    chosen = rng.choice(len(idx), size=round(share * len(idx)), replace=False)
+    out = list(pods)
+    for c in chosen:
+        p = pods[idx[int(c)]]
+        out[idx[int(c)]] = replace(p, mig_profile=mig_profile_for(p.gpu_milli), gpu_spec=())
+    return out
 
 
 def release_path(variant: str) -> Path | None:
@@ -242,7 +303,7 @@ def _nodes() -> list[Node]:
 
 
 def _task(kind: str, variant: str, seed: int, policy: str, tune: float, time_limit_s: float) -> dict:
-    nodes = _nodes()
+    nodes = variant_nodes(variant, _nodes())
     pods = variant_pods(variant, seed, nodes)
     t0 = time.perf_counter()
     if kind == "bound":

@@ -180,3 +180,31 @@ def test_the_committed_results_make_the_readme_default_row(capsys):
     assert "3.66" in row and "4.72" in row, row
     row = next(line for line in out.splitlines() if line.startswith("| cpu300 |"))  # the reserve's held-out case
     assert "4.08" in row and "14.05" in row, row
+
+
+def test_mig_variant_hosts_have_valid_layouts_and_its_pods_ask_covering_profiles(nodes, base):
+    """migNN: 64 added A100/H100-80GB hosts whose MIG GPUs are carved into 7 compute slices each (instances known to
+    the GPU model), the rest whole; NN% of the share pods ask the smallest profile that covers their share."""
+    from gpufleet.engine.gpu_models import lookup
+
+    hosts = V.variant_nodes("mig30", nodes)[len(nodes):]
+    assert len(hosts) == V.MIG_HOSTS and V.variant_nodes("pinned20", nodes) == list(nodes)
+    for h in hosts:
+        model = lookup(h.gpus[0].model)
+        assert model is not None and len(h.gpus) == 8
+        for g in h.gpus:
+            if g.mig_enabled:
+                assert sum(int(m.profile.split("g.")[0]) for m in g.mig_instances) == 7
+                assert all(dict(model.mig_profiles)[m.profile] == m.memory_mib for m in g.mig_instances)
+                assert sorted(m.instance_id for m in g.mig_instances) == list(range(len(g.mig_instances)))
+        assert sum(g.mig_enabled for g in h.gpus) == len(V.MIG_LAYOUTS)
+    assert [V.mig_profile_for(m) for m in (100, 143, 200, 286, 400, 460, 571, 700, 999)] == [
+        "1g.10gb", "2g.20gb", "2g.20gb", "3g.40gb", "3g.40gb", "4g.40gb", "4g.40gb", "7g.80gb", "7g.80gb"]
+    pods = V.variant_pods("mig30", 42, nodes)
+    shares = [i for i, p in enumerate(base) if p.num_gpu == 1 and p.gpu_milli < 1000]
+    mig = [i for i in shares if pods[i].mig_profile]
+    assert len(mig) == round(0.3 * len(shares))
+    assert all(pods[i].mig_profile == V.mig_profile_for(base[i].gpu_milli) and pods[i].gpu_spec == () for i in mig)
+    r = pods[mig[0]].request()
+    assert (r.gpu_count, r.gpu_milli, r.mig_profile) == (1, 0, pods[mig[0]].mig_profile) and r.gpu_memory_mib > 0
+    assert V.variant_pods("mig30", 42, nodes) == pods

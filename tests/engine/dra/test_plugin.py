@@ -228,3 +228,33 @@ def test_share_ids_are_random_version_4_uuids():
     for s in ids:
         u = uuid.UUID(s)
         assert str(u) == s and u.version == 4 and u.variant == uuid.RFC_4122
+
+
+def test_mig_claims_place_like_device_plugin_mig_pods():
+    """MIG pods by claim (class mig.gpufleet.io, a selector on the profile; the trace's slices publish each instance
+    as the agent does) get the same node and instance as by device plugin, from each policy; when the instances of a
+    profile run out both are turned away."""
+    from gpufleet.engine.model import Gpu, MigInstance, Node
+
+    def host(name):
+        layouts = (("1g.10gb",) * 7, ("3g.40gb", "2g.20gb", "2g.20gb"))
+        mem = {"1g.10gb": 9_728, "2g.20gb": 19_968, "3g.40gb": 40_192}
+        gpus = tuple(Gpu(j, f"GPU-{name}-{j}", "NVIDIA-A100-SXM4-80GB", 81_920, mig_enabled=True,
+                         mig_instances=tuple(MigInstance(p, mem[p], k) for k, p in enumerate(lay))) for j, lay in enumerate(layouts))
+        return Node(name, 64_000, 512_000, gpus + (Gpu(2, f"GPU-{name}-2", "NVIDIA-A100-SXM4-80GB", 81_920),))
+
+    for policy in ("default", "fgd", "bestfit"):
+        plain = Scheduler(build_profile(policy), ClusterState([host(n) for n in "ab"]), seed=3)
+        sched, shape, state = setup(policy, [host(n) for n in "ab"])
+        asks = ["2g.20gb", "1g.10gb", "3g.40gb", "2g.20gb", "2g.20gb", "3g.40gb", "2g.20gb", "2g.20gb", "1g.10gb"]
+        results = []
+        for i, prof in enumerate(asks):
+            p = replace(pod(f"m{i}", gpus=1, milli=0), gpu_milli=0, gpu_memory_mib=1, mig_profile=prof)
+            a = plain.schedule(p)
+            b = sched.schedule(shape(p))
+            assert a.ok == b.ok, (policy, i)
+            results.append(a.ok)
+            if a.ok:
+                held = state.claim_holds[f"default/m{i}-gpu"]
+                assert (a.assignment.node, a.assignment.mig) == (b.assignment.node, tuple(inst for _, inst in held.mig)), policy
+        assert results.count(False) == 1  # the fifth 2g.20gb: two hosts have four

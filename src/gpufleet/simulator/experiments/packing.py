@@ -78,6 +78,8 @@ class PackingRun:
     pods_arrived: int = 0
     pods_failed: int = 0
     failed_reasons: dict[str, int] = field(default_factory=dict)
+    mig_pods: int = 0  # pods asking a MIG instance (they take no GPU milli: the GPU figures leave them out)
+    mig_pods_failed: int = 0
     decision_ms: list[float] = field(default_factory=list, repr=False)
     wall_s: float = 0.0
     idle: IdleBreakdown | None = field(default=None, repr=False)  # where the idle GPUs are at the 100%-arrived point
@@ -184,6 +186,7 @@ def run_packing(
     arrived_milli = 0
     used_milli = 0
     failed = 0
+    mig_pods = mig_failed = 0
     reasons: dict[str, int] = {}
     dms: list[float] = []
     rec = IdleRecorder(capacity)
@@ -214,6 +217,8 @@ def run_packing(
             dms.append((time.perf_counter() - t1) * 1000.0)
         else:
             dec = sched.schedule(req)
+        mig_failed += bool(req.mig_profile) and not dec.ok
+        mig_pods += bool(req.mig_profile)
         if dec.ok:
             used_milli += req.total_gpu_milli
             i = state.index[dec.assignment.node]  # type: ignore[union-attr]
@@ -265,6 +270,7 @@ def run_packing(
     run.unallocated_gpu_pct = None if a100 is None else round(100.0 - a100, 4)
     run.pods_arrived = n
     run.pods_failed = failed
+    run.mig_pods, run.mig_pods_failed = mig_pods, mig_failed
     run.failed_reasons = dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
     run.decision_ms = dms
     run.idle = snap if snap is not None else rec.snapshot(state)

@@ -28,6 +28,7 @@ from ...engine.dra.usage import DraCatalog, DraState
 from ...engine.model import GPU_MILLI, Node, PodRequest
 
 DRIVER = "gpu.gpufleet.io"
+MIG_CLASS = "mig.gpufleet.io"
 GPUS_PER_ROOT = 4
 MIB = 2**20
 
@@ -38,9 +39,16 @@ def node_slice(node: Node) -> ResourceSlice:
 
 def node_slice_json(node: Node) -> dict:
     """The node's ResourceSlice as the API serves it (what the live scheduler reads)."""
-    devices = []
+    devices: list[dict] = []
     for g in node.gpus:
-        if g.mig_enabled:
+        if g.mig_enabled:  # its instances, as the agent publishes them (a GPU in MIG mode: its instances only)
+            for inst in sorted(g.mig_instances, key=lambda m: (m.profile, m.instance_id)):
+                devices.append({
+                    "name": f"gpu-{g.index}-mig-{inst.profile.replace('.', '')}-{inst.instance_id}"[:63],
+                    "attributes": {"type": {"string": "mig"}, "uuid": {"string": f"MIG-{g.uuid}-{inst.instance_id}"[:64]},
+                                   "parentUUID": {"string": g.uuid[:64]}, "profile": {"string": inst.profile},
+                                   "productName": {"string": g.model[:64]}, "index": {"int": g.index}},
+                    "capacity": {"memory": {"value": str(inst.memory_mib * MIB)}}})
             continue
         mem = g.memory_mib * MIB
         devices.append({
@@ -57,17 +65,23 @@ def node_slice_json(node: Node) -> dict:
         "devices": devices}}
 
 
-def classes() -> list[DeviceClass]:
-    return [parse_device_class(c) for c in classes_json()]
+def classes(mig: bool = False) -> list[DeviceClass]:
+    return [parse_device_class(c) for c in classes_json(mig)]
 
 
-def classes_json() -> list[dict]:
-    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER}, "spec": {
+def classes_json(mig: bool = False) -> list[dict]:
+    """Whole GPUs and shares (``gpu.gpufleet.io``), and with ``mig`` MIG instances (``mig.gpufleet.io``), as deploy/dra."""
+    out = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRIVER}, "spec": {
         "selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"}}]}}]
+    if mig:
+        out.append({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": MIG_CLASS}, "spec": {
+            "selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'"}}]}})
+    return out
 
 
 def catalog(nodes: Sequence[Node]) -> DraState:
-    return DraState(DraCatalog([node_slice(n) for n in nodes if n.gpus], classes()))
+    mig = any(g.mig_enabled for n in nodes for g in n.gpus)
+    return DraState(DraCatalog([node_slice(n) for n in nodes if n.gpus], classes(mig)))
 
 
 class ClaimShaper:
@@ -83,7 +97,11 @@ class ClaimShaper:
         if r.gpu_count == 0:
             return r
         ex: dict = {"deviceClassName": DRIVER}
-        if r.gpu_milli >= GPU_MILLI:
+        if r.mig_profile:  # MIG instances of one profile (the MIG class, a selector on the profile)
+            ex = {"deviceClassName": MIG_CLASS, "count": r.gpu_count,
+                  "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].profile == '{r.mig_profile}'"}}]}
+            mem = r.gpu_memory_mib
+        elif r.gpu_milli >= GPU_MILLI:
             ex["count"] = r.gpu_count
             mem = 0
         else:
@@ -91,11 +109,12 @@ class ClaimShaper:
             ex["capacity"] = {"requests": {"gpuMilli": str(r.gpu_milli), "memory": f"{mem}Mi"}}
         if r.gpu_models_allow:
             names = ", ".join(f"'{m}'" for m in sorted(r.gpu_models_allow))
-            ex["selectors"] = [{"cel": {"expression": f"device.attributes['{DRIVER}'].productName in [{names}]"}}]
+            ex["selectors"] = ex.get("selectors", []) + [
+                {"cel": {"expression": f"device.attributes['{DRIVER}'].productName in [{names}]"}}]
         spec: dict = {"devices": {"requests": [{"name": "gpu", "exactly": ex}]}}
-        if self.constrained and r.gpu_milli >= GPU_MILLI and 1 < r.gpu_count <= self.max_per_root:
+        if self.constrained and not r.mig_profile and r.gpu_milli >= GPU_MILLI and 1 < r.gpu_count <= self.max_per_root:
             spec["devices"]["constraints"] = [{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]
-        key = (r.gpu_count, r.gpu_milli, r.gpu_models_allow)
+        key = (r.gpu_count, r.gpu_milli, r.gpu_models_allow, r.mig_profile)
         proto = self._specs.get(key)
         if proto is None:
             proto = self._specs[key] = parse_claim({"metadata": {"name": "proto"}, "spec": spec})
@@ -103,4 +122,4 @@ class ClaimShaper:
         return replace(r, gpu_memory_mib=mem, dra=PodClaims(r.uid or r.name, (PodClaim("gpu", claim),)))
 
 
-__all__ = ["ClaimShaper", "DRIVER", "catalog", "classes", "classes_json", "node_slice", "node_slice_json"]
+__all__ = ["ClaimShaper", "DRIVER", "MIG_CLASS", "catalog", "classes", "classes_json", "node_slice", "node_slice_json"]

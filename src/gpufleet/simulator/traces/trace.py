@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from ...engine.errors import GpufleetError
-from ...engine.gpu_models import lookup
+from ...engine.gpu_models import lookup, mig_profile_memory_mib
 from ...engine.model import GPU_MILLI, Gpu, Node, PodRequest
 
 POD_COLUMNS_FULL = (
@@ -64,6 +64,7 @@ class TracePod:
     creation_time: int | None = None
     deletion_time: int | None = None
     scheduled_time: int | None = None
+    mig_profile: str = ""  # one MIG instance of this profile (``nvidia.com/mig-<profile>: 1``) instead of a share
 
     @property
     def total_gpu_milli(self) -> int:
@@ -72,6 +73,11 @@ class TracePod:
 
     def request(self, name: str | None = None) -> PodRequest:
         """The engine request: num_gpu whole GPUs, or one GPU share when gpu_milli < 1000."""
+        if self.mig_profile:  # as parse_pod models nvidia.com/mig-<profile>: 1
+            return PodRequest(name=name or self.name, namespace="trace", cpu_milli=self.cpu_milli, memory_mib=self.memory_mib,
+                              gpu_count=1, gpu_milli=0, gpu_memory_mib=mig_profile_memory_mib(self.mig_profile) or 0,
+                              mig_profile=self.mig_profile,
+                              gpu_models_allow=frozenset(self.gpu_spec) if self.gpu_spec else None)
         if self.num_gpu == 0:
             count, milli = 0, 0
         elif self.num_gpu == 1:
