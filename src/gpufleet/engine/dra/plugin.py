@@ -158,10 +158,13 @@ class DynamicResources:
         if fast is not None:
             room, why = fast
             newly = ~room if all_ok else ok & ~room
-            if newly.any():
+            turned_away = bool(newly.any())
+            if turned_away:
                 reasons.append(why)
                 codes[newly] = len(reasons) - 1
             fits = room if all_ok else ok & room
+            if all_ok and dp_pass is None and not turned_away:  # every node has room: nothing to say
+                return FilterResult(fits, tuple(reasons), codes, passes_all=True)
             return FilterResult(fits if dp_pass is None else fits | dp_pass, tuple(reasons), codes)
         # the general case: the allocator on every node that is still in the running
         a = self._allocator(state)

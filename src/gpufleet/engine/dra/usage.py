@@ -187,6 +187,8 @@ class DeviceTable:
         self.is_mig[list(self.mig)] = True
         self.need_cache: dict[tuple, Any] = {}  # per request shape: the candidate grid and what each device would take
         self.mem_cap: dict[int, int] = {}  # device -> its memory capacity in bytes (GPU devices)
+        self._gpu_l: list[int] = self.gpu.tolist()  # the same as lists: hold_for reads them per allocation result
+        self._node_l: list[int] = self.node.tolist()
         for k in np.flatnonzero(self.gpu >= 0).tolist():
             mem = self.refs[k].device.capacity.get("memory")
             if mem is not None:
@@ -200,13 +202,13 @@ class DeviceTable:
             if r.admin_access:
                 continue
             k = self.index.get(r.device_id)
-            if k is None or self.gpu[k] < 0:
+            if k is None or self._gpu_l[k] < 0:
                 continue
-            j = int(self.gpu[k])
+            j = self._gpu_l[k]
             if k in self.mig:
                 migs.append(self.mig[k])
                 continue
-            i = int(self.node[k])
+            i = self._node_l[k]
             cap_mib = int(state.gpu_mem_cap[i, j])
             if r.share_id is None or r.consumed_capacity is None:
                 milli, mem = GPU_MILLI, cap_mib

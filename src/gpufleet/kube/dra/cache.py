@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping  # collections.abc: isinstance checks without typing's detour
 
 from ...engine.dra.objects import (
     EXTENDED_RESOURCE_CLAIM_ANNOTATION,

@@ -19,7 +19,8 @@ name serves, kubelet reads it from the pod's status), so the hold taken at Reser
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping  # collections.abc: isinstance checks without typing's detour
+from typing import Any
 
 from ...engine.dra.extended import ExtendedClaim
 from ...engine.dra.objects import EXTENDED_RESOURCE_CLAIM_ANNOTATION, IMPLICIT_EXTENDED_RESOURCE_PREFIX, DeviceClass, parse_claim
