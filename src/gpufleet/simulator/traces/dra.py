@@ -11,7 +11,10 @@ with ``allowMultipleAllocations``); every GPU pod gets one claim (from a templat
   (consumable capacity: several claims on one device);
 * pinned GPU models: a request selector on ``productName``;
 * with ``constrained``, multi-GPU claims also ask ``matchAttribute: resource.kubernetes.io/pcieRoot``
-  (the GPUs under one PCIe root) where a node could give that many.
+  (the GPUs under one PCIe root) where a node could give that many;
+* a GPU in MIG mode publishes its instances (``type: mig``, ``uuid``, ``parentUUID``, ``profile``, ``memory``),
+  and a pod asking a MIG profile gets ``count`` instances of the class ``mig.gpufleet.io`` with a selector on
+  ``profile`` (the ``migNN`` variants of ``bench/variants.py``).
 
 The pods then go through the same engine with the DynamicResources plugin: CEL selectors, the
 allocator, claims holding their devices.  ``bench/dra_variants.py`` runs the comparison.
