@@ -94,7 +94,7 @@ def main() -> int:
     from kubernetes import client, config
 
     from bench.bench_kube_apiserver import NODE_STATUS, node_body, pod_body
-    from tests.integration.conftest import ControlPlane, _free_port
+    from tests.apiserver_support import ControlPlane, _free_port
 
     d = Path(tempfile.mkdtemp(prefix="gpufleet-bench-image-"))
     cp = ControlPlane(assets, d)

@@ -33,7 +33,7 @@ have one), then creates the pods (16 threads) and times from the first pod's cre
 bound (the creation's own time is printed beside it: a figure close to it means creation, not the scheduler,
 set the pace).  Both schedulers get the same client limits, ``--kube-api-qps`` / ``--kube-api-burst``
 (default 1,000 / 1,000: kube-scheduler's ``clientConnection``, gpufleet's flags of the same names); the
-apiserver's flags are the integration tier's (``tests/integration/conftest.ControlPlane``: priority and
+apiserver's flags are the apiserver tier's (``tests/apiserver_support.ControlPlane``: priority and
 fairness off, 2,000 / 1,000 requests in flight).  kube-scheduler runs its stock profile (every default
 plugin), named ``gpufleet`` so it takes the same pods, leader election off.  Pods and nodes are created with
 plain JSON requests, and binds are counted from a JSON watch decoded as plain dicts, so the bench itself
@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from tests.integration.conftest import ClaimController, ControlPlane, _free_port  # noqa: E402
+from tests.apiserver_support import ClaimController, ControlPlane, _free_port  # noqa: E402
 
 
 def node_body(i: int) -> dict:

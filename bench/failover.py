@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from tests.integration.conftest import ControlPlane, _free_port  # noqa: E402
+from tests.apiserver_support import ControlPlane, _free_port  # noqa: E402
 
 NODE_STATUS = {"status": {"capacity": {"cpu": "128", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"},
                           "allocatable": {"cpu": "128", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"},

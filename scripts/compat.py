@@ -37,7 +37,7 @@ TABLE = REPO / "docs" / "compatibility.md"
 # tier -> (what it proves, pytest paths, components it needs from the build, needs root)
 TIERS: dict[str, tuple[str, list[str], list[str], bool]] = {
     "apiserver": ("gpufleet's scheduler, extender, explain, queues and gangs on a real kube-apiserver + etcd, "
-                  "side by side with the real kube-scheduler", ["tests/integration"], ["control-plane"], False),
+                  "side by side with the real kube-scheduler", ["tests", "-m", "apiserver"], ["control-plane"], False),
     "node": ("agent (device plugin, DRA driver, GFD labels, metrics, health), scheduler and autoscaling on a real "
              "kubelet + containerd v2 (CDI)", ["tests/e2e", "--ignore=tests/e2e/test_extender_node.py"], [], True),
     "extender": ("gpufleet as an extender of the real kube-scheduler, with a real kubelet and Prometheus",

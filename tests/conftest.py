@@ -2,10 +2,12 @@
 ``slow``, ``apiserver``, ``node``).
 
 Why here, by rule, and not by hand on each test: a tier is what a test needs to run (a real kube-apiserver, a real
-node, time), and that is already said once -- by the folder the real-component tiers live in (``tests/integration``,
-``tests/e2e``, whose conftests set them up and skip them cleanly without their components), by an explicit marker
-(``slow``, ``node``, ``integration``, ``property``), or by the test being a hypothesis test.  Otherwise tests live
-beside the part of ``src/`` they test (``tests/engine/``, ``tests/kube/``, ...), whatever their tier.  The first rule that holds wins."""
+node, time), and that is already said once -- by the folder of the real-node tier (``tests/e2e``, whose conftest sets
+it up and skips it cleanly without its components), by an explicit marker (``apiserver``, ``slow``, ``node``,
+``integration``, ``property``), or by the test being a hypothesis test.  Tests live beside the part of ``src/`` they
+test (``tests/engine/``, ``tests/kube/``, ...), whatever their tier: an apiserver-tier module says
+``pytestmark = pytest.mark.apiserver``, and ``tests/apiserver_support.py`` (loaded below as a plugin) gives it the
+control plane and skips it cleanly without KUBEBUILDER_ASSETS.  The first rule that holds wins."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ("tests.apiserver_support",)  # the apiserver tier's control plane, fixtures and hooks
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("node", "apiserver", "slow", "property", "unit")
@@ -27,7 +31,7 @@ def tier_of(path: Path, markers: Iterable[str], hypothesis: bool = False) -> str
         top = ""
     if "node" in marks or "e2e" in marks or top == "e2e":
         return "node"
-    if "apiserver" in marks or "integration" in marks or top == "integration":
+    if "apiserver" in marks or "integration" in marks:
         return "apiserver"
     if "slow" in marks:
         return "slow"

@@ -12,7 +12,7 @@ from tests.conftest import TESTS, TIERS, tier_of
 def test_the_folder_the_markers_and_hypothesis_decide_the_tier_first_rule_wins():
     assert tier_of(TESTS / "e2e" / "test_x.py", []) == "node"
     assert tier_of(TESTS / "deploy" / "test_x.py", ["node", "slow"]) == "node"
-    assert tier_of(TESTS / "integration" / "test_x.py", ["slow"]) == "apiserver"
+    assert tier_of(TESTS / "kube" / "test_x.py", ["apiserver", "slow"]) == "apiserver"
     assert tier_of(TESTS / "queues" / "test_x.py", ["integration", "skipif"]) == "apiserver"
     assert tier_of(TESTS / "simulator" / "test_x.py", ["slow"], hypothesis=True) == "slow"
     assert tier_of(TESTS / "engine" / "test_x.py", [], hypothesis=True) == "property"

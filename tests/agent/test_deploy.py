@@ -45,6 +45,6 @@ def test_daemonset_args_mounts_and_security():
 def test_rbac_is_least_privilege():
     rules = docs()["ClusterRole"]["rules"]
     # what the agent calls (labels, podsource, reconcile, report_refused); narrowed to its own node by
-    # deploy/node-restriction (tests/integration/test_least_privilege.py asks the apiserver)
+    # deploy/node-restriction (tests/deploy/test_least_privilege.py asks the apiserver)
     assert {(r["resources"][0], tuple(r["verbs"])) for r in rules} == {
         ("nodes", ("get", "patch")), ("pods", ("list", "patch")), ("events", ("create",))}

@@ -109,7 +109,7 @@ def test_apiserver_accepts_crds_and_examples(tmp_path):
 
     from kubernetes import client, config
 
-    from ..integration.conftest import ControlPlane
+    from ..apiserver_support import ControlPlane
 
     cp = ControlPlane(ASSETS, tmp_path)
     try:

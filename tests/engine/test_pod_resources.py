@@ -1,7 +1,7 @@
 """What a pod asks and what a running pod holds, as kube-scheduler 1.37 counts them.
 
 Pod-level ``spec.resources`` (on by default since 1.34) and in-place resize (GA in 1.35): the
-scenarios here are the ones ``tests/integration/test_k137_side_by_side.py`` replays against
+scenarios here are the ones ``tests/kube/test_k137_side_by_side.py`` replays against
 kube-scheduler itself.
 """
 

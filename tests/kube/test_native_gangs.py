@@ -3,7 +3,7 @@
 A pod names its PodGroup in ``spec.schedulingGroup.podGroupName`` (what a Workload's podGroupTemplates become);
 the group's ``gang`` policy makes it all or nothing exactly like a ``gpufleet.io/pod-group``, ``basic`` places
 its pods one by one, and a pod waits while its group is missing, as kube-scheduler 1.37's GangScheduling
-does (the same scenarios run against kube-scheduler itself in tests/integration/test_k137_side_by_side.py).
+does (the same scenarios run against kube-scheduler itself in tests/kube/test_k137_side_by_side.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pod-level resources and in-place resize through the live loop (fake API server).
 
 The node has 4 CPUs and no GPUs, so only cpu decides; kube-scheduler 1.37 reaches the same outcomes on a
-real apiserver in ``tests/integration/test_k137_side_by_side.py``.
+real apiserver in ``tests/kube/test_k137_side_by_side.py``.
 """
 
 from __future__ import annotations

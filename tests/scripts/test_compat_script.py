@@ -45,7 +45,7 @@ def test_counts_failures_and_skips_come_from_the_junit_report(compat, tmp_path):
 
 
 def test_a_deselected_test_is_recorded_with_its_markers_reason(tmp_path):
-    # a tier deselects by min_release as tests/integration/conftest.py does; the script, loaded with -p compat, records it
+    # a tier deselects by min_release as tests/apiserver_support.py does; the script, loaded with -p compat, records it
     (tmp_path / "conftest.py").write_text(
         "def pytest_configure(config):\n"
         "    config.addinivalue_line('markers', 'min_release(major, minor): test')\n"

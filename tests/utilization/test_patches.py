@@ -1,5 +1,5 @@
 """``gpufleet recommend --patches``: a recommendation becomes the strategic-merge patch of its workload's pod template
-(or the reason there is none).  Applied to a real kube-apiserver in tests/integration/test_autoscaling_apiserver.py."""
+(or the reason there is none).  Applied to a real kube-apiserver in tests/utilization/test_autoscaling_apiserver.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Victims as docs/queues.md documents them, for preemption and for queue reclaim: lowest priority, then
 youngest (by the adapter's age, not the order pods happened to be placed in), never a pod a
 PodDisruptionBudget protects -- written with matchLabels or with matchExpressions alike.
-The same scenarios run on a real apiserver in tests/integration/test_victims_apiserver.py."""
+The same scenarios run on a real apiserver in tests/kube/test_victims_apiserver.py."""
 
 from __future__ import annotations
 

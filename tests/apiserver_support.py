@@ -1,4 +1,7 @@
-"""envtest-style control plane for the integration tier: etcd + kube-apiserver from $KUBEBUILDER_ASSETS.
+"""The apiserver tier's harness: an envtest-style control plane (etcd + kube-apiserver from $KUBEBUILDER_ASSETS),
+its fixtures and hooks, for every test marked ``apiserver`` wherever it lives (tests/conftest.py loads this
+module as a pytest plugin; the tier's modules sit beside the part of ``src/`` they test and say their tier with
+``pytestmark = pytest.mark.apiserver``).
 
 Skipped unless KUBEBUILDER_ASSETS names a folder holding both binaries (the
 controller-runtime envtest convention).  One control plane per test session:
@@ -47,8 +50,14 @@ def assets_release() -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+_ON_CONTROL_PLANE: set[str] = set()  # modules with a test on the session's control plane (leaves_nothing_behind)
+
+
+def _tier(item) -> bool:
+    return item.get_closest_marker("apiserver") is not None
+
+
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
     marked = [i for i in items if i.get_closest_marker("min_release") is not None]
     release = assets_release() if marked and HAVE_ASSETS else (0, 0)
     too_new = [i for i in marked if release < tuple(i.get_closest_marker("min_release").args)] if HAVE_ASSETS else []
@@ -57,22 +66,23 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if i not in too_new]
         print(f"\napiserver tier: {len(too_new)} test(s) need a newer Kubernetes than the assets' "
               f"{release[0]}.{release[1]}: deselected ({', '.join(sorted({i.module.__name__.rsplit('.', 1)[-1] for i in too_new}))})")
-    if REQUIRED and not HAVE_ASSETS:
+    if REQUIRED and not HAVE_ASSETS and any(_tier(i) for i in items):
         raise pytest.UsageError(f"GPUFLEET_REQUIRE_APISERVER is set but KUBEBUILDER_ASSETS ({ASSETS or 'unset'}) lacks "
                                 "kube-apiserver or etcd: the apiserver tier would be skipped")
     skip = pytest.mark.skip(reason="KUBEBUILDER_ASSETS with kube-apiserver and etcd not set")
     for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.integration)
+        if _tier(item):
             if not HAVE_ASSETS:
                 item.add_marker(skip)
+            if "control_plane" in getattr(item, "fixturenames", ()):
+                _ON_CONTROL_PLANE.add(item.module.__name__)
 
 
 _SKIPPED: list[str] = []
 
 
 def pytest_runtest_logreport(report):
-    if REQUIRED and report.skipped and Path(str(report.fspath)).parent == Path(__file__).parent:
+    if REQUIRED and report.skipped and "apiserver" in report.keywords:
         _SKIPPED.append(report.nodeid)
 
 
@@ -238,7 +248,7 @@ def claim_controller(control_plane):
         cc.stop()
 
 
-# --- shared by the integration test files ---------------------------------------------
+# --- shared by the apiserver tier's test files ---------------------------------------------
 
 
 def api_client(kubeconfig: Path):
@@ -346,7 +356,7 @@ def crds(admin):
     ext = client.ApiextensionsV1Api(admin)
     for f in ("queue.yaml", "podgroup.yaml"):
         try:
-            ext.create_custom_resource_definition(yaml.safe_load((Path(__file__).parents[2] / "deploy/crds" / f).read_text()))
+            ext.create_custom_resource_definition(yaml.safe_load((Path(__file__).parents[1] / "deploy/crds" / f).read_text()))
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -397,8 +407,7 @@ def leaves_nothing_behind(request):
     at its teardown naming what), and what it left is deleted, so later modules never see it.  Its pods are deleted
     too, without a complaint (tests leave them routinely, in namespaces of their own): a pod left pending for the
     scheduler name a later module's scheduler uses would be placed on that module's nodes."""
-    uses = any("control_plane" in getattr(i, "fixturenames", ()) for i in request.session.items if i.module is request.module)
-    if not HAVE_ASSETS or not uses:
+    if not HAVE_ASSETS or request.module.__name__ not in _ON_CONTROL_PLANE:
         yield
         return
     cp = request.getfixturevalue("control_plane")

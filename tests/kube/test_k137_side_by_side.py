@@ -29,8 +29,10 @@ import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from .conftest import ASSETS, HAVE_ASSETS, ControlPlane, _free_port, api_client, assets_release
+from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane, _free_port, api_client, assets_release
 from .test_kube_scheduler import Sched
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 KUBE = "kube-scheduler"  # the stock scheduler's profile name (pods say schedulerName: kube-scheduler)
 GPUFLEET = "gpufleet"

@@ -14,8 +14,10 @@ import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from .conftest import kcm_controllers
+from tests.apiserver_support import kcm_controllers
 from .test_kube_scheduler import Sched, bound, events
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 SPOT = {"karpenter.sh/capacity-type": "spot"}
 

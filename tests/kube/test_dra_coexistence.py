@@ -8,7 +8,7 @@ many pods each bound, how many devices were allocated twice; asserted: gpufleet 
 allocated, and -- the agent's kubelet plugin driven as kubelet does on each node, pods in the order they were bound --
 a device given twice is prepared for one claim only, the other refused (``DeviceAlreadyAllocated``): none ran twice.
 
-    KUBEBUILDER_ASSETS=... python -m pytest -s tests/integration/test_dra_coexistence.py   # prints the figures
+    KUBEBUILDER_ASSETS=... python -m pytest -s tests/kube/test_dra_coexistence.py   # prints the figures
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner
 from gpufleet.policies import build_profile
 
-from .conftest import ASSETS, _free_port
-from .test_dra_kube_scheduler import wait_for
+from tests.apiserver_support import ASSETS, _free_port
+from tests.agent.test_dra_kube_scheduler import wait_for
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 ROOT = Path(__file__).parents[2]
 DRIVER = "gpu.gpufleet.io"

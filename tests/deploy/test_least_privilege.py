@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
+
 ROOT = Path(__file__).parents[2]
 NS = "kube-system"
 # (api group, resource, verb) each part calls, found in its code (docs/safety.md: "Least privilege")

@@ -24,7 +24,7 @@ from gpufleet.utilization.recommend import Recommendation
 
 ROOT = Path(__file__).parents[2]
 KUBECTL = os.environ.get("KUBECTL") or shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(not KUBECTL, reason="no kubectl ($KUBECTL or on PATH)")
+pytestmark = [pytest.mark.apiserver, pytest.mark.skipif(not KUBECTL, reason="no kubectl ($KUBECTL or on PATH)")]
 APISERVICES = ["v1beta2.custom.metrics.k8s.io", "v1beta1.custom.metrics.k8s.io", "v1beta1.external.metrics.k8s.io"]
 
 

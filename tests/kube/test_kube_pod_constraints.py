@@ -14,6 +14,8 @@ from gpufleet.kube.runner import wait_until
 
 from .test_kube_scheduler import Sched, bound, events
 
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
+
 HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 

@@ -6,11 +6,15 @@ figures docs/safety.md gives; this is its small, always-run check."""
 
 from __future__ import annotations
 
+import pytest
+
 import argparse
 import tempfile
 from pathlib import Path
 
 from bench.failover import NODE_STATUS, node_body, run_once
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 
 def test_kill_9_of_the_leader_mid_burst(control_plane, admin):

@@ -9,6 +9,8 @@ lower-priority pod that would fit in the half of the node already free arrives w
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import time
 import uuid
@@ -17,6 +19,8 @@ from gpufleet.kube.runner import wait_until
 
 from .test_kube_scheduler import bound, pod_body
 from .test_kube_teams import Sched, ev_reasons, namespace, no_leftover_pods, watch_nominations
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 __all__ = ["no_leftover_pods"]  # the autouse fixture, used here too
 

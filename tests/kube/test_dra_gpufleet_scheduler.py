@@ -14,7 +14,7 @@ given to the waiting pod.
 
 Release-aware (tests/dra_release.py): on 1.35 with its default gates the classes are deploy/overlays/dra-k8s-1.35's
 (no share class, no extended-resource class), the agent publishes exclusive GPUs, and the shares and
-``nvidia.com/gpu: 1`` are left out (what 1.35 cannot do; tests/integration/test_dra_kube_scheduler.py checks how).
+``nvidia.com/gpu: 1`` are left out (what 1.35 cannot do; tests/agent/test_dra_kube_scheduler.py checks how).
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ from gpufleet.kube.runner import Runner
 from gpufleet.policies import build_profile
 from tests.dra_release import device_classes, full_dra
 
-from .conftest import assets_release
-from .test_dra_kube_scheduler import PCIE, fake_sysfs, wait_for
+from tests.apiserver_support import assets_release
+from tests.agent.test_dra_kube_scheduler import PCIE, fake_sysfs, wait_for
 from .test_kube_scheduler import sa_kubeconfig
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 ROOT = Path(__file__).parents[2]
 DRIVER = "gpu.gpufleet.io"

@@ -22,6 +22,8 @@ from gpufleet.kube.leader import KubernetesLeaseStore, LeaseElector
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner, wait_until
 
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -310,7 +312,7 @@ def test_the_cli_process_end_to_end(control_plane, core, ns, nodes):
 
     from kubernetes import client
 
-    from .conftest import _free_port
+    from tests.apiserver_support import _free_port
 
     nodes(f"{ns}-n", 2)
     core.create_namespaced_pod(ns, pod_body("p", milli=500))
@@ -386,7 +388,7 @@ def test_expired_watch_410_gone_relists_and_scheduling_goes_on(tmp_path):
 
     from gpufleet.kube.api import Gone
 
-    from .conftest import ASSETS, ControlPlane
+    from tests.apiserver_support import ASSETS, ControlPlane
 
     cp = ControlPlane(ASSETS, tmp_path, extra_args=("--watch-cache=false",))
     cp.start()

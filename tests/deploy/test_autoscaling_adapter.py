@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ASSETS, HAVE_ASSETS, ControlPlane
+from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane
 
 ROOT = Path(__file__).parents[2]
 KUBECTL = os.environ.get("KUBECTL") or shutil.which("kubectl")
@@ -44,6 +44,7 @@ def adapter_binary() -> str:
 
 
 pytestmark = [
+    pytest.mark.apiserver,
     pytest.mark.skipif(not KUBECTL, reason="no kubectl ($KUBECTL or on PATH)"),
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not on PATH (Debian package prometheus)"),
     pytest.mark.skipif(not adapter_binary(), reason="prometheus-adapter not built (scripts/build-prometheus-adapter.sh)"),

@@ -10,6 +10,8 @@ import pytest
 
 from gpufleet.cli.main import main
 
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
+
 
 def run(argv):
     try:

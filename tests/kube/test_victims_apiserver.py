@@ -17,10 +17,12 @@ import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from .conftest import mark_running
+from tests.apiserver_support import mark_running
 from .test_kube_scheduler import bound, pod_body
 from . import test_kube_teams as teams
 from .test_kube_teams import Sched, ev_reasons, namespace
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 SELECTORS = {
     "matchLabels": {"matchLabels": {"app": "db"}},

@@ -14,6 +14,8 @@ from gpufleet.kube.runner import Runner, wait_until
 
 from .test_kube_scheduler import pod_body, sa_kubeconfig
 
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
+
 
 @pytest.fixture
 def ns(core):

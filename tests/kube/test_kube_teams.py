@@ -21,6 +21,8 @@ from gpufleet.kube.runner import Runner, wait_until
 
 from .test_kube_scheduler import bound, pod_body
 
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
+
 
 MADE: list[str] = []
 

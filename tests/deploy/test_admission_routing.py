@@ -19,8 +19,8 @@ ROOT = Path(__file__).parents[2]
 POLICY = ROOT / "deploy/admission/route-gpu-pods.yaml"
 # MutatingAdmissionPolicy (admissionregistration.k8s.io/v1) is GA and served from 1.36; 1.35 has it beta and off, so
 # the routing does not exist there (docs/safety.md: the node guard is what holds on 1.35)
-pytestmark = pytest.mark.min_release(
-    1, 36, reason="MutatingAdmissionPolicy (admissionregistration.k8s.io/v1) is served from 1.36; beta and off in 1.35")
+pytestmark = [pytest.mark.apiserver, pytest.mark.min_release(
+    1, 36, reason="MutatingAdmissionPolicy (admissionregistration.k8s.io/v1) is served from 1.36; beta and off in 1.35")]
 
 
 def _pod(name: str, **spec) -> dict:

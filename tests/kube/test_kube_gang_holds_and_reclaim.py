@@ -9,6 +9,8 @@ are printed (``pytest -s``) and asserted.  Victims are deleted with grace period
 
 from __future__ import annotations
 
+import pytest
+
 import threading
 import time
 import uuid
@@ -20,6 +22,8 @@ from gpufleet.kube.runner import Runner, wait_until
 
 from .test_kube_scheduler import bound, pod_body
 from .test_kube_teams import ev_reasons, namespace, no_leftover_pods  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 
 class Sched:

@@ -41,7 +41,9 @@ from gpufleet.agent.dra.prepare import PrepareError
 from gpufleet.agent.nvml import PROFILES
 from tests.dra_release import device_classes, full_dra
 
-from .conftest import ASSETS, HAVE_ASSETS, ControlPlane, assets_release
+from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane, assets_release
+
+pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
 ROOT = Path(__file__).parents[2]
 DRIVER = "gpu.gpufleet.io"
