@@ -21,14 +21,11 @@ round; a speed-up that changes a figure is reported as DIFFERS and the script ex
 from __future__ import annotations
 
 import json
-import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,25 +45,17 @@ def _timeit_us() -> tuple[float, str]:
 def _run(checkout: Path, extra: list[str]) -> tuple[dict[str, float], dict[str, Any]]:
     """One run of the main job in ``checkout``: (figures, cleaned output)."""
     from bench.identity import _clean, _clean_table
+    from bench.side_by_side import timed
 
-    env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "gpufleet.cli.main", "simulate", "--no-progress", "--json", "out.json",
                "--report", "report.html", *extra]
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
-        wall = time.perf_counter() - t0
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if p.returncode != 0:
-            tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise RuntimeError(f"{checkout}: gpufleet simulate exited {p.returncode}: {tail}")
+        p, cpu_s, wall, peak_rss_mib = timed(cmd, checkout, tmp)
         doc = json.loads((Path(tmp) / "out.json").read_text())
         report_bytes = (Path(tmp) / "report.html").stat().st_size
     doc.pop("provenance", None)
     mip_stopped = not (doc.get("bound") or {}).get("all_optimal", True)
-    figures = {"wall_s": wall, "cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime),
-               "peak_rss_mib": r1.ru_maxrss / 1024.0}  # the largest process so far (parent or a worker)
+    figures = {"wall_s": wall, "cpu_s": cpu_s, "peak_rss_mib": peak_rss_mib}  # the largest process so far
     figures["mip_time_limit_hit"] = float(mip_stopped)
     return figures, {"json": _clean(doc), "table": _clean_table(p.stdout), "report": report_bytes > 0}
 

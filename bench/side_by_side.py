@@ -33,19 +33,26 @@ def _timeit() -> str:
     return out.stdout.strip() or out.stderr.strip()
 
 
-def _run(checkout: Path, cmd: list[str]) -> dict[str, float]:
+def timed(cmd: list[str], checkout: Path, cwd: Path | str) -> tuple[subprocess.CompletedProcess, float, float, float]:
+    """Run ``cmd`` with ``checkout``'s code: (the process, its tree's CPU seconds, wall seconds, the peak RSS in
+    MiB of the largest child so far); RuntimeError naming the checkout and the last stderr line when it fails."""
     env = dict(os.environ, PYTHONPATH=str(checkout / "src"))
-    if cmd[0] == "gpufleet":  # the checkout's code, not whatever is installed
-        cmd = [sys.executable, "-m", "gpufleet.cli.main", *cmd[1:]]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=checkout)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"{checkout}: {' '.join(cmd)} exited {p.returncode}: {tail}")
-    out = {"process_cpu_s": (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), "process_wall_s": wall}
+    return p, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), wall, r1.ru_maxrss / 1024.0
+
+
+def _run(checkout: Path, cmd: list[str]) -> dict[str, float]:
+    if cmd[0] == "gpufleet":  # the checkout's code, not whatever is installed
+        cmd = [sys.executable, "-m", "gpufleet.cli.main", *cmd[1:]]
+    p, cpu_s, wall, _ = timed(cmd, checkout, checkout)
+    out = {"process_cpu_s": cpu_s, "process_wall_s": wall}
     for name, val in re.findall(r"^FIGURE (\S+) (\S+)$", p.stdout, re.M):
         out[name] = float(val)
     return out
