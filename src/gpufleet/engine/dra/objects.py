@@ -583,15 +583,23 @@ def _exact(p: _P, path: str, r: Mapping[str, Any], name: str, sub: bool) -> Exac
 _REQUESTS: dict[ExactRequest, ExactRequest] = {}
 
 
+_INTERN_MAX = 10_000  # distinct values kept per table; a full table starts again
+
+
+def _intern(table: dict, value: Any) -> Any:
+    """``value``, or the equal object ``table`` kept before: one object per distinct value."""
+    got = table.get(value)
+    if got is None:
+        if len(table) >= _INTERN_MAX:
+            table.clear()
+        got = table.setdefault(value, value)
+    return got
+
+
 def intern_request(req: ExactRequest) -> ExactRequest:
     """One object per distinct request (every claim of one template asks the same): the allocator's and the
     plugin's caches keyed by a request then find it by identity instead of comparing its quantities."""
-    got = _REQUESTS.get(req)
-    if got is None:
-        if len(_REQUESTS) >= 10_000:
-            _REQUESTS.clear()
-        got = _REQUESTS.setdefault(req, req)
-    return got
+    return _intern(_REQUESTS, req)
 
 
 def parse_claim_spec(p: _P, path: str, spec: Any) -> ClaimSpec:
@@ -640,12 +648,7 @@ def parse_claim_spec(p: _P, path: str, spec: Any) -> ClaimSpec:
     out = ClaimSpec(tuple(requests), tuple(constraints), config)
     if config:  # equality leaves the config out: only specs without one are one object per value
         return out
-    got = _SPECS.get(out)
-    if got is None:
-        if len(_SPECS) >= 10_000:
-            _SPECS.clear()
-        got = _SPECS.setdefault(out, out)
-    return got
+    return _intern(_SPECS, out)
 
 
 _SPECS: dict[ClaimSpec, ClaimSpec] = {}
