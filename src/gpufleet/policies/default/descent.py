@@ -24,17 +24,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
 
 import numpy as np
 
 from ...engine.args import PluginArgs, arg
 from ...engine.framework import Cycle, GpuChoice
-from ...engine.model import GPU_MILLI
+from ...engine.model import GPU_MILLI, PodRequest
 from ...engine.state import ClusterState
 from ..paper._common import take_packed
 from ..paper.fgd import FragDescent
-from ..paper.workload import frag_amount, node_view
+from ..paper.workload import frag_amount, node_view, shape_of
 from .patterns import SharePatterns, patterns_of
 from .reserves import WHOLE_KEPT
 from .workload import WorkloadModel, model_of
@@ -228,6 +228,13 @@ class DescentScore(FragDescent):
             return super().score(cycle, state, nodes)
         s = self._kept_off_whole(self._shared_scores(cycle, state, nodes), state, nodes, kept).max(axis=1)
         return np.where(np.isfinite(s), s, self._UNFIT)
+
+    def _shape_key(self, r: PodRequest) -> Hashable:
+        """The paper's shape, plus the pod's memory where memory strands GPUs (``_penalty`` reads it then)."""
+        a = self.args
+        if a.memory_strand and a.strand_weight and self.model.sums[2] > 0:  # sums only grow or fade: > 0 once learned
+            return (shape_of(r), r.memory_mib)
+        return shape_of(r)
 
     def cache_key(self, cycle: Cycle):
         key = super().cache_key(cycle)

@@ -10,7 +10,7 @@ import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields
-from typing import Iterable
+from typing import Hashable, Iterable
 
 import numpy as np
 
@@ -170,9 +170,13 @@ class FragDescent:
     def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
         return self.learner.tw(state)
 
+    def _shape_key(self, r: PodRequest) -> Hashable:
+        """What of the pod its scores depend on: the paper's shape (FGD reads no memory); the default adds memory."""
+        return shape_of(r)
+
     def cache_key(self, cycle: Cycle):
         self.observe_pod(cycle)
-        return (shape_of(cycle.request), self.learner.version)
+        return (self._shape_key(cycle.request), self.learner.version)
 
     def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
         """Per-GPU scores of a shared pod's shape, [nodes, G], with the node version each was computed at.
@@ -180,7 +184,7 @@ class FragDescent:
         ``score`` fills it; ``select_gpus`` reads the chosen node's row instead of
         scoring that node a second time.
         """
-        key = (shape_of(cycle.request), self.learner.version, state.epoch)  # epochs are unique across states
+        key = (self._shape_key(cycle.request), self.learner.version, state.epoch)  # epochs are unique across states
         cache = self._gsel
         ent = cache.get(key)
         if ent is None or ent[0].shape != state.gpu_free_milli.shape:

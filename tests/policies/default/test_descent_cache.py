@@ -1,0 +1,50 @@
+"""The descent's cached scores: a pod is scored for its own resources, whatever pod of its shape came before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpufleet.engine.framework import Cycle, Profile, Scheduler
+from gpufleet.engine.model import PodRequest
+from gpufleet.engine.state import ClusterState
+from tests.builders import A100, make_node
+from tests.policies.default.test_policy import Parts
+
+
+def primed(**kw) -> tuple[Parts, Scheduler]:
+    """A fixed target of whole-GPU pods with 16 GiB each, on two nodes with roomy CPU: on "tight", 64 GiB of memory
+    feeds 4 of its 8 GPUs (memory strands GPUs there); on "roomy", memory feeds all."""
+    p = Parts(learn_online=False, **kw)
+    p.prime([PodRequest(name=f"w{i}", cpu_milli=4000, memory_mib=16_384, gpu_count=1, gpu_milli=1000) for i in range(100)])
+    state = ClusterState([make_node("tight", 8, A100, cpu_milli=512_000, memory_mib=65_536),
+                          make_node("roomy", 8, A100, cpu_milli=512_000, memory_mib=1 << 20)])
+    return p, Scheduler(Profile("descent", scores=[(p.descent, 1)], gpu_selector=p.descent), state)
+
+
+def cycle(r: PodRequest) -> Cycle:
+    return Cycle(request=r, rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("milli", [1000, 500])  # a whole GPU (node scores), a share (per-GPU scores)
+def test_pods_differing_only_in_memory_are_scored_for_their_own_memory(milli):
+    small, big = (PodRequest(name=n, cpu_milli=4000, memory_mib=m, gpu_count=1, gpu_milli=milli)
+                  for n, m in (("small", 1024), ("big", 32_768)))
+    nodes = np.arange(2)
+    _, sched = primed()
+    sched._score(cycle(small), nodes)  # fills the caches for the shape
+    got = sched._score(cycle(big), nodes)
+    _, fresh = primed()
+    want = fresh._score(cycle(big), nodes)  # the same plugin state, nothing cached
+    np.testing.assert_array_equal(got, want)
+    assert want[0] < want[1]  # the big pod's memory strands GPUs on "tight": it goes where memory is
+    assert fresh._score(cycle(small), nodes)[0] > want[0]
+
+
+def test_memory_is_left_out_of_the_key_where_the_descent_does_not_read_it():
+    small, big = (PodRequest(name=n, cpu_milli=4000, memory_mib=m, gpu_count=1, gpu_milli=500)
+                  for n, m in (("small", 1024), ("big", 32_768)))
+    on, _ = primed()
+    off, _ = primed(memory_strand=False)
+    assert on.descent.cache_key(cycle(small)) != on.descent.cache_key(cycle(big))
+    assert off.descent.cache_key(cycle(small)) == off.descent.cache_key(cycle(big))  # one cached score for both
