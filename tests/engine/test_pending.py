@@ -172,3 +172,43 @@ def test_with_lower_priority_pods_running_a_pod_without_room_still_goes_to_the_r
         sh.pending.freed.add(0)
         sh.retry()
         assert sh.tries == expected
+
+
+def test_pods_that_come_and_go_reuse_indices_and_groups():
+    """The live queue's pods are not known up front: ``register`` makes a pod's index (and its group when new),
+    ``unregister`` gives both back once the last pod of the group is gone; the arrays grow as groups come."""
+    w = PendingGroups([], {})
+    a, b = w.register(req("a")), w.register(req("b"))
+    assert (a, b) == (0, 1) and w.group_of[a] == w.group_of[b] and w.register(req("a")) == a
+    shares = [w.register(req(f"s{k}", gpu_milli=100 + k)) for k in range(10)]  # ten groups: the arrays grow
+    assert len(w.group_ids) == 11 and len(w.count) >= 11
+    w.failed(a, 0.0, ["NodeResourcesFit"])
+    w.failed(shares[3], 0.0, ["NodeResourcesFit"])
+    assert len(w) == 2 and w.count[w.group_ids[w.group_of[shares[3]]]] == 1
+    gid = w.group_ids[w.group_of[shares[3]]]
+    w.unregister(shares[3])  # the group's only pod: the group goes, its id is free
+    assert len(w) == 1 and w.group_of[shares[3]] not in w.group_ids and w.count[gid] == 0
+    c = w.register(req("c", gpu_milli=700))  # takes the freed index and the freed group id
+    assert c == shares[3] and w.group_ids[w.group_of[c]] == gid and w.need[gid] == (1000, 1024, 1, 700)
+    w.unregister(a)
+    assert w.group_of[b] in w.group_ids  # b still in it
+    changed = w.register(req("b", gpu_milli=300))  # the pod's request changed: a new registration
+    assert w.reqs[changed].gpu_milli == 300 and w.by_key["t/b"] == changed
+
+
+def test_woken_is_what_a_retry_pass_would_try():
+    """What a change may let fit, for the live queue: groups with room on a node that gained room, and, only when
+    a pod left, groups kept out by a count; ``changes`` is taken (a second call sees nothing new)."""
+    st = state_of(make_node("n0", 1, T4, cpu_milli=16_000), make_node("n1", 4, T4, cpu_milli=16_000))
+    st.reserve(Assignment("t/u", "n1", 0, 0, gpu_indices=(0, 1, 2, 3), gpu_milli=1000, gpu_memory_mib=(0,) * 4))
+    hints = {"NodeResourcesFit": "room", "Spread": "pods"}
+    w = PendingGroups([], hints)
+    one, two, counted = w.register(req("one")), w.register(req("two", gpu_count=2)), w.register(req("c", gpu_milli=500))
+    w.failed(one, 0.0, ["NodeResourcesFit"])
+    w.failed(two, 0.0, ["NodeResourcesFit"])
+    w.failed(counted, 0.0, ["Spread"])
+    assert w.woken(st) == []  # nothing changed
+    w.freed.add(0)  # n0: one GPU free
+    assert sorted(w.woken(st)) == [one, counted] and w.woken(st) == []
+    w.fresh.add(w.group_of[two])  # back in the queue: tried against every node
+    assert w.woken(st) == [two]

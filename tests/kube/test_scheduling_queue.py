@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpufleet.engine.schedqueue import EVERYTHING, Change
 from gpufleet.kube.scheduling_queue import SchedulingQueue
 
 
@@ -118,3 +119,36 @@ def test_take_new_hands_each_arrival_over_once():
     q.forget("ns/a")
     q.add("ns/a", {"x": 3})  # gone and back (recreated): new again
     assert q.take_new() == ["ns/a"]
+
+
+def test_parked_pods_wake_by_what_changed_and_the_others_on_any_change():
+    """A pod the engine gave reasons for is parked in ``engine.pending.PendingGroups`` (the replay's waiting pods):
+    a pod leaving a node wakes it only if it could fit there; a pod that failed for no known reason wakes on any
+    change; a parked pod no change woke is tried when its backoff runs out; a bound or forgotten pod leaves it."""
+    from gpufleet.engine.model import Assignment, PodRequest
+
+    from tests.builders import T4, make_node, state_of
+
+    st = state_of(make_node("n0", 1, T4, cpu_milli=16_000), make_node("n1", 2, T4, cpu_milli=16_000))
+    st.reserve(Assignment("ml/u", "n1", 0, 0, gpu_indices=(0, 1), gpu_milli=1000, gpu_memory_mib=(0, 0)))
+    clock = Clock()
+    q = SchedulingQueue(clock, backoff_initial_s=10.0, hints={"NodeResourcesFit": "room"})
+    big = PodRequest("big", "ml", cpu_milli=1000, memory_mib=1024, gpu_count=2, gpu_milli=1000)
+    for k in ("ml/big", "ml/blind"):
+        q.add(k, {})
+    q.defer("ml/big", rejected=(big, ["NodeResourcesFit"]))
+    q.defer("ml/blind")
+    assert "ml/big" in q.parked.by_key and not q.ready(1.0)
+    q.changed(Change((0,)), st)  # n0 has one GPU: big cannot fit there, the blind pod may
+    assert [k for k, _ in q.ready(1.0)] == ["ml/blind"]
+    q.remove("ml/blind")
+    q.changed(Change((1,)), st)  # nothing left n1 yet: no room there either
+    assert not q.ready(1.0)
+    st.unreserve("ml/u")
+    q.changed(Change((1,)), st)
+    assert [k for k, _ in q.ready(1.0)] == ["ml/big"]
+    q.defer("ml/big", rejected=(big, ["NodeResourcesFit"]))  # again: 20 s, then tried anyway (the periodic flush)
+    assert not q.ready(19.0) and [k for k, _ in q.ready(20.0)] == ["ml/big"]
+    q.scheduled("ml/big", 0.0)
+    assert "ml/big" not in q.parked.by_key and len(q.parked) == 0
+    q.changed(EVERYTHING, st)  # a node or policy object changed: every waiting pod

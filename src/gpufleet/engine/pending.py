@@ -26,15 +26,20 @@ With team queues the candidates (the first pods of each due group) go through ``
 (hierarchical weighted DRF), as the live loop's due pods do; passes repeat while a group had all its
 candidates placed, and within a pass a group makes room once.
 
-No I/O: the shell (the replay; the live loop's queue keeps per-pod backoff and uses ``may_fit_after``
-directly) says what changed and carries out the round's decisions through its ports.
+The live loop's queue (``kube.scheduling_queue``) parks the pods the engine found no room for here too
+(kube-scheduler's unschedulablePods): its pods come and go (``register``, ``unregister``; a live pod with
+terms of its own is a group by itself, ``pod_group``), and a change wakes the pods ``woken`` names -- the
+groups a pass of ``retry`` would try -- while the queue keeps its per-pod backoff and events.
+
+No I/O: the shell says what changed and carries out the round's decisions through its ports.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -47,34 +52,114 @@ from .state import ClusterState
 PER_GROUP = 8  # with team queues: a group's candidates per pass
 
 
+def trace_group(r: PodRequest) -> Hashable:
+    """A trace pod's decision group: what the scheduler's answer depends on for pods with no terms of their own."""
+    return r.queue, r.shape(), r.labels, r.priority
+
+
+def pod_group(r: PodRequest) -> Hashable:
+    """A live pod's decision group: pods asking the very same (name and uid aside); a pod with terms of its
+    own (labels, affinity, spread, ports, volumes) or resource claims is a group by itself."""
+    if r.terms is not None or r.dra is not None:
+        return r.key
+    return replace(r, name="", uid="")
+
+
 class PendingGroups:
     """Pending pods (by index into ``reqs``) per decision group, each group's list in queue order, and what
     changed since the last pass (``freed``, ``kept_out``, ``fresh``; see the module docstring)."""
 
-    def __init__(self, reqs: Sequence[PodRequest], hints: Mapping[str, str]) -> None:
-        self.reqs = reqs
+    def __init__(self, reqs: list[PodRequest], hints: Mapping[str, str],
+                 group_by: Callable[[PodRequest], Hashable] = trace_group) -> None:
+        self.reqs = reqs  # the replay's pods; the live queue's grow with ``register``
         self.hints = hints  # schedqueue.requeue_hints of the profile
+        self.group_by = group_by
         self.by_key = {r.key: i for i, r in enumerate(reqs)}
         self.queued: dict[int, QueuedPod] = {}  # pending pods, in the order they came
-        self.groups: dict[tuple, list[tuple]] = {}  # group -> [(sort key, index)], in order; only non-empty groups
-        self.group_of = [(r.queue, r.shape(), r.labels, r.priority) for r in reqs]
-        self.group_ids: dict[tuple, int] = {}
+        self.groups: dict[Hashable, list[tuple]] = {}  # group -> [(sort key, index)], in order; only non-empty groups
+        self.group_of = [group_by(r) for r in reqs]
+        self.group_ids: dict[Hashable, int] = {}
         for g in self.group_of:
             self.group_ids.setdefault(g, len(self.group_ids))
-        self.group_list = list(self.group_ids)
+        self.group_list: list[Hashable] = list(self.group_ids)
         self.count = np.zeros(len(self.group_list), dtype=np.int64)  # [group id]: pods waiting in it
-        first: dict[tuple, PodRequest] = {}
+        first: dict[Hashable, PodRequest] = {}
         for i, g in enumerate(self.group_of):
             first.setdefault(g, reqs[i])
         self.need = [room_need(first[g]) for g in self.group_list]  # [group id]
         need = np.array(self.need, dtype=np.int64).reshape(-1, 4)
         self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (need[:, k].copy() for k in range(4))
-        self.priority = np.array([g[3] for g in self.group_list], dtype=np.int64)  # [group id]
+        self.priority = np.array([first[g].priority for g in self.group_list], dtype=np.int64)  # [group id]
         self.priorities = sorted(set(self.priority.tolist()))
         self.freed: set[int] = set()  # nodes that gained room since the last pass
-        self.kept_out: set[tuple] = set()  # groups last kept out by a cluster-wide count: tried at every pass
-        self.fresh: set[tuple] = set()  # groups of pods back in the queue: never tried against this cluster yet
+        self.kept_out: set[Hashable] = set()  # groups last kept out by a cluster-wide count: tried at every pass
+        self.fresh: set[Hashable] = set()  # groups of pods back in the queue: never tried against this cluster yet
         self.nominated: set[str] = set()  # pods that had victims deleted for them: tried first, held room is theirs
+        self._refs = [0] * len(self.group_list)  # [group id]: registered pods in it (``register``, ``unregister``)
+        self._free: list[int] = []  # indices given back by ``unregister``
+        self._free_groups: list[int] = []
+
+    # --- pods that come and go (the live queue: its pods are not known up front) --------------------
+    def register(self, r: PodRequest) -> int:
+        """Pod ``r``'s index (a new one, or its old one again if its request is the same), its group made if new."""
+        i = self.by_key.get(r.key)
+        if i is not None:
+            if self.reqs[i] == r and self.reqs[i].terms is r.terms and self.reqs[i].dra is r.dra:
+                return i
+            self.unregister(i)
+        g = self.group_by(r)
+        if self._free:
+            i = self._free.pop()
+            self.reqs[i], self.group_of[i] = r, g
+        else:
+            i = len(self.reqs)
+            self.reqs.append(r)
+            self.group_of.append(g)
+        self.by_key[r.key] = i
+        gid = self.group_ids.get(g)
+        if gid is None:
+            gid = self._new_group(g, r)
+        self._refs[gid] += 1
+        return i
+
+    def unregister(self, i: int) -> None:
+        """Pod i is gone for good: out of the queue; its index (and its group, when it was the last) reused."""
+        self.remove(i)
+        r, g = self.reqs[i], self.group_of[i]
+        if self.by_key.get(r.key) == i:
+            del self.by_key[r.key]
+        self.nominated.discard(r.key)
+        self._free.append(i)
+        gid = self.group_ids[g]
+        self._refs[gid] -= 1
+        if not self._refs[gid]:
+            del self.group_ids[g]
+            self.kept_out.discard(g)
+            self.fresh.discard(g)
+            self._free_groups.append(gid)
+
+    def _new_group(self, g: Hashable, r: PodRequest) -> int:
+        need = room_need(r)
+        if self._free_groups:
+            gid = self._free_groups.pop()
+            self.group_list[gid], self.need[gid] = g, need
+            self._refs[gid] = 0
+        else:
+            gid = len(self.group_list)
+            self.group_list.append(g)
+            self.need.append(need)
+            self._refs.append(0)
+            if gid >= len(self.count):  # room for twice as many groups
+                grow = max(gid, 8)
+                self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (
+                    np.concatenate([a, np.zeros(grow, dtype=np.int64)]) for a in (
+                        self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli))
+        self.group_ids[g] = gid
+        self.cpu_milli[gid], self.memory_mib[gid], self.gpu_count[gid], self.gpu_milli[gid] = need
+        self.priority[gid] = r.priority
+        if r.priority not in self.priorities:
+            bisect.insort(self.priorities, r.priority)
+        return gid
 
     def __len__(self) -> int:
         return len(self.queued)
@@ -99,11 +184,11 @@ class PendingGroups:
             if not g:
                 del self.groups[self.group_of[i]]
 
-    def head(self, group: tuple) -> int | None:
+    def head(self, group: Hashable) -> int | None:
         g = self.groups.get(group)
         return g[0][1] if g else None
 
-    def first(self, group: tuple, n: int) -> list[QueuedPod]:
+    def first(self, group: Hashable, n: int) -> list[QueuedPod]:
         return [self.queued[i] for _, i in self.groups[group][:n]]
 
     # --- what the round decided, what changed ------------------------------------------------------
@@ -129,7 +214,7 @@ class PendingGroups:
     # --- room tests --------------------------------------------------------------------------------
     def with_room(self, state: ClusterState, nodes: Iterable[int]) -> np.ndarray:
         """[group id]: could the group fit on one of ``nodes`` (CPU, memory, enough GPUs with its milli free)."""
-        ok = np.zeros(len(self.group_list), dtype=bool)
+        ok = np.zeros(len(self.count), dtype=bool)
         for d in nodes:
             ok |= (self.cpu_milli <= state.cpu_free[d]) & (self.memory_mib <= state.mem_free[d]) & \
                 ((state.gpu_free_milli[d][None, :] >= self.gpu_milli[:, None]).sum(axis=1) >= self.gpu_count)
@@ -139,6 +224,26 @@ class PendingGroups:
         """``with_room`` for one group on a few nodes, without numpy's per-call cost."""
         return room_on(state, self.need[gid], nodes)
 
+    # --- what changed -------------------------------------------------------------------------------
+    def changes(self, state: ClusterState) -> tuple[list[int], np.ndarray, set[Hashable]]:
+        """What changed since the last call, taken: the nodes that gained room, [group id] could the group fit on
+        one of them (``schedqueue.may_fit_after``'s room test, for every group at once), the groups with a pod
+        back in the queue."""
+        fresh, self.fresh = self.fresh & self.groups.keys(), set()
+        room = sorted(self.freed)
+        self.freed.clear()
+        return room, self.with_room(state, room), fresh
+
+    def woken(self, state: ClusterState) -> list[int]:
+        """The waiting pods what changed may let fit (the live queue's wake-ups; a pass of ``retry`` tries the same
+        groups): groups with room on a node that gained room, groups back in the queue, and, when a pod left,
+        groups kept out by a cluster-wide count."""
+        room, ok, fresh = self.changes(state)
+        for g in fresh | (self.kept_out & self.groups.keys() if room else set()):
+            ok[self.group_ids[g]] = True
+        groups, group_list = self.groups, self.group_list
+        return [i for gid in np.flatnonzero(ok & (self.count > 0)).tolist() for _, i in groups[group_list[gid]]]
+
     # --- a pass ------------------------------------------------------------------------------------
     def retry(self, rnd: SchedulingRound, now: float, attempt: Callable[[int, bool | None, bool], Attempt]) -> None:
         """One pass over the waiting pods that what changed may let fit, in the shared queue order.
@@ -146,15 +251,13 @@ class PendingGroups:
         ``attempt(i, fits, plan)`` sends pod i through ``rnd.try_pod`` (the shell knows how long it waited);
         ``fits``: True (it has room on a freed node), None (ask the shell's screen), False (no room: straight
         to making room); ``plan`` False: make no room for it this time."""
-        fresh, self.fresh = self.fresh & self.groups.keys(), set()
         if not len(self):
+            self.fresh = set()
             self.freed.clear()
             return
         state = rnd.sched.state
-        room = sorted(self.freed)
-        fit = self.with_room(state, room)  # schedqueue.may_fit_after, for every group at once
+        room, fit, fresh = self.changes(state)
         ok = fit.copy()
-        self.freed.clear()
         for g in fresh:
             ok[self.group_ids[g]] = True
         if rnd.tree is not None:
@@ -226,7 +329,7 @@ class PendingGroups:
                 return
             failed: set = set()
             room_tried: set = set()
-            placed_n: dict[tuple, int] = {}
+            placed_n: dict[Hashable, int] = {}
             for key in order_pending(cands, tree, self.nominated):
                 i = self.by_key[key]
                 if i not in self:
@@ -249,7 +352,7 @@ class PendingGroups:
             more = {g for g, n in placed_n.items() if n >= PER_GROUP and g in self.groups}
             if not more:
                 return
-            ok = np.zeros(len(self.group_list), dtype=bool)
+            ok = np.zeros(len(self.count), dtype=bool)
             for g in more:
                 ok[self.group_ids[g]] = True
 
@@ -263,4 +366,4 @@ def could_fit(state: ClusterState, r: PodRequest) -> bool:
     return bool(ok.any())
 
 
-__all__ = ["PER_GROUP", "PendingGroups", "could_fit"]
+__all__ = ["PER_GROUP", "PendingGroups", "could_fit", "pod_group", "trace_group"]

@@ -4,10 +4,10 @@ State is rebuilt from the API server alone: every bound pod's exact GPUs come
 from its ``gpufleet.io/assignment`` annotation, so a restarted scheduler sees
 the same devices taken and never double-books.  A pod that does not fit gets a
 ``FailedScheduling`` event with the engine's aggregated reasons and waits with
-exponential backoff; a change wakes the waiting pods it may let fit (a node added
-or changed: all; a pod gone: those that could fit where it was, or that a
-cluster-wide count kept out -- ``engine.schedqueue.may_fit_after``, shared with
-the replay).  A pod whose spec is invalid gets a warning event naming the field.
+exponential backoff, parked by what kept it out; a change wakes the parked pods it
+may let fit (a node added or changed: all; a pod gone: those that could fit where
+it was, or that a cluster-wide count kept out) -- ``engine.pending.PendingGroups``,
+the replay's waiting pods too (``scheduling_queue``).  A pod whose spec is invalid gets a warning event naming the field.
 Nothing one pod does stops the loop.
 
 Like kube-scheduler, a decision is *assumed* at once (its devices reserved in
@@ -86,7 +86,7 @@ from ..engine.podspec import pod_key
 from ..engine.preemption import explain_preemption
 from ..engine.plugins.queuequota import QueueQuota
 from ..engine.round import SchedulingRound
-from ..engine.schedqueue import Change, QueuedPod, held_room_node, order_pending, requeue_hints
+from ..engine.schedqueue import EVERYTHING, Change, QueuedPod, held_room_node, order_pending, requeue_hints
 from .api import (
     CONSTRAINT_KINDS,
     POLICY_KINDS,
@@ -132,7 +132,6 @@ class SchedulerLoop:
             self.quota = QueueQuota()
             profile = replace(profile, pre_filters=[self.quota, *profile.pre_filters], reserves=[self.quota, *profile.reserves])
         self.profile = profile
-        self.requeue_hints = requeue_hints(profile)  # what may lift each plugin's rejection (schedqueue.may_fit_after)
         kinds = [k for k in POLICY_KINDS] if policy_kinds else list(CONSTRAINT_KINDS) if constraint_kinds else []
         self.preemption = preemption
         self.eviction_grace_s = eviction_grace_s
@@ -143,7 +142,8 @@ class SchedulerLoop:
         self.max_in_flight = max_in_flight
         self.stats = Stats()
         self.events = EventSink(api, self.stats, event_thread)
-        self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s)
+        # what may lift each plugin's rejection decides which parked pods a change wakes (engine.pending, as the replay)
+        self.queue = SchedulingQueue(clock, backoff_initial_s, backoff_max_s, hints=requeue_hints(profile))
         self.dra = LiveDra(api, self.events.send) if dra else None
         self.cache = SchedulerCache(api, profile, self.queue, self.stats, hooks=self, scheduler_name=scheduler_name, seed=seed,
                                     policy_kinds=kinds, quota=self.quota, dra=self.dra)
@@ -205,11 +205,9 @@ class SchedulerLoop:
             freed = self.round.gangs.remove(key) or freed  # a held member's room, or a whole hold, given back
         freed = self.cache.forget_pod(key) or freed
         freed = self.binder.forget(key) or freed
-        if freed:
-            if node is None or (had_hold and self.round.gangs.holder is None):
-                self.queue.wake_all()
-            else:
-                self.queue.wake(Change((node,)), self.cache.state, self.requeue_hints)
+        if freed:  # room on its node; a whole hold given back, or no node known: anything
+            hold_ended = had_hold and self.round.gangs.holder is None
+            self.queue.changed(EVERYTHING if node is None or hold_ended else Change((node,)), self.cache.state)
 
     def assumed_pvs(self) -> dict[str, str]:
         return self.volume_binder.assumed_pvs()
