@@ -81,6 +81,8 @@ def main() -> None:
         dt = time.perf_counter() - t0
         mode = f"{workers} bind workers, {latency_s * 1000:.1f} ms per API call" if workers else "inline binds, no latency"
         print(f"loop: {len(api.binds)} of {args.pods} pods bound on {args.nodes} nodes in {dt:.2f} s = {len(api.binds) / dt:.0f} pods/s ({args.policy}; {mode})")
+        if args.figures:
+            print(f"FIGURE loop-{'workers' if workers else 'inline'}-pods-per-s {len(api.binds) / dt:.1f}")
 
     engine_bench(args.engine_nodes, [p for p in args.engine_policies.split(",") if p], args.rounds, args.figures)
 
