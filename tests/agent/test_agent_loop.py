@@ -153,3 +153,37 @@ def test_register_alone_reregisters_a_restarted_kubelet_and_counts_refusals(sock
         assert agent.register_failures == 1 and agent.kubelet_pending()
     finally:
         agent.stop_plugins()
+
+
+def test_each_registration_is_announced_on_the_node_and_a_failed_write_retried(sockdir, kubelet):
+    # kube/plugin_down holds GPU pods off a node where kubelet refused one for a dead plugin until this says it is back
+    said: list[str] = []
+    api_up = [False]
+
+    def announce(when: str) -> bool:
+        if api_up[0]:
+            said.append(when)
+        return api_up[0]
+    agent = Agent(FakeBackend("h100-nvlink"), AgentConfig(), sockdir, os.path.join(sockdir, "st"), clock=lambda: 0.0)
+    agent.announce = announce
+    try:
+        agent.register()
+        assert len(kubelet.registered) == 1 and said == [] and agent.registered_at  # the API away: kept
+        when = agent.registered_at
+        agent.register()
+        assert said == []  # not retried every KUBELET_POLL_S
+        api_up[0] = True
+        agent.step()  # the round retries it
+        assert said == [when] and agent.registered_at is None
+        assert when.endswith("Z") and len(when) == len("2026-11-27T05:10:00.123Z")
+        agent.step()
+        assert said == [when]  # once per registration
+        kubelet.stop()
+        k2 = FakeKubelet(sockdir).start()
+        try:
+            agent.register()  # a restarted kubelet: registered again, announced again at once
+            assert len(said) == 2 and said[1] >= when
+        finally:
+            k2.stop()
+    finally:
+        agent.stop_plugins()

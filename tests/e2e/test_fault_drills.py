@@ -6,7 +6,7 @@
 ``GPUFLEET_DRILL_RUNS`` (default 3) says how often each drill runs; the drills go in rounds (every drill once, then
 again), so that the machine's load drifts over all of them alike.  The table gives the median time to recover and
 the totals over the runs.  The real-node tier is not part of the default test command; ``GPUFLEET_DRILL_RUNS=1``
-gives a quick pass.
+gives a quick pass, ``GPUFLEET_DRILLS=alloc`` (keys: ``DRILLS``) runs some drills only.
 
 A real node (Kubernetes 1.37.2: etcd, kube-apiserver, kube-scheduler, kube-controller-manager with its disruption
 controller, kubelet, containerd; 8 fake H100s) with gpufleet's agent (default configuration) and two scheduler replicas
@@ -36,7 +36,8 @@ Per drill: **recover s**, from the end of the fault (the restart issued, the pro
 leader) until the probe and every pod of the burst run; **pods lost**, pods of ours that are gone or failed (the
 preemption's 2 expected victims aside); **refused at admission**, pods kubelet failed because the device plugin died
 under their Allocate (kubelet does not call Allocate again: the pod is ``Failed``, ``UnexpectedAdmissionError``; the
-drill creates its replacement, as its controller would, and counts the replacement in the recovery); **bound twice**,
+drill's pods are bare, gpufleet re-creates each (kube/plugin_down), and the drill waits for the copy: one not
+re-created counts as lost); **bound twice**,
 pods whose node or GPUs changed once they had them (DRA: a claim prepared twice); **GPUs over-committed**, GPUs whose
 assignments add up to more than one GPU or that kubelet (PodResources) gave to a pod the assignment does not name
 (DRA: a device in two claims, or a pod whose PodResources differ from its claim); **PDB-protected pods disrupted**,
@@ -53,6 +54,7 @@ import statistics
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
@@ -75,6 +77,19 @@ def drill_runs() -> int:
     if not text.isdigit() or int(text) < 1:
         pytest.fail(f"GPUFLEET_DRILL_RUNS={text!r}: want a whole number >= 1", pytrace=False)
     return int(text)
+
+
+DRILLS = ("base", "apiserver", "etcd", "kubelet", "agent", "alloc", "leader", "gang", "preempt", "cut")
+
+
+def chosen(key: str) -> bool:
+    """``GPUFLEET_DRILLS=alloc,base`` runs only those drills of test_fault_drills (keys: ``DRILLS``); unset: all."""
+    text = os.environ.get("GPUFLEET_DRILLS", "")
+    keys = {k.strip() for k in text.split(",") if k.strip()}
+    if keys - set(DRILLS):
+        pytest.fail(f"GPUFLEET_DRILLS={text!r}: unknown {sorted(keys - set(DRILLS))}; known: {', '.join(DRILLS)}",
+                    pytrace=False)
+    return not keys or key in keys
 
 
 ROWS: list[dict] = []  # every run of every drill, both tests
@@ -156,11 +171,12 @@ class Drills:
         self.extra: list[str] = []  # pods a fault created (the rest of a gang)
         self.protected: set[str] = set()  # pods a PodDisruptionBudget with no disruptions allowed covers
         self.note = ""  # what the last fault saw (said in its row)
+        self.after: Callable[[], str] | None = None  # more for the note, once the drill recovered
         self.why: list[str] = []  # what the last audit found over-committed
         self.moved: list[str] = []  # and bound twice
         self.takeover_s: float | None = None  # the last leader kill's take-over
         self.replace_refused = False  # the fault may make kubelet refuse a pod's admission: replace it
-        self.refused: list[str] = []  # pods kubelet refused at admission (replaced)
+        self.refused: list[str] = []  # pods kubelet refused at admission (re-created by gpufleet)
         self.refused_why: set[str] = set()  # kubelet's messages, shortened
         self.foreign: set[str] = set()  # our pods created with the default scheduler name
         self.routing = False  # deploy/admission routes them to gpufleet (1.36+); else kube-scheduler binds them
@@ -194,22 +210,31 @@ class Drills:
         ps = self.pods()
         return all(n in ps and self.running(ps[n]) for n in names)
 
-    def replace_refused_pods(self, names: list[str], manifests: dict[str, dict]) -> None:
-        """A pod kubelet refused at admission (the device plugin died under its Allocate) is replaced by a copy named
-        ``<name>-r``, as its controller would; ``names`` then waits for the copy."""
+    def follow_refused_pods(self, names: list[str]) -> None:
+        """A bare pod kubelet refused at admission (the device plugin died under it) is re-created by gpufleet
+        (kube/plugin_down: a copy whose ``gpufleet.io/moved-from`` names it); ``names`` then waits for the copy.
+        One never re-created stays ``Failed``, and the audit counts it lost."""
         ps = self.pods()
+        copies = {}
+        for k, p in ps.items():
+            try:
+                copies[json.loads((p["metadata"].get("annotations") or {}).get("gpufleet.io/moved-from", "{}"))["pod"]] = k
+            except (ValueError, KeyError, TypeError):
+                pass
         for i, name in enumerate(names):
             p = ps.get(name)
             st = (p or {}).get("status") or {}
-            if p and st.get("phase") == "Failed" and st.get("reason") == "UnexpectedAdmissionError" and name in manifests:
-                self.refused.append(name)
-                self.refused_why.add(re.sub(r"^Pod was rejected: ", "", st.get("message", ""))[:90])
-                copy = json.loads(json.dumps(manifests[name]))
-                copy["metadata"]["name"] = f"{name}-r"
-                self.deleted.add(name)
-                self.create([copy])
-                manifests[f"{name}-r"] = copy
-                names[i] = f"{name}-r"
+            if p and st.get("phase") == "Failed" and st.get("reason") == "UnexpectedAdmissionError":
+                if name not in self.refused:
+                    self.refused.append(name)
+                    self.refused_why.add(re.sub(r"^Pod was rejected: ", "", st.get("message", ""))[:90])
+                copy = copies.get(f"default/{name}")
+                if copy is not None:
+                    self.deleted.add(name)
+                    self.ours.add(copy)
+                    if name in self.foreign:
+                        self.foreign.add(copy)
+                    names[i] = copy
 
     def settle_foreign(self, names: list[str], timeout_s: float = 30) -> None:
         """Until the agent has recorded kubelet's GPUs on our running default-scheduler pods (its loop: every second)."""
@@ -280,7 +305,7 @@ class Drills:
 
         def done() -> bool:
             if self.replace_refused:
-                self.replace_refused_pods(names, manifests)
+                self.follow_refused_pods(names)
             return self.all_running(names)
         ok = wait(done, timeout_s, 0.5)
         recover = round(time.monotonic() - t_end, 1) if ok else None
@@ -296,10 +321,15 @@ class Drills:
                "takeover_s": self.takeover_s,
                "note": self.note if ok else f"not all running after {timeout_s} s: "
                + ", ".join(sorted(x for x in names if not self.all_running([x])))}
-        self.note = ""
+        if self.after is not None:
+            row["note"] += self.after()
+        self.note, self.after = "", None
         if self.refused:
-            row["note"] += (f"; refused at admission: {len(self.refused)} ({', '.join(self.refused)}): "
-                            + " | ".join(sorted(self.refused_why)))
+            # bound before the plugin died: kubelet admits them at once; anything later means the hold let a pod through
+            late = [x for x in self.refused if x not in {b["metadata"]["name"] for b in burst}]
+            row["refused_late"] = len(late)
+            row["note"] += (f"; refused at admission: {len(self.refused)} ({', '.join(self.refused)}), of them placed "
+                            f"after the kill: {len(late)}: " + " | ".join(sorted(self.refused_why)))
         if new_lost:
             row["note"] += " lost: " + ", ".join(sorted(new_lost))
         if self.why or self.moved:
@@ -372,7 +402,7 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def write_table(n: RealNode) -> str:
-    lines = ["| drill | runs | recover s, median (min-max) | pods lost | refused at admission (replaced) | bound twice "
+    lines = ["| drill | runs | recover s, median (min-max) | pods lost | refused at admission (re-created) | bound twice "
              "| GPUs over-committed | PDB-protected pods disrupted | note |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {s['drill']} | {s['runs']} | {s['recover']} | {s['pods_lost']} | {s['refused']} | {s['bound_twice']} "
               f"| {s['gpus_overcommitted']} | {s['pdb_disrupted']} | {s['note']} |" for s in summary(ROWS)]
@@ -472,11 +502,20 @@ def test_fault_drills(node):
             points.disarm("allocate")
             d.note = "no Allocate reached the pause point within 60 s"
             return time.monotonic()
+        killed = time.time()
         kill9(n, "gpufleet-agent")
         d.replace_refused = True
         n.gpufleet("gpufleet-agent", agent)
         d.note = f"killed while kubelet waited for the Allocate of {who} (recorded in the agent's checkpoint, not answered)"
+        d.after = lambda: registered_after(killed)
         return time.monotonic()
+
+    def registered_after(killed: float) -> str:
+        """How long after the kill the new agent registered (its node annotation, this machine's clock)."""
+        from gpufleet.kube.plugin_down import registered_at
+
+        at = registered_at(n.node())
+        return f"; the new agent registered {at - killed:.1f} s after the kill" if at and at > killed else ""
 
     def kill_leader(what: str) -> float:
         """kill -9 of the replica holding the Lease; the standby takes over; the killed one is started again (as its
@@ -503,30 +542,7 @@ def test_fault_drills(node):
         os.kill(pid, signal.SIGCONT)
         return time.monotonic()
 
-    for r in range(runs):
-        t = f"r{r}"
-        d.drill("no fault (baseline: the same burst and probe)", burst(f"base{t}"), time.monotonic, f"base{t}-probe")
-        d.drill("kube-apiserver restart", burst(f"api{t}"), lambda: d.restart_cp("kube-apiserver"), f"api{t}-probe")
-        d.drill("etcd restart", burst(f"etcd{t}"), lambda: d.restart_cp("etcd"), f"etcd{t}-probe")
-        d.drill("kubelet restart", burst(f"kubelet{t}"), kubelet_restart, f"kubelet{t}-probe")
-        d.drill("agent restart (SIGTERM) while kubelet admits a burst", burst(f"agent{t}"), agent_restart(f"agent{t}"),
-                f"agent{t}-probe")
-        d.drill(ALLOCATE_KILL, burst(f"alloc{t}"), agent_killed_mid_allocate, f"alloc{t}-probe",
-                before=lambda: points.arm("allocate", 60))
-        d.drill("scheduler leader SIGKILL just after a burst (2 replicas)", burst(f"lead{t}"),
-                lambda t=t: kill_leader(f"as the burst was created ({bound_of(f'lead{t}-')} of 6 bound)"), f"lead{t}-probe")
-
-        gang = [manifest(f"gang{t}-{i}", group=f"train{t}", size=4) for i in range(4)]
-
-        def kill_leader_mid_gang(gang=gang, t=t) -> float:
-            # two of four members are here: the leader holds room for the gang (in memory) and binds none of it
-            time.sleep(3)
-            k = kill_leader(f"holding 2 of 4 gang members ({bound_of(f'gang{t}-')} bound), the other 2 created after")
-            d.create(gang[2:])
-            d.extra = [g["metadata"]["name"] for g in gang[2:]]
-            return k
-        d.drill("scheduler leader SIGKILL mid-gang (4 x 1 GPU)", gang[:2], kill_leader_mid_gang, f"gang{t}-probe")
-
+    def preemption_drill(t: str) -> None:
         # preemption: the node full (3 guarded pods, one of them kube-scheduler's, under a budget allowing no
         # disruption; 2 free ones), a 2-GPU pod of priority 1000; the leader is killed as soon as its first victim goes
         guard = [f"guard{t}-{i}" for i in range(3)]
@@ -553,7 +569,43 @@ def test_fault_drills(node):
         d.delete(guard + [f for f in free if f in d.pods()])
         n.kubectl("delete", "pdb", f"guarded{t}", "-n", "default", check=False)
 
-        d.drill("kube-apiserver unreachable 30 s", burst(f"cut{t}"), apiserver_unreachable, f"cut{t}-probe", timeout_s=300)
+    for r in range(runs):
+        t = f"r{r}"
+        if chosen("base"):
+            d.drill("no fault (baseline: the same burst and probe)", burst(f"base{t}"), time.monotonic, f"base{t}-probe")
+        if chosen("apiserver"):
+            d.drill("kube-apiserver restart", burst(f"api{t}"), lambda: d.restart_cp("kube-apiserver"), f"api{t}-probe")
+        if chosen("etcd"):
+            d.drill("etcd restart", burst(f"etcd{t}"), lambda: d.restart_cp("etcd"), f"etcd{t}-probe")
+        if chosen("kubelet"):
+            d.drill("kubelet restart", burst(f"kubelet{t}"), kubelet_restart, f"kubelet{t}-probe")
+        if chosen("agent"):
+            d.drill("agent restart (SIGTERM) while kubelet admits a burst", burst(f"agent{t}"), agent_restart(f"agent{t}"),
+                    f"agent{t}-probe")
+        if chosen("alloc"):
+            d.drill(ALLOCATE_KILL, burst(f"alloc{t}"), agent_killed_mid_allocate, f"alloc{t}-probe",
+                    before=lambda: points.arm("allocate", 60))
+        if chosen("leader"):
+            d.drill("scheduler leader SIGKILL just after a burst (2 replicas)", burst(f"lead{t}"),
+                    lambda t=t: kill_leader(f"as the burst was created ({bound_of(f'lead{t}-')} of 6 bound)"),
+                    f"lead{t}-probe")
+
+        gang = [manifest(f"gang{t}-{i}", group=f"train{t}", size=4) for i in range(4)]
+
+        def kill_leader_mid_gang(gang=gang, t=t) -> float:
+            # two of four members are here: the leader holds room for the gang (in memory) and binds none of it
+            time.sleep(3)
+            k = kill_leader(f"holding 2 of 4 gang members ({bound_of(f'gang{t}-')} bound), the other 2 created after")
+            d.create(gang[2:])
+            d.extra = [g["metadata"]["name"] for g in gang[2:]]
+            return k
+        if chosen("gang"):
+            d.drill("scheduler leader SIGKILL mid-gang (4 x 1 GPU)", gang[:2], kill_leader_mid_gang, f"gang{t}-probe")
+        if chosen("preempt"):
+            preemption_drill(t)
+        if chosen("cut"):
+            d.drill("kube-apiserver unreachable 30 s", burst(f"cut{t}"), apiserver_unreachable, f"cut{t}-probe",
+                    timeout_s=300)
 
     write_table(n)
     bad = bad_rows(ROWS, (ALLOCATE_KILL,))

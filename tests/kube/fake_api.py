@@ -62,6 +62,7 @@ class FakeApi:
         self.fail_binds = 0
         self.fail_patches: dict[str, int] = {}  # kind -> the next N patches of it raise (an API failure)
         self.lost_bind_replies = 0
+        self.forbid_pod_create = False
         self.call_latency_s = 0.0
         self.calls: dict[str, int] = {}
         self._rv = itertools.count(1)
@@ -165,6 +166,24 @@ class FakeApi:
                 raise Conflict(f"{kind} {key} already exists")
             self.objects[kind][key] = obj
             self._touch(kind, "ADDED", obj)
+            return copy.deepcopy(obj)
+
+    def create_pod(self, namespace: str, obj: dict) -> dict:
+        """POST a pod (kube/plugin_down's copies); ``forbid_pod_create``: 403, as without the RBAC to do it."""
+        with self._cv:
+            self._count("create_pod")
+            if self.forbid_pod_create:
+                raise ApiError(403, f'pods is forbidden: User "gpufleet-scheduler" cannot create resource "pods" in {namespace}')
+            obj = copy.deepcopy(obj)
+            m = obj.setdefault("metadata", {})
+            m["namespace"] = namespace
+            m.setdefault("uid", f"uid-{m['name']}-{next(self._rv)}")
+            obj.pop("status", None)
+            key = pod_key_of(obj)
+            if key in self.pods:
+                raise Conflict(f"pods {m['name']!r} already exists")
+            self.pods[key] = obj
+            self._touch("pod", "ADDED", obj)
             return copy.deepcopy(obj)
 
     def delete_namespaced(self, kind: str, namespace: str, name: str) -> None:

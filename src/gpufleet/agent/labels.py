@@ -179,3 +179,17 @@ def set_restart_taint(core_v1, node: str, on: bool) -> bool | None:
     except Exception as exc:  # noqa: BLE001 - API away: the device plugin is unaffected
         log.warning("node %s: cannot %s taint %s: %s", node, "set" if on else "remove", RESTART_TAINT, exc)
         return None
+
+
+def announce_registered(core_v1, node: str, when: str) -> bool:
+    """Write when the device plugins last registered with kubelet (``gpufleet.io/device-plugin-registered``,
+    RFC 3339 on this node's clock): the scheduler holds GPU pods off a node where kubelet refused one because the
+    plugin was down, until this says the plugin is back (kube/plugin_down).  False when the API could not be reached."""
+    from ..engine import annotations as ann
+
+    try:
+        core_v1.patch_node(node, {"metadata": {"annotations": {ann.PLUGIN_REGISTERED: when}}}, _request_timeout=5)
+        return True
+    except Exception as exc:  # noqa: BLE001 - API away: tried again next round
+        log.warning("node %s: cannot record the device plugin's registration: %s", node, exc)
+        return False

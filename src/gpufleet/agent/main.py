@@ -130,6 +130,9 @@ class Agent:
         self.dev_root = dev_root
         self.recorder = recorder  # reconcile.ForeignPodRecorder: kubelet's GPUs of pods other schedulers bound
         self.untaint: Callable[[], bool | None] | None = None  # removes the restart taint once all plugins registered
+        # writes when the plugins registered (labels.announce_registered); ``registered_at``: that time, not yet written
+        self.announce: Callable[[str], bool] | None = None
+        self.registered_at: str | None = None
         self.dra = dra  # dra.driver.DraDriver: DRA mode, no device plugins
         self._build_plugins()
 
@@ -197,6 +200,7 @@ class Agent:
         plugin is registered again fails for good ("no healthy devices present"; seen on the real node with a
         1 s loop: the burst bound while kubelet was down, all of it)."""
         kubelet_new = self.kubelet.changed() if self.dra is None else False
+        registered = False
         for p in self.plugins:
             if kubelet_new or not p.serving():
                 p.stop(grace_s=0.0)  # the kubelet that called it is gone: nothing in flight worth waiting for
@@ -207,12 +211,22 @@ class Agent:
                 try:
                     p.register(self.kubelet.path)
                     log.info("registered %s with kubelet (%s)", p.resource, p.endpoint)
+                    registered = True
                 except Exception as exc:
                     log.warning("registering %s failed: %s; retrying", p.resource, exc)
                     self.kubelet.forget()
                     self.register_failures += 1
+        if registered and all(p.serving() for p in self.plugins) and not self.kubelet_pending():
+            self.registered_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t := time.time())) + f".{int(t % 1 * 1000):03d}Z"
+            self.publish_registration()  # at once; a failure is retried by step(), not every KUBELET_POLL_S
+
+    def publish_registration(self) -> None:
+        """Say on the Node when the plugins registered (once per registration; retried each round until it is said)."""
+        if self.registered_at is not None and self.announce is not None and self.announce(self.registered_at):
+            self.registered_at = None
 
     def _after_register(self) -> None:
+        self.publish_registration()
         registered = self.untaint is not None and (self.dra.registered() if self.dra is not None else
                                                    all(p.serving() for p in self.plugins) and not self.kubelet_pending())
         if registered and self.untaint is not None and self.untaint() is not None:
@@ -393,6 +407,10 @@ def run(args: argparse.Namespace) -> int:
 
         node = args.node_name
         agent.untaint = lambda: set_restart_taint(core, node, False)  # a previous stop's taint, if any
+        if dra is None:
+            from .labels import announce_registered
+
+            agent.announce = lambda when: announce_registered(core, node, when)
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -17,6 +17,7 @@ POD_GROUP = PREFIX + "pod-group"
 POD_GROUP_MIN = PREFIX + "pod-group-min-member"
 RECLAIM_OPT_OUT = PREFIX + "reclaim-opt-out"
 SPOT = PREFIX + "spot"  # prefer | allow | never: may the pod run on spot nodes (engine.capacity)
+RECREATE_ON_REFUSAL = PREFIX + "recreate-on-refusal"  # "false": a bare pod kubelet refused is not re-created (kube/plugin_down)
 
 # written by gpufleet itself
 ASSIGNMENT = PREFIX + "assignment"  # JSON: node, gpu indices/uuids, share
@@ -24,9 +25,11 @@ INVENTORY = PREFIX + "gpu-inventory"  # node annotation by the agent, JSON
 IDLE_WARNING = PREFIX + "idle-warning"
 MOVED_FROM = PREFIX + "moved-from"  # JSON: the pod a replacement replaces, moved off a node with an interruption notice
 EXTENDER_RETRY = PREFIX + "extender-retry"  # time the extender asked kube-scheduler to retry a pod it had parked
+PLUGIN_REGISTERED = PREFIX + "device-plugin-registered"  # node annotation by the agent: when it last registered (RFC 3339)
 ROUTED_BY = PREFIX + "routed-by"  # deploy/admission's policy sent the pod to gpufleet (no silent GPU sharing)
 
 POD_INPUT_ANNOTATIONS = frozenset(
-    {GPU_MILLI, GPU_MEMORY, GPU_MODELS, GPU_MODELS_DENY, QUEUE, POD_GROUP, POD_GROUP_MIN, RECLAIM_OPT_OUT, SPOT}
+    {GPU_MILLI, GPU_MEMORY, GPU_MODELS, GPU_MODELS_DENY, QUEUE, POD_GROUP, POD_GROUP_MIN, RECLAIM_OPT_OUT, SPOT,
+     RECREATE_ON_REFUSAL}
 )
 POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING, MOVED_FROM, EXTENDER_RETRY, ROUTED_BY})

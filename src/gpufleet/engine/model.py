@@ -69,6 +69,9 @@ class Node:
     gpu_devices: int = -1
     # status.declaredFeatures: node features kubelet declares (NodeDeclaredFeatures, GA in 1.37)
     declared_features: frozenset[str] = frozenset()
+    # kubelet refused a pod because the node's GPU device plugin was down and it has not registered again
+    # (kube/plugin_down): kubelet would refuse every GPU pod placed here now, so GpuFit places none
+    gpu_plugin_down: bool = False
 
 
 # --- pod requests ---------------------------------------------------------------

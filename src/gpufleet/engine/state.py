@@ -96,6 +96,8 @@ class ClusterState:
         self.gpu_dev_free = np.array([x.gpu_devices if x.gpu_devices >= 0 else NO_SLOT_LIMIT for x in nodes], dtype=np.int64)
         self.gpu_dev_cap = np.array([x.gpu_devices for x in nodes], dtype=np.int64)  # as reported; -1 unknown (DRA: 0 = DRA's)
         self.devices_limited = bool(any(x.gpu_devices >= 0 for x in nodes))
+        self.gpu_plugin_down = np.array([x.gpu_plugin_down for x in nodes], dtype=bool)  # Node.gpu_plugin_down
+        self.any_plugin_down = bool(self.gpu_plugin_down.any())
         # MIG instances: per node {profile: [(gpu, instance_id), ...free]}
         self.mig_free: list[dict[str, list[tuple[int, int]]]] = []
         for i, node in enumerate(nodes):

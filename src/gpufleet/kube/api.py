@@ -80,6 +80,9 @@ class SchedulerApi(Protocol):
     # DRA (kube/dra): ResourceClaims read back after a conflict, created for extended resources, deleted when stale
     def get_object(self, kind: str, namespace: str, name: str) -> dict | None: ...
     def create_object(self, kind: str, namespace: str, obj: dict) -> dict: ...
+    def create_pod(self, namespace: str, obj: dict) -> dict:
+        """A bare pod kubelet refused, re-created (kube/plugin_down); ``Conflict`` when its name exists."""
+        ...
     def delete_namespaced(self, kind: str, namespace: str, name: str) -> None: ...
     def patch_pod_status(self, namespace: str, name: str, patch: dict) -> None:
         """Merge patch of pods/status (``status.extendedResourceClaimStatus``)."""
@@ -339,6 +342,9 @@ class KubernetesApi:
 
     def create_object(self, kind: str, namespace: str, obj: dict) -> dict:
         return self._request("POST", self._object_path(kind, namespace), obj)
+
+    def create_pod(self, namespace: str, obj: dict) -> dict:
+        return self._request("POST", f"/api/v1/namespaces/{namespace}/pods", obj)
 
     def delete_namespaced(self, kind: str, namespace: str, name: str) -> None:
         self._request("DELETE", self._object_path(kind, namespace, name))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..engine import annotations as ann
 from ..engine.disruption import NO_BUDGETS, Budgets, PodFacts
@@ -114,6 +114,7 @@ class SchedulerCache:
         self.tree: QueueTree | None = None
         self.node_objs: dict[str, dict] = {}
         self.bad_nodes: dict[str, str] = {}  # name -> why it is left out
+        self.gpu_plugin_down: Callable[[str], bool] = lambda name: False  # kube/plugin_down: no GPU pod placed there
         self.bound_pods: dict[str, dict] = {}  # key -> pod JSON, bound and running (any scheduler)
         self.rv: dict[str, str] = {"node": "", "pod": "", **{k: "" for k in self.policy_kinds}}
         if dra is not None:
@@ -287,7 +288,14 @@ class SchedulerCache:
             return None
         if not node_ready(obj) and NOT_READY_TAINT not in n.taints:
             n = replace(n, taints=n.taints + (NOT_READY_TAINT,))  # what the node lifecycle controller does
+        if self.gpu_plugin_down(name):
+            n = replace(n, gpu_plugin_down=True)
         return n
+
+    def refresh_node(self, name: str) -> None:
+        """The node's model again from its object (its GPU device plugin went down or came back)."""
+        if name in self.node_objs:
+            self._node_event("MODIFIED", self.node_objs[name])
 
     def reserve_bound(self, key: str, pod: dict) -> None:
         node = (pod.get("spec") or {}).get("nodeName")

@@ -120,7 +120,7 @@ class SchedulerLoop:
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
                  eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True,
                  volume_bind_timeout_s: float = 600.0, eviction_timeout_s: float | None = None, dra: bool = True,
-                 drain: bool = True):
+                 drain: bool = True, recreate_refused: bool = True):
         self.api = api
         if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
             profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
@@ -163,6 +163,10 @@ class SchedulerLoop:
 
         spot = next((p.config for p in profile.filters if isinstance(p, SpotCapacity)), None)
         self.drainer = Drainer(api, self.cache, self.queue, self.events, self.stats, spot, clock) if drain else None
+        from .plugin_down import PluginDown
+
+        self.plugin_down = PluginDown(api, self.cache, self.events, self.stats, scheduler_name, recreate_refused, clock=clock)
+        self.cache.gpu_plugin_down = self.plugin_down.held  # kubelet refused a pod there: no GPU pod placed (plugin_down.py)
 
     def _wall_clock(self, t: float, now: float) -> str:
         """A time on the loop's clock as people read it (UTC, to the second)."""
@@ -219,7 +223,8 @@ class SchedulerLoop:
         """Nothing here; the extender tracks pods."""
 
     def on_pod_event(self, type_: str, pod: dict) -> None:
-        """Nothing here; the extender releases reservations."""
+        """A pod kubelet may have refused (plugin_down.py); the extender also releases reservations."""
+        self.plugin_down.seen(type_, pod)
 
     # --- binding (the binder's; these keep the loop's interface) -------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
@@ -291,6 +296,7 @@ class SchedulerLoop:
         """
         if self.drainer is not None:  # pods off nodes with an interruption notice first (kube/interruption.py)
             self.drainer.step()
+        self.plugin_down.step()  # nodes whose GPU device plugin is down held, refused bare pods re-created
         self.volume_binder.check_waits()
         self._learn_waiting()
         n = 0

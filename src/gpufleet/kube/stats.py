@@ -18,4 +18,6 @@ class Stats:
     already_gone: int = 0  # victims whose eviction found them gone (404): not evictions of ours
     eviction_refused: int = 0  # evictions the API server refused (429): a PodDisruptionBudget said no
     held_room: int = 0  # pods placed in room the policy held for pods not yet here, rather than evict anyone
+    plugin_holds: int = 0  # nodes held because kubelet refused a pod while their GPU device plugin was down (kube/plugin_down.py)
+    recreated: int = 0  # bare pods re-created after such a refusal
     interrupted: int = 0  # pods moved off nodes with an interruption notice (or gone), kube/interruption.py

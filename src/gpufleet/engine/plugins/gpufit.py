@@ -75,6 +75,8 @@ class GpuFit:
         if r.gpu_count == 0 or (r.dra is not None and (r.dra.extended is None or r.dra.keys)):
             return FilterResult(all_pass(n), passes_all=True)  # a pod asking by ResourceClaim: DynamicResources decides
         res = self._filter(cycle, state)
+        if state.any_plugin_down:
+            res = _without_plugin_down(res, state)
         if r.dra is not None and r.dra.extended is not None:  # nvidia.com/gpu backed by DRA where no device plugin serves it
             from ..dra.extended import dra_way
 
@@ -167,6 +169,18 @@ class GpuFit:
         if no_devices is not None:
             codes = np.where(no_devices & ~ok & (codes != 3), 5, codes)
         return ok, codes
+
+
+PLUGIN_DOWN = ("GPU device plugin down (kubelet refused a pod here because gpufleet's agent was not serving it; "
+               "GPU pods wait until the agent registers again)")
+
+
+def _without_plugin_down(res: FilterResult, state: ClusterState) -> FilterResult:
+    """No GPU pod on a node whose device plugin is down (``Node.gpu_plugin_down``), with that reason."""
+    down = state.gpu_plugin_down
+    codes = res.reason_codes()
+    base = codes if codes is not None else np.zeros(len(down), dtype=np.int64)
+    return FilterResult(res.ok & ~down, (*res.reasons, PLUGIN_DOWN), np.where(down, len(res.reasons), base))
 
 
 def _at_least(mask: np.ndarray, k: int) -> np.ndarray:

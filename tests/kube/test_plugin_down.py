@@ -1,0 +1,191 @@
+"""kube/plugin_down: a pod kubelet refused because the GPU device plugin was down holds GPU pods off its node until
+the agent says it registered again, and a refused bare pod is re-created (docs/safety.md, an agent crash)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from gpufleet.kube.plugin_down import MAX_GENERATIONS, refusal, replacement
+from tests.kube.fake_api import FakeApi
+
+from .test_interruption import _sync
+from .test_loop import Clock, make, node, pod
+
+# what kubelet 1.37 wrote on the pods of the real-node drill (docs/safety.md)
+EOF_MSG = "Pod was rejected: Allocate failed due to rpc error: code = Unavailable desc = error reading from server: EOF, which is unexpected"
+UNHEALTHY = ("Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+             "nvidia.com/gpu, which is unexpected")
+PREFERRED = ("Pod was rejected: Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: rpc error: "
+             "code = Canceled desc = grpc: the client connection is closing, which is unexpected")
+GUARD = ("Pod was rejected: Allocate failed due to rpc error: code = FailedPrecondition desc = kubelet picked a GPU another "
+         "pod uses for a pod that did not ask to share (GPU 0 (GPU-h100-00) is used by optout/p0), which is unexpected")
+
+
+def refuse(api: FakeApi, key: str, message: str, start: str = "2026-11-27T05:00:00Z") -> None:
+    """kubelet fails the pod at admission; the scheduler's watch (live pods only) reports it DELETED with its last
+    live state, while a GET shows it Failed -- as kube-apiserver does with a field selector."""
+    with api._cv:
+        p = api.pods[key]
+        last = copy.deepcopy(p)
+        p["status"] = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": message, "startTime": start}
+        api._touch("pod", "DELETED", last)
+
+
+def announce(api: FakeApi, name: str, when: str) -> None:
+    n = api.nodes[name]
+    n["metadata"]["annotations"]["gpufleet.io/device-plugin-registered"] = when
+    api.update_node(n)
+
+
+def step(api, loop, clock):
+    _sync(api, loop)
+    clock.t += 2
+    loop.schedule_due()
+    _sync(api, loop)
+
+
+def test_kubelet_messages_of_a_dead_plugin_are_told_from_the_node_guard_and_other_failures():
+    def failed(msg, reason="UnexpectedAdmissionError"):
+        return {"status": {"phase": "Failed", "reason": reason, "message": msg}}
+    assert refusal(failed(EOF_MSG)) == EOF_MSG.removeprefix("Pod was rejected: ")
+    assert refusal(failed(UNHEALTHY)) and refusal(failed(PREFERRED))
+    assert refusal(failed(GUARD)) is None  # the agent answered: a verdict, not an outage
+    assert refusal(failed(UNHEALTHY, reason="OutOfcpu")) is None
+    assert refusal({"status": {"phase": "Running"}}) is None
+
+
+def test_a_refusal_holds_gpu_pods_off_the_node_until_the_agent_registers_and_the_bare_pod_is_recreated():
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_pod(pod("a"))
+    loop = make(api, clock)
+    loop.schedule_due()
+    assert dict(api.binds) == {"ml/a": "n1"}
+    _sync(api, loop)
+    refuse(api, "ml/a", EOF_MSG)
+    api.add_pod(pod("b"))
+    api.add_pod(pod("cpu", gpus=0))
+    step(api, loop, clock)
+    # held: the GPU pod waits with a reason a user reads; the pod without GPUs is placed
+    assert "ml/b" not in dict(api.binds) and dict(api.binds)["ml/cpu"] == "n1"
+    why = [e["message"] for e in api.events if e["pod"] == "ml/b" and e["reason"] == "FailedScheduling"]
+    assert why and "GPU device plugin down" in why[-1], why
+    down = [e for e in api.object_events if e["reason"] == "GpuPluginDown"]
+    assert len(down) == 1 and down[0]["name"] == "n1" and "ml/a" in down[0]["message"] and "EOF" in down[0]["message"]
+    # the bare pod is re-created: a copy, unbound, that says what it replaces; it waits like b
+    copy_ = api.pods["ml/a-r1"]
+    moved = json.loads(copy_["metadata"]["annotations"]["gpufleet.io/moved-from"])
+    assert moved["pod"] == "ml/a" and moved["node"] == "n1" and moved["generation"] == 1 and "EOF" in moved["reason"]
+    assert "nodeName" not in copy_["spec"] and "gpufleet.io/assignment" not in copy_["metadata"]["annotations"]
+    assert [e["reason"] for e in api.events if e["pod"] == "ml/a"][-1] == "Recreated"
+    assert loop.stats.plugin_holds == 1 and loop.stats.recreated == 1
+    step(api, loop, clock)
+    assert "ml/a-r1" not in dict(api.binds) and "ml/b" not in dict(api.binds)
+    # a registration from before the refusal does not end the hold; one after it does
+    announce(api, "n1", "2026-11-27T04:59:58.000Z")
+    step(api, loop, clock)
+    assert "ml/b" not in dict(api.binds)
+    announce(api, "n1", "2026-11-27T05:00:01.250Z")
+    step(api, loop, clock)
+    assert dict(api.binds)["ml/b"] == "n1" and dict(api.binds)["ml/a-r1"] == "n1"
+    assert [e["reason"] for e in api.object_events if e["name"] == "n1"] == ["GpuPluginDown", "GpuPluginBack"]
+    assert not loop.plugin_down.holds
+
+
+def test_no_hold_when_the_agent_registered_again_before_the_scheduler_saw_the_refusal():
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_pod(pod("a"))
+    loop = make(api, clock)
+    loop.schedule_due()
+    _sync(api, loop)
+    announce(api, "n1", "2026-11-27T05:00:02.000Z")
+    refuse(api, "ml/a", UNHEALTHY)
+    api.add_pod(pod("b"))
+    step(api, loop, clock)
+    assert dict(api.binds)["ml/b"] == "n1" and not loop.plugin_down.holds
+    assert "ml/a-r1" in api.pods  # still re-created: kubelet refused it all the same
+
+
+def test_what_is_not_recreated_and_what_it_is_told():
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=4, inventory=True))
+    owned = pod("owned")
+    owned["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "rs", "controller": True, "uid": "rs"}]
+    for p in (owned, pod("optout", annotations={"gpufleet.io/recreate-on-refusal": "false"}), pod("guarded"),
+              pod("forbidden")):
+        api.add_pod(p)
+    loop = make(api, clock)
+    loop.schedule_due()
+    assert len(api.binds) == 4
+    _sync(api, loop)
+    refuse(api, "ml/owned", UNHEALTHY)  # its ReplicaSet replaces it
+    refuse(api, "ml/optout", UNHEALTHY)
+    refuse(api, "ml/guarded", GUARD)  # the node guard's verdict: no hold, no copy
+    step(api, loop, clock)
+    assert not {"ml/owned-r1", "ml/optout-r1", "ml/guarded-r1"} & set(api.pods)
+    assert loop.plugin_down.held("n1") and loop.stats.recreated == 0
+    # without RBAC to create pods (the shipped manifests): the pod is told why and how
+    api.forbid_pod_create = True
+    refuse(api, "ml/forbidden", UNHEALTHY)
+    step(api, loop, clock)
+    told = [e for e in api.events if e["pod"] == "ml/forbidden" and e["reason"] == "NotRecreated"]
+    assert told and "403" in told[0]["message"] and "deploy/overlays/recreate-refused-pods" in told[0]["message"]
+    assert "ml/forbidden-r1" not in api.pods
+
+
+def test_copies_refused_again_are_numbered_and_stop_after_the_limit():
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_pod(pod("a"))
+    loop = make(api, clock)
+    name = "a"
+    for gen in range(1, MAX_GENERATIONS + 2):
+        loop.plugin_down.holds.clear()  # each copy is placed and refused again
+        loop.cache.refresh_node("n1")
+        step(api, loop, clock)
+        assert dict(api.binds).get(f"ml/{name}") == "n1", (name, api.binds)
+        refuse(api, f"ml/{name}", UNHEALTHY)
+        step(api, loop, clock)
+        if gen <= MAX_GENERATIONS:
+            assert f"ml/a-r{gen}" in api.pods
+            name = f"a-r{gen}"
+    assert f"ml/a-r{MAX_GENERATIONS + 1}" not in api.pods
+    assert [e["reason"] for e in api.events if e["pod"] == f"ml/a-r{MAX_GENERATIONS}"][-1] == "NotRecreated"
+
+
+def test_an_agent_without_the_annotation_is_released_by_allocatable_or_by_time():
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_node(node("n2", gpus=2, inventory=True))
+    api.add_pod(pod("a", node_name="n1", annotations={"gpufleet.io/assignment": "{}"}))
+    api.add_pod(pod("c", node_name="n2", annotations={"gpufleet.io/assignment": "{}"}))
+    loop = make(api, clock)
+    refuse(api, "ml/a", UNHEALTHY)
+    refuse(api, "ml/c", UNHEALTHY)
+    step(api, loop, clock)
+    assert loop.plugin_down.held("n1") and loop.plugin_down.held("n2")
+    n = api.nodes["n1"]
+    n["status"]["allocatable"]["nvidia.com/gpu"] = "0"  # kubelet's next status: no device
+    api.update_node(n)
+    step(api, loop, clock)
+    assert loop.plugin_down.held("n1")
+    n["status"]["allocatable"]["nvidia.com/gpu"] = "20"  # the plugin registered: kubelet's devices back
+    api.update_node(n)
+    step(api, loop, clock)
+    assert not loop.plugin_down.held("n1") and loop.plugin_down.held("n2")
+    clock.t += loop.plugin_down.hold_max_s
+    step(api, loop, clock)
+    assert not loop.plugin_down.holds
+
+
+def test_replacement_keeps_the_owners_fields_and_drops_the_servers():
+    p = pod("a", annotations={"gpufleet.io/assignment": "{}", "team": "x"})
+    p["metadata"].update({"resourceVersion": "9", "creationTimestamp": "t", "labels": {"app": "a"}, "managedFields": []})
+    p["spec"].update({"nodeName": "n1", "priorityClassName": "hi", "priority": 5})
+    r = replacement(p, "a-r1", {"pod": "ml/a"})
+    assert r["metadata"]["name"] == "a-r1" and r["metadata"]["labels"] == {"app": "a"}
+    assert set(r["metadata"]["annotations"]) == {"team", "gpufleet.io/moved-from"}
+    assert not {"uid", "resourceVersion", "creationTimestamp", "managedFields"} & set(r["metadata"])
+    assert "nodeName" not in r["spec"] and r["spec"]["priorityClassName"] == "hi" and "status" not in r
