@@ -21,7 +21,8 @@ DEPLOY = ROOT / "deploy"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
 BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass", "autoscaling", "dra",
-         "dra/shares", "dra/extended-resource", "overlays/dra-k8s-1.35", "overlays/k8s-1.35"]
+         "dra/shares", "dra/extended-resource", "overlays/dra-k8s-1.35", "overlays/k8s-1.35",
+         "overlays/recreate-refused-pods"]
 # the one workload that is not gpufleet's image: the ecosystem's metrics adapter, at the version
 # scripts/build-prometheus-adapter.sh builds for the autoscaling tests
 ADAPTER_VERSION = re.search(r"^VERSION=(v[0-9.]+)$", (ROOT / "scripts" / "build-prometheus-adapter.sh").read_text(), re.MULTILINE)[1]  # type: ignore[index]
@@ -150,3 +151,19 @@ def test_the_1_35_overlay_is_deploy_without_what_1_35_does_not_serve():
     full, old = render(""), render("overlays/k8s-1.35")
     assert {d["kind"] for d in full} - {d["kind"] for d in old} == {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
     assert [d for d in full if not d["kind"].startswith("MutatingAdmissionPolicy")] == old
+
+
+@pytest.mark.skipif(not kubectl(), reason="no kubectl ($KUBECTL or on PATH) to run kustomize")
+def test_the_recreate_overlay_is_deploy_plus_pod_create_for_the_scheduler_only():
+    """deploy/overlays/recreate-refused-pods renders what deploy does, plus one rule: the scheduler may create pods
+    (kube/plugin_down re-creates refused bare pods; docs/safety.md)."""
+    def render(d: str) -> list[dict]:
+        r = subprocess.run([kubectl(), "kustomize", str(DEPLOY / d)], capture_output=True, text=True, timeout=60, check=True)
+        return [x for x in yaml.safe_load_all(r.stdout) if x]
+    full, more = render(""), render("overlays/recreate-refused-pods")
+    extra = [d for d in more if d not in full]
+    assert [d for d in more if d in full] == full and {d["kind"] for d in extra} == {"ClusterRole", "ClusterRoleBinding"}
+    role = next(d for d in extra if d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    binding = next(d for d in extra if d["kind"] == "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpufleet-scheduler", "namespace": "kube-system"}]

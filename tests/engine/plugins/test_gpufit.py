@@ -134,3 +134,21 @@ def test_mig_request_honours_model_lists(annotations, expected):
     st = state_of(make_node("mig", 1, A100, mig={0: ["1g.10gb"]}))
     pod = make_pod(containers=[container(limits={"nvidia.com/mig-1g.10gb": "1"})], annotations=annotations)
     assert verdicts(GpuFit(), pod, st) == {"mig": expected}
+
+
+def test_a_node_whose_device_plugin_is_down_takes_no_gpu_pod_and_says_why():
+    # kube/plugin_down marks it: kubelet refused a pod there because gpufleet's agent was not serving the plugin
+    from dataclasses import replace
+
+    from gpufleet.engine.plugins.gpufit import PLUGIN_DOWN
+
+    st = state_of(make_node("up", 2, A100), replace(make_node("down", 2, A100), gpu_plugin_down=True),
+                  replace(make_node("migdown", 1, A100, mig={0: ["1g.10gb"]}), gpu_plugin_down=True))
+    assert verdicts(GpuFit(), make_pod(gpu="1"), st) == {"up": None, "down": PLUGIN_DOWN, "migdown": PLUGIN_DOWN}
+    assert verdicts(GpuFit(), shared(250), st)["down"] == PLUGIN_DOWN
+    mig = make_pod(containers=[container(limits={"nvidia.com/mig-1g.10gb": "1"})])
+    assert verdicts(GpuFit(), mig, st)["migdown"] == PLUGIN_DOWN
+    assert verdicts(GpuFit(), make_pod(), st) == {"up": None, "down": None, "migdown": None}  # no GPU asked: not held
+    assert "GPU device plugin down" in PLUGIN_DOWN
+    st2 = state_of(make_node("up", 2, A100))
+    assert not st2.any_plugin_down and st.any_plugin_down
