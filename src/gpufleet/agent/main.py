@@ -327,6 +327,25 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {k}={v}")
         return 0
 
+    device_specs = args.device_specs if args.device_specs != "auto" else ("existing" if fake else "all")
+    early = deferred = None
+    if args.node_name and not args.dra:
+        # the device plugin first: kubelet refuses every GPU pod it admits while no plugin is registered (after an
+        # agent crash: until this process registers), and the API client's import and set-up took seconds on a loaded
+        # node; an Allocate that needs the API meanwhile waits for it (podsource.DeferredPods), it is not refused
+        from .podsource import DeferredPods
+
+        try:
+            os.makedirs(args.state_dir, exist_ok=True)
+        except OSError:
+            pass  # said below
+        deferred = DeferredPods(args.api_wait_s)
+        early = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, deferred, device_specs=device_specs,
+                      dev_root=args.dev_root)
+        try:
+            early.register()
+        except Exception:
+            log.exception("registering with kubelet failed")
     core = None
     if args.node_name:
         try:
@@ -347,6 +366,8 @@ def run(args: argparse.Namespace) -> int:
         from .podsource import KubePodSource
 
         pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None, api_wait_s=args.api_wait_s)
+    if deferred is not None:
+        deferred.provide(pods)
     if core is not None:
         from .labels import NodeLabeller
 
@@ -372,7 +393,6 @@ def run(args: argparse.Namespace) -> int:
         reg.register(collector)
         host, port = args.metrics_addr.rsplit(":", 1)
         start_http_server(int(port), addr=host, registry=reg)
-    device_specs = args.device_specs if args.device_specs != "auto" else ("existing" if fake else "all")
     if device_specs != "all":
         missing = [p for p in [f"nvidia{g.dev_minor}" for g in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
                    if not os.path.exists(os.path.join(args.dev_root, p))]
@@ -396,8 +416,12 @@ def run(args: argparse.Namespace) -> int:
         dra = DraDriver(KubeDraApi(kclient.ApiClient(), instance=args.node_name), args.node_name, dra_opts, args.state_dir,
                         CdiWriter(args.cdi_dir, args.dev_root, device_specs, cfg.mps_pipe_dir, lambda i: minor.get(i, i)),
                         args.kubelet_plugins_dir, args.kubelet_registry_dir)
-    agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
-                  recorder=recorder, dev_root=args.dev_root, dra=dra)
+    if early is not None:
+        agent = early
+        agent.labeller, agent.collector, agent.recorder = labeller, collector, recorder
+    else:
+        agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
+                      recorder=recorder, dev_root=args.dev_root, dra=dra)
     if dra is not None:
         dra.update(agent.gpus, agent.driver, agent.health, {})
         dra.start()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
@@ -264,3 +265,47 @@ class KubePodSource:
             log.warning("cannot list pods on %s: %s", self.node, exc)
             return None
         return {served_key(f"{p.metadata.namespace}/{p.metadata.name}", p.metadata.uid or "") for p in items}
+
+
+class DeferredPods:
+    """The pod source before the API client exists: the agent registers its device plugins with kubelet first (the
+    client's import and set-up took seconds on a loaded node, and kubelet refuses every GPU pod it admits while no
+    plugin is registered), and a call that needs the API waits here, up to ``wait_s``, for ``provide``.  kubelet waits
+    for an Allocate without a deadline, so a pod admitted meanwhile is served late, not refused."""
+
+    def __init__(self, wait_s: float = 30.0) -> None:
+        import threading
+
+        self.wait_s = wait_s
+        self._ready = threading.Event()
+        self._source: object | None = None
+
+    def provide(self, source: object | None) -> None:
+        """The real source (None: no API access; then kubelet's device choice stands, as without --node-name)."""
+        self._source = source
+        self._ready.set()
+
+    def _get(self, what: str) -> Callable[..., Any] | None:
+        if not self._ready.wait(self.wait_s):
+            log.error("no API client after %.0f s: %s without it", self.wait_s, what)
+            return None
+        return getattr(self._source, what, None) if self._source is not None else None
+
+    def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
+        f = self._get("pending_assignment")
+        return f(resource, count, exclude) if f is not None else None
+
+    def gpu_use(self, resource: str, count: int) -> GpuUse | None:
+        f = self._get("gpu_use")
+        return f(resource, count) if f is not None else None
+
+    def report_refused(self, pod_key: str, uid: str, message: str, reason: str = "GpuAssignmentRefused") -> None:
+        f = self._get("report_refused")
+        if f is not None:
+            f(pod_key, uid, message, reason=reason)
+
+    def live_pods(self) -> set[str] | None:
+        if not self._ready.is_set():
+            return None  # nothing pruned before the API is there
+        f = self._get("live_pods")
+        return f() if f is not None else None
