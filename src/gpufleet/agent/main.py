@@ -368,6 +368,12 @@ def run(args: argparse.Namespace) -> int:
         pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None, api_wait_s=args.api_wait_s)
     if deferred is not None:
         deferred.provide(pods)
+    if early is not None and core is not None and not args.no_labels:
+        from .labels import announce_registered
+
+        node_name = args.node_name
+        early.announce = lambda when: announce_registered(core, node_name, when)
+        early.publish_registration()  # the scheduler holds GPU pods off this node until it reads this (kube/plugin_down)
     if core is not None:
         from .labels import NodeLabeller
 
