@@ -124,7 +124,10 @@ class PluginDown:
             return  # deleted, or it had started: not an admission refusal
         if ann.ASSIGNMENT not in (meta.get("annotations") or {}):
             return  # not placed by gpufleet (another scheduler's pod, or one without GPUs)
-        self.suspects[key] = (self.clock(), pod)
+        now = self.clock()
+        if len(self.suspects) >= 1000:  # a standby never looks: keep what a take-over would still look at
+            self.suspects = {k: v for k, v in self.suspects.items() if now - v[0] <= SUSPECT_TTL_S}
+        self.suspects[key] = (now, pod)
 
     # --- the leader's pass -------------------------------------------------------------------------
     def held(self, node: str) -> bool:
