@@ -37,7 +37,9 @@ class FilterResult:
     """Per-node verdict of one filter plugin.
 
     ``ok[i]`` says whether node i passes; failing nodes get ``reasons[0]``, or
-    ``reasons[codes[i]]`` when ``codes`` is given.
+    ``reasons[codes[i]]`` when ``codes`` is given.  The framework only reads ``ok``, and only in the
+    cycle it was returned in (a plugin may hand out an array it keeps and updates); ``codes`` may be read
+    later (a diagnosis), so it must not change after.
     """
 
     ok: np.ndarray
@@ -290,12 +292,14 @@ class Scheduler:
                 rejections.append((newly, len(reasons), None))
                 reasons.append(KEPT_OFF_REASON)
                 rejected.append(NOMINATED_ROOM)
+        st = self.state
         for p in self.profile.filters:
-            res = p.filter(cycle, self.state)
+            res = p.filter(cycle, st)
             if res.passes_all:
                 continue
-            newly = ~res.ok if feasible is None else feasible & ~res.ok
-            if newly.any():
+            # feasible & ~ok in one pass (bool: True > False only); what newly.any() asks, without its wrapper
+            newly = ~res.ok if feasible is None else np.greater(feasible, res.ok)
+            if _any(newly):
                 rejections.append((newly, len(reasons), res.codes if res.codes is not None else res.codes_of))
                 reasons.extend(res.reasons)
                 if feasible is None:
@@ -343,7 +347,7 @@ class Scheduler:
                     self._cache.move_to_end(ck)
                 vals, vers, _ = ent
                 if feasible is not None and cand.size * 4 > vers.size:  # most nodes are candidates: compare whole columns
-                    stale = np.flatnonzero((vers != st.version) & feasible)
+                    stale = ((vers != st.version) & feasible).nonzero()[0]  # np.flatnonzero, without its wrappers
                 else:
                     stale = cand[vers[cand] != st.version[cand]]
                 if stale.size:
@@ -360,8 +364,8 @@ class Scheduler:
         return total if total is not None else np.zeros(cand.size, dtype=np.float64)
 
     def _pick(self, cycle: Cycle, cand: np.ndarray, scores: np.ndarray) -> int:
-        best = scores.max()
-        ties = np.flatnonzero(scores >= best - 1e-9)
+        best = _max(scores)
+        ties = (scores >= best - 1e-9).nonzero()[0]
         if ties.size == 1:
             return int(cand[ties[0]])
         if self.profile.tie_break == "ordered":
@@ -448,7 +452,7 @@ class Scheduler:
         for o in self._observers:
             o.observe_pod(cycle)
         feasible = self._filter(cycle, explain)
-        cand = np.flatnonzero(feasible)
+        cand = feasible.nonzero()[0]  # np.flatnonzero of a 1-d mask, without its wrappers
         cycle.candidates = cand
         if cand.size == 0:
             d = self.diagnosis(cycle, by_node=explain)
@@ -473,7 +477,7 @@ class Scheduler:
             choice = picked
         cycle.node = node
         cycle.assignment = self._assignment(cycle, node, choice)
-        score = float(scores[np.searchsorted(cand, node)])
+        score = float(scores[cand.searchsorted(node)])
         diag = self.diagnosis(cycle, by_node=True) if explain else None
         return Decision(r.key, Status.success(), cycle.assignment, score, int(cand.size), diag)
 
@@ -541,6 +545,10 @@ class Scheduler:
 
     def invalidate_caches(self) -> None:
         self._cache.clear()
+
+
+_any = np.logical_or.reduce  # ``a.any()`` of a 1-d bool array, without the method's Python wrapper
+_max = np.maximum.reduce  # ``a.max()`` likewise
 
 
 def _dra_usage(cycle: Cycle, st: ClusterState, node: int) -> tuple[tuple[str, int], ...]:

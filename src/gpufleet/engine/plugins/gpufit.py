@@ -112,11 +112,12 @@ class GpuFit:
         else:
             self._fit.move_to_end(key)
             ok, codes, vers = ent
-            stale = np.flatnonzero(vers != state.version)
+            stale = (vers != state.version).nonzero()[0]
             if stale.size:
                 ok[stale], codes[stale] = self._fit_rows(state, r, model_mask(state, r), stale)
                 vers[stale] = state.version[stale]
-        return FilterResult(ok.copy(), self.REASONS, codes.copy())  # copies: the cache moves on with the next pod
+        # ok as it is (the framework only reads it, in this cycle); codes copied: a diagnosis may read them later
+        return FilterResult(ok, self.REASONS, codes.copy())
 
     def _fit_rows(self, state: ClusterState, r: PodRequest, mm: np.ndarray | None,
                   rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:

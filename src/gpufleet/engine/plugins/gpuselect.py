@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from ..framework import Cycle, GpuChoice
 from ..model import GPU_MILLI
@@ -71,7 +70,7 @@ def select_with(cycle: Cycle, state: ClusterState, node: int, pick_shared) -> Gp
     r = cycle.request
     if r.mig_profile:
         return pick_mig(cycle, state, node)
-    idx = [int(g) for g in np.flatnonzero(eligible_gpus(state, r, slice(node, node + 1))[0])]
+    idx = eligible_gpus(state, r, slice(node, node + 1))[0].nonzero()[0].tolist()
     if r.gpu_milli >= GPU_MILLI:
         got = pick_whole(state, node, idx, r.gpu_count)
         return GpuChoice(got) if got else None

@@ -137,16 +137,17 @@ class DescentScore(FragDescent):
         if self._rates is None or self._rates[0] != self.model.version:  # ratios change with the workload, not per pod
             self._rates = (self.model.version, *self.model.sums)
         _, g_milli, c_milli, m_mib = self._rates
-        total = gpu.sum(axis=-1)
+        total = np.add.reduce(gpu, axis=-1)  # ``gpu.sum(axis=-1)`` without its Python wrapper
         if a.strand_weight and g_milli > 0:
-            stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
-            if self._q_rhos is not None:
-                stranded = np.mean([np.maximum(0.0, total - np.maximum(cpu, 0) / rho) for rho in self._q_rhos], axis=0)
+            if self._q_rhos is not None:  # the mean over the quantiles' ratios, all rows [Q, S] in one go
+                stranded = np.mean(np.maximum(0.0, total - np.maximum(cpu, 0) / self._q_rhos[:, None]), axis=0)
+            else:
+                stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
             if a.memory_strand and m_mib > 0:
                 stranded = np.maximum(stranded, total - np.maximum(mem, 0) * (g_milli / m_mib))
             out += a.strand_weight * stranded
         if a.sliver_weight:
-            out += a.sliver_weight * self._sliver_table()[np.minimum(np.maximum(gpu, 0), GPU_MILLI)].sum(axis=-1)  # np.clip, without its overhead
+            out += a.sliver_weight * np.add.reduce(self._sliver_table()[np.minimum(np.maximum(gpu, 0), GPU_MILLI)], axis=-1)  # np.clip, without its overhead
         return out
 
     def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
@@ -180,7 +181,7 @@ class DescentScore(FragDescent):
         use_q = a.strand_quantiles > 0 and a.quantile_tight <= tight < a.quantile_tight_max
         self._q_rhos = self._rho_quantiles(state) if use_q else None
         vals, vers = self._before_cache(state)
-        stale = np.flatnonzero(vers[nodes] != state.version[nodes])
+        stale = (vers[nodes] != state.version[nodes]).nonzero()[0]
         cpu, left, model = view if view is not None else node_view(state, nodes)
         if stale.size == 0:  # every before-state known (the measure is row by row: the same values as in one batch)
             return self._quantise(vals[nodes[rows]] - self._measure(cpu_after, gpu_after, mem_after, model[rows], tw, acc))

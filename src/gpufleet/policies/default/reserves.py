@@ -133,7 +133,7 @@ class WholeGpuReserve:
         kept = fed > 0
         cycle.write(WHOLE_KEPT, kept)
         ok = ~kept
-        at = np.flatnonzero(kept)  # few: whole GPUs are scarce here
+        at = kept.nonzero()[0]  # few: whole GPUs are scarce here
         whole = usable[at] & (state.gpu_free_milli[at] >= GPU_MILLI)
         ok[at] = (eligible_gpus(state, r, at) & ~whole).any(axis=1)
         return FilterResult(ok, (self.REASON,), passes_all=bool(ok.all()))
@@ -153,7 +153,7 @@ class WholeGpuReserve:
             while len(self._whole) > 8:
                 self._whole.pop(next(iter(self._whole)))
         usable, counts, vers, usable_n = c
-        stale = np.flatnonzero(vers != state.version)
+        stale = (vers != state.version).nonzero()[0]
         if stale.size:
             counts[stale] = (usable[stale] & (state.gpu_free_milli[stale] >= GPU_MILLI)).sum(axis=1)
             vers[stale] = state.version[stale]

@@ -20,7 +20,7 @@ def take_packed(left: np.ndarray, milli: int, count: int) -> np.ndarray:
         fit = left >= milli
         big = np.iinfo(left.dtype).max if left.dtype.kind in "iu" else np.inf
         j = np.argmin(np.where(fit, left, big), axis=1)
-        rows = np.flatnonzero(fit.any(axis=1))
+        rows = np.logical_or.reduce(fit, axis=1).nonzero()[0]
         out[rows, j[rows]] -= milli
         return out
     order = np.argsort(left, axis=1, kind="stable")

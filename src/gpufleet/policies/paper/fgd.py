@@ -203,10 +203,13 @@ class FragDescent:
         if stale.size:
             if stale.size >= DEDUPE_MIN_NODES:
                 reps, inv = state_groups(state, stale)
-                rows[stale] = self._remembered("gpu", cycle, state, reps)[inv]
+                new = self._remembered("gpu", cycle, state, reps)[inv]
             else:
-                rows[stale] = self._remembered("gpu", cycle, state, stale)
+                new = self._remembered("gpu", cycle, state, stale)
+            rows[stale] = new
             vers[stale] = state.version[stale]
+            if stale.size == nodes.size:  # every node was stale (stale is nodes, in order): the rows just made
+                return new
         return rows[nodes]
 
     def _remembered(self, what: str, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
@@ -284,7 +287,7 @@ class FragDescent:
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
         if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
-            s = self._shared_scores(cycle, state, nodes).max(axis=1)
+            s = np.maximum.reduce(self._shared_scores(cycle, state, nodes), axis=1)  # .max(axis=1), without its wrapper
             return np.where(np.isfinite(s), s, self._UNFIT)
         if nodes.size >= DEDUPE_MIN_NODES:
             reps, inv = state_groups(state, nodes)

@@ -163,12 +163,17 @@ def _frag_amount_direct(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.nd
     if c is None:
         c = tw.__dict__["_direct"] = (tw.gpu_milli[None, :, None], tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
     milli3, gpu_shape, count, cpu = c
-    total = gpu_left.sum(axis=-1)  # [S]
-    ge = gpu_left[:, None, :] >= milli3  # [S, T, G]: the GPU holds the shape's share
-    small = total[:, None] - (gpu_left[:, None, :] * ge).sum(axis=-1)  # idle milli on GPUs too small for it
-    q3 = gpu_shape & access[model] & (np.count_nonzero(ge, axis=-1) >= count) & (cpu_left[:, None] >= cpu)
+    # ufunc reductions called directly (what ``.sum``/``count_nonzero`` call, without their Python wrappers)
+    total = _sum(gpu_left, axis=-1)  # [S]
+    g3 = gpu_left[:, None, :]
+    ge = g3 >= milli3  # [S, T, G]: the GPU holds the shape's share
+    small = total[:, None] - _sum(g3 * ge, axis=-1)  # idle milli on GPUs too small for it
+    q3 = gpu_shape & access[model] & (_sum(ge, axis=-1, dtype=np.intp) >= count) & (cpu_left[:, None] >= cpu)
     per = np.where(q3, small, total[:, None]).astype(np.float64)
-    return (per * tw.freq).sum(axis=1)
+    return _sum(per * tw.freq, axis=1)
+
+
+_sum = np.add.reduce
 
 
 def _frag_amount_reference(cpu_left, gpu_left, model, tw, access):
