@@ -338,8 +338,9 @@ class Scheduler:
             else:
                 ck = (p.name, key)
                 ent = self._cache.get(ck)
-                if ent is None or ent[2] != st.epoch:
-                    ent = (np.zeros(len(st), dtype=np.float64), np.full(len(st), -1, dtype=np.int64), st.epoch)
+                new = ent is None or ent[2] != st.epoch
+                if ent is None or new:  # versions start at 0: every node is stale
+                    ent = (np.zeros(n, dtype=np.float64), np.full(n, -1, dtype=np.int64), st.epoch)
                     self._cache[ck] = ent
                     if len(self._cache) > self._cache_size:
                         self._cache.popitem(last=False)
@@ -347,9 +348,10 @@ class Scheduler:
                     self._cache.move_to_end(ck)
                 vals, vers, _ = ent
                 if feasible is not None and cand.size * 4 > vers.size:  # most nodes are candidates: compare whole columns
-                    stale = ((vers != st.version) & feasible).nonzero()[0]  # np.flatnonzero, without its wrappers
+                    # np.flatnonzero, without its wrappers
+                    stale = feasible.nonzero()[0] if new else ((vers != st.version) & feasible).nonzero()[0]
                 else:
-                    stale = cand[vers[cand] != st.version[cand]]
+                    stale = cand if new else cand[vers[cand] != st.version[cand]]
                 if stale.size:
                     vals[stale] = p.score(cycle, st, stale)
                     vers[stale] = st.version[stale]

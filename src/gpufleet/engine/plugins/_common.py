@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..framework import FilterResult
 from ..model import PodRequest, Requirement, SelectorTerm
 from ..state import ClusterState
 
@@ -84,6 +85,20 @@ def all_pass(n: int) -> np.ndarray:
             _ONES.clear()
         _ONES[n] = a
     return a
+
+
+_PASSING: dict[int, FilterResult] = {}
+
+
+def passing(n: int) -> FilterResult:
+    """A shared verdict of a filter with nothing to check for this pod (``passes_all``): the framework skips it
+    without reading it, so one object per cluster size serves every cycle (no allocation per plugin per pod)."""
+    f = _PASSING.get(n)
+    if f is None:
+        if len(_PASSING) > 64:
+            _PASSING.clear()
+        f = _PASSING[n] = FilterResult(all_pass(n), passes_all=True)
+    return f
 
 
 _CACHE = MetaCache()

@@ -14,7 +14,7 @@ import numpy as np
 from ..framework import Cycle, FilterResult
 from ..model import GPU_MILLI, PodRequest
 from ..state import ClusterState
-from ._common import all_pass
+from ._common import passing
 
 
 def model_mask(state: ClusterState, r: PodRequest) -> np.ndarray | None:
@@ -73,7 +73,7 @@ class GpuFit:
         r = cycle.request
         n = len(state)
         if r.gpu_count == 0 or (r.dra is not None and (r.dra.extended is None or r.dra.keys)):
-            return FilterResult(all_pass(n), passes_all=True)  # a pod asking by ResourceClaim: DynamicResources decides
+            return passing(n)  # a pod asking by ResourceClaim: DynamicResources decides
         res = self._filter(cycle, state)
         if state.any_plugin_down:
             res = _without_plugin_down(res, state)

@@ -30,7 +30,7 @@ from ..constraints import PodTerms
 from ..framework import Cycle, FilterResult
 from ..podindex import domain_counts, per_node
 from ..state import ClusterState
-from ._common import all_pass, minmax
+from ._common import minmax, passing
 
 EXISTING_ANTI = "node(s) didn't satisfy existing pods anti-affinity rules"
 AFFINITY = "node(s) didn't match pod affinity rules"
@@ -58,7 +58,7 @@ class InterPodAffinity:
         idx = state.pod_index
         t = cycle.request.terms
         if not idx.anti and (t is None or not (t.affinity or t.anti_affinity)):
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         t = _terms(cycle)
         nsl = idx.namespace_labels
         existing = np.ones(n, dtype=bool)

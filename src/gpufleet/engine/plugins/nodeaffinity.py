@@ -11,7 +11,7 @@ import numpy as np
 
 from ..framework import Cycle, FilterResult
 from ..state import ClusterState
-from ._common import MetaCache, all_pass, node_affinity_rows, term_matches
+from ._common import MetaCache, node_affinity_rows, passing, term_matches
 
 
 @dataclass
@@ -25,7 +25,7 @@ class NodeAffinity:
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         if not r.node_selector and not r.required_terms:
-            return FilterResult(all_pass(len(state)), passes_all=True)
+            return passing(len(state))
 
         ok = self._c.get((r.node_selector, r.required_terms), state, lambda: node_affinity_rows(state, r))
         return FilterResult(ok, ("node(s) didn't match Pod's node affinity/selector",))

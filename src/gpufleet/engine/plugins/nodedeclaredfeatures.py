@@ -14,7 +14,7 @@ import numpy as np
 
 from ..framework import Cycle, FilterResult
 from ..state import ClusterState
-from ._common import MetaCache, all_pass
+from ._common import MetaCache, passing
 
 NOT_DECLARED = "node(s) didn't match Pod's required features"
 
@@ -27,6 +27,6 @@ class NodeDeclaredFeatures:
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         need = cycle.request.node_features
         if not need:
-            return FilterResult(all_pass(len(state)), passes_all=True)
+            return passing(len(state))
         ok = self._c.get((need,), state, lambda: np.array([need <= n.declared_features for n in state.nodes], dtype=bool))
         return FilterResult(ok, (NOT_DECLARED,))

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..framework import Cycle, FilterResult
 from ..state import ClusterState
-from ._common import all_pass
+from ._common import passing
 
 NO_FREE_PORTS = "node(s) didn't have free ports for the requested pod ports"
 
@@ -22,7 +22,7 @@ class NodePorts:
         t = cycle.request.terms
         n = len(state)
         if t is None or not t.host_ports or not state.pod_index.ports:
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         ok = np.ones(n, dtype=bool)
         for hp in t.host_ports:
             for i in state.pod_index.port_conflicts(hp):

@@ -12,6 +12,9 @@ from ..state import ClusterState
 from ._common import MetaCache
 
 
+_UNSCHEDULABLE = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
+
+
 @dataclass
 class NodeUnschedulable:
     name: str = "NodeUnschedulable"
@@ -20,7 +23,7 @@ class NodeUnschedulable:
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         tols = cycle.request.tolerations
-        tolerated = any(t.tolerates(Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")) for t in tols)
+        tolerated = bool(tols) and any(t.tolerates(_UNSCHEDULABLE) for t in tols)
         ok = self._c.get(
             (tolerated,), state, lambda: np.array([tolerated or not n.unschedulable for n in state.nodes], dtype=bool)
         )

@@ -34,7 +34,7 @@ from ..framework import Cycle, FilterResult
 from ..model import PodRequest
 from ..podindex import domain_counts, per_node
 from ..state import ClusterState
-from ._common import all_pass, node_affinity_mask, taints_mask
+from ._common import node_affinity_mask, passing, taints_mask
 
 SPREAD = "node(s) didn't match pod topology spread constraints"
 MISSING = "node(s) didn't match pod topology spread constraints (missing required label)"
@@ -77,7 +77,7 @@ class PodTopologySpread:
         n = len(state)
         hard = [c for c in r.terms.spread if c.hard] if r.terms is not None else []
         if not hard:
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         has_keys = np.ones(n, dtype=bool)
         for c in hard:
             has_keys &= state.topology(c.topology_key)[0] >= 0

@@ -34,7 +34,7 @@ from ..capacity import ALLOW, NEVER, PREFER, SPOT, SpotConfig
 from ..framework import Cycle, FilterResult
 from ..model import PodRequest
 from ..state import ClusterState
-from ._common import MetaCache, all_pass
+from ._common import MetaCache, passing
 
 PLUGIN = "SpotCapacity"
 R_SPOT = "node(s) are spot and the pod does not tolerate interruption (gpufleet.io/spot or an interruptible PriorityClass)"
@@ -84,12 +84,12 @@ class SpotCapacity:
         any_spot = self._c.any(("spot", id(self.config)), state, self.spot_mask)
         any_notice = self._c.any(("notice", id(self.config)), state, self.notice_mask)
         if not any_spot and not any_notice:  # the common cluster: nothing to check
-            return FilterResult(all_pass(len(state)), passes_all=True)
+            return passing(len(state))
         spot, notice = self.spot_mask(state), self.notice_mask(state)
         never = self.config.pod_policy(r) == NEVER
         group = self._group_on(r, state) if any_spot else set()
         if not any_notice and not (never and any_spot) and len(group) != 1:
-            return FilterResult(all_pass(len(state)), passes_all=True)
+            return passing(len(state))
         reasons = [R_NOTICE, R_SPOT]
         ok = ~notice
         codes = np.zeros(len(state), dtype=np.int64)

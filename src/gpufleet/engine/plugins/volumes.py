@@ -27,7 +27,7 @@ from ..constraints import ClaimInfo
 from ..framework import Cycle, FilterResult
 from ..state import ClusterState
 from ..volumes import VolumeCatalog, matches_node, provisionable_on
-from ._common import all_pass
+from ._common import passing
 from ._common import term_matches
 
 VOLUME_AFFINITY = "node(s) had volume node affinity conflict"
@@ -45,7 +45,7 @@ class VolumeBinding:
         t = cycle.request.terms
         n = len(state)
         if t is None or not t.claims:
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         cat = state.volumes
         none = np.zeros(n, dtype=bool)
         if cat is None:
@@ -93,7 +93,7 @@ class NodeVolumeLimits:
         n = len(state)
         cat = state.volumes
         if t is None or not t.claims or cat is None:
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         new_by_driver: dict[str, set[str]] = {}
         for c in t.claims:
             key = f"{t.namespace}/{c}"

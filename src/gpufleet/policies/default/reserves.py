@@ -22,7 +22,7 @@ import numpy as np
 from ...engine.args import PluginArgs, arg
 from ...engine.framework import Cycle, FilterResult, StateKey
 from ...engine.model import GPU_MILLI
-from ...engine.plugins._common import all_pass
+from ...engine.plugins._common import passing
 from ...engine.plugins.gpufit import eligible_gpus, model_mask
 from ...engine.state import ClusterState
 from .patterns import pattern_units
@@ -70,7 +70,7 @@ class CpuReserve:
         n = len(state)
         if (cycle.take_held or cycle.waited_s >= a.reserve_max_wait_s or r.gpu_count or not a.cpu_reserve
                 or r.cpu_milli <= 0 or not self.on(state)):
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         free_gpu = np.where(state.gpu_usable, state.gpu_free_milli, 0).sum(axis=1)
         need = a.cpu_reserve * self.model.cpu_per_gpu_milli() * free_gpu
         ok = (free_gpu == 0) | (state.cpu_free - r.cpu_milli >= need)
@@ -122,14 +122,14 @@ class WholeGpuReserve:
         if (cycle.take_held or cycle.waited_s >= a.reserve_max_wait_s or not r.gpu_count or not a.whole_reserve
                 or r.gpu_count != 1 or not 0 < r.gpu_milli < GPU_MILLI or r.mig_profile
                 or not m.learned() or not self.cpu_spare(state) or not self.leaves_idle(r.gpu_milli)):
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         usable, whole_n, usable_n = self._whole_gpus(state, r)
         per_gpu_cpu = m.cpu_per_gpu_milli() * GPU_MILLI
         fed = whole_n
         if per_gpu_cpu > 0:
             fed = np.minimum(fed, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
         if fed.sum() >= a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n:
-            return FilterResult(all_pass(n), passes_all=True)
+            return passing(n)
         kept = fed > 0
         cycle.write(WHOLE_KEPT, kept)
         ok = ~kept

@@ -196,21 +196,38 @@ class FragDescent:
             cache.move_to_end(key)
         return ent
 
-    def _shared_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-        """[k, G] per-GPU scores of ``nodes`` for a single shared GPU, through the per-GPU cache."""
+    def _shared_fresh(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, tuple | None]:
+        """Bring the per-GPU cache up to date for ``nodes``: (the cache's rows, and where every node was stale
+        (stale is then ``nodes``, in order): (the rows just made for them, the rows of their distinct states,
+        each node's index into those or None where not grouped)), else None."""
         rows, vers = self._gpu_cache(cycle, state)
         stale = nodes[vers[nodes] != state.version[nodes]]
-        if stale.size:
-            if stale.size >= DEDUPE_MIN_NODES:
-                reps, inv = state_groups(state, stale)
-                new = self._remembered("gpu", cycle, state, reps)[inv]
-            else:
-                new = self._remembered("gpu", cycle, state, stale)
-            rows[stale] = new
-            vers[stale] = state.version[stale]
-            if stale.size == nodes.size:  # every node was stale (stale is nodes, in order): the rows just made
-                return new
-        return rows[nodes]
+        if not stale.size:
+            return rows, None
+        inv = None
+        if stale.size >= DEDUPE_MIN_NODES:
+            reps, inv = state_groups(state, stale)
+            got = self._remembered("gpu", cycle, state, reps)
+            new = got[inv]
+        else:
+            new = got = self._remembered("gpu", cycle, state, stale)
+        rows[stale] = new
+        vers[stale] = state.version[stale]
+        return rows, ((new, got, inv) if stale.size == nodes.size else None)
+
+    def _shared_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """[k, G] per-GPU scores of ``nodes`` for a single shared GPU, through the per-GPU cache."""
+        rows, fresh = self._shared_fresh(cycle, state, nodes)
+        return fresh[0] if fresh is not None else rows[nodes]
+
+    def _shared_best(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        """Each node's best GPU score for a single shared GPU: ``_shared_scores(...).max(axis=1)``, the same
+        numbers; where every node was stale and grouped, the max of each distinct state's row, spread."""
+        rows, fresh = self._shared_fresh(cycle, state, nodes)
+        if fresh is None:
+            return np.maximum.reduce(rows[nodes], axis=1)
+        new, got, inv = fresh
+        return np.maximum.reduce(new, axis=1) if inv is None else np.maximum.reduce(got, axis=1)[inv]
 
     def _remembered(self, what: str, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """``_gpu_scores`` (``what`` "gpu") or ``_node_scores`` ("node") of ``nodes``, through a memo of node states.
@@ -287,7 +304,7 @@ class FragDescent:
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
         if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
-            s = np.maximum.reduce(self._shared_scores(cycle, state, nodes), axis=1)  # .max(axis=1), without its wrapper
+            s = self._shared_best(cycle, state, nodes)
             return np.where(np.isfinite(s), s, self._UNFIT)
         if nodes.size >= DEDUPE_MIN_NODES:
             reps, inv = state_groups(state, nodes)
