@@ -33,22 +33,20 @@ def _table(report: Report, level: str) -> str:
 
 
 def _bars(report: Report) -> str:
-    from ..simulator.report.plots import PALETTE, _svg, plt
+    from ..simulator.report.plots import PALETTE
+    from ..simulator.report.svg import Axes, figure
 
     rows = report.rows["namespace"][:15]
     if not rows:
         return ""
-    fig, ax = plt.subplots(figsize=(7.5, 0.5 + 0.35 * len(rows)))
     names = [r.key for r in rows][::-1]
     used = [r.figures.cost - r.figures.idle_cost for r in rows][::-1]
     idle = [r.figures.idle_cost for r in rows][::-1]
-    ax.barh(names, used, color=PALETTE[0], label="cost of GPU-hours used")
-    ax.barh(names, idle, left=used, color=PALETTE[1], label="idle cost (held, not used)")
-    ax.set_xlabel(f"cost ({report.currency})")
-    ax.set_title("GPU cost per namespace")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8)
-    return _svg(fig)
+    ax = Axes(title="GPU cost per namespace", xlabel=f"cost ({report.currency})", ycats=names, grid="x")
+    for i, (u, d) in enumerate(zip(used, idle)):
+        ax.barh(float(i), float(u), 0.0, PALETTE[0], label="cost of GPU-hours used", height=0.8)
+        ax.barh(float(i), float(d), float(u), PALETTE[1], label="idle cost (held, not used)", height=0.8)
+    return figure([ax], 720, 60 + 34 * len(rows))
 
 
 def write_cost_report(path: str, report: Report, params: Mapping[str, Any]) -> None:

@@ -8,10 +8,10 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-import matplotlib.pyplot as plt
 import numpy as np
 
-from .plots import PALETTE, _svg, definitions_html, table_html
+from .plots import PALETTE, definitions_html, table_html
+from .svg import Axes, figure
 
 IDLE_METRICS = [
     ("first pod turned away", "the arrived GPU demand, as % of the cluster's GPU capacity, when the policy first turned a pod "
@@ -51,29 +51,27 @@ def saturation_plot(summary: Mapping[str, Mapping[str, Any]]) -> str:
     una_err = np.array([summary[p].get("unallocated_gpu_pct_std") or 0.0 for p in pols])
     several = any(summary[p].get("runs", 1) > 1 for p in pols)
     y = np.arange(len(pols))[::-1]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.5, 0.45 * len(pols) + 1.6), sharey=True)
-    for ax, vals, err, color, xlabel in (
-        (a1, sat, sat_err, PALETTE[0], "arrived GPU demand when the first pod\nwas turned away (% of capacity)"),
-        (a2, una, una_err, PALETTE[3], "unallocated GPU % at 100% arrived"),
+    panels: list[Axes] = []
+    for vals, err, color, xlabel in (
+        (sat, sat_err, PALETTE[0], "arrived GPU demand when the first pod\nwas turned away (% of capacity)"),
+        (una, una_err, PALETTE[3], "unallocated GPU % at 100% arrived"),
     ):
-        ax.errorbar(vals, y, xerr=err if several else None, fmt="o", color=color, ms=6, capsize=3)
-        for v, yi in zip(vals, y):
+        ax = Axes(xlabel=xlabel, label_size=8, ycats=pols[::-1], grid="x", legend="", show_yticks=not panels)
+        for v, e, yi in zip(vals, err, y):
             if not np.isnan(v):
-                ax.annotate(f"{v:.1f}", (v, yi), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-        ax.set_xlabel(xlabel, fontsize=8)
-        ax.grid(axis="x", alpha=0.3)
+                ax.dot(float(v), float(yi), color, xerr=float(e) if several else None)
+                ax.text(float(v), float(yi), f"{v:.1f}", size=7, dy_px=-7)
         ok = ~np.isnan(vals)
         if ok.any():
             spread = err[ok] if several else 0.0
             lo, hi = float((vals[ok] - spread).min()), float((vals[ok] + spread).max())
             pad = max(0.5, 0.12 * (hi - lo))
-            ax.set_xlim(lo - pad, hi + pad)
-    a1.set_yticks(y, pols)
-    a1.set_ylim(-0.7, len(pols) - 0.3)
-    fig.suptitle("When each policy first turned a pod away, and what it left unallocated at 100% arrived"
-                 + (" (mean ± std over seeds)" if several else ""), fontsize=9)
-    fig.tight_layout()
-    return _svg(fig)
+            ax.xlim = (lo - pad, hi + pad)
+        ax.ylim = (-0.7, len(pols) - 0.3)
+        panels.append(ax)
+    title = ("When each policy first turned a pod away, and what it left unallocated at 100% arrived"
+             + (" (mean ± std over seeds)" if several else ""))
+    return figure(panels, 816, 43 * len(pols) + 154, title=title)
 
 
 def hole_kinds(summary: Mapping[str, Mapping[str, Any]], top: int = 5) -> list[str]:
@@ -99,20 +97,19 @@ def holes_plot(summary: Mapping[str, Mapping[str, Any]], top: int = 5) -> str:
     colors = ["#4d4d4d", *[PALETTE[i % len(PALETTE)] for i in range(len(kinds))], "#c7c7c7"]
     data = np.array(rows)
     y = np.arange(len(pols))[::-1]
-    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(pols) + 2.0))
+    ax = Axes(title="Where the idle GPUs are: whole idle GPUs and free milli by what the GPU holds", title_size=9,
+              xlabel="idle GPU-equivalents at 100% arrived", ycats=pols[::-1], grid="x", legend="below",
+              legend_cols=min(4, len(labels)))
     left = np.zeros(len(pols))
     for j, (lab, c) in enumerate(zip(labels, colors)):
-        ax.barh(y, data[:, j], left=left, color=c, label=lab, height=0.65)
+        for yi, w, lft in zip(y, data[:, j], left):
+            ax.barh(float(yi), float(w), float(lft), c, label=lab)
         left += data[:, j]
     for yi, tot in zip(y, left):
-        ax.text(tot, yi, f" {tot:.0f}" if left.max() >= 100 else f" {tot:.1f}", va="center", fontsize=7)
-    ax.set_yticks(y, pols)
-    ax.set_xlim(0, max(float(left.max()) * 1.1, 1.0))
-    ax.set_xlabel("idle GPU-equivalents at 100% arrived")
-    ax.set_title("Where the idle GPUs are: whole idle GPUs and free milli by what the GPU holds", fontsize=9)
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(4, len(labels)), frameon=False)
-    return _svg(fig)
+        ax.text(float(tot), float(yi), f" {tot:.0f}" if left.max() >= 100 else f" {tot:.1f}", size=7, anchor="start",
+                baseline="middle")
+    ax.xlim = (0, max(float(left.max()) * 1.1, 1.0))
+    return figure([ax], 816, 43 * len(pols) + 192)
 
 
 def repack_sentence(policy: str, d: Mapping[str, Any], several: bool) -> str:

@@ -1,42 +1,21 @@
 """A single self-contained HTML report: curves and bars a person would rather look at.
 
-Plots are drawn with matplotlib into inline SVG, so the file opens in any
-browser with no network and no other files.
+Plots are inline SVG written by ``svg.py`` (no plotting library), so the file opens in any browser with no
+network and no other files, and writing it costs milliseconds.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import json
 import warnings
 from typing import Any, Mapping, Sequence
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from .svg import Axes, figure
 
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
-
-
-def _svg(fig) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    s = buf.getvalue()
-    return s[s.find("<svg"):]
-
-
-def _finish(fig, ax, xlabel: str, ylabel: str, title: str, legend_cols: int = 1) -> str:
-    """Every plot's labels, light grid and small legend, as SVG."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=legend_cols)
-    return _svg(fig)
 
 
 def _mean_curve(runs: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -47,60 +26,53 @@ def _mean_curve(runs: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray
 
 
 def curves_plot(by_policy: Mapping[str, list[Mapping[str, Any]]], key: str, ylabel: str, title: str) -> str:
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    ax = Axes(title=title, xlabel="arrived GPU request (% of cluster GPU capacity)", ylabel=ylabel, legend_cols=2)
     for i, (pol, runs) in enumerate(by_policy.items()):
-        x = np.array(runs[0]["arrived_pct"], dtype=float)
+        x = [float(v) for v in runs[0]["arrived_pct"]]
         m, s = _mean_curve(runs, key)
         c = PALETTE[i % len(PALETTE)]
-        ax.plot(x, m, label=pol, color=c, lw=1.6)
         if len(runs) > 1:
-            ax.fill_between(x, m - s, m + s, color=c, alpha=0.15, lw=0)
-    return _finish(fig, ax, "arrived GPU request (% of cluster GPU capacity)", ylabel, title, legend_cols=2)
+            ax.band(x, (m - s).tolist(), (m + s).tolist(), c)
+        ax.line(x, m.tolist(), c, label=pol)
+    return figure([ax], 720, 400)
 
 
 def bars_plot(summary: Mapping[str, Mapping[str, Any]], published: Mapping[str, float], bound: float | None) -> str:
     pols = list(summary)
     ours = [summary[p]["unallocated_gpu_pct_mean"] for p in pols]
     several = any(summary[p].get("runs", 1) > 1 for p in pols)  # error bars only mean something over several seeds
-    errs = [summary[p].get("unallocated_gpu_pct_std", 0.0) for p in pols] if several else None
+    errs = [summary[p].get("unallocated_gpu_pct_std", 0.0) for p in pols] if several else [None] * len(pols)
     pub = [published.get(p, np.nan) for p in pols]
-    x = np.arange(len(pols))
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    ax = Axes(title="GPUs left unallocated when the workload equals cluster capacity (lower is better)",
+              ylabel="unallocated GPU % at 100% arrived", xcats=pols, xcat_rotate=True, grid="y", legend="below", legend_cols=2)
     w = 0.38 if any(not np.isnan(v) for v in pub) else 0.6
-    ax.bar(x - (w / 2 if w < 0.5 else 0), ours, w, yerr=errs, label="gpufleet", color=PALETTE[0])
+    shift = w / 2 if w < 0.5 else 0.0
+    for xi, (v, e) in enumerate(zip(ours, errs)):
+        ax.bar(xi - shift, v, w, PALETTE[0], label="gpufleet", err=e)
     if w < 0.5:
-        ax.bar(x + w / 2, pub, w, label="FGD paper (published)", color=PALETTE[1])
+        for xi, v in enumerate(pub):
+            ax.bar(xi + shift, v, w, PALETTE[1], label="FGD paper (published)")
     top = max([v for v in ours + pub if not np.isnan(v)] + [bound or 0.0, 1.0])
     if bound is not None:  # can be ~0 (pods that all fit): lift the axis floor so the line is not hidden by the x axis
-        ax.set_ylim(-0.06 * top, top * 1.15)
-        ax.axhline(bound, color="#d62728", ls="--", lw=2, label=f"offline bound ({bound:.2f}%)", zorder=5)
-        ax.text(-0.45, bound + 0.02 * top, f"offline bound {bound:.2f}%", color="#d62728", ha="left", va="bottom", fontsize=8,
-                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+        ax.ylim = (-0.06 * top, top * 1.15)
+        ax.hline(bound, "#d62728", label=f"offline bound ({bound:.2f}%)", width=2, dash="--")
+        ax.text(-0.45, bound + 0.02 * top, f"offline bound {bound:.2f}%", color="#d62728", anchor="start", backdrop=True)
     keep = [(summary[p].get("idle") or {}).get("bound_placing_first_pct_mean") for p in pols]
-    labelled = False
-    for xi, k in zip(x, keep):  # per policy: the least any placement keeping its first pods could leave
+    for xi, k in enumerate(keep):  # per policy: the least any placement keeping its first pods could leave
         if k is not None:
-            c = xi - (w / 2 if w < 0.5 else 0)
-            ax.hlines(k, c - w / 2, c + w / 2, colors="black", lw=2, linestyles=":", zorder=6,
-                      label="_nolegend_" if labelled else "bound keeping the policy's first pods")
-            labelled = True
+            c = xi - shift
+            ax.hline(k, "black", label="bound keeping the policy's first pods", x0=c - w / 2, x1=c + w / 2, width=2, dash=":")
     best = int(np.nanargmin(ours)) if ours else -1
-    for xi, v in zip(x, ours):
-        ax.text(xi - (w / 2 if w < 0.5 else 0), v + 0.01 * top, f"{v:.2f}" + (" best" if xi == best else ""), ha="center",
-                va="bottom", fontsize=7, fontweight="bold" if xi == best else "normal")
-    ax.set_xticks(x, pols, rotation=20)
-    ax.set_ylabel("unallocated GPU % at 100% arrived")
-    ax.set_title("GPUs left unallocated when the workload equals cluster capacity (lower is better)")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)  # below: bars stay readable
-    return _svg(fig)
+    for xi, v in enumerate(ours):
+        ax.text(xi - shift, v + 0.01 * top, f"{v:.2f}" + (" best" if xi == best else ""), size=7, bold=xi == best, dy_px=-2)
+    return figure([ax], 720, 420)
 
 
 def time_plot(series: Mapping[str, Mapping[str, Sequence[float]]], key: str, ylabel: str, title: str) -> str:
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    ax = Axes(title=title, xlabel="simulated time (hours)", ylabel=ylabel)
     for i, (pol, s) in enumerate(series.items()):
-        ax.plot(np.array(s["t_h"]), np.array(s[key]), label=pol, color=PALETTE[i % len(PALETTE)], lw=1.2)
-    return _finish(fig, ax, "simulated time (hours)", ylabel, title)
+        ax.line([float(v) for v in s["t_h"]], [float(v) for v in s[key]], PALETTE[i % len(PALETTE)], label=pol, width=1.2)
+    return figure([ax], 720, 384)
 
 
 def table_html(headers: Sequence[str], rows: Sequence[Sequence[Any]], marked: Sequence[int] = ()) -> str:

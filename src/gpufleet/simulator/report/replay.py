@@ -8,14 +8,14 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib.pyplot as plt
 import numpy as np
 
-from .plots import PALETTE, _finish, table_html, time_plot, write_report
+from .plots import PALETTE, table_html, time_plot, write_report
+from .svg import Axes, figure
 
 
 def load_curves(runs: Sequence[Mapping[str, Any]], key: str, ylabel: str, title: str, log: bool = False) -> str:
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    ax = Axes(title=title, xlabel="offered GPU load (fraction of cluster GPU capacity)", ylabel=ylabel, ylog=log, legend_cols=2)
     groups: dict[tuple[str, str], dict[float, list[float]]] = {}
     for r in runs:
         if r["load"] is None:
@@ -27,23 +27,20 @@ def load_curves(runs: Sequence[Mapping[str, Any]], key: str, ylabel: str, title:
     for i, ((pol, wi), pts) in enumerate(groups.items()):
         xs = sorted(pts)
         ys = [float(np.mean(pts[x])) for x in xs]
-        ax.plot(xs, ys, marker="o", lw=1.6, color=PALETTE[i % len(PALETTE)], ls="-" if not wi else "--",
-                label=pol + (f" ({wi})" if wi else ""))
-    if log:
-        ax.set_yscale("symlog", linthresh=1.0)
-    return _finish(fig, ax, "offered GPU load (fraction of cluster GPU capacity)", ylabel, title, legend_cols=2)
+        ax.line(xs, ys, PALETTE[i % len(PALETTE)], label=pol + (f" ({wi})" if wi else ""), dash="--" if wi else "", marker="o")
+    return figure([ax], 720, 400)
 
 
 def search_plot(search: Mapping[str, Any]) -> str:
-    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    ax = Axes(title="Capacity search", xlabel=f"{search['shape']} nodes added", ylabel="queueing delay (s)", ylog=True)
     pts = search["curve"]
-    ax.plot([p["added"] for p in pts], [p["p99_s"] for p in pts], marker="o", label="p99 wait", color=PALETTE[0])
-    ax.plot([p["added"] for p in pts], [p["p50_s"] for p in pts], marker=".", label="p50 wait", color=PALETTE[1])
-    ax.axhline(search["target_p99_s"], color="k", ls="--", lw=1, label=f"target p99 {search['target_p99_s']:g} s")
+    added = [float(p["added"]) for p in pts]
+    ax.line(added, [float(p["p99_s"]) for p in pts], PALETTE[0], label="p99 wait", marker="o")
+    ax.line(added, [float(p["p50_s"]) for p in pts], PALETTE[1], label="p50 wait", marker=".")
+    ax.hline(float(search["target_p99_s"]), "black", label=f"target p99 {search['target_p99_s']:g} s", dash="--")
     if search.get("added") is not None:
-        ax.axvline(search["added"], color=PALETTE[2], ls=":", lw=1.2, label=f"recommended: +{search['added']}")
-    ax.set_yscale("symlog", linthresh=1.0)
-    return _finish(fig, ax, f"{search['shape']} nodes added", "queueing delay (s)", "Capacity search")
+        ax.vline(float(search["added"]), PALETTE[2], label=f"recommended: +{search['added']}", width=1.2, dash=":")
+    return figure([ax], 720, 384)
 
 
 def write_replay_report(path: str, runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]],
