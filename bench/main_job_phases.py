@@ -77,7 +77,7 @@ def main() -> int:
 
         summary = simulate.summarize(runs)
         with tempfile.TemporaryDirectory() as tmp:
-            rp = timed("  import matplotlib and the report", lambda: __import__("gpufleet.simulator.report.packing",
+            rp = timed("  import the report", lambda: __import__("gpufleet.simulator.report.packing",
                                                                                 fromlist=["x"]))
             rp.write_simulation_report(str(Path(tmp) / "r.html"), "packing", runs, summary, {}, b["unallocated_gpu_pct"],
                                        {}, bound_note="")

@@ -60,6 +60,26 @@ def test_packing_run_curves(tiny, policy):
     assert r.pods_failed > 0  # 130% demand cannot all fit
 
 
+def test_a_run_after_others_in_one_process_gives_what_a_first_run_gives(tiny, monkeypatch):
+    """The requests, the arrival order and the keep-first LP's program are kept for the next run of the same
+    trace and seed in a process (packing.memo): reusing them must change nothing."""
+    nodes = trace.load_nodes(tiny / "nodes.csv")
+    pods = trace.load_pods(tiny / "pods.csv").pods
+
+    def run(policy: str, seed: int = 42) -> dict:
+        d = packing.run_packing(nodes, pods, policy, seed=seed, tune=1.3).to_json()
+        d.pop("wall_s")
+        return d
+
+    monkeypatch.setattr(packing, "_MEMO", {})
+    fresh = {pol: (monkeypatch.setattr(packing, "_MEMO", {}), run(pol))[1] for pol in ("fgd", "bestfit")}
+    assert run("fgd") == fresh["fgd"] and run("bestfit") == fresh["bestfit"] and run("fgd", seed=7) != fresh["fgd"]
+    assert len(packing._MEMO) == 5 and run("bestfit") == fresh["bestfit"]  # the requests; an order and a program per seed
+    other = list(pods)  # an equal list, another object: computed again, not taken from the memo
+    packing.run_packing(nodes, other, "bestfit", seed=42, tune=1.3)
+    assert any(v[0][0] is other for v in packing._MEMO.values())
+
+
 def test_replay_queues_and_releases(tiny):
     nodes = trace.load_nodes(tiny / "nodes.csv")[:2]
     pods = trace.load_pods(tiny / "pods.csv").pods

@@ -326,11 +326,9 @@ def run(args: argparse.Namespace) -> int:
                 for t in sorted(tasks, key=lambda t: -_RUN_COST.get(t["policy"], 1.0)):
                     futs[ex.submit(_run_one, t)] = "run"
                 try:
-                    for done, f in enumerate(as_completed(futs), 1):
+                    for f in as_completed(futs):
                         (runs if futs[f] == "run" else bounds).append(f.result())
                         bar.update(1)
-                        if args.report and len(futs) - done == jobs - 1:  # a worker is idle from now: load the
-                            from ..simulator.report import packing as report_pages  # noqa: F401  report's plotting meanwhile
                 except BaseException:  # one run failed (or Ctrl-C): do not wait for the others
                     ex.shutdown(wait=False, cancel_futures=True)
                     raise

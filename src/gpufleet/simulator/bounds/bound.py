@@ -328,7 +328,11 @@ def bound_placing_first(nodes: Sequence[Node], arrived: Sequence[TracePod], plac
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import csr_matrix
 
-    prog = _program(nodes, arrived, node_cuts=True, cpu_only=True)
+    from ..experiments.packing import memo
+
+    # the same for every policy's run of one trace and seed (``arrived`` is the arrival order's prefix)
+    prog: _Program = memo((nodes, *arrived), ("keep-first program",),  # type: ignore[assignment]
+                          lambda: _program(nodes, arrived, node_cuts=True, cpu_only=True))
     must = _shapes(placed, cpu_only=True)
     if prog.obj.size == 0:
         return 100.0

@@ -119,6 +119,26 @@ def _named(r: PodRequest, name: str) -> PodRequest:
     return out
 
 
+# What every run of one trace and seed computes the same whatever the policy (the pods' requests, the arrival
+# order), kept for the next run in this process: ``gpufleet simulate`` gives each worker several runs of the
+# same trace.  Keyed by the objects themselves (held here, so an id is never reused while its entry lives).
+_MEMO: dict[tuple, tuple] = {}
+_MEMO_MAX = 8
+
+
+def memo(key_objs: tuple, key: tuple, make: Callable[[], object]) -> object:
+    """``make()``, or what it gave for the same ``key_objs`` (by identity) and ``key`` (by value) in this process."""
+    k = (*map(id, key_objs), *key)
+    hit = _MEMO.get(k)
+    if hit is not None and all(a is b for a, b in zip(hit[0], key_objs)):
+        return hit[1]
+    value = make()
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.pop(next(iter(_MEMO)))
+    _MEMO[k] = (key_objs, value)
+    return value
+
+
 def prime_policy(sched: Scheduler, requests: list[PodRequest]) -> None:
     """Give target-workload policies the whole trace when they are configured that way (the paper's FGD)."""
     for p, _ in sched.profile.scores:
@@ -162,13 +182,14 @@ def run_packing(
     if not isinstance(policy, str):  # an inline profile config
         policy = profile.name
     sched = Scheduler(profile, state, seed=seed)
-    base_requests = [p.request() for p in pods]
+    base_requests: list[PodRequest] = memo((pods,), ("requests",), lambda: [p.request() for p in pods])  # type: ignore[assignment]
     by_pod = {id(p): r for p, r in zip(pods, base_requests)}  # each arrival is its trace row's request, renamed
     prime_policy(sched, base_requests)
 
     capacity = state.total_gpu_milli()
     total_gpus = capacity // 1000
-    order = workload_order(pods, capacity, tune, seed)
+    order: list[tuple[TracePod, str]] = memo((pods,), ("order", capacity, tune, seed),  # type: ignore[assignment]
+                                             lambda: workload_order(pods, capacity, tune, seed))
 
     # fragmentation is measured against the trace's own target workload, whatever the policy
     tw = TargetWorkload.from_requests(base_requests)
