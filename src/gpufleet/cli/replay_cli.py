@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import zlib
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -213,11 +213,22 @@ def _pool_map(tasks: list[dict], jobs: int, bar) -> list[dict]:
             out.append(run_one(t))
             bar.update(1)
         return out
+    from .simulate import _RUN_COST
+
+    # longest first (the highest load, then the costlier policies), so that no worker is left alone with a long
+    # run at the end while the other idles; the runs come back in the tasks' order, unchanged
+    first = sorted(range(len(tasks)), key=lambda i: -(tasks[i]["load"] or 1.0) * _RUN_COST.get(tasks[i]["policy"], 1.0))
+    done: dict[int, dict] = {}
     with ProcessPoolExecutor(max_workers=jobs) as ex:
-        for r in ex.map(run_one, tasks):
-            out.append(r)
-            bar.update(1)
-    return out
+        futs = {ex.submit(run_one, tasks[i]): i for i in first}
+        try:
+            for f in as_completed(futs):
+                done[futs[f]] = f.result()
+                bar.update(1)
+        except BaseException:  # one run failed (or Ctrl-C): do not wait for the others
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+    return [done[i] for i in range(len(tasks))]
 
 
 def summarize(runs: list[dict]) -> list[dict]:
