@@ -43,6 +43,9 @@ def test_one_seed_report(tiny):
     assert "offline bound" in page and "width=device-width" in page
     prov = json.loads((tiny / "r.json").read_text())["params"]["provenance"]
     assert prov["seeds"] == "42 (1)" and prov["bound"].endswith("(LP relaxation)")
+    from gpufleet.version import git_commit  # looked up at the command's start, read at its end: the same answer
+
+    assert prov["commit"] == (git_commit() or "unknown (not a git checkout)")
 
 
 def test_several_seeds_show_spread(tiny):

@@ -16,7 +16,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -296,6 +296,9 @@ def run(args: argparse.Namespace) -> int:
     ]
     jobs = args.jobs or (os.cpu_count() or 1)
     jobs = max(1, min(jobs, len(tasks)))
+    from ..version import start_git_commit
+
+    commit = start_git_commit()  # for the provenance at the end: git runs while the runs do, not after them
     t0 = time.perf_counter()
     print(f"{args.experiment} experiment: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, {len(tr.pods)} pods "
           f"({trace_name}); policies {', '.join(policies)}; seeds {args.seeds[0]}..{args.seeds[-1]} ({len(args.seeds)}); "
@@ -370,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
     bound_status = (f"not applicable to the {args.experiment} experiment" if args.experiment != "packing" else
                     "not computed (--no-bound)" if not args.bound else
                     f"{bound:.2f}% unallocated GPU, mean over {len(bounds)} seed(s) (LP relaxation)" if bound is not None else "not computed")
-    prov = provenance(nodes_path, pods_path, args.seeds, bound_status)
+    prov = provenance(nodes_path, pods_path, args.seeds, bound_status, commit)
     params["provenance"] = prov
     if args.json_path:
         doc: dict[str, Any] = {"runs": runs, "summary": summary, "params": params, "input_problems": problems}
@@ -402,8 +405,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def provenance(nodes_path: str, pods_path: str, seeds: list[int], bound_status: str) -> dict[str, Any]:
-    """What made these figures: gpufleet's version and commit, when, the input files (name + sha256), seeds, the bound."""
+def provenance(nodes_path: str, pods_path: str, seeds: list[int], bound_status: str,
+               commit: Callable[[], str | None] | None = None) -> dict[str, Any]:
+    """What made these figures: gpufleet's version and commit, when, the input files (name + sha256), seeds, the bound.
+    ``commit``: what ``version.start_git_commit`` returned when the command started (the lookup ran meanwhile)."""
     import datetime as dt
     import hashlib
 
@@ -420,7 +425,7 @@ def provenance(nodes_path: str, pods_path: str, seeds: list[int], bound_status: 
     contiguous = seeds == list(range(seeds[0], seeds[0] + len(seeds)))
     return {
         "gpufleet": __version__,
-        "commit": git_commit() or "unknown (not a git checkout)",
+        "commit": (commit or git_commit)() or "unknown (not a git checkout)",
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "seeds": (f"{seeds[0]}-{seeds[-1]}" if contiguous and len(seeds) > 1 else ",".join(map(str, seeds))) + f" ({len(seeds)})",
         "bound": bound_status,
