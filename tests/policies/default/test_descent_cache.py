@@ -1,13 +1,14 @@
-"""The descent's cached scores: a pod is scored for its own resources, whatever pod of its shape came before."""
+"""The descent's (and FGD's) cached scores: a pod is scored for its own resources, whatever pod of its shape came before."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpufleet.engine.framework import Cycle, Profile, Scheduler
-from gpufleet.engine.model import PodRequest
+from gpufleet.engine.framework import Cycle, GpuChoice, Profile, Scheduler
+from gpufleet.engine.model import Assignment, PodRequest
 from gpufleet.engine.state import ClusterState
+from gpufleet.policies import build_profile
 from tests.builders import A100, make_node
 from tests.policies.default.test_policy import Parts
 
@@ -48,3 +49,21 @@ def test_memory_is_left_out_of_the_key_where_the_descent_does_not_read_it():
     off, _ = primed(memory_strand=False)
     assert on.descent.cache_key(cycle(small)) != on.descent.cache_key(cycle(big))
     assert off.descent.cache_key(cycle(small)) == off.descent.cache_key(cycle(big))  # one cached score for both
+
+
+@pytest.mark.parametrize("policy", ["fgd", "default"])
+@pytest.mark.parametrize("held_milli", [(100, 300), (300, 100)])
+def test_a_share_asking_gpu_memory_gets_a_gpu_with_that_memory_after_one_of_its_shape_that_asked_none(policy, held_milli):
+    state = ClusterState([make_node("n1", 2, A100, gpu_memory_mib=40_960, cpu_milli=64_000, memory_mib=262_144),
+                          make_node("n2", 1, A100, gpu_memory_mib=40_960, cpu_milli=64_000, memory_mib=262_144)])
+    # n1: GPU 0 has 10 GiB of memory free, GPU 1 39 GiB
+    state.reserve(Assignment("default/x", "n1", 1000, 1024, gpu_indices=(0,), gpu_milli=held_milli[0], gpu_memory_mib=(30_720,)))
+    state.reserve(Assignment("default/y", "n1", 1000, 1024, gpu_indices=(1,), gpu_milli=held_milli[1], gpu_memory_mib=(1024,)))
+    sched = Scheduler(build_profile(policy), state, seed=0)
+    nodes = np.arange(2)
+    plain = PodRequest(name="plain", cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=500)
+    sched._score(cycle(plain), nodes)  # fills the caches for the shape
+    asks = PodRequest(name="asks", cpu_milli=1000, memory_mib=1024, gpu_count=1, gpu_milli=500, gpu_memory_mib=20_480)
+    c = cycle(asks)
+    sched._score(c, nodes)
+    assert sched.profile.gpu_selector.select_gpus(c, state, 0) == GpuChoice((1,))

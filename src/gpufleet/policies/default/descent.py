@@ -34,7 +34,7 @@ from ...engine.model import GPU_MILLI, PodRequest
 from ...engine.state import ClusterState
 from ..paper._common import take_packed
 from ..paper.fgd import FragDescent
-from ..paper.workload import frag_amount, node_view, shape_of
+from ..paper.workload import frag_amount, node_view
 from .patterns import SharePatterns, patterns_of
 from .reserves import WHOLE_KEPT
 from .workload import WorkloadModel, model_of
@@ -231,11 +231,12 @@ class DescentScore(FragDescent):
         return np.where(np.isfinite(s), s, self._UNFIT)
 
     def _shape_key(self, r: PodRequest) -> Hashable:
-        """The paper's shape, plus the pod's memory where memory strands GPUs (``_penalty`` reads it then)."""
+        """FGD's key, plus the pod's memory where memory strands GPUs (``_penalty`` reads it then)."""
         a = self.args
+        key = super()._shape_key(r)
         if a.memory_strand and a.strand_weight and self.model.sums[2] > 0:  # sums only grow or fade: > 0 once learned
-            return (shape_of(r), r.memory_mib)
-        return shape_of(r)
+            return (key, r.memory_mib)
+        return key
 
     def cache_key(self, cycle: Cycle):
         key = super().cache_key(cycle)

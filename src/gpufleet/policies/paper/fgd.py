@@ -171,8 +171,11 @@ class FragDescent:
         return self.learner.tw(state)
 
     def _shape_key(self, r: PodRequest) -> Hashable:
-        """What of the pod its scores depend on: the paper's shape (FGD reads no memory); the default adds memory."""
-        return shape_of(r)
+        """What of the pod its scores depend on: the paper's shape (FGD reads no node memory; the default adds it),
+        and beyond the shape what decides which GPUs may take a share (``eligible_gpus``): per-GPU memory asked and
+        models denied.  Left out where unset, so pods without them keep the paper's keys."""
+        shape = shape_of(r)
+        return (shape, r.gpu_memory_mib, r.gpu_models_deny) if r.gpu_memory_mib or r.gpu_models_deny else shape
 
     def cache_key(self, cycle: Cycle):
         self.observe_pod(cycle)
