@@ -266,3 +266,38 @@ def test_nothing_nominated_when_no_victim_was_deleted():
     assert rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0).ok
     assert not rnd.try_pod(gpu_pod("urgent", 2, priority=10), 1.0, 0.0).ok
     assert rnd.nominations == {}
+
+
+def test_nominated_pods_are_counted_during_filtering_only_in_the_rounds_own_cycles():
+    """As kube-scheduler's RunFilterPluginsWithNominatedPods: the framework asks the round (``Scheduler.nominated``)
+    which feasible nodes the pod would take a nominated pod's room on, and filters them out like a plugin would,
+    in one cycle (no retry); other cycles (explain, dry runs) see every node."""
+    s, port, rnd = setup(nodes=2, gone_at_once=False)
+    assert rnd.try_pod(gpu_pod("low", 2), 0.0, 0.0).ok  # n0
+    assert rnd.try_pod(gpu_pod("other", 1, priority=10), 0.0, 0.0).ok  # n1, half free
+    assert not rnd.try_pod(gpu_pod("urgent", 2, priority=10), 1.0, 0.0).ok  # nominated to n0
+    _victims_gone(s, rnd, "default/low")
+    calls: list[list[int]] = []
+    hook = rnd._kept_off
+
+    def spy(cycle, feasible):
+        calls.append(feasible.nonzero()[0].tolist())
+        return hook(cycle, feasible)
+
+    rnd._kept_off = spy  # type: ignore[method-assign]
+    a = rnd.try_pod(gpu_pod("late", 1), 2.0, 0.0)
+    assert a.ok and a.decision.assignment.node == "n1" and calls == [[0, 1]]
+    assert s.nominated is None  # installed for the round's cycle only
+    assert s.explain(gpu_pod("other2", 2)).ok  # a cycle outside the round: n0's room is not counted there
+
+
+def test_the_filter_hook_rejects_like_a_plugin_and_names_the_nominated_room():
+    from gpufleet.engine.framework import KEPT_OFF_REASON, NOMINATED_ROOM
+    import numpy as np
+
+    s = scheduler([make_node("n0", 2, T4), make_node("n1", 2, T4)], "bestfit")
+    s.nominated = lambda cycle, feasible: np.array([True, True])
+    d = s.schedule(gpu_pod("p", 1))
+    assert not d.ok and d.rejected_by == {NOMINATED_ROOM} and KEPT_OFF_REASON in str(d.status.reasons)
+    s.nominated = lambda cycle, feasible: None  # nothing nominated on a feasible node
+    assert s.schedule(gpu_pod("p", 1)).ok

@@ -27,7 +27,7 @@ from .status import Code, Diagnosis, Status
 
 MAX_NODE_SCORE = 100
 # a node whose room is kept for a pod nominated there (its victims are leaving), as kube-scheduler counts
-# nominated pods on their node for pods of lower or equal priority; ``engine.round`` sets ``Cycle.kept_off``
+# nominated pods on their node for pods of lower or equal priority; ``engine.round`` sets ``Scheduler.nominated``
 NOMINATED_ROOM = "NominatedRoom"
 KEPT_OFF_REASON = "node(s) keep their room for a nominated pod of equal or higher priority"
 
@@ -98,7 +98,7 @@ class Cycle:
     assignment: Assignment | None = None
     status: Status = field(default_factory=Status.success)
     only_nodes: np.ndarray | None = None  # bool mask: consider only these nodes (scheduler extender)
-    # bool mask: nodes whose room is kept for a nominated pod of at least this pod's priority (``engine.round``)
+    # bool mask: nodes whose room is kept for a nominated pod of at least this pod's priority (``Scheduler.nominated``)
     kept_off: np.ndarray | None = None
     waited_s: float = 0.0  # how long the pod has waited in the caller's queue (0: unknown or just arrived)
     take_held: bool = False  # room plugins hold for pods not yet here may be taken (the caller would evict otherwise)
@@ -263,6 +263,9 @@ class Scheduler:
             if p is not None and hasattr(p, "observe_pod") and all(p is not q for q in seen):
                 seen.append(p)
         self._observers = seen
+        # nodes whose room is kept for pods nominated there, counted during filtering (set by engine.round): the
+        # nodes where the cycle's pod would leave a nominated pod of at least its priority no room, or None
+        self.nominated: Callable[[Cycle, np.ndarray], np.ndarray | None] | None = None
 
     # --- phases -------------------------------------------------------------------
     def _pre_filter(self, cycle: Cycle) -> Status:
@@ -283,15 +286,6 @@ class Scheduler:
             feasible &= cycle.only_nodes
             rejections.append((~cycle.only_nodes, 0, None))
             reasons.append("node(s) were not offered by kube-scheduler")
-        if cycle.kept_off is not None:
-            if feasible is None:  # every node so far
-                feasible = np.ones(n, dtype=bool)
-            newly = feasible & cycle.kept_off
-            feasible &= ~cycle.kept_off
-            if newly.any():
-                rejections.append((newly, len(reasons), None))
-                reasons.append(KEPT_OFF_REASON)
-                rejected.append(NOMINATED_ROOM)
         st = self.state
         for p in self.profile.filters:
             res = p.filter(cycle, st)
@@ -309,6 +303,13 @@ class Scheduler:
                 rejected.append(p.name)
         if feasible is None:
             feasible = np.ones(n, dtype=bool)
+        if self.nominated is not None:  # kube-scheduler's RunFilterPluginsWithNominatedPods
+            cycle.kept_off = self.nominated(cycle, feasible)
+            if cycle.kept_off is not None and (newly := feasible & cycle.kept_off).any():
+                feasible &= ~cycle.kept_off
+                rejections.append((newly, len(reasons), None))
+                reasons.append(KEPT_OFF_REASON)
+                rejected.append(NOMINATED_ROOM)
         cycle.feasible = feasible
         cycle._first_fail = None
         cycle._rejections = rejections
@@ -507,10 +508,8 @@ class Scheduler:
         if cycle.assignment is not None:
             self.state.unreserve(cycle.assignment.pod_key)
 
-    def _schedule(self, request: PodRequest, waited_s: float = 0.0, take_held: bool = False,
-                  kept_off: np.ndarray | None = None) -> tuple[Cycle, Decision]:
+    def _schedule(self, request: PodRequest, waited_s: float = 0.0, take_held: bool = False) -> tuple[Cycle, Decision]:
         cycle = self.new_cycle(request, waited_s, take_held)
-        cycle.kept_off = kept_off
         dec = self.decide(cycle)
         if dec.ok:
             st = self.reserve(cycle)

@@ -24,7 +24,8 @@ before the Binding, so both shells get them.
 Room made for a pod is kept for it (kube-scheduler's ``nominatedNodeName``): once a plan's victims are
 being deleted, the pod is *nominated* to the plan's node, and until it binds (or is gone, or plans again) a
 pod of lower or equal priority is not placed where it would leave the nominated pod no room once the
-victims are gone; a pod of higher priority may still take it.  A shell whose victims leave at once (the
+victims are gone; a pod of higher priority may still take it.  As in kube-scheduler, this is counted during
+filtering: the framework asks the round (``Scheduler.nominated``) which nodes the pod would take such room on.  A shell whose victims leave at once (the
 replay) tries the pod again straight away, so the room is never open to anyone else there; the live loop
 tries it once the watch shows the victims gone, and other pods are tried meanwhile.
 
@@ -106,7 +107,7 @@ class Attempt:
 @dataclass
 class Nomination:
     """Room being made for a pod: ``victims`` (pod keys) are being deleted so that ``request`` fits on ``node``.
-    While it lasts, pods of lower or equal priority may not take the room (``SchedulingRound._schedule``)."""
+    While it lasts, pods of lower or equal priority may not take the room (``SchedulingRound._kept_off``)."""
 
     request: PodRequest
     node: str
@@ -297,30 +298,53 @@ class SchedulingRound:
         return [n for k, n in self.nominations.items() if k != req.key and n.request.priority >= req.priority]
 
     def _schedule(self, req: PodRequest, waited_s: float, take_held: bool) -> Decision:
-        """The engine's cycle, kept off a node where the pod would leave a nominated pod of at least its priority
-        no room once that pod's victims are gone (tried again without that node; the generator is rewound so
-        that the retry draws what the first try drew)."""
+        """The engine's cycle; while nominations of pods of at least the pod's priority last, the framework counts
+        them during filtering (``Scheduler.nominated``: ``_kept_off``)."""
         sched = self.sched
-        holds = self._holds(req)
-        if not holds:
+        if not self._holds(req):
             return sched.schedule(req, waited_s=waited_s, take_held=take_held)
-        kept_off: np.ndarray | None = None
-        rng_state = sched.rng.bit_generator.state
-        while True:
-            cycle, dec = sched._schedule(req, waited_s, take_held, kept_off)
-            a = dec.assignment
-            if not dec.ok or a is None or not any(self._displaced(n, a) for n in holds if n.node == a.node):
-                return dec
-            sched.unreserve(cycle)
-            if kept_off is None:
-                kept_off = np.zeros(len(sched.state), dtype=bool)
-            kept_off[sched.state.index[a.node]] = True
-            sched.rng.bit_generator.state = rng_state
+        sched.nominated = self._kept_off
+        try:
+            return sched.schedule(req, waited_s=waited_s, take_held=take_held)
+        finally:
+            sched.nominated = None
 
-    def _fits_on(self, req: PodRequest, node: int) -> Decision:
+    def _kept_off(self, cycle: Cycle, feasible: np.ndarray) -> np.ndarray | None:
+        """Nodes the cycle's pod is kept off, as kube-scheduler's RunFilterPluginsWithNominatedPods adds the pods
+        nominated to a node, of at least the pod's priority, before filtering it: on each feasible node with such
+        nominations, their victims there are gone and the nominated pods placed (a dry run); where the pod then no
+        longer fits, it would take their room.  (A nominated pod that would not fit there anyway holds nothing.)"""
+        sched = self.sched
+        st = sched.state
+        by_node: dict[int, list[Nomination]] = {}
+        for nom in self._holds(cycle.request):
+            i = st.index.get(nom.node)
+            if i is not None and feasible[i]:
+                by_node.setdefault(i, []).append(nom)
+        if not by_node:
+            return None
+        off = np.zeros(len(st), dtype=bool)
+        sched.nominated = None  # the dry runs are plain cycles
+        try:
+            for i, noms in by_node.items():
+                with st.transaction() as tx:  # rolls back
+                    added = False
+                    for nom in noms:
+                        self._gone_on(tx, nom)
+                    for nom in noms:
+                        d = self._fits_on(nom.request, i)
+                        if d.ok and d.assignment is not None:
+                            tx.reserve(d.assignment)
+                            added = True
+                    off[i] = added and not self._fits_on(cycle.request, i, cycle.take_held, cycle.waited_s).ok
+        finally:
+            sched.nominated = self._kept_off
+        return off
+
+    def _fits_on(self, req: PodRequest, node: int, take_held: bool = True, waited_s: float = 0.0) -> Decision:
         """Would ``req`` fit on ``node`` now (a dry run that draws nothing from the scheduler's generator)?"""
         sched = self.sched
-        c = Cycle(request=req, rng=np.random.default_rng(0), take_held=True)
+        c = Cycle(request=req, rng=np.random.default_rng(0), take_held=take_held, waited_s=waited_s)
         mask = np.zeros(len(sched.state), dtype=bool)
         mask[node] = True
         c.only_nodes = mask
@@ -332,18 +356,6 @@ class SchedulingRound:
         for v in nom.victims:
             if (va := st.assignments.get(v)) is not None and va.node == nom.node:
                 tx.evict(v)
-
-    def _displaced(self, nom: Nomination, placed: Assignment) -> bool:
-        """Would the nominated pod find no room on its node once its victims are gone, with ``placed`` there,
-        though it would without?  (A nomination that no longer fits there anyway holds nothing.)"""
-        st = self.sched.state
-        i = st.index[nom.node]
-        with st.transaction() as tx:  # rolls back
-            self._gone_on(tx, nom)
-            if self._fits_on(nom.request, i).ok:
-                return False
-            tx.evict(placed.pod_key)
-            return self._fits_on(nom.request, i).ok
 
     def _kept_from(self, req: PodRequest, node: str, victims: list[Assignment]) -> Nomination | None:
         """The nomination whose room ``req`` would take if placed on ``node`` after ``victims`` go, or None."""
