@@ -27,8 +27,8 @@ With team queues the candidates (the first pods of each due group) go through ``
 candidates placed, and within a pass a group makes room once.
 
 The live loop's queue (``kube.scheduling_queue``) parks the pods the engine found no room for here too
-(kube-scheduler's unschedulablePods): its pods come and go (``register``, ``unregister``; a live pod with
-terms of its own is a group by itself, ``pod_group``), and a change wakes the pods ``woken`` names -- the
+(kube-scheduler's unschedulablePods): its pods come and go (``register``, ``unregister``; a pod from the
+API is a group by itself, ``pod_group``), and a change wakes the pods ``woken`` names -- the
 groups a pass of ``retry`` would try -- while the queue keeps its per-pod backoff and events.
 
 No I/O: the shell says what changed and carries out the round's decisions through its ports.
@@ -58,8 +58,9 @@ def trace_group(r: PodRequest) -> Hashable:
 
 
 def pod_group(r: PodRequest) -> Hashable:
-    """A live pod's decision group: pods asking the very same (name and uid aside); a pod with terms of its
-    own (labels, affinity, spread, ports, volumes) or resource claims is a group by itself."""
+    """A live pod's decision group: pods asking the very same (name and uid aside).  A pod with terms (labels,
+    affinity, spread, ports, volumes; ``parse_pod`` gives every pod from the API its terms) or resource claims
+    is a group by itself: what decides for it is not all in the request's fields."""
     if r.terms is not None or r.dra is not None:
         return r.key
     return replace(r, name="", uid="")
