@@ -55,6 +55,22 @@ class DescentArgs(PluginArgs):
     share_fit: float = arg(0.5)  # < 1: ties between share placements go to the GPU left with the least free milli
 
 
+def reachable_sums(sizes: list[int], top: int) -> np.ndarray:
+    """reach[x] for x in 0..top: x is a sum of any number of ``sizes`` (each > 0; 0 is the empty sum).
+
+    As a bit set in one Python int: adding a size to every reachable sum is a shift, and doubling the shift
+    (s, 2s, 4s, ...) takes any count of that size in log steps, instead of a loop over every x and size."""
+    full = (1 << (top + 1)) - 1
+    bits = 1
+    for s in sizes:
+        step = s
+        while step <= top:
+            bits |= (bits << step) & full
+            step *= 2
+    raw = np.frombuffer(bits.to_bytes((top + 8) // 8, "little"), dtype=np.uint8)
+    return np.unpackbits(raw, bitorder="little")[: top + 1].astype(bool)
+
+
 class DescentScore(FragDescent):
     """Score and GPU selector: see the module docstring.  Reads the profile's ``WorkloadModel`` and ``SharePatterns``."""
 
@@ -121,10 +137,7 @@ class DescentScore(FragDescent):
             return self._sliver[1]
         tw = self.model.workload
         sizes = sorted({int(m) for m in tw.gpu_milli if 0 < m}) if tw is not None else []
-        reach = np.zeros(GPU_MILLI + 1, dtype=bool)
-        reach[0] = True
-        for x in range(1, GPU_MILLI + 1):
-            reach[x] = any(s <= x and reach[x - s] for s in sizes)
+        reach = reachable_sums(sizes, GPU_MILLI)
         fill = np.maximum.accumulate(np.where(reach, np.arange(GPU_MILLI + 1), 0))
         w = np.arange(GPU_MILLI + 1) - fill
         self._sliver = (version, w)

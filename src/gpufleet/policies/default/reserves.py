@@ -108,6 +108,7 @@ class WholeGpuReserve:
         self.model = model or WorkloadModel()
         self._idle_cache: dict = {}  # (version, share milli) -> leaves_idle
         self._whole: dict = {}  # see _whole_gpus
+        self._caps: tuple | None = None  # (epoch, the cluster's CPU milli, its usable GPU milli)
 
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> WholeGpuReserve:
@@ -172,8 +173,11 @@ class WholeGpuReserve:
         m = self.model
         if m.sums[0] <= 0:
             return False
-        spare = (1.0 - m.cpu_tight(state)) * float(state.cpu_cap.sum())
-        return spare >= self.args.whole_reserve * float(state.gpu_milli_cap.sum()) * m.cpu_per_gpu_milli()
+        caps = self._caps
+        if caps is None or caps[0] != state.epoch:  # capacities change only with the epoch (copies share both)
+            caps = self._caps = (state.epoch, float(state.cpu_cap.sum()), float(state.gpu_milli_cap.sum()))
+        spare = (1.0 - m.cpu_tight(state)) * caps[1]
+        return spare >= self.args.whole_reserve * caps[2] * m.cpu_per_gpu_milli()
 
     def leaves_idle(self, milli: int) -> bool:
         """Would a share of ``milli`` leave most of a whole GPU's rest idle, by the shares seen?"""

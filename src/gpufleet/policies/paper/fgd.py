@@ -321,9 +321,9 @@ class FragDescent:
             return pick_mig(cycle, state, node)
         if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
             s = self._shared_scores(cycle, state, np.array([node]))[0]
-            if not np.isfinite(s).any():
+            if not np.logical_or.reduce(np.isfinite(s)):  # no GPU takes it (``.any()``, without its wrapper)
                 return None
-            return GpuChoice((int(np.argmax(s)),))  # first GPU with the best score, as the paper
+            return GpuChoice((int(s.argmax()),))  # first GPU with the best score, as the paper
         return BestFitGpu().select_gpus(cycle, state, node)
 
 
