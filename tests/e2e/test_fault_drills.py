@@ -416,9 +416,11 @@ def write_table(n: RealNode) -> str:
 def bad_rows(rows: list[dict], refusals_allowed: tuple[str, ...] = ()) -> list[dict]:
     """Runs that broke an invariant.  Refusals at admission are allowed only where the drill kills the device plugin
     under kubelet: kubelet fails every admission whose Allocate meets the dead plugin (the paused one, and any that
-    came before the new process registered) and never calls Allocate again for it; they are counted and replaced."""
+    came before the new process registered) and never calls Allocate again for it; they are counted and re-created.
+    A refused pod the drill created after the kill (the probe, a copy) means gpufleet placed it on the node while it
+    held it (kube/plugin_down): that breaks the invariant too."""
     return [r for r in rows if r["recover_s"] is None or r["pods_lost"] or r["bound_twice"] or r["gpus_overcommitted"]
-            or r["pdb_disrupted"] or (r["refused"] and r["drill"] not in refusals_allowed)]
+            or r["pdb_disrupted"] or (r["refused"] and r["drill"] not in refusals_allowed) or r.get("refused_late")]
 
 
 ALLOCATE_KILL = "agent SIGKILL in the middle of an Allocate"
