@@ -3,7 +3,7 @@
 Why: the per-variant table of docs/results.md comes from a committed sweep; a change to the policy's code that is
 meant to move nothing (a restructuring, a speed-up) must reproduce its runs exactly, on more than the default trace and seed 42.  One run from each generated family (pinned models,
 skewed pinned models, more multi-GPU pods, more CPU-only pods where CPU binds first), each on a seed other
-than 42; a few seconds each.  The runs pinned are those of ``issue14-v13-default-check-runs.json``, made at the fix
+than 42; a few seconds each.  The runs pinned are those of ``issue14-v13-default-10seeds.json``, made at the fix
 of the descent's score cache key (memory left out; the v12 sweep was measured before it).
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ROOT / "bench" / "results" / "issue14-v13-default-check-runs.json"
+COMMITTED = ROOT / "bench" / "results" / "issue14-v13-default-10seeds.json"
 CASES = [("pinned10", 43), ("pinskew20", 44), ("multigpu30", 45), ("cpumore200", 46)]
 
 
