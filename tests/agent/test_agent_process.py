@@ -207,13 +207,14 @@ class FlakyCore:
     # a kube-apiserver restart while kubelet admits the pod: wait for it, then the scheduler's GPUs
     ([_Refused("connection refused")] * 3, 30.0, True, 4),
     ([_ApiError(503), _ApiError(429)], 30.0, True, 3),
-    # away for longer than the wait: kubelet's choice stands (None), after about api_wait_s
-    ([_Refused("connection refused")] * 100, 5.0, False, None),
+    # away for longer than the wait: the source cannot tell (worth another wait), after about api_wait_s
+    ([_Refused("connection refused")] * 100, 5.0, "retry", None),
     # refused for good (403): nothing to wait for
-    ([_ApiError(403)], 30.0, False, 1),
-    ([_Refused("connection refused")], 0.0, False, 1),
+    ([_ApiError(403)], 30.0, "final", 1),
+    ([_Refused("connection refused")], 0.0, "retry", 1),
 ])
 def test_pod_source_waits_for_an_api_server_that_does_not_answer(errors, api_wait_s, found, calls):
+    from gpufleet.agent.plugin import PodsUnknown
     from gpufleet.agent.podsource import KubePodSource
 
     a = json.dumps({"node": "n1", "gpus": [{"index": 1, "uuid": "GPU-t4-01"}], "gpu_milli": 500})
@@ -221,8 +222,13 @@ def test_pod_source_waits_for_an_api_server_that_does_not_answer(errors, api_wai
     core = FlakyCore(errors, [pod("a", a)])
     src = KubePodSource(core, "n1", api_wait_s=api_wait_s, sleep=lambda s: now.__setitem__(0, now[0] + s),
                         clock=lambda: now[0])
-    pa = src.pending_assignment("nvidia.com/gpu", 1, set())
-    assert (pa is not None and pa.pod_key == "ml/a") == found
+    if found is True:
+        pa = src.pending_assignment("nvidia.com/gpu", 1, set())
+        assert pa is not None and pa.pod_key == "ml/a"
+    else:
+        with pytest.raises(PodsUnknown) as e:
+            src.pending_assignment("nvidia.com/gpu", 1, set())
+        assert e.value.retry == (found == "retry") and "cannot list pods on n1" in str(e.value)
     if calls is not None:
         assert core.calls == calls
     else:

@@ -76,6 +76,15 @@ class AssignmentRefused(Exception):
         self.pod_key, self.uid, self.message, self.reason = pod_key, uid, message, reason
 
 
+class PodsUnknown(Exception):
+    """The pod source cannot tell which pod kubelet admits (the API server away for the whole wait, or refusing us);
+    ``retry``: worth another wait (no answer, or a server-side error)."""
+
+    def __init__(self, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
 @dataclass(frozen=True)
 class DeviceEntry:
     id: str
@@ -278,12 +287,22 @@ class DevicePlugin(pbg.DevicePluginServicer):
         ])
 
     # --- the scheduler's assignment -----------------------------------------------------------
-    def _pending(self, count: int) -> PodAssignment | InvalidAssignment | None:
-        try:
-            return self.pods.pending_assignment(self.resource, count, set(self.allocated))
-        except Exception as exc:  # a pod source failure must not fail admission: kubelet's choice stands
-            log.warning("%s: pod source failed: %s", self.resource, exc)
-            return None
+    def _pending(self, count: int, looks: int = 1) -> PodAssignment | InvalidAssignment | None:
+        """The pod kubelet admits; ``looks``: how many times to wait for a pod source that cannot tell (an API server
+        away for longer than one wait) before kubelet's choice stands."""
+        for look in range(1, looks + 1):
+            try:
+                return self.pods.pending_assignment(self.resource, count, set(self.allocated))
+            except PodsUnknown as exc:
+                if exc.retry and look < looks:
+                    log.warning("%s: %s; waiting for it once more", self.resource, exc)
+                    continue
+                log.error("%s: %s; kubelet's device choice stands", self.resource, exc)
+                return None
+            except Exception as exc:  # a pod source failure must not fail admission: kubelet's choice stands
+                log.warning("%s: pod source failed: %s", self.resource, exc)
+                return None
+        return None
 
     def by_uuid_index(self, uuid: str) -> int | None:
         """GPU index of a GPU or MIG UUID on this node."""
@@ -352,7 +371,10 @@ class DevicePlugin(pbg.DevicePluginServicer):
         avail = [a for a in dict.fromkeys(available) if a in self.by_id and a not in chosen]
         if len(chosen) >= size:
             return chosen[:size]
-        pa = self._pending(size)
+        # kubelet records these devices for the pod for good; a preference made without the pod's assignment and an
+        # Allocate that finds it a moment later disagree (the real node: an API server restart of ~35 s, a 30 s
+        # wait, the pod ran on GPU 5 while kubelet held a device of GPU 6): wait twice before a blind preference
+        pa = self._pending(size, looks=2)
         if isinstance(pa, InvalidAssignment):
             pa = None  # Allocate refuses it
         if pa is not None:
@@ -482,6 +504,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
 
     def allocate_one(self, ids: list[str]) -> pb.ContainerAllocateResponse:
         envs: dict[str, str] = {}
+        mismatch: tuple[PodAssignment, list[str], list[str]] | None = None
         mounts: list[pb.Mount] = []
         pa = self._pending(len(ids))
         if pa is None and self.guard:
@@ -524,16 +547,51 @@ class DevicePlugin(pbg.DevicePluginServicer):
                         envs["CUDA_MPS_PIPE_DIRECTORY"] = self.mps_pipe_dir
                         mounts.append(pb.Mount(container_path=self.mps_pipe_dir, host_path=self.mps_pipe_dir))
                 envs["GPUFLEET_POD"] = pa.pod_key
-                self.allocated[pa.served_key] = {"devices": ids, "uuids": uuids, "time_s": round(time.time(), 3)}
+                entry: dict[str, Any] = {"devices": ids, "uuids": uuids, "time_s": round(time.time(), 3)}
+                kubelet_uuids = list(dict.fromkeys(self.by_id[i].gpu_uuid for i in ids))
+                if set(kubelet_uuids) != set(uuids):
+                    entry["kubelet_uuids"] = kubelet_uuids
+                    mismatch = (pa, kubelet_uuids, uuids)
+                self.allocated[pa.served_key] = entry
             else:
                 uuids = list(dict.fromkeys(self.by_id[i].gpu_uuid for i in ids))
                 self.anonymous = (self.anonymous + [{"devices": ids, "uuids": uuids, "time_s": round(time.time(), 3)}])[-MAX_ANONYMOUS:]
             self._save_checkpoint()
+        if mismatch is not None:
+            self._report_mismatch(*mismatch)
         pause("allocate", pa.pod_key if isinstance(pa, PodAssignment) else f"devices {ids} (no assignment)")
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
         indices = sorted({g.index for g in self.gpus.values() if g.uuid in uuids}
                          | {g.index for g in self.gpus.values() for m in g.mig if m.uuid in uuids})
         return pb.ContainerAllocateResponse(envs=envs, devices=self.device_spec_list(indices), mounts=mounts)
+
+    def _gpu_names(self, uuids: list[str]) -> str:
+        return ", ".join(f"GPU {i} ({u})" if (i := self.by_uuid_index(u)) is not None else u for u in uuids)
+
+    def _report_mismatch(self, pa: PodAssignment, kubelet_uuids: list[str], uuids: list[str]) -> None:
+        """kubelet holds devices of other GPUs than the assignment the container got (its preference was made without
+        the assignment: the API server away for both waits).  kubelet's record cannot be changed: the container runs
+        on the scheduler's GPUs (the ones it counts), the checkpoint keeps both, the node guard counts the assigned
+        GPUs as held (``_actual_gpus``), and the pod gets a Warning event saying so."""
+        message = (f"pod {pa.pod_key}: kubelet allocated devices of {self._gpu_names(kubelet_uuids)} (its device "
+                   f"preference was made while the API server could not be read), the container runs on "
+                   f"{self._gpu_names(uuids)} as its gpufleet.io/assignment says; kubelet's PodResources shows the "
+                   "former until the pod ends")
+        log.warning("%s: %s", self.resource, message)
+        report = getattr(self.pods, "report_refused", None)
+        if report is not None:
+            report(pa.pod_key, pa.uid, message, reason="GpuAccountingMismatch")
+
+    def _actual_gpus(self, holder: str, device: str) -> set[int]:
+        """The GPUs the agent gave the pod ``holder`` (namespace/name) that kubelet holds ``device`` for: the
+        checkpoint's, when it served that pod on those devices; else the device's own GPU."""
+        d = self.by_id.get(device)
+        out = {d.gpu_index} if d is not None else set()
+        with self._lock:
+            for key, e in self.allocated.items():
+                if key.split("#", 1)[0] == holder and device in (e.get("devices") or ()):
+                    out |= {i for i in (self.by_uuid_index(str(u)) for u in e.get("uuids") or ()) if i is not None}
+        return out
 
     def _exclusive_or_refuse(self, ids: list[str]) -> None:
         """The node guard (see the module docstring): a pod without an assignment gets GPUs nobody else holds, or
@@ -553,9 +611,10 @@ class DevicePlugin(pbg.DevicePluginServicer):
         pod, uid = use.admitting or ("", "")
         holders: dict[int, set[str]] = {}
         for dev, holder in use.by_device.items():
-            d = self.by_id.get(dev)
-            if d is not None and d.gpu_index in want and holder != pod:
-                holders.setdefault(d.gpu_index, set()).add(holder)
+            if holder == pod or dev not in self.by_id:
+                continue
+            for gi in self._actual_gpus(holder, dev) & want:
+                holders.setdefault(gi, set()).add(holder)
         for gi, pods in use.by_gpu.items():
             if gi in want and pods - {pod}:
                 holders.setdefault(gi, set()).update(pods - {pod})

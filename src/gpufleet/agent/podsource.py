@@ -16,7 +16,12 @@ GPUs the scheduler did not choose may share them with another (seen on the
 real node: a pod admitted during a kube-apiserver restart ran on GPU 2, its
 assignment said GPU 3).  kubelet calls Allocate with no deadline, so waiting
 holds only its admissions meanwhile.  An HTTP error other than a server-side
-one is not waited for.
+one is not waited for.  Past the wait the lookup raises ``PodsUnknown``
+(cannot tell, as opposed to no assignment): the device plugin's preference
+waits once more before it steers kubelet blind, because kubelet keeps the
+preferred devices for the pod's lifetime (seen on the real node: a restart of
+~35 s, the preference gave up at 30 s, Allocate found the assignment for
+GPU 5 while kubelet held a device of GPU 6).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ..engine import annotations as ann
 from ..engine.errors import GpufleetError
 from ..engine.inventory import assignment_from_json, gpu_uuids_of
 from ..engine.podspec import pod_key
-from .plugin import GpuUse, InvalidAssignment, PodAssignment
+from .plugin import GpuUse, InvalidAssignment, PodAssignment, PodsUnknown
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +226,8 @@ class KubePodSource:
         waiting = kubelet_waiting(self.pod_resources_socket, resource) if self.pod_resources_socket else None
         try:
             pods = self._node_pods()
-        except Exception as exc:  # API away for longer than api_wait_s, or it refuses us: kubelet's choice stands
-            log.error("cannot list pods on %s: %s; kubelet's device choice stands", self.node, exc)
-            return None
+        except Exception as exc:  # API away for longer than api_wait_s, or it refuses us: the caller decides
+            raise PodsUnknown(f"cannot list pods on {self.node}: {exc}", retry=api_unreachable(exc)) from exc
         return pick(pods, self.node, resource, count, exclude, waiting)
 
     def gpu_use(self, resource: str, count: int) -> GpuUse | None:
