@@ -99,6 +99,7 @@ from .cache import SchedulerCache
 from .effects import LiveEffects
 from .evictor import Evictions
 from .events import EventSink, reason_text
+from .plugin_down import PluginDown
 from .profile import KUBE_SCHEDULER_HANDLES, without_plugins
 from .stats import Stats
 from . import podgroup_status
@@ -163,8 +164,6 @@ class SchedulerLoop:
 
         spot = next((p.config for p in profile.filters if isinstance(p, SpotCapacity)), None)
         self.drainer = Drainer(api, self.cache, self.queue, self.events, self.stats, spot, clock) if drain else None
-        from .plugin_down import PluginDown
-
         self.plugin_down = PluginDown(api, self.cache, self.events, self.stats, scheduler_name, recreate_refused, clock=clock)
         self.cache.gpu_plugin_down = self.plugin_down.held  # kubelet refused a pod there: no GPU pod placed (plugin_down.py)
 
