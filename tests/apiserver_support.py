@@ -35,6 +35,16 @@ from gpufleet.engine.model import Gpu
 
 ASSETS = os.environ.get("KUBEBUILDER_ASSETS", "")
 HAVE_ASSETS = bool(ASSETS) and all((Path(ASSETS) / b).is_file() for b in ("etcd", "kube-apiserver"))
+
+
+def stop_process(proc: subprocess.Popen, wait_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``wait_s``: how every test stops the components it started."""
+    proc.terminate()
+    try:
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 TOKEN = "gpufleet-integration-admin-token"
 
 
@@ -192,12 +202,7 @@ current-context: envtest
 
     def stop(self) -> None:
         for p in reversed(self.procs):
-            p.terminate()
-            try:
-                p.wait(3)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p, 3)
 
 
 @pytest.fixture(scope="session")
@@ -228,12 +233,7 @@ class ClaimController:
             stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="session")
@@ -324,12 +324,7 @@ def kcm_controllers(control_plane: ControlPlane, controllers: str, log_name: str
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def mark_running(core, ns: str, name: str, start: str, ready: bool = True) -> None:

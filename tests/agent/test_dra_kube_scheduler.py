@@ -41,7 +41,7 @@ from gpufleet.agent.dra.prepare import PrepareError
 from gpufleet.agent.nvml import PROFILES
 from tests.dra_release import device_classes, full_dra
 
-from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane, assets_release
+from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane, assets_release, stop_process
 
 pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
 
@@ -101,12 +101,7 @@ profiles:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_process(proc, 10)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane
+from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane, stop_process
 
 ROOT = Path(__file__).parents[2]
 KUBECTL = os.environ.get("KUBECTL") or shutil.which("kubectl")
@@ -89,12 +89,7 @@ class Env:
     def stop(self, name: str) -> None:
         p = self.procs.pop(name, None)
         if p is not None:
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_process(p, 10)
 
     def log(self, name: str) -> str:
         return (self.d / f"{name}.log").read_text(errors="replace")[-3000:]

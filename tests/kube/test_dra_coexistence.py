@@ -35,7 +35,7 @@ from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.kube.runner import Runner
 from gpufleet.policies import build_profile
 
-from tests.apiserver_support import ASSETS, _free_port
+from tests.apiserver_support import ASSETS, _free_port, stop_process
 from tests.agent.test_dra_kube_scheduler import wait_for
 
 pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
@@ -118,8 +118,7 @@ profiles:
     finally:
         stop.set()
         t.join(15)
-        ks.terminate()
-        ks.wait(10)
+        stop_process(ks, 10)
         log.close()
         for p in core.list_namespaced_pod(NS).items:
             core.delete_namespaced_pod(p.metadata.name, NS, grace_period_seconds=0)

@@ -29,7 +29,7 @@ import pytest
 
 from gpufleet.kube.runner import wait_until
 
-from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane, _free_port, api_client, assets_release
+from tests.apiserver_support import ASSETS, HAVE_ASSETS, ControlPlane, _free_port, api_client, assets_release, stop_process
 from .test_kube_scheduler import Sched
 
 pytestmark = pytest.mark.apiserver  # needs KUBEBUILDER_ASSETS (tests/apiserver_support.py)
@@ -98,11 +98,7 @@ profiles:
         yield proc
     finally:
         s.stop()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 10)
         log.close()
 
 
