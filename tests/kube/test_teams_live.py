@@ -548,6 +548,29 @@ def test_a_restarted_scheduler_keeps_the_room_of_a_pod_nominated_before():
     api2.add_pod(urgent())
     loop2 = make(api2, clock)
     sync(api2, loop2)
-    loop2._learn_waiting()
+    loop2.learn_waiting()
     loop2.schedule_one(api2.pods["ml/peer"])
     assert bound(api2) == [] and any("nominated pod" in m for m in messages(api2, "ml/peer", "FailedScheduling"))
+
+
+def test_explain_names_the_room_kept_for_a_nominated_pod():
+    """``gpufleet explain`` (a fresh process) reads the nomination back as the scheduler does and says why peer is
+    kept off n0: the node keeps its room for urgent; without the nomination, peer fits there."""
+    from gpufleet.kube.explain_cli import explain
+
+    def setup(nominated: bool) -> FakeApi:
+        api = cluster(gpus_per_node=4)
+        api.add_pod(pod("peer", ns="ml", gpus=2, priority=100))
+        u = pod("urgent", ns="ml", gpus=4, priority=100)
+        if nominated:
+            u["status"]["nominatedNodeName"] = "n0"
+        api.add_pod(u)
+        return api
+
+    code, text = explain(setup(True), build_profile("bestfit"), "ml/peer")
+    assert code == 0 and "n0" in text, text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("n0"))
+    assert "keep their room for a nominated pod" in line, text
+    code, text = explain(setup(False), build_profile("bestfit"), "ml/peer")
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("n0"))
+    assert code == 0 and "keep their room" not in text and "fits" in line, text

@@ -300,14 +300,21 @@ class SchedulingRound:
     def _schedule(self, req: PodRequest, waited_s: float, take_held: bool) -> Decision:
         """The engine's cycle; while nominations of pods of at least the pod's priority last, the framework counts
         them during filtering (``Scheduler.nominated``: ``_kept_off``)."""
-        sched = self.sched
+        return self._with_holds(req, lambda: self.sched.schedule(req, waited_s=waited_s, take_held=take_held))
+
+    def explain(self, req: PodRequest, waited_s: float = 0.0) -> Decision:
+        """The cycle a try of ``req`` would run, with its per-node reasons (a node whose room is kept for a
+        nominated pod says so); reserves nothing."""
+        return self._with_holds(req, lambda: self.sched.explain(req, waited_s=waited_s))
+
+    def _with_holds(self, req: PodRequest, cycle: Callable[[], Decision]) -> Decision:
         if not self._holds(req):
-            return sched.schedule(req, waited_s=waited_s, take_held=take_held)
-        sched.nominated = self._kept_off
+            return cycle()
+        self.sched.nominated = self._kept_off
         try:
-            return sched.schedule(req, waited_s=waited_s, take_held=take_held)
+            return cycle()
         finally:
-            sched.nominated = None
+            self.sched.nominated = None
 
     def _kept_off(self, cycle: Cycle, feasible: np.ndarray) -> np.ndarray | None:
         """Nodes the cycle's pod is kept off, as kube-scheduler's RunFilterPluginsWithNominatedPods adds the pods

@@ -35,6 +35,7 @@ def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[i
         return 0, f"{key} is bound to {node}" + (f"; assignment {a}" if a else "") + (f"\n  {moved}" if moved else "")
     loop = SchedulerLoop(api, profile, scheduler_name=scheduler_name)
     loop.resync()
+    loop.learn_waiting()  # rooms kept for preemptors (status.nominatedNodeName), as the scheduler keeps them
     loop.replay_gangs()  # what the scheduler's gang round holds now (a hold may be what keeps the pod out)
     try:
         summary, by_node = loop.explain(pod)

@@ -297,7 +297,7 @@ class SchedulerLoop:
             self.drainer.step()
         self.plugin_down.step()  # nodes whose GPU device plugin is down held, refused bare pods re-created
         self.volume_binder.check_waits()
-        self._learn_waiting()
+        self.learn_waiting()
         n = 0
         gang_keys = self.due_gang_members()
         gangs_first = any(k in self.preemptor.nominated for k in gang_keys)
@@ -321,7 +321,7 @@ class SchedulerLoop:
             n += self._safe_gang_round(gang_keys)
         return n
 
-    def _learn_waiting(self) -> None:
+    def learn_waiting(self) -> None:
         """The pods that joined the queue are shown to the learning plugins before any is tried; one that
         shows ``status.nominatedNodeName`` (a preemptor, seen again after a restart) has its room kept, as
         kube-scheduler's nominator takes nominations from the pods it lists."""
@@ -455,7 +455,7 @@ class SchedulerLoop:
 
     def _explain(self, pod: dict) -> tuple[str, dict[str, str]]:
         req = self.cache.request(pod_key(pod), pod)
-        dec = self.cache.sched.explain(req, waited_s=self.queue.waited_s(req.key, self.clock()))  # as its next try would
+        dec = self.round.explain(req, waited_s=self.queue.waited_s(req.key, self.clock()))  # as its next try would
         by_node = dict(dec.diagnosis.by_node) if dec.diagnosis else {}
         for name, why in self.cache.bad_nodes.items():
             by_node[name] = f"left out: {why}"
