@@ -202,8 +202,10 @@ def test_other_profiles_and_no_shares_are_valid(api, fresh_node, profile, shares
 
 
 def test_shipped_device_classes_are_accepted(admin):
-    """deploy/dra's classes on 1.36+; on 1.35 the two deploy/overlays/dra-k8s-1.35 leaves out are refused (the share
-    class's CEL names a field 1.35 does not know) or lose the field they exist for (extendedResourceName)."""
+    """deploy/dra's classes on every release (`kubectl apply -k deploy/dra` works on 1.35 too); on 1.35 the two
+    deploy/overlays/dra-k8s-1.35 leaves out are accepted but serve nothing: the share class selects the agent's
+    `shareable` attribute, which it does not publish there, and the extended-resource class loses
+    extendedResourceName."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -217,22 +219,25 @@ def test_shipped_device_classes_are_accepted(admin):
                 made.append(d["metadata"]["name"])
         share = docs["deploy/dra/shares/deviceclass.yaml"][0]
         extended = docs["deploy/dra/extended-resource/deviceclass.yaml"][0]
+        for d in (share, extended):
+            made.append(d["metadata"]["name"])
+            co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", d)
+        # what the class would have said before (device.allowMultipleAllocations): refused by 1.35's CEL
+        old = {**share, "metadata": {"name": "old-share.gpufleet.io"}, "spec": {"selectors": [{"cel": {"expression":
+               "device.driver == 'gpu.gpufleet.io' && device.allowMultipleAllocations"}}]}}
         if FULL:
-            for d in (share, extended):
-                co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", d)
-                made.append(d["metadata"]["name"])
+            made.append("old-share.gpufleet.io")
+            co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", old)
         else:
             with pytest.raises(ApiException) as e:
-                co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", share)
+                co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", old)
             assert e.value.status == 422 and "undefined field 'allowMultipleAllocations'" in e.value.body
-            made.append(extended["metadata"]["name"])
-            got = co.create_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", extended)
-            assert "extendedResourceName" not in got["spec"]  # dropped without DRAExtendedResource: a class mapping nothing
         got = {d["metadata"]["name"]: d for d in co.list_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses")["items"]}
-        assert {"gpu.gpufleet.io", "mig.gpufleet.io"} <= set(got)
+        assert {"gpu.gpufleet.io", "mig.gpufleet.io", "gpu-share.gpufleet.io", "gpu-extended.gpufleet.io"} <= set(got)
         if FULL:
             assert got["gpu-extended.gpufleet.io"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
-            assert "gpu-share.gpufleet.io" in got
+        else:  # dropped without DRAExtendedResource: a class mapping nothing
+            assert "extendedResourceName" not in got["gpu-extended.gpufleet.io"]["spec"]
     finally:  # the control plane is shared by every integration test: leave no class behind
         for n in made:
             try:

@@ -65,13 +65,28 @@ def test_device_classes_select_this_drivers_devices():
         want = "mig" if name.startswith("mig") else "gpu"
         assert f".type == '{want}'" in expr
         assert any(d["attributes"]["type"]["string"] == want for d in devs)
-    assert "device.allowMultipleAllocations" in classes["gpu-share.gpufleet.io"]["spec"]["selectors"][0]["cel"]["expression"]
+    # the share class selects on the agent's `shareable` attribute (1.35's CEL does not know allowMultipleAllocations)
+    share = classes["gpu-share.gpufleet.io"]["spec"]["selectors"][0]["cel"]["expression"]
+    assert "allowMultipleAllocations" not in share and "shareable" in share
+    assert all(("shareable" in d["attributes"]) == bool(d.get("allowMultipleAllocations")) for d in devs)
+    assert any(d.get("allowMultipleAllocations") for d in devs)
+    plain = build_devices(gpus, drv, DraOptions(shares=False)).devices
+    assert not any("shareable" in d["attributes"] or "allowMultipleAllocations" in d for d in plain)
+
+
+def test_no_class_names_a_field_a_1_35_kube_apiserver_refuses():
+    """`kubectl apply -k deploy/dra` works on 1.35 too: no CEL of any class names a device field 1.35's CEL lacks
+    (the apiserver tier checks the release itself: tests/agent/test_dra_apiserver.py)."""
+    for p in ("dra/deviceclasses.yaml", "dra/shares/deviceclass.yaml", "dra/extended-resource/deviceclass.yaml"):
+        for d in load(p):
+            for sel in d["spec"]["selectors"]:
+                assert "allowMultipleAllocations" not in sel["cel"]["expression"], p
 
 
 def test_the_classes_1_35_cannot_take_are_apart_and_its_overlay_leaves_them_out():
-    """deploy/dra/deviceclasses.yaml is what every supported release accepts (no field or CEL name behind a gate that
-    is off in 1.35); the share and extended-resource classes are separate files, and deploy/overlays/dra-k8s-1.35
-    renders deploy/dra without them (when a kubectl is at hand)."""
+    """deploy/dra/deviceclasses.yaml is what every supported release serves with its default gates; the share and
+    extended-resource classes (accepted by 1.35 too, but serving nothing there) are separate files, and
+    deploy/overlays/dra-k8s-1.35 renders deploy/dra without them (when a kubectl is at hand)."""
     from tests.dra_release import BASE_CLASSES, FULL_CLASSES
 
     base = [d for p in BASE_CLASSES for d in yaml.safe_load_all((DEPLOY.parent / p).read_text()) if d]

@@ -21,6 +21,11 @@ A100" is then one claim: ``capacity.requests: {memory: 20Gi}``.  MIG
 instances are separate, exclusive devices; a GPU in MIG mode publishes its
 instances only.
 
+A GPU published as shareable also carries the attribute ``shareable: true``: the share DeviceClass selects on it,
+so that its CEL compiles on every release (``device.allowMultipleAllocations`` is unknown to a 1.35 kube-apiserver
+without ``DRAConsumableCapacity``, which refuses the class; there the agent publishes no shares and the class matches
+nothing).
+
 A GPU that is unhealthy (a fatal XID, or NVML no longer answers) gets a
 ``NoSchedule`` device taint, on its MIG instances too, with NVIDIA's keys
 under this driver's domain (``<driver>/xid`` = the XID, ``<driver>/gpu-lost``);
@@ -44,6 +49,7 @@ log = logging.getLogger(__name__)
 
 DRIVER = "gpu.gpufleet.io"
 NVIDIA_DOMAIN = "gpu.nvidia.com"
+SHAREABLE = "shareable"  # bool attribute, true on a GPU published with allowMultipleAllocations (the share class selects on it)
 STANDARD = "resource.kubernetes.io"
 MIB = 1024 * 1024
 GPU_MILLI = 1000
@@ -247,6 +253,9 @@ def build_devices(gpus: list[GpuInfo], drv: DriverInfo, opts: DraOptions = DraOp
                          "capacity": gpu_capacity(memory_bytes, opts.shares)}
             if opts.shares:
                 dev["allowMultipleAllocations"] = True
+                # the share class selects on this, not on allowMultipleAllocations, which a 1.35 kube-apiserver's CEL
+                # does not know (deploy/dra/shares): one DeviceClass for every release
+                dev["attributes"][SHAREABLE] = {"bool": True}
             if opts.nvidia_attributes:
                 dev["capacity"][f"{NVIDIA_DOMAIN}/memory"] = _mirror_capacity(memory_bytes, opts.shares)
             if fault_t:
@@ -278,5 +287,5 @@ def _mirror_capacity(memory_bytes: int, shares: bool) -> dict:
     return cap
 
 
-__all__ = ["DRIVER", "DeviceSet", "DraOptions", "Fault", "Published", "build_devices", "device_name", "gpu_capacity",
+__all__ = ["DRIVER", "SHAREABLE", "DeviceSet", "DraOptions", "Fault", "Published", "build_devices", "device_name", "gpu_capacity",
            "parse_quantity", "pci_bus_id", "pcie_root", "quantity_bytes", "semver"]
