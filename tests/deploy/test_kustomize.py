@@ -22,7 +22,7 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{VERSION}"
 BASES = ["", "crds", "scheduler", "extender", "agent", "reclaim", "overlays/nvidia-runtimeclass", "autoscaling", "dra",
          "dra/shares", "dra/extended-resource", "overlays/dra-k8s-1.35", "overlays/k8s-1.35",
-         "overlays/recreate-refused-pods"]
+         "overlays/recreate-refused-pods", "overlays/recreate-refused-pods/rbac", "overlays/k8s-1.35-recreate-refused-pods"]
 # the one workload that is not gpufleet's image: the ecosystem's metrics adapter, at the version
 # scripts/build-prometheus-adapter.sh builds for the autoscaling tests
 ADAPTER_VERSION = re.search(r"^VERSION=(v[0-9.]+)$", (ROOT / "scripts" / "build-prometheus-adapter.sh").read_text(), re.MULTILINE)[1]  # type: ignore[index]
@@ -167,3 +167,32 @@ def test_the_recreate_overlay_is_deploy_plus_pod_create_for_the_scheduler_only()
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
     binding = next(d for d in extra if d["kind"] == "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpufleet-scheduler", "namespace": "kube-system"}]
+
+
+@pytest.mark.skipif(not kubectl(), reason="no kubectl ($KUBECTL or on PATH) to run kustomize")
+def test_the_1_35_recreate_overlay_is_the_1_35_install_plus_pod_create_and_the_flag():
+    """deploy/overlays/k8s-1.35-recreate-refused-pods renders deploy/overlays/k8s-1.35, plus pods create for the scheduler
+    and --recreate-other-schedulers-pods on its container, which the scheduler's parser takes."""
+    import argparse
+
+    from gpufleet.kube.cli import add_arguments
+
+    def render(d: str) -> list[dict]:
+        r = subprocess.run([kubectl(), "kustomize", str(DEPLOY / d)], capture_output=True, text=True, timeout=60, check=True)
+        return [x for x in yaml.safe_load_all(r.stdout) if x]
+    base, more = render("overlays/k8s-1.35"), render("overlays/k8s-1.35-recreate-refused-pods")
+    extra = [d for d in more if d not in base]
+    assert {(d["kind"], d["metadata"]["name"]) for d in extra} == {
+        ("ClusterRole", "gpufleet-scheduler-recreate-refused-pods"),
+        ("ClusterRoleBinding", "gpufleet-scheduler-recreate-refused-pods"), ("Deployment", "gpufleet-scheduler")}
+    assert [d for d in base if d in more] == [d for d in base if d["kind"] != "Deployment" or d["metadata"]["name"] != "gpufleet-scheduler"]
+    old = next(d for d in base if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpufleet-scheduler")
+    new = next(d for d in extra if d["kind"] == "Deployment")
+    args = new["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == old["spec"]["template"]["spec"]["containers"][0]["args"] + ["--recreate-other-schedulers-pods"]
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    got = p.parse_args(args[1:])
+    assert got.recreate_other_schedulers_pods and got.recreate_refused_pods
+    assert next(d for d in extra if d["kind"] == "ClusterRole")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]

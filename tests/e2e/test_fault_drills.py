@@ -36,8 +36,9 @@ Per drill: **recover s**, from the end of the fault (the restart issued, the pro
 leader) until the probe and every pod of the burst run; **pods lost**, pods of ours that are gone or failed (the
 preemption's 2 expected victims aside); **refused at admission**, pods kubelet failed because the device plugin died
 under their Allocate (kubelet does not call Allocate again: the pod is ``Failed``, ``UnexpectedAdmissionError``; the
-drill's pods are bare, gpufleet re-creates each (kube/plugin_down), and the drill waits for the copy: one not
-re-created counts as lost); **bound twice**,
+drill's pods are bare, gpufleet re-creates each (kube/plugin_down; kube-scheduler's too, on 1.35, with
+``--recreate-other-schedulers-pods``, once the plugin is back), and the drill waits for the copy: one not re-created
+counts as lost); **bound twice**,
 pods whose node or GPUs changed once they had them (DRA: a claim prepared twice); **GPUs over-committed**, GPUs whose
 assignments add up to more than one GPU or that kubelet (PodResources) gave to a pod the assignment does not name
 (DRA: a device in two claims, or a pod whose PodResources differ from its claim); **PDB-protected pods disrupted**,
@@ -444,8 +445,10 @@ def test_fault_drills(node):
     port = {"a": 19251, "b": 19252}
 
     def sched(who: str) -> list[str]:  # two replicas with leader election, as deploy/scheduler ships them
+        # --recreate-other-schedulers-pods: where nothing routes GPU pods to gpufleet (1.35), kube-scheduler's bare pod
+        # refused for the dead plugin is re-created too, once the plugin is back (docs/safety.md); 1.36+ routes it
         return ["scheduler", "--kubeconfig", str(n.kubeconfig), "--metrics-addr", f"127.0.0.1:{port[who]}",
-                "--lease-namespace", "default", "--identity", who]
+                "--lease-namespace", "default", "--identity", who, "--recreate-other-schedulers-pods"]
     for who in port:
         n.gpufleet(f"gpufleet-scheduler-{who}", sched(who))
     d = Drills(n)

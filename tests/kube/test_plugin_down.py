@@ -135,6 +135,71 @@ def test_what_is_not_recreated_and_what_it_is_told():
     assert "ml/forbidden-r1" not in api.pods
 
 
+def test_another_schedulers_refused_pod_holds_the_node_and_is_told_why_it_is_not_recreated():
+    """Kubernetes 1.35 (no routing): kube-scheduler bound a bare GPU pod, kubelet refused it for the dead plugin.  The
+    refusal holds the node like one of gpufleet's; without --recreate-other-schedulers-pods the pod is told why it
+    stays Failed (and nothing is created)."""
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_pod(pod("d", scheduler="default-scheduler", node_name="n1"))  # kube-scheduler's bind: no assignment
+    api.add_pod(pod("cpu", scheduler="default-scheduler", gpus=0, node_name="n1"))
+    loop = make(api, clock)
+    refuse(api, "ml/d", EOF_MSG)
+    refuse(api, "ml/cpu", "Pod was rejected: Node didn't have enough resource: cpu")  # not a GPU pod: not looked at
+    api.add_pod(pod("b"))
+    step(api, loop, clock)
+    assert loop.plugin_down.held("n1") and "ml/b" not in dict(api.binds)
+    told = [e for e in api.events if e["pod"] == "ml/d" and e["reason"] == "NotRecreated"]
+    assert len(told) == 1 and "default-scheduler placed it" in told[0]["message"], api.events
+    assert "--recreate-other-schedulers-pods" in told[0]["message"] and "deploy/admission" in told[0]["message"]
+    assert "ml/d-r1" not in api.pods and loop.stats.recreated == 0
+    assert not [e for e in api.events if e["pod"] == "ml/cpu"]
+
+
+def test_with_the_option_another_schedulers_pod_is_recreated_once_the_plugin_is_back():
+    """Its copy goes back to kube-scheduler, which binds by allocatable (stale while the plugin is down): so the copy
+    is made only when the hold ends, and keeps its scheduler name."""
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    d = pod("d", scheduler="default-scheduler", node_name="n1")
+    d["spec"]["initContainers"] = [{"name": "i", "resources": {}}]
+    api.add_pod(d)
+    api.add_pod(pod("optout", scheduler="default-scheduler", node_name="n1",
+                    annotations={"gpufleet.io/recreate-on-refusal": "false"}))
+    loop = make(api, clock)
+    loop.plugin_down.recreate_foreign = True
+    refuse(api, "ml/d", UNHEALTHY)
+    refuse(api, "ml/optout", UNHEALTHY)
+    step(api, loop, clock)
+    assert loop.plugin_down.held("n1") and "ml/d-r1" not in api.pods  # not while the plugin is down
+    step(api, loop, clock)
+    assert "ml/d-r1" not in api.pods
+    announce(api, "n1", "2026-11-27T05:00:01.250Z")
+    step(api, loop, clock)
+    assert not loop.plugin_down.holds
+    c = api.pods["ml/d-r1"]
+    assert c["spec"]["schedulerName"] == "default-scheduler" and "nodeName" not in c["spec"]
+    assert json.loads(c["metadata"]["annotations"]["gpufleet.io/moved-from"])["pod"] == "ml/d"
+    assert "ml/d-r1" not in dict(api.binds)  # kube-scheduler's to place, not gpufleet's
+    assert "ml/optout-r1" not in api.pods and loop.stats.recreated == 1
+    # refused when the agent had registered already (no hold): copied at once
+    api.add_pod(pod("e", scheduler="default-scheduler", node_name="n1"))
+    _sync(api, loop)
+    refuse(api, "ml/e", UNHEALTHY, start="2026-11-27T05:00:00.500Z")
+    step(api, loop, clock)
+    assert "ml/e-r1" in api.pods and not loop.plugin_down.holds
+
+
+def test_the_scheduler_flag_for_other_schedulers_pods_is_off_by_default():
+    import argparse
+
+    from gpufleet.kube import cli
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    assert p.parse_args([]).recreate_other_schedulers_pods is False
+    assert p.parse_args(["--recreate-other-schedulers-pods"]).recreate_other_schedulers_pods is True
+
+
 def test_copies_refused_again_are_numbered_and_stop_after_the_limit():
     api, clock = FakeApi(), Clock()
     api.add_node(node("n1", gpus=2, inventory=True))

@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recreate-refused-pods", action=argparse.BooleanOptionalAction, default=True,
                    help="create a copy of a bare pod kubelet refused because the node's GPU device plugin was down "
                         "(needs pods create: deploy/overlays/recreate-refused-pods; default on)")
+    p.add_argument("--recreate-other-schedulers-pods", action=argparse.BooleanOptionalAction, default=False,
+                   help="also re-create such a pod another scheduler placed (kube-scheduler's, where GPU pods are not "
+                        "routed to gpufleet: Kubernetes 1.35), once the node's plugin is back (default off)")
     p.add_argument("--eviction-grace-period", type=int_range(0, 86400), default=None, metavar="S",
                    help="grace period for pods deleted by preemption/reclaim (default: each pod's own)")
     p.add_argument("--queues", action=argparse.BooleanOptionalAction, default=True,
@@ -172,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
     loop = SchedulerLoop(api, profile, scheduler_name=args.scheduler_name, on_attempt=metrics.on_attempt,
                          bind_workers=args.bind_workers, event_thread=True, policy_kinds=args.queues,
                          preemption=args.preemption, eviction_grace_s=args.eviction_grace_period,
-                         recreate_refused=args.recreate_refused_pods)
+                         recreate_refused=args.recreate_refused_pods,
+                         recreate_foreign=args.recreate_other_schedulers_pods and args.recreate_refused_pods)
     elector = None
     if args.leader_elect:
         lease_s = max(3, args.lease_duration)

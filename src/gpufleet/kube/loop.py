@@ -121,7 +121,8 @@ class SchedulerLoop:
                  max_in_flight: int = 512, policy_kinds: bool = True, preemption: bool = True,
                  eviction_grace_s: int | None = None, nominated_timeout_s: float = 120.0, constraint_kinds: bool = True,
                  volume_bind_timeout_s: float = 600.0, eviction_timeout_s: float | None = None, dra: bool = True,
-                 drain: bool = True, recreate_refused: bool = True):
+                 drain: bool = True, recreate_refused: bool = True,
+                 recreate_foreign: bool = False):
         self.api = api
         if not constraint_kinds:  # extender mode: kube-scheduler already judged these with its own informers
             profile = without_plugins(profile, KUBE_SCHEDULER_HANDLES)
@@ -164,7 +165,8 @@ class SchedulerLoop:
 
         spot = next((p.config for p in profile.filters if isinstance(p, SpotCapacity)), None)
         self.drainer = Drainer(api, self.cache, self.queue, self.events, self.stats, spot, clock) if drain else None
-        self.plugin_down = PluginDown(api, self.cache, self.events, self.stats, scheduler_name, recreate_refused, clock=clock)
+        self.plugin_down = PluginDown(api, self.cache, self.events, self.stats, scheduler_name, recreate_refused, clock=clock,
+                                      recreate_foreign=recreate_foreign)
         self.cache.gpu_plugin_down = self.plugin_down.held  # kubelet refused a pod there: no GPU pod placed (plugin_down.py)
 
     def _wall_clock(self, t: float, now: float) -> str:

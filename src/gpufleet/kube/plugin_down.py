@@ -23,6 +23,13 @@ kubelet refused every one.  Two answers, both here, on the loop's thread (leader
   scheduler with ``--no-recreate-refused-pods``.  Creating pods is a privilege the shipped RBAC does not grant
   (docs/safety.md, least privilege): without it the create is refused (403) and the pod gets a
   ``NotRecreated`` warning saying so; ``deploy/overlays/recreate-refused-pods`` grants it.
+* **Other schedulers' bare pods** (``recreate_foreign``, ``--recreate-other-schedulers-pods``, off by default).  Where
+  nothing routes GPU pods to gpufleet (Kubernetes 1.35 serves no MutatingAdmissionPolicy; a namespace opted out),
+  kube-scheduler's bare GPU pods meet the same refusal, and their refusal holds the node just the same.  With the
+  option their copy is made once the hold ends (the agent registered again): the copy goes back to its own
+  scheduler, which knows nothing of the hold and binds by allocatable, stale while the plugin is down, so an earlier
+  copy would be refused again.  Without it the refused pod gets a ``NotRecreated`` warning saying why it stays
+  ``Failed`` and what would keep it.
 
 The pod watch only carries live pods (``api.LIVE_PODS``): a pod that fails leaves the selector, and the watch reports
 it ``DELETED`` with its last live state.  A bound pod of ours that leaves that way without having started and without
@@ -98,9 +105,11 @@ class Hold:
 class PluginDown:
     def __init__(self, api: SchedulerApi, cache: Any, events: Any, stats: Any, scheduler_name: str = "gpufleet",
                  recreate: bool = True, hold_max_s: float = 300.0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, recreate_foreign: bool = False) -> None:
         self.api, self.cache, self.events, self.stats = api, cache, events, stats
         self.scheduler_name, self.recreate, self.hold_max_s = scheduler_name, recreate, hold_max_s
+        self.recreate_foreign = recreate_foreign
+        self.deferred: dict[str, list[tuple[dict, str]]] = {}  # node -> other schedulers' refused pods, copied when it is back
         self.clock, self.wall = clock, wall
         self.holds: dict[str, Hold] = {}
         self.suspects: dict[str, tuple[float, dict]] = {}  # pod key -> (seen, its last live state)
@@ -122,8 +131,8 @@ class PluginDown:
         st = pod.get("status") or {}
         if meta.get("deletionTimestamp") or st.get("containerStatuses") or st.get("phase") not in (None, "Pending"):
             return  # deleted, or it had started: not an admission refusal
-        if ann.ASSIGNMENT not in (meta.get("annotations") or {}):
-            return  # not placed by gpufleet (another scheduler's pod, or one without GPUs)
+        if ann.ASSIGNMENT not in (meta.get("annotations") or {}) and not asks_gpu(pod):
+            return  # no GPU asked of the device plugin: its refusal is not the plugin's
         now = self.clock()
         if len(self.suspects) >= 1000:  # a standby never looks: keep what a take-over would still look at
             self.suspects = {k: v for k, v in self.suspects.items() if now - v[0] <= SUSPECT_TTL_S}
@@ -138,6 +147,10 @@ class PluginDown:
             self._look()
         if self.holds:
             self._release()
+        if self.deferred:
+            for node in [n for n in self.deferred if n not in self.holds]:
+                for pod, why in self.deferred.pop(node):
+                    self._create_copy(pod, why)
 
     def _look(self) -> None:
         now = self.clock()
@@ -219,10 +232,32 @@ class PluginDown:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         a = meta.get("annotations") or {}
-        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-        if (not self.recreate or owner_of(pod) is not None or spec.get("schedulerName") != self.scheduler_name
-                or ann.ASSIGNMENT not in a or a.get(ann.RECREATE_ON_REFUSAL, "").lower() == "false"):
+        if not self.recreate or owner_of(pod) is not None or a.get(ann.RECREATE_ON_REFUSAL, "").lower() == "false":
             return
+        if spec.get("schedulerName") == self.scheduler_name and ann.ASSIGNMENT in a:
+            self._create_copy(pod, why)
+            return
+        if spec.get("schedulerName") == self.scheduler_name:
+            return  # ours, never placed by us (bound by hand): nothing of ours to redo
+        other = spec.get("schedulerName") or "default-scheduler"
+        if not self.recreate_foreign:
+            self.events.send(pod, "Warning", "NotRecreated",
+                             f"kubelet refused it ({why}) while the node's GPU device plugin was down; it has no controller "
+                             f"and {other} placed it, so gpufleet does not re-create it (--recreate-other-schedulers-pods "
+                             "would, once the plugin is back; or route GPU pods to gpufleet: deploy/admission, "
+                             "Kubernetes 1.36+)")
+            return
+        node = str(spec.get("nodeName") or "")
+        if node in self.holds:  # its scheduler binds by allocatable, stale while the plugin is down: wait for it
+            self.deferred.setdefault(node, []).append((pod, why))
+            return
+        self._create_copy(pod, why)
+
+    def _create_copy(self, pod: dict, why: str) -> None:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        a = meta.get("annotations") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
         try:
             prev = json.loads(a.get(ann.MOVED_FROM) or "{}")
         except ValueError:
@@ -275,6 +310,16 @@ class PluginDown:
 _DROP_META = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
               "managedFields", "generation", "selfLink", "ownerReferences", "generateName")
 _DROP_ANN = (ann.ASSIGNMENT, ann.MOVED_FROM, ann.IDLE_WARNING, ann.EXTENDER_RETRY)
+
+
+def asks_gpu(pod: dict) -> bool:
+    """Whether any container of ``pod`` (init containers too) asks for ``nvidia.com/gpu``."""
+    spec = pod.get("spec") or {}
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        r = (c or {}).get("resources") or {}
+        if GPU_RESOURCE in (r.get("limits") or {}) or GPU_RESOURCE in (r.get("requests") or {}):
+            return True
+    return False
 
 
 def replacement(pod: dict, name: str, record: dict) -> dict:
