@@ -222,6 +222,12 @@ class FakeApi:
             self._count("list_pods")
             return [copy.deepcopy(p) for p in self.pods.values()], str(next(self._rv))
 
+    def list_failed_pods(self) -> tuple[list[dict], str]:
+        with self._cv:
+            self._count("list_failed_pods")
+            return ([copy.deepcopy(p) for p in self.pods.values() if (p.get("status") or {}).get("phase") == "Failed"],
+                    str(next(self._rv)))
+
     def list_kind(self, kind: str) -> tuple[list[dict], str]:
         with self._cv:
             self._count(f"list_{kind}")

@@ -254,3 +254,46 @@ def test_replacement_keeps_the_owners_fields_and_drops_the_servers():
     assert set(r["metadata"]["annotations"]) == {"team", "gpufleet.io/moved-from"}
     assert not {"uid", "resourceVersion", "creationTimestamp", "managedFields"} & set(r["metadata"])
     assert "nodeName" not in r["spec"] and r["spec"]["priorityClassName"] == "hi" and "status" not in r
+
+
+def _stamp(t: float) -> str:
+    import time as _time
+    return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def test_explain_names_the_hold_read_back_from_the_api():
+    """``gpufleet explain`` sees no refusal itself: it reads the hold back from the Failed pods and the agent's
+    annotation, by the scheduler's rule, and names it (the node's reason, and a line saying why and until when)."""
+    import time as _time
+
+    from gpufleet.kube import explain_cli
+    from gpufleet.policies import build_profile
+
+    now = _time.time()
+    api = FakeApi()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_node(node("n2", gpus=2, inventory=True))
+    api.nodes["n2"]["spec"]["taints"] = [{"key": "x", "value": "y", "effect": "NoSchedule"}]
+    for name, n in (("a", "n1"), ("old", "n2")):
+        api.add_pod(pod(name, node_name=n, annotations={"gpufleet.io/assignment": "{}"}))
+    refuse(api, "ml/a", EOF_MSG, start=_stamp(now - 5))
+    refuse(api, "ml/old", EOF_MSG, start=_stamp(now - 400))  # older than the hold's 300 s: no hold
+    api.add_pod(pod("b"))
+    api.add_pod(pod("cpu", gpus=0))
+    prof = build_profile("bestfit")
+    code, text = explain_cli.explain(api, prof, "ml/b")
+    assert code == 0, text
+    lines = text.splitlines()
+    assert lines[0].startswith("ml/b: 0/2 nodes are available") and "GPU device plugin down" in lines[0], text
+    held = [ln for ln in lines if ln.startswith("  held: ")]
+    assert len(held) == 1 and held[0].startswith("  held: n1: GPU device plugin down since ") and "ml/a" in held[0]
+    assert "EOF" in held[0] and "last registered: never" in held[0] and "at the latest until " in held[0]
+    n1 = next(ln for ln in lines if ln.strip().startswith("n1 "))
+    assert "GPU device plugin down" in n1, text
+    # a pod without GPUs is not held, and is not told of it
+    code, text = explain_cli.explain(api, prof, "ml/cpu")
+    assert "held:" not in text and "fits" in text, text
+    # the agent registered after the refusal: the hold is over, the pod fits there
+    announce(api, "n1", _stamp(now - 1))
+    code, text = explain_cli.explain(api, prof, "ml/b")
+    assert code == 0 and "held:" not in text and "fits: best node n1" in text, text

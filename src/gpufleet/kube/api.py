@@ -282,6 +282,12 @@ class KubernetesApi:
 
         return self._list(f"/api/v1/pods?fieldSelector={quote(LIVE_PODS)}&")
 
+    def list_failed_pods(self) -> tuple[list[dict], str]:
+        """Pods in phase Failed (``gpufleet explain`` reads kubelet's refusals from them: kube/plugin_down)."""
+        from urllib.parse import quote
+
+        return self._list(f"/api/v1/pods?fieldSelector={quote('status.phase=Failed')}&")
+
     def list_kind(self, kind: str) -> tuple[list[dict], str]:
         return self._list(KIND_PATHS[kind] + "?")
 

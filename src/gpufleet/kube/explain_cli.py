@@ -21,6 +21,7 @@ def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[i
     from ..engine.errors import GpufleetError
     from ..engine.gang import PodGroupNotReady
     from .loop import SchedulerLoop
+    from .plugin_down import asks_gpu
 
     ns, name = key.split("/", 1)
     pod = api.get_pod(ns, name)
@@ -36,6 +37,9 @@ def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[i
     loop = SchedulerLoop(api, profile, scheduler_name=scheduler_name)
     loop.resync()
     loop.learn_waiting()  # rooms kept for preemptors (status.nominatedNodeName), as the scheduler keeps them
+    # nodes the scheduler holds GPU pods off (kubelet refused one for a dead device plugin), read back from the API by
+    # the scheduler's own rule: this process saw no refusal itself
+    holds = loop.plugin_down.restore(api.list_failed_pods()[0]) if asks_gpu(pod) else []
     loop.replay_gangs()  # what the scheduler's gang round holds now (a hold may be what keeps the pod out)
     try:
         summary, by_node = loop.explain(pod)
@@ -46,7 +50,7 @@ def explain(api, profile, key: str, scheduler_name: str = "gpufleet") -> tuple[i
     gates = [str(g.get("name")) for g in (pod.get("spec") or {}).get("schedulingGates") or [] if isinstance(g, dict)]
     if gates:  # nobody schedules it before the gates go (kube-scheduler's SchedulingGates); say what happens then
         summary = f"waiting for its scheduling gates to be removed ({', '.join(gates)}); once they are: {summary}"
-    lines = [f"{key}: {summary}"]
+    lines = [f"{key}: {summary}"] + [f"  held: {loop.plugin_down.describe(n)}" for n in holds]
     width = max((len(n) for n in by_node), default=4)
     for n, reason in sorted(by_node.items(), key=lambda kv: (kv[1] != "fits", kv[0])):
         lines.append(f"  {n:<{width}}  {reason}")

@@ -84,6 +84,10 @@ def _epoch(text: str | None) -> float | None:
         return None
 
 
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def registered_at(node: dict) -> float | None:
     """When the node's agent last registered its device plugins with kubelet (its annotation), or None."""
     return _epoch(((node.get("metadata") or {}).get("annotations") or {}).get(ann.PLUGIN_REGISTERED))
@@ -141,6 +145,42 @@ class PluginDown:
     # --- the leader's pass -------------------------------------------------------------------------
     def held(self, node: str) -> bool:
         return node in self.holds
+
+    def restore(self, failed: list[dict]) -> list[str]:
+        """The holds in force by the API's record, for a process that did not see the refusals (``gpufleet explain``):
+        a refusal on a node whose agent has not registered since, younger than ``hold_max_s``.  (kubelet's
+        allocatable going to 0 and back cannot be read back: such a hold is shown until the agent's annotation or
+        the time ends it.)  Nothing is re-created.  Returns the nodes held."""
+        now, wall = self.clock(), self.wall()
+        for pod in failed:
+            why = refusal(pod)
+            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            since = _epoch((pod.get("status") or {}).get("startTime"))
+            if why is None or not node or since is None or wall - since >= self.hold_max_s:
+                continue
+            obj = self.cache.node_objs.get(node)
+            reg = registered_at(obj or {})
+            if obj is None or (reg is not None and reg >= since):
+                continue
+            meta = pod.get("metadata") or {}
+            h = self.holds.get(node)
+            if h is None or since > h.since:
+                self.holds[node] = Hold(since, now - max(0.0, wall - since), f"{meta.get('namespace') or 'default'}/"
+                                        f"{meta.get('name')}", why)
+        for node in self.holds:
+            self.cache.refresh_node(node)
+        return sorted(self.holds)
+
+    def describe(self, node: str) -> str:
+        """One line on a node's hold for people: since when, which refusal, what ends it."""
+        h = self.holds.get(node)
+        if h is None:
+            return ""
+        reg = registered_at(self.cache.node_objs.get(node) or {})
+        last = _utc(reg) if reg is not None else "never (no gpufleet.io/device-plugin-registered annotation)"
+        ends = _utc(self.wall() + max(0.0, self.hold_max_s - (self.clock() - h.started)))
+        return (f"{node}: GPU device plugin down since {_utc(h.since)}: kubelet refused {h.pod} ({h.why}); GPU pods wait "
+                f"until its agent registers again (last registered: {last}), at the latest until {ends}")
 
     def step(self) -> None:
         if self.suspects:
