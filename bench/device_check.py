@@ -19,7 +19,13 @@ installs the project first):
    accounting against nvidia-smi's process list and ``pmon``; what the exporter
    attributes to a pod holding the load's process on a GPU shared with an idle
    pod; what the cgroup resolver would name for that process on this host;
-4. the scrape time of the agent's ``/metrics``, the agent's health gauge, a
+4. what a container is given for one GPU: the device plugin's ``Allocate``
+   answer (kubelet's choice, no pod) and a DRA claim's CDI spec name its UUID,
+   every device node they hand the runtime exists here as that character
+   device (``/dev/nvidiaN``'s minor against ``/proc/driver/nvidia``; a missing
+   ``nvidia-uvm`` would fail every container start), and a CUDA process given
+   that environment sees that GPU and no other;
+5. the scrape time of the agent's ``/metrics``, the agent's health gauge, a
    clean SIGTERM, and that no device setting changed (MIG mode, persistence,
    compute mode, power limit, application clocks, ECC). The check itself never
    runs a command that changes one: nvidia-smi is only queried.
@@ -45,6 +51,7 @@ import platform
 import re
 import signal
 import socket
+import stat
 import statistics
 import subprocess
 import sys
@@ -339,6 +346,59 @@ def sysfs_numa(root: str, bus_id: str) -> int | None:
             return int(f.read().strip())
     except (OSError, ValueError):
         return None
+
+
+def _char_device(path: str) -> tuple[str, int, int] | None:
+    """("char", major, minor) of a character device, ("file", 0, 0) for another kind of file, None when absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISCHR(st.st_mode):
+        return "char", os.major(st.st_rdev), os.minor(st.st_rdev)
+    return "file", 0, 0
+
+
+def _proc_minor(proc_root: str, bus_id: str) -> int | None:
+    """The driver's own "Device Minor" of the GPU at ``bus_id`` (/proc/driver/nvidia/gpus/<bus>/information)."""
+    base = os.path.join(proc_root, "driver", "nvidia", "gpus")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    want = pci_key(bus_id)
+    for n in names:
+        try:
+            if pci_key(n) != want:
+                continue
+            with open(os.path.join(base, n, "information")) as f:
+                m = re.search(r"^Device Minor:\s*(\d+)", f.read(), re.M)
+            return int(m.group(1)) if m else None
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def cuda_uuids() -> int:
+    """Print the UUIDs of the GPUs CUDA shows this process (CUDA_VISIBLE_DEVICES applies) as a JSON list."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    if cu.cuInit(0) != 0:
+        print("cuInit failed", file=sys.stderr)
+        return 1
+    n = ctypes.c_int()
+    if cu.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        print("cuDeviceGetCount failed", file=sys.stderr)
+        return 1
+    out = []
+    for i in range(n.value):
+        dev, raw = ctypes.c_int(), (ctypes.c_ubyte * 16)()
+        if cu.cuDeviceGet(ctypes.byref(dev), i) != 0 or cu.cuDeviceGetUuid(raw, dev) != 0:
+            print(f"cuDeviceGet/cuDeviceGetUuid({i}) failed", file=sys.stderr)
+            return 1
+        h = bytes(raw).hex()
+        out.append(f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    print(json.dumps(out))
+    return 0
 
 
 # --- loads (run in a child process: ``device_check.py --run-load KIND``) ------------------------------
@@ -799,6 +859,76 @@ class Check:
         self.rep.add("xid", "XID listener waits without error", "PASS" if ok else "FAIL", f"waited {dt:.2f} s, {len(evs)} event(s)",
                      f"timeout {wait_s:g} s", note)
 
+    def container(self, when: str) -> None:
+        """What a container gets for one GPU, from the device plugin and from a DRA claim's CDI spec; ``when``: the
+        device nodes are looked at before the load (a node's first container) and after it (CUDA loaded nvidia-uvm)."""
+        S = "container"
+        from gpufleet.agent.dra.cdi import CdiWriter
+        from gpufleet.agent.dra.state import PreparedClaim, PreparedDevice
+        from gpufleet.agent.plugin import DevicePlugin
+
+        gpus = [g for g in self.be.gpus() if not g.mig_enabled]
+        if not gpus:
+            self.rep.add(S, "device nodes", "SKIP", "", "", "every GPU is in MIG mode")
+            return
+        dev_root = self.args.dev_root
+        plugin = DevicePlugin("nvidia.com/gpu", gpus, self.tmp, slots=1, state_dir=self.tmp, device_specs="all", dev_root=dev_root)
+        cdi = CdiWriter(os.path.join(self.tmp, "cdi"), dev_root, "all", minor_of=lambda i: next(g.dev_minor for g in gpus if g.index == i))
+
+        def cdi_edits(g) -> dict:  # the container edits of a DRA claim of the whole GPU
+            d = PreparedDevice("gpu", "device-check", f"gpu-{g.index}", g.uuid, g.index, g.memory_mib * MIB, 1000, True)
+            return cdi.edits(PreparedClaim("device-check", "device-check", "gpu", [d]), [d])
+
+        paths: set[str] = set()
+        for g in gpus:
+            paths |= {spec.host_path for spec in plugin.device_spec_list([g.index])}
+            paths |= {n["hostPath"] for n in cdi_edits(g).get("deviceNodes", [])}
+        status = {p: _char_device(p) for p in sorted(paths)}
+        self.rep.data.setdefault("device_nodes", {})[when] = status
+        missing = [p for p, v in status.items() if v is None]
+        strict = not self.fake  # the fake backend's /dev/nvidia* are plain files (no mknod in a test)
+        ok = not missing and (not strict or all(v and v[0] == "char" for v in status.values()))
+        self.rep.add(S, f"device nodes handed to containers exist ({when} the load)", "PASS" if ok else "FAIL",
+                     ", ".join(os.path.basename(p) for p in status), "missing: " + ", ".join(missing) if missing else "all present",
+                     "Allocate DeviceSpecs and CDI deviceNodes (device_specs all); containerd fails a container whose device is absent")
+        if when != "after":
+            return
+        items = []
+        for g in gpus:
+            ref = _proc_minor(self.args.proc_root, g.pci_bus_id)
+            st = status.get(os.path.join(dev_root, f"nvidia{g.dev_minor}"))
+            node_minor = st[2] if st and st[0] == "char" else None
+            same = None if ref is None else (g.dev_minor == ref and (node_minor is None and self.fake or node_minor == ref))
+            items.append((g.index, f"/dev/nvidia{g.dev_minor}" + (f" (195:{node_minor})" if node_minor is not None else ""),
+                          None if ref is None else f"Device Minor {ref}", same))
+        self.rep.per_gpu(S, "each GPU's /dev/nvidiaN", items, "/proc/driver/nvidia/gpus/<bus>/information; the node's major:minor")
+        target = next((g for g in gpus if self.args.gpu is None or g.index == self.args.gpu), gpus[0])
+        dev = next(d for d in plugin.devices if d.gpu_index == target.index)
+        try:
+            resp = plugin.allocate_one([dev.id])
+        except Exception as exc:  # noqa: BLE001 - reported as the row
+            self.rep.add(S, "Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)", "FAIL", f"{type(exc).__name__}: {exc}", target.uuid)
+            return
+        visible = dict(resp.envs).get("NVIDIA_VISIBLE_DEVICES", "")
+        self.rep.add(S, "Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)", "PASS" if visible == target.uuid else "FAIL", visible,
+                     target.uuid, f"device {dev.id}, kubelet's choice (no pod)")
+        cdi_visible = next((e.split("=", 1)[1] for e in cdi_edits(target)["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")), "")
+        self.rep.add(S, "CDI spec names the GPU (NVIDIA_VISIBLE_DEVICES)", "PASS" if cdi_visible == target.uuid else "FAIL",
+                     cdi_visible, target.uuid, "a DRA claim of the whole GPU")
+        if self.fake:
+            self.rep.add(S, "a CUDA process given it sees that GPU alone", "SKIP", "", "", "fake backend: no CUDA")
+            return
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)  # what the NVIDIA runtime does with it in a container
+        try:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--cuda-uuids"], capture_output=True, text=True,
+                               timeout=120, env=env)
+            seen = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
+            err = "" if seen is not None else (p.stderr.strip().splitlines() or ["no output"])[-1]
+        except (subprocess.TimeoutExpired, ValueError) as exc:
+            seen, err = None, str(exc)
+        self.rep.add(S, "a CUDA process given it sees that GPU alone", "PASS" if seen == [target.uuid] else "FAIL",
+                     _s(seen) if seen is not None else err, _s([target.uuid]), "cuDeviceGetCount/cuDeviceGetUuid via libcuda")
+
     def load_phase(self) -> None:
         S = "load"
         gpus = self.be.gpus()
@@ -1013,7 +1143,9 @@ class Check:
                 self.discovery()
                 self.agent_once()
                 self.xid()
+                self.container("before")
                 self.load_phase()
+                self.container("after")
                 self.settings()
         finally:
             self.rep.data["elapsed_s"] = round(time.monotonic() - t0, 1)
@@ -1074,6 +1206,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvml", default="real", help="real (default) or fake:PROFILE")
     ap.add_argument("--nvidia-smi", default="nvidia-smi", help="the nvidia-smi to compare with (default: on PATH)")
     ap.add_argument("--sysfs-root", default="/sys", help="where PCI devices' numa_node files are (default /sys)")
+    ap.add_argument("--dev-root", default="/dev", help="where the /dev/nvidia* device nodes are (default /dev)")
+    ap.add_argument("--proc-root", default="/proc", help="where driver/nvidia/gpus/*/information is (default /proc)")
     ap.add_argument("--gpu", type=int, default=None, help="NVML index of the GPU to load (default: the first not in MIG mode)")
     ap.add_argument("--load", choices=["auto", "torch", "ptx", "none"], default="auto",
                     help="the CUDA load: torch matmul loop, ptx FMA loop through libcuda, or none (default auto: torch if installed)")
@@ -1089,6 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print-missing-deps", action="store_true", help="print the check's unmet requirements, one a line, and exit")
     ap.add_argument("--print-check-deps", action="store_true", help="print the requirements the check needs, one a line, and exit")
     ap.add_argument("--run-load", choices=["torch", "ptx", "fake"], help=argparse.SUPPRESS)
+    ap.add_argument("--cuda-uuids", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.print_missing_deps:
         print("\n".join(missing_deps()))
@@ -1096,6 +1231,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_check_deps:
         print("\n".join([s for s in _requirements() if _req_name(s) in CHECK_NEEDS] + list(INDIRECT_NEEDS)))
         return 0
+    if args.cuda_uuids:
+        return cuda_uuids()
     if args.run_load:
         return run_load(args.run_load, args.load_mib, args.load_seconds)
     if args.nvml != "real" and not args.nvml.startswith("fake:"):

@@ -24,7 +24,24 @@ FAST = ["--samples", "3", "--sample-interval-s", "0.1", "--scrapes", "5", "--xid
 NUMA = {"a100-mig": [(0x07 + i * 8, 0 if i < 4 else 1) for i in range(8)], "t4": [(0x3B + i, 0) for i in range(4)]}
 
 
-def run_check(tmp_path: Path, profile: str, mutate: str = "", extra: list[str] | None = None) -> tuple[int, str, dict]:
+def fake_dev_and_proc(tmp_path: Path, profile: str, leave_out: tuple[str, ...] = (), minors: dict[int, int] | None = None) -> None:
+    """/dev/nvidia* (plain files: a test cannot mknod) and /proc/driver/nvidia/gpus/*/information for the profile."""
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    for k, (bus, _node) in enumerate(NUMA[profile]):
+        info = tmp_path / "proc/driver/nvidia/gpus" / f"0000:{bus:02x}:00.0"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "information").write_text(f"Model: \t\t fake\nIRQ:   \t\t 42\nDevice Minor: \t {(minors or {}).get(k, k)}\n")
+        (dev / f"nvidia{k}").touch()
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+        (dev / name).touch()
+    for name in leave_out:
+        (dev / name).unlink()
+
+
+def run_check(tmp_path: Path, profile: str, mutate: str = "", extra: list[str] | None = None,
+              leave_out: tuple[str, ...] = (), minors: dict[int, int] | None = None) -> tuple[int, str, dict]:
+    fake_dev_and_proc(tmp_path, profile, leave_out, minors)
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests/bench/fake_nvidia_smi.py'} \"$@\"\n")
     smi.chmod(0o755)
@@ -37,7 +54,8 @@ def run_check(tmp_path: Path, profile: str, mutate: str = "", extra: list[str] |
                FAKE_NVIDIA_SMI_STATE=str(tmp_path / "smi-calls"))
     env.pop("GPUFLEET_FAKE_PROCESSES", None)
     p = subprocess.run([sys.executable, str(ROOT / "bench/device_check.py"), "--nvml", f"fake:{profile}", "--nvidia-smi", str(smi),
-                        "--sysfs-root", str(tmp_path / "sys"), "--out", str(out), *FAST, *(extra or [])],
+                        "--sysfs-root", str(tmp_path / "sys"), "--dev-root", str(tmp_path / "dev"), "--proc-root", str(tmp_path / "proc"),
+                        "--out", str(out), *FAST, *(extra or [])],
                        capture_output=True, text=True, timeout=300, env=env)
     doc = json.loads((out / "device_check.json").read_text()) if (out / "device_check.json").exists() else {}
     return p.returncode, p.stdout + p.stderr, doc
@@ -60,7 +78,10 @@ def test_check_passes_when_gpufleet_and_nvidia_smi_agree(tmp_path, profile):
                 "processes: load's pid in NVML's process list", "processes: load's memory (per process)",
                 "processes: load's SM utilisation (per process)", "pods: load pod's memory (FB_USED{pod=load})",
                 "pods: idle pod on the same GPU gets nothing", "agent: /metrics scrape time",
-                "agent: stops cleanly on SIGTERM, no error logged", "safety: device settings unchanged"):
+                "agent: stops cleanly on SIGTERM, no error logged", "safety: device settings unchanged",
+                "container: device nodes handed to containers exist (before the load)",
+                "container: device nodes handed to containers exist (after the load)", "container: each GPU's /dev/nvidiaN",
+                "container: Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)", "container: CDI spec names the GPU (NVIDIA_VISIBLE_DEVICES)"):
         assert r[key]["status"] == "PASS", (key, r[key])
     mig = r["discovery: MIG instances (profile, UUID)"]
     if profile == "a100-mig":  # GPUs 0-1 in MIG mode: the load goes to GPU 2, the MIG instances match nvidia-smi -L
@@ -73,6 +94,24 @@ def test_check_passes_when_gpufleet_and_nvidia_smi_agree(tmp_path, profile):
     assert r["pods: load pod's memory (FB_USED{pod=load})"]["gpufleet"] == "4096 MiB"
     assert len(doc["samples"]) == 3 and doc["tolerances"]["gpu_util_pct"] == 10 and doc["summary"]["FAIL"] == 0
     assert "passed, 0 failed" in out and "|" in out
+    assert r["container: a CUDA process given it sees that GPU alone"]["status"] == "SKIP"  # no CUDA with the fake backend
+    loaded = doc["load"]["gpu"]
+    assert r["container: Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)"]["gpufleet"] == f"GPU-{profile.split('-')[0]}-{loaded:02d}"
+
+
+def test_a_device_node_containers_are_given_but_the_node_lacks_fails(tmp_path):
+    """nvidia-uvm absent (the module not loaded): every container given it would fail to start, so the check says so;
+    and a GPU whose /dev/nvidiaN is not the driver's own minor number is a FAIL too."""
+    rc, out, doc = run_check(tmp_path, "t4", leave_out=("nvidia-uvm",), minors={1: 7})
+    assert rc == 1, out
+    r = rows(doc)
+    for when in ("before", "after"):
+        row = r[f"container: device nodes handed to containers exist ({when} the load)"]
+        assert row["status"] == "FAIL" and row["reference"] == f"missing: {tmp_path / 'dev' / 'nvidia-uvm'}", row
+    minor = r["container: each GPU's /dev/nvidiaN"]
+    assert minor["status"] == "FAIL" and (minor["gpufleet"], minor["reference"]) == ("GPU 1: /dev/nvidia1", "GPU 1: Device Minor 7"), minor
+    assert r["container: Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)"]["status"] == "PASS"
+    assert doc["summary"]["FAIL"] == 3
 
 
 def test_check_reports_every_difference_as_fail_with_both_values(tmp_path):
