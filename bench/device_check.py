@@ -19,13 +19,16 @@ installs the project first):
    accounting against nvidia-smi's process list and ``pmon``; what the exporter
    attributes to a pod holding the load's process on a GPU shared with an idle
    pod; what the cgroup resolver would name for that process on this host;
-4. what a container is given for one GPU: the device plugin's ``Allocate``
+4. what the DRA driver publishes for each whole GPU (uuid, productName,
+   architecture, cudaComputeCapability, driver versions, PCI bus id, memory
+   capacity: what claims select on) against nvidia-smi;
+5. what a container is given for one GPU: the device plugin's ``Allocate``
    answer (kubelet's choice, no pod) and a DRA claim's CDI spec name its UUID,
    every device node they hand the runtime exists here as that character
    device (``/dev/nvidiaN``'s minor against ``/proc/driver/nvidia``; a missing
    ``nvidia-uvm`` would fail every container start), and a CUDA process given
    that environment sees that GPU and no other;
-5. the scrape time of the agent's ``/metrics``, the agent's health gauge, a
+6. the scrape time of the agent's ``/metrics``, the agent's health gauge, a
    clean SIGTERM, and that no device setting changed (MIG mode, persistence,
    compute mode, power limit, application clocks, ECC). The check itself never
    runs a command that changes one: nvidia-smi is only queried.
@@ -246,6 +249,7 @@ def parse_query(text: str) -> dict[str, Any]:
         gpus.append({
             "bus_id": g.get("id") or _t(g, "pci/pci_bus_id") or "",
             "name": _t(g, "product_name"),
+            "architecture": _t(g, "product_architecture"),
             "uuid": _t(g, "uuid"),
             "minor_number": None if _num(_t(g, "minor_number")) is None else int(_num(_t(g, "minor_number")) or 0),
             "mig_current": _t(g, "mig_mode/current_mig"),
@@ -929,6 +933,67 @@ class Check:
         self.rep.add(S, "a CUDA process given it sees that GPU alone", "PASS" if seen == [target.uuid] else "FAIL",
                      _s(seen) if seen is not None else err, _s([target.uuid]), "cuDeviceGetCount/cuDeviceGetUuid via libcuda")
 
+    def dra(self) -> None:
+        """What the DRA driver would publish in its ResourceSlice for each whole GPU, against nvidia-smi: the attributes
+        and capacity claims select on (NVIDIA's names, so claims written for NVIDIA's driver match)."""
+        S = "dra"
+        from gpufleet.agent.dra.devices import DraOptions, build_devices, parse_quantity, pci_bus_id, semver
+
+        gpus = self.be.gpus()
+        devs = {d["name"]: d for d in build_devices(gpus, self.be.driver(), DraOptions(sysfs_root=self.args.sysfs_root)).devices}
+        by_bus = {pci_key(r["bus_id"]): r for r in self.smi0["gpus"]}
+        caps: dict[tuple[int, int, int, int], str] = {}
+        try:
+            for line in self.smi.run("--query-gpu=pci.bus_id,compute_cap", "--format=csv,noheader").splitlines():
+                if "," in line:
+                    bus, cap = (x.strip() for x in line.split(",", 1))
+                    caps[pci_key(bus)] = cap
+        except SmiError:
+            pass
+        whole = [(g, devs.get(f"gpu-{g.index}"), by_bus.get(pci_key(g.pci_bus_id))) for g in gpus if not g.mig_enabled]
+        if not whole:
+            self.rep.add(S, "ResourceSlice devices", "SKIP", "", "", "every GPU is in MIG mode")
+            return
+        self.rep.data["dra_devices"] = list(devs.values())
+        driver, cuda = self.smi0.get("driver_version") or "", self.smi0.get("cuda_version") or ""
+
+        def attr(d: dict | None, key: str) -> Any:
+            v = ((d or {}).get("attributes") or {}).get(key)
+            return None if v is None else next(iter(v.values()))
+
+        def row(check: str, ours: Callable[[dict | None], Any], ref: Callable[[Any, dict], Any], note: str = "") -> None:
+            items = []
+            for g, d, r in whole:
+                b = ref(g, r) if r is not None else None
+                a = ours(d)
+                items.append((g.index, a, b, None if b is None else a == b))
+            self.rep.per_gpu(S, check, items, note)
+
+        row("device gpu-N published", lambda d: d is not None and d["name"], lambda g, r: f"gpu-{g.index}")
+        row("uuid", lambda d: attr(d, "uuid"), lambda g, r: r["uuid"])
+        row("productName", lambda d: attr(d, "productName"), lambda g, r: r["name"])
+        row("architecture", lambda d: attr(d, "architecture"), lambda g, r: r.get("architecture"), "nvidia-smi product_architecture")
+        row("cudaComputeCapability", lambda d: attr(d, "cudaComputeCapability"),
+            lambda g, r: semver(caps[pci_key(g.pci_bus_id)]) if pci_key(g.pci_bus_id) in caps else None)
+        row("driverVersion", lambda d: attr(d, "driverVersion"), lambda g, r: semver(driver) if driver else None)
+        row("cudaDriverVersion", lambda d: attr(d, "cudaDriverVersion"), lambda g, r: semver(cuda) if cuda else None)
+        row("gpu.nvidia.com/ attributes mirror them", lambda d: all(attr(d, f"gpu.nvidia.com/{k}") == attr(d, k) for k in (
+            "uuid", "productName", "cudaComputeCapability", "driverVersion")), lambda g, r: True)
+        row("resource.kubernetes.io/pciBusID", lambda d: attr(d, "resource.kubernetes.io/pciBusID"),
+            lambda g, r: pci_bus_id(r["bus_id"]))
+        tol = self.tol["memory_total_mib"] * MIB
+
+        def mem(d: dict | None) -> int | None:
+            raw = (((d or {}).get("capacity") or {}).get("memory") or {}).get("value")
+            return None if raw is None else parse_quantity(raw)
+
+        items = []
+        for g, d, r in whole:
+            a = mem(d)
+            b = None if r is None or r["fb_total_mib"] is None else int(r["fb_total_mib"]) * MIB
+            items.append((g.index, a, b, None if b is None or a is None else abs(a - b) <= tol))
+        self.rep.per_gpu(S, "capacity memory (bytes)", items, f"nvidia-smi fb_memory_usage/total; tolerance {tol // MIB} MiB")
+
     def load_phase(self) -> None:
         S = "load"
         gpus = self.be.gpus()
@@ -1143,6 +1208,7 @@ class Check:
                 self.discovery()
                 self.agent_once()
                 self.xid()
+                self.dra()
                 self.container("before")
                 self.load_phase()
                 self.container("after")

@@ -22,13 +22,13 @@ import sys
 PROFILES = {
     # name, memory MiB, driver, CUDA, compute capability, NVLink all-to-all, MIG-capable, GPUs, bus id, NUMA, MIG instances
     "a100-mig": {
-        "name": "NVIDIA A100-SXM4-80GB", "mib": 81920, "driver": "550.54.15", "cuda": "12.4", "cc": "8.0", "nvlink": True,
+        "name": "NVIDIA A100-SXM4-80GB", "arch": "Ampere", "mib": 81920, "driver": "550.54.15", "cuda": "12.4", "cc": "8.0", "nvlink": True,
         "mig_capable": True, "n": 8, "uuid": "GPU-a100-{i:02d}", "bus": lambda i: 0x07 + i * 8, "numa": lambda i: 0 if i < 4 else 1,
         "mig": {0: [("1g.10gb", f"MIG-a100-0-{k}") for k in range(7)],
                 1: [("3g.40gb", "MIG-a100-1-0"), ("2g.20gb", "MIG-a100-1-1"), ("2g.20gb", "MIG-a100-1-2")]},
     },
     "t4": {
-        "name": "Tesla T4", "mib": 15360, "driver": "535.161.08", "cuda": "12.2", "cc": "7.5", "nvlink": False,
+        "name": "Tesla T4", "arch": "Turing", "mib": 15360, "driver": "535.161.08", "cuda": "12.2", "cc": "7.5", "nvlink": False,
         "mig_capable": False, "n": 4, "uuid": "GPU-t4-{i:02d}", "bus": lambda i: 0x3B + i, "numa": lambda i: 0, "mig": {},
     },
 }
@@ -72,6 +72,7 @@ def main(argv: list[str]) -> int:
             power = 60.0 + 3.0 * util + float(mutate.get("power", 0) or 0)
             mig = "N/A" if not p["mig_capable"] else ("Enabled" if i in p["mig"] else "Disabled")
             out += [f'<gpu id="{bus[i]}">', f"<product_name>{p['name']}</product_name>",
+                    f"<product_architecture>{p['arch']}</product_architecture>",
                     f"<persistence_mode>{persistence}</persistence_mode>",
                     f"<mig_mode><current_mig>{mig}</current_mig><pending_mig>{mig}</pending_mig></mig_mode>",
                     f"<uuid>{uuid[i]}</uuid>", f"<minor_number>{i}</minor_number>",

@@ -81,7 +81,10 @@ def test_check_passes_when_gpufleet_and_nvidia_smi_agree(tmp_path, profile):
                 "agent: stops cleanly on SIGTERM, no error logged", "safety: device settings unchanged",
                 "container: device nodes handed to containers exist (before the load)",
                 "container: device nodes handed to containers exist (after the load)", "container: each GPU's /dev/nvidiaN",
-                "container: Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)", "container: CDI spec names the GPU (NVIDIA_VISIBLE_DEVICES)"):
+                "container: Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)", "container: CDI spec names the GPU (NVIDIA_VISIBLE_DEVICES)",
+                "dra: device gpu-N published", "dra: uuid", "dra: productName", "dra: architecture", "dra: cudaComputeCapability",
+                "dra: driverVersion", "dra: cudaDriverVersion", "dra: gpu.nvidia.com/ attributes mirror them",
+                "dra: resource.kubernetes.io/pciBusID", "dra: capacity memory (bytes)"):
         assert r[key]["status"] == "PASS", (key, r[key])
     mig = r["discovery: MIG instances (profile, UUID)"]
     if profile == "a100-mig":  # GPUs 0-1 in MIG mode: the load goes to GPU 2, the MIG instances match nvidia-smi -L
@@ -127,7 +130,9 @@ def test_check_reports_every_difference_as_fail_with_both_values(tmp_path):
     assert settings["status"] == "FAIL" and "persistence_mode: Enabled -> Disabled" in settings["gpufleet"]
     # what agrees still passes
     assert r["discovery: model"]["status"] == "PASS" and r["metrics: GPU utilisation (DCGM_FI_DEV_GPU_UTIL)"]["status"] == "PASS"
-    assert doc["summary"]["FAIL"] == 4 and "4 failed" in out
+    dra_uuid = r["dra: uuid"]  # what the ResourceSlice would say differs from nvidia-smi on the same GPU
+    assert dra_uuid["status"] == "FAIL" and dra_uuid["reference"] == "GPU 3: GPU-somebody-else", dra_uuid
+    assert doc["summary"]["FAIL"] == 5 and "5 failed" in out
 
 
 def test_real_backend_without_a_gpu_fails_with_nvml_s_reason(tmp_path):
