@@ -28,7 +28,10 @@ installs the project first):
    device (``/dev/nvidiaN``'s minor against ``/proc/driver/nvidia``; a missing
    ``nvidia-uvm`` would fail every container start), and a CUDA process given
    that environment sees that GPU and no other;
-6. the scrape time of the agent's ``/metrics``, the agent's health gauge, a
+6. a GPU share (half the compute, ``--share-mib`` of memory: the environment
+   of a DRA share's CDI spec) under a real MPS control daemon, started and quit
+   by the check: the client is an MPS client and cannot allocate past its limit;
+7. the scrape time of the agent's ``/metrics``, the agent's health gauge, a
    clean SIGTERM, and that no device setting changed (MIG mode, persistence,
    compute mode, power limit, application clocks, ECC). The check itself never
    runs a command that changes one: nvidia-smi is only queried.
@@ -52,6 +55,8 @@ import json
 import os
 import platform
 import re
+import shutil
+import select
 import signal
 import socket
 import stat
@@ -402,6 +407,34 @@ def cuda_uuids() -> int:
         h = bytes(raw).hex()
         out.append(f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
     print(json.dumps(out))
+    return 0
+
+
+def cuda_mem_probe(sizes_mib: list[int]) -> int:
+    """Try to allocate each size in turn (kept while the next is tried); print {"alloc": [[MiB, CUDA result]], ...}
+    as one JSON line, then hold the context a moment so nvidia-smi can list the process."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    res = cu.cuInit(0)
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    if res == 0:
+        res = cu.cuDeviceGet(ctypes.byref(dev), 0) or cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) or cu.cuCtxSetCurrent(ctx)
+    if res != 0:
+        print(f"CUDA context: error {res}", file=sys.stderr)
+        return 1
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total))
+    out, held = [], []
+    for mib in sizes_mib:
+        ptr = ctypes.c_uint64()
+        r = cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(mib * MIB))
+        out.append([mib, r])
+        if r == 0:
+            held.append(ptr)
+            cu.cuMemsetD8_v2(ptr, ctypes.c_ubyte(1), ctypes.c_size_t(mib * MIB))
+    print(json.dumps({"alloc": out, "total_mib": total.value // MIB, "free_mib": free.value // MIB}), flush=True)
+    time.sleep(3)
+    for ptr in held:
+        cu.cuMemFree_v2(ptr)
     return 0
 
 
@@ -994,6 +1027,90 @@ class Check:
             items.append((g.index, a, b, None if b is None or a is None else abs(a - b) <= tol))
         self.rep.per_gpu(S, "capacity memory (bytes)", items, f"nvidia-smi fb_memory_usage/total; tolerance {tol // MIB} MiB")
 
+    def mps(self) -> None:
+        """A GPU share as gpufleet hands it out (a DRA claim of half the GPU's compute and 4 GiB: the CDI spec's
+        environment) under a real MPS control daemon: the client runs as an MPS client and cannot allocate past its
+        memory limit.  The daemon is started here and quit afterwards; no device setting is changed (the GPU stays
+        in its compute mode)."""
+        S = "shares"
+        if self.fake:
+            self.rep.add(S, "MPS enforces a share's memory limit", "SKIP", "", "", "fake backend: no CUDA")
+            return
+        ctl = shutil.which("nvidia-cuda-mps-control") or next(
+            (p for p in ("/usr/local/nvidia/bin/nvidia-cuda-mps-control", "/usr/bin/nvidia-cuda-mps-control") if os.path.exists(p)), None)
+        if ctl is None:
+            self.rep.add(S, "MPS enforces a share's memory limit", "SKIP", "", "", "no nvidia-cuda-mps-control on this machine")
+            return
+        from gpufleet.agent.dra.cdi import CdiWriter
+        from gpufleet.agent.dra.state import PreparedClaim, PreparedDevice
+
+        target = next((g for g in self.be.gpus() if not g.mig_enabled and (self.args.gpu is None or g.index == self.args.gpu)), None)
+        if target is None:
+            self.rep.add(S, "MPS enforces a share's memory limit", "SKIP", "", "", "no GPU outside MIG mode")
+            return
+        limit_mib = self.args.share_mib
+        pipe, logs = os.path.join(self.tmp, "mps-pipe"), os.path.join(self.logdir, "mps-log")
+        os.makedirs(pipe, exist_ok=True)
+        os.makedirs(logs, exist_ok=True)
+        d = PreparedDevice("gpu", "device-check", f"gpu-{target.index}", target.uuid, target.index, limit_mib * MIB, 500, False, "s0")
+        edits = CdiWriter(os.path.join(self.tmp, "cdi"), "/dev", "all", mps_pipe_dir=pipe).edits(
+            PreparedClaim("share", "device-check", "share"), [d])
+        share_env = dict(e.split("=", 1) for e in edits["env"])
+        self.rep.data["share_env"] = share_env
+        daemon_env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe, CUDA_MPS_LOG_DIRECTORY=logs, CUDA_VISIBLE_DEVICES=target.uuid)
+        try:
+            p = subprocess.run([ctl, "-d"], env=daemon_env, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.rep.add(S, "MPS enforces a share's memory limit", "SKIP", "", "", f"the MPS daemon did not start: {exc}")
+            return
+        if p.returncode != 0:
+            self.rep.add(S, "MPS enforces a share's memory limit", "SKIP", "", "",
+                         f"nvidia-cuda-mps-control -d exited {p.returncode}: {(p.stderr or p.stdout).strip()[:200]}")
+            return
+        try:
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=share_env["NVIDIA_VISIBLE_DEVICES"], **share_env)
+            below, above = limit_mib // 2, limit_mib + limit_mib // 2
+            client = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--cuda-mem-probe", f"{below},{above}"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            assert client.stdout is not None
+            ready, _, _ = select.select([client.stdout], [], [], 90)  # never hang on a client MPS does not serve
+            first = client.stdout.readline() if ready else ""
+            kind = None
+            try:
+                r, _ = self.smi.query()
+                rg: dict[str, Any] = next((x for x in r["gpus"] if pci_key(x["bus_id"]) == pci_key(target.pci_bus_id)), {"processes": []})
+                kind = next((x["type"] for x in rg["processes"] if x["pid"] == client.pid), None)
+            except (SmiError, ET.ParseError):
+                pass
+            try:
+                _out, err = client.communicate(timeout=60 if first else 1)
+            except subprocess.TimeoutExpired:
+                client.kill()
+                _out, err = client.communicate()
+            try:
+                probe = json.loads(first)
+            except ValueError:
+                probe = None
+            self.rep.data["share_probe"] = {"probe": probe, "nvidia_smi_type": kind, "stderr": err[-2000:]}
+            if probe is None:
+                self.rep.add(S, "MPS enforces a share's memory limit", "FAIL", (err.strip().splitlines() or ["no output"])[-1], "")
+                return
+            got = {int(m): rc for m, rc in probe["alloc"]}
+            ok = got.get(below) == 0 and got.get(above) not in (0, None)
+            self.rep.add(S, "MPS enforces a share's memory limit", "PASS" if ok else "FAIL",
+                         f"{below} MiB: {'ok' if got.get(below) == 0 else 'error ' + str(got.get(below))}; "
+                         f"{above} MiB: {'ok' if got.get(above) == 0 else 'refused (CUDA error ' + str(got.get(above)) + ')'}",
+                         f"{below} MiB ok, {above} MiB refused", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=" + share_env.get(
+                             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "?") + f"; cuMemGetInfo total {probe.get('total_mib')} MiB")
+            self.rep.add(S, "the share runs as an MPS client", "PASS" if kind == "M+C" else ("SKIP" if kind is None else "FAIL"),
+                         kind or "", "M+C", "nvidia-smi's process type for the share's pid"
+                         + ("" if kind is not None else ": nvidia-smi did not list it"))
+        finally:
+            try:
+                subprocess.run([ctl], input="quit\n", env=daemon_env, capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                self.rep.add(S, "MPS daemon quits", "FAIL", str(exc), "")
+
     def load_phase(self) -> None:
         S = "load"
         gpus = self.be.gpus()
@@ -1212,6 +1329,7 @@ class Check:
                 self.container("before")
                 self.load_phase()
                 self.container("after")
+                self.mps()
                 self.settings()
         finally:
             self.rep.data["elapsed_s"] = round(time.monotonic() - t0, 1)
@@ -1290,6 +1408,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--print-check-deps", action="store_true", help="print the requirements the check needs, one a line, and exit")
     ap.add_argument("--run-load", choices=["torch", "ptx", "fake"], help=argparse.SUPPRESS)
     ap.add_argument("--cuda-uuids", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cuda-mem-probe", help=argparse.SUPPRESS)
+    ap.add_argument("--share-mib", type=int, default=4096, help="the memory limit of the MPS share checked (default 4096 MiB)")
     args = ap.parse_args(argv)
     if args.print_missing_deps:
         print("\n".join(missing_deps()))
@@ -1299,6 +1419,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cuda_uuids:
         return cuda_uuids()
+    if args.cuda_mem_probe:
+        return cuda_mem_probe([int(x) for x in args.cuda_mem_probe.split(",")])
     if args.run_load:
         return run_load(args.run_load, args.load_mib, args.load_seconds)
     if args.nvml != "real" and not args.nvml.startswith("fake:"):

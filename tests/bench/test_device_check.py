@@ -98,6 +98,7 @@ def test_check_passes_when_gpufleet_and_nvidia_smi_agree(tmp_path, profile):
     assert len(doc["samples"]) == 3 and doc["tolerances"]["gpu_util_pct"] == 10 and doc["summary"]["FAIL"] == 0
     assert "passed, 0 failed" in out and "|" in out
     assert r["container: a CUDA process given it sees that GPU alone"]["status"] == "SKIP"  # no CUDA with the fake backend
+    assert r["shares: MPS enforces a share's memory limit"]["status"] == "SKIP"
     loaded = doc["load"]["gpu"]
     assert r["container: Allocate names the GPU (NVIDIA_VISIBLE_DEVICES)"]["gpufleet"] == f"GPU-{profile.split('-')[0]}-{loaded:02d}"
 
