@@ -17,7 +17,8 @@ from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import GPU_MILLI, Assignment, PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies.default import DescentScore, WorkloadArgs, WorkloadModel
-from gpufleet.policies.paper.fgd import DEDUPE_MIN_NODES, FGDScore, memo_keys, state_groups, state_ids
+from gpufleet.policies.paper.fgd import DEDUPE_MIN_NODES, FGDScore, FragDescent, memo_keys, state_groups, state_ids
+from gpufleet.policies.paper.workload import node_view
 
 from tests.builders import A100, T4, make_node
 
@@ -192,13 +193,65 @@ def test_take_packed_takes_the_least_sufficient_gpus_first(rows, milli, count):
        milli=st.sampled_from([0, 100, 250, 500]))
 def test_distinct_placements_are_numpy_unique(rows, milli):
     """The hand-made unique gives np.unique's first occurrences and inverse, so the same placements stand for each group."""
-    from gpufleet.policies.paper.fgd import distinct_placements
+    from gpufleet.policies.paper import fgd
 
     left = np.array(rows, dtype=np.int64)
     r, c = np.nonzero(left >= milli)
-    first, inverse = distinct_placements(left, r, c)
     _, ufirst, uinverse = np.unique(r * (GPU_MILLI + 1) + left[r, c], return_index=True, return_inverse=True)
-    assert np.array_equal(first, ufirst) and np.array_equal(inverse, uinverse.ravel())
+    saved = fgd.DISTINCT_PY_MAX
+    try:
+        for py_max in (0, 10**9):  # the numpy path, then the plain-Python one
+            fgd.DISTINCT_PY_MAX = py_max
+            first, inverse = fgd.distinct_placements(left, r, c)
+            assert first.dtype == np.intp and inverse.dtype == np.intp
+            assert np.array_equal(first, ufirst) and np.array_equal(inverse, uinverse.ravel())
+    finally:
+        fgd.DISTINCT_PY_MAX = saved
+
+
+@SETTINGS
+@given(n=st.integers(0, 40), g=st.sampled_from([0, 1, 4, 8]), data=st.data())
+def test_set_rows_is_fancy_row_assignment(n, g, data):
+    """set_rows moves whole rows as records: the same bytes as ``dst[at] = src``, -inf and -0.0 included."""
+    from gpufleet.policies.paper.fgd import set_rows
+
+    at = np.array(sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))) if n else [], dtype=np.intp)
+    src = np.array(data.draw(st.lists(st.lists(st.sampled_from([-np.inf, -0.0, 0.0, 1.5, -713.25, 61.75]), min_size=g, max_size=g),
+                                      min_size=at.size, max_size=at.size)), dtype=np.float64).reshape(at.size, g)
+    want, got = np.full((n, g), -np.inf), np.full((n, g), -np.inf)
+    want[at] = src
+    set_rows(got, at, src)
+    assert want.tobytes() == got.tobytes()
+
+
+@SETTINGS
+@given(state=cluster(), milli=st.sampled_from([100, 250, 300, 500, 700]), tight=st.booleans())
+def test_share_terms_from_tables_equal_the_computed_ones(state, milli, tight):
+    """DescentScore's per-free-milli tables of the pattern and share-fit terms give, bit for bit, what computing them
+    per GPU gives (``_gpu_scores`` falls back to computing when a GPU's free milli is outside 0..GPU_MILLI)."""
+    p = plugin("default")
+    c = Cycle(request=PodRequest(name="p", cpu_milli=1000, memory_mib=4096, gpu_count=1, gpu_milli=milli), rng=np.random.default_rng(0))
+    nodes = np.arange(len(state))
+    if tight:  # the pattern term is off where CPU binds first
+        p.args = type(p.args)(**{**p.args.__dict__, "quantile_tight": 0.0})
+    fast = p._gpu_scores(c, state, nodes)
+    view = node_view(state, nodes)
+    slow = FragDescent._gpu_scores(p, c, state, nodes, view)  # the descent's placements, no per-GPU terms yet
+    left = view[1]
+    if p.patterns.on and p.model.cpu_tight(state) < p.args.quantile_tight:
+        term = p.patterns.term(p.model.version, p.model.share_sizes, milli, left)
+        if term is not None:
+            slow = slow + term
+    slow = slow - p.args.share_fit * np.minimum(np.maximum(left - milli, 0), GPU_MILLI) / GPU_MILLI
+    assert fast.tobytes() == slow.tobytes()
+
+
+def test_penalty_mean_over_quantiles_is_numpy_mean():
+    """_penalty's sum over the quantile rows divided by their count is np.mean(axis=0), bit for bit."""
+    rng = np.random.default_rng(7)
+    for q in (1, 2, 3, 4, 7, 9):
+        x = np.maximum(0.0, rng.normal(300, 400, size=(q, 50)))
+        assert (np.add.reduce(x, axis=0) / q).tobytes() == np.mean(x, axis=0).tobytes()
 
 
 @SETTINGS

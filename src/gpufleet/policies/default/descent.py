@@ -88,6 +88,7 @@ class DescentScore(FragDescent):
         self._bcache: tuple | None = None
         self._rates: tuple | None = None
         self._q_rhos: np.ndarray | None = None  # this cycle's ratio quantiles, None: the mean ratio
+        self._tables: tuple | None = None  # (workload version, {(share milli, patterns on): per-free-milli terms})
 
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> DescentScore:
@@ -153,7 +154,8 @@ class DescentScore(FragDescent):
         total = np.add.reduce(gpu, axis=-1)  # ``gpu.sum(axis=-1)`` without its Python wrapper
         if a.strand_weight and g_milli > 0:
             if self._q_rhos is not None:  # the mean over the quantiles' ratios, all rows [Q, S] in one go
-                stranded = np.mean(np.maximum(0.0, total - np.maximum(cpu, 0) / self._q_rhos[:, None]), axis=0)
+                # np.mean(..., axis=0) is this sum divided by the count, without its Python wrapper
+                stranded = np.add.reduce(np.maximum(0.0, total - np.maximum(cpu, 0) / self._q_rhos[:, None]), axis=0) / self._q_rhos.shape[0]
             else:
                 stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
             if a.memory_strand and m_mib > 0:
@@ -227,13 +229,41 @@ class DescentScore(FragDescent):
         out = super()._gpu_scores(cycle, state, nodes, view)
         milli = cycle.request.gpu_milli
         left = view[1]
-        if self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight:
+        patterns = self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight
+        if left.size and 0 <= np.minimum.reduce(left, axis=None) and np.maximum.reduce(left, axis=None) <= GPU_MILLI:
+            term, fit = self._share_tables(milli, patterns)  # per free milli: the same values as computed per GPU
+            if term is not None:
+                out = out + term[left]
+            if fit is not None:
+                out = out - fit[left]
+            return out
+        if patterns:
             term = self.patterns.term(self.model.version, self.model.share_sizes, milli, left)
             if term is not None:
                 out = out + term
         if self.args.share_fit:
-            out = out - self.args.share_fit * np.minimum(np.maximum(left - milli, 0), GPU_MILLI) / GPU_MILLI
+            out = out - self._share_fit(milli, left)
         return out
+
+    def _share_fit(self, milli: int, left: np.ndarray) -> np.ndarray:
+        return self.args.share_fit * np.minimum(np.maximum(left - milli, 0), GPU_MILLI) / GPU_MILLI
+
+    def _share_tables(self, milli: int, patterns: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(the share-pattern term, the share-fit term) of a share of ``milli`` on a GPU with L free, for every L in
+        0..GPU_MILLI: the per-GPU terms depend on nothing else, so a lookup gives the values computing them gives
+        (elementwise, the same operations).  Kept per workload version."""
+        version = self.model.version
+        t = self._tables
+        if t is None or t[0] != version:
+            t = self._tables = (version, {})
+        key = (milli, patterns)
+        hit = t[1].get(key)
+        if hit is None:
+            every = np.arange(GPU_MILLI + 1, dtype=np.int64)
+            term = self.patterns.term(version, self.model.share_sizes, milli, every) if patterns else None
+            fit = self._share_fit(milli, every) if self.args.share_fit else None
+            hit = t[1][key] = (term, fit)
+        return hit
 
     # --- where the whole-GPU reserve keeps a node's whole GPUs ---------------------------------------
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:

@@ -129,11 +129,26 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
     return [row.tobytes() for row in cols]
 
 
+DISTINCT_PY_MAX = 24  # placements up to which distinct_placements runs in plain Python
+
+
 def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first, inverse) over (node, GPU) placements of one share: placing it on either of two GPUs
     of a node with the same free milli leaves the same multiset of free GPUs, which is all a
     fragmentation measure sees, so one placement stands for both (8 -> 1 on an idle node)."""
     key = rows * (GPU_MILLI + 1) + left[rows, cols]
+    if key.size <= DISTINCT_PY_MAX:  # a node or two: the same in plain Python, without a dozen numpy calls
+        keys = key.tolist()
+        order_l = sorted(range(len(keys)), key=keys.__getitem__)  # stable, as argsort(kind="stable")
+        first_l: list[int] = []
+        inverse_l = [0] * len(keys)
+        last = None
+        for i in order_l:
+            if keys[i] != last:
+                first_l.append(i)
+                last = keys[i]
+            inverse_l[i] = len(first_l) - 1
+        return np.array(first_l, dtype=np.intp), np.array(inverse_l, dtype=np.intp)
     # np.unique(key, return_index=True, return_inverse=True) without its wrapper's cost: a stable sort, the first
     # of each run of equal keys (its first occurrence), and each key's run number
     order = np.argsort(key, kind="stable")
@@ -144,6 +159,15 @@ def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) ->
     inverse = np.empty(key.size, dtype=np.intp)
     inverse[order] = np.cumsum(new) - 1
     return order[new], inverse
+
+
+def set_rows(dst: np.ndarray, at: np.ndarray, src: np.ndarray) -> None:
+    """``dst[at] = src`` for a C-contiguous [n, G] ``dst``: each row moved as one G-item record (the same bytes;
+    numpy's fancy row assignment copies item by item, 4x slower over thousands of rows)."""
+    if dst.shape[1] == 0:
+        return
+    rec = np.dtype((np.void, dst.shape[1] * dst.itemsize))
+    dst.view(rec).reshape(-1)[at] = np.ascontiguousarray(src, dtype=dst.dtype).view(rec).reshape(-1)
 
 
 def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
@@ -211,10 +235,11 @@ class FragDescent:
         if stale.size >= DEDUPE_MIN_NODES:
             reps, inv = state_groups(state, stale)
             got = self._remembered("gpu", cycle, state, reps)
-            new = got[inv]
+            new = np.take(got, inv, axis=0)  # got[inv], a copy either way; take is 4x faster on [k, G]
+            set_rows(rows, stale, new)
         else:
             new = got = self._remembered("gpu", cycle, state, stale)
-        rows[stale] = new
+            rows[stale] = new
         vers[stale] = state.version[stale]
         return rows, ((new, got, inv) if stale.size == nodes.size else None)
 

@@ -135,21 +135,33 @@ def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, t
     S, G = gpu_left.shape
     if S <= DIRECT_MAX_ROWS and gpu_left.dtype.kind in "iu":  # whole milli: exact sums in any order
         return _frag_amount_direct(cpu_left, gpu_left, model, tw, access)
-    total = gpu_left.sum(axis=-1).astype(np.float64)  # [S]
-    sizes, j = tw.size_index()
+    # numpy's methods and ufuncs called directly (what np.searchsorted, np.repeat, np.cumsum and .sum call,
+    # without their Python wrappers: the same results)
+    total = _sum(gpu_left, axis=-1).astype(np.float64)  # [S]
+    sizes, j, above, gpu_shape = _bins(tw)
     nb = sizes.size + 1
-    b = np.searchsorted(sizes, gpu_left.ravel(), side="right")  # GPU can hold sizes[:b]
-    flat = np.repeat(np.arange(S), G) * nb + b
+    flat_left = gpu_left.ravel()
+    b = sizes.searchsorted(flat_left, side="right")  # GPU can hold sizes[:b]
+    flat = np.arange(S).repeat(G) * nb + b
     hist = np.bincount(flat, minlength=S * nb).reshape(S, nb)
-    sums = np.bincount(flat, weights=gpu_left.ravel(), minlength=S * nb).reshape(S, nb)
-    ge = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]  # ge[:, k] = GPUs in bins >= k
-    lt = np.cumsum(sums, axis=1)  # lt[:, k] = milli in bins <= k
-    cnt_ok = ge[:, np.minimum(j + 1, nb - 1)]  # GPUs holding size j: bins > j
+    sums = np.bincount(flat, weights=flat_left, minlength=S * nb).reshape(S, nb)
+    ge = hist[:, ::-1].cumsum(axis=1)[:, ::-1]  # ge[:, k] = GPUs in bins >= k
+    lt = sums.cumsum(axis=1)  # lt[:, k] = milli in bins <= k
+    cnt_ok = ge[:, above]  # GPUs holding size j: bins > j
     small = lt[:, j]  # idle milli on GPUs that cannot hold it
     acc = access[model]  # [S, T]  (model -1 picks the last row)
-    q3 = (tw.gpu_milli[None, :] > 0) & acc & (cnt_ok >= tw.gpu_count[None, :]) & (cpu_left[:, None] >= tw.cpu_milli[None, :])
+    q3 = gpu_shape & acc & (cnt_ok >= tw.gpu_count) & (cpu_left[:, None] >= tw.cpu_milli)
     per = np.where(q3, small, total[:, None])
-    return (per * tw.freq).sum(axis=1)  # row by row, so a node scores the same in any batch (matmul may not)
+    return _sum(per * tw.freq, axis=1)  # row by row, so a node scores the same in any batch (matmul may not)
+
+
+def _bins(tw: TargetWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``size_index`` and what ``frag_amount`` derives from it, once per workload."""
+    c = tw.__dict__.get("_bins")
+    if c is None:
+        sizes, j = tw.size_index()
+        c = tw.__dict__["_bins"] = (sizes, j, np.minimum(j + 1, sizes.size), tw.gpu_milli > 0)
+    return c
 
 
 DIRECT_MAX_ROWS = 4  # up to this many node states, comparing every GPU with every shape is cheaper than binning
