@@ -165,7 +165,9 @@ class ScorePlugin(Protocol):
         ...
 
     def cache_key(self, cycle: Cycle) -> Hashable | None:
-        """Key under which raw per-node scores may be cached, or None."""
+        """Key under which raw per-node scores may be cached, or None.  A plugin whose keys carry a version that
+        only moves forward (a learned workload) may also define ``cache_version() -> Hashable``: when it moves,
+        the framework forgets the plugin's scores cached under the older one."""
         ...
 
 
@@ -256,6 +258,7 @@ class Scheduler:
         self._rank: np.ndarray | None = None
         self._cache: OrderedDict[tuple, tuple[np.ndarray, np.ndarray, int]] = OrderedDict()
         self._cache_size = cache_size
+        self._cache_versions: dict[str, Hashable] = {}  # plugin name -> its cache_version when last asked (_drop_older)
         # plugins that learn the workload see every pod that passes prefilter, also one no node can take:
         # learning only from pods that reach scoring would hide the demand that fails (pods pinned to a full model)
         seen: list = []
@@ -341,6 +344,9 @@ class Scheduler:
                 ent = self._cache.get(ck)
                 new = ent is None or ent[2] != st.epoch
                 if ent is None or new:  # versions start at 0: every node is stale
+                    cv = getattr(p, "cache_version", None)
+                    if cv is not None:
+                        self._drop_older(p.name, cv())
                     ent = (np.zeros(n, dtype=np.float64), np.full(n, -1, dtype=np.int64), st.epoch)
                     self._cache[ck] = ent
                     if len(self._cache) > self._cache_size:
@@ -365,6 +371,15 @@ class Scheduler:
             else:
                 total += term
         return total if total is not None else np.zeros(cand.size, dtype=np.float64)
+
+    def _drop_older(self, name: str, version: Hashable) -> None:
+        """Forget plugin ``name``'s cached scores when its ``cache_version`` moved: its keys hold that version, which
+        never comes back, so they would only sit in the cache (a [nodes] column each, 80 KB at 5,000 nodes) until
+        pushed out; the default's learned workload moves a dozen times per few thousand pods."""
+        if self._cache_versions.get(name, version) != version:
+            for k in [k for k in self._cache if k[0] == name]:
+                del self._cache[k]
+        self._cache_versions[name] = version
 
     def _pick(self, cycle: Cycle, cand: np.ndarray, scores: np.ndarray) -> int:
         best = _max(scores)

@@ -9,6 +9,7 @@ from gpufleet.engine.framework import Cycle, GpuChoice, Profile, Scheduler
 from gpufleet.engine.model import Assignment, PodRequest
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies import build_profile
+from gpufleet.policies.default.reserves import WHOLE_KEPT
 from tests.builders import A100, make_node
 from tests.policies.default.test_policy import Parts
 
@@ -67,3 +68,29 @@ def test_a_share_asking_gpu_memory_gets_a_gpu_with_that_memory_after_one_of_its_
     c = cycle(asks)
     sched._score(c, nodes)
     assert sched.profile.gpu_selector.select_gpus(c, state, 0) == GpuChoice((1,))
+
+
+def test_scores_of_an_older_workload_version_are_dropped_and_decisions_do_not_change():
+    """The default learns its workload online; at each refresh its version moves and every cached score of the older
+    version is dead.  The framework (and the per-GPU cache) forget them, and the decisions are those made keeping them."""
+    nodes = [make_node(f"n{i}", 8, A100, cpu_milli=64_000, memory_mib=262_144) for i in range(40)]
+    pods = [PodRequest(name=f"p{i}", cpu_milli=1000 * (1 + i % 5), memory_mib=4096 * (1 + i % 3), gpu_count=1,
+                       gpu_milli=[1000, 250, 500, 300][i % 4]) for i in range(300)]
+
+    def run(keep: bool) -> tuple[list, Scheduler]:
+        s = Scheduler(build_profile("default"), ClusterState(nodes), seed=0)
+        if keep:
+            s._drop_older = lambda name, version: None  # type: ignore[method-assign]
+        out = [(d.assignment.node, d.assignment.gpu_indices, d.score) if d.ok and d.assignment else d.status.code
+               for d in (s.schedule(r) for r in pods)]
+        return out, s
+
+    dropped, s = run(keep=False)
+    kept, k = run(keep=True)
+    assert dropped == kept
+    descent = next(p for p, _ in s.profile.scores if p.name == "DescentScore")
+    assert descent.cache_version() > 3  # it refreshed several times in these 300 pods
+    versions = {ck[1][0][1] if ck[1][-1] is WHOLE_KEPT else ck[1][1] for ck in s._cache if ck[0] == "DescentScore"}
+    assert versions == {descent.cache_version()}
+    assert len(s._cache) < len(k._cache)
+    assert {key[1] for key in descent._gsel} == {descent.cache_version()}

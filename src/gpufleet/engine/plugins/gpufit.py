@@ -124,8 +124,8 @@ class GpuFit:
         """(fits, reason code) of the nodes ``rows`` for a pod's whole GPUs or share; depends only on those nodes'
         devices and free amounts, so a node's verdict holds until its version changes."""
         k = r.gpu_count
-        n = state.gpu_usable[rows].shape[0]
         usable = state.gpu_usable[rows]
+        n = usable.shape[0]
         codes = None  # every code 0 so far (no model restriction)
         no_devices = None
         if state.devices_limited:  # kubelet's count of free nvidia.com/gpu devices on the node
@@ -186,6 +186,7 @@ def _without_plugin_down(res: FilterResult, state: ClusterState) -> FilterResult
 
 def _at_least(mask: np.ndarray, k: int) -> np.ndarray:
     """Per row of a [nodes, GPUs] mask: at least ``k`` true."""
+    # the ufuncs that .any(axis=1) and np.count_nonzero(axis=1) come to, without their Python wrappers
     if k == 1:
-        return np.asarray(mask.any(axis=1))
-    return np.asarray(np.count_nonzero(mask, axis=1) >= k)
+        return np.logical_or.reduce(mask, axis=1)
+    return np.add.reduce(mask, axis=1, dtype=np.intp) >= k

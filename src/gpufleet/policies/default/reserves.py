@@ -74,7 +74,7 @@ class CpuReserve:
         free_gpu = np.where(state.gpu_usable, state.gpu_free_milli, 0).sum(axis=1)
         need = a.cpu_reserve * self.model.cpu_per_gpu_milli() * free_gpu
         ok = (free_gpu == 0) | (state.cpu_free - r.cpu_milli >= need)
-        return FilterResult(ok, (self.REASON,), passes_all=bool(ok.all()))
+        return FilterResult(ok, (self.REASON,), passes_all=bool(np.logical_and.reduce(ok)))  # ok.all(), unwrapped
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class WholeGpuReserve:
         fed = whole_n
         if per_gpu_cpu > 0:
             fed = np.minimum(fed, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
-        if fed.sum() >= a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n:
+        if np.add.reduce(fed) >= a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n:
             return passing(n)
         kept = fed > 0
         cycle.write(WHOLE_KEPT, kept)
@@ -137,7 +137,7 @@ class WholeGpuReserve:
         at = kept.nonzero()[0]  # few: whole GPUs are scarce here
         whole = usable[at] & (state.gpu_free_milli[at] >= GPU_MILLI)
         ok[at] = (eligible_gpus(state, r, at) & ~whole).any(axis=1)
-        return FilterResult(ok, (self.REASON,), passes_all=bool(ok.all()))
+        return FilterResult(ok, (self.REASON,), passes_all=bool(np.logical_and.reduce(ok)))  # ok.all(), unwrapped
 
     def _whole_gpus(self, state: ClusterState, r) -> tuple[np.ndarray, np.ndarray, int]:
         """(usable [nodes, G], whole free usable GPUs per node, usable GPUs in all) for the pod's GPU models.

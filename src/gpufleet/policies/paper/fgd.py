@@ -205,6 +205,10 @@ class FragDescent:
         self.observe_pod(cycle)
         return (self._shape_key(cycle.request), self.learner.version)
 
+    def cache_version(self) -> int:
+        """The learned workload's version, in every key above: the framework drops older versions' scores."""
+        return self.learner.version
+
     def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
         """Per-GPU scores of a shared pod's shape, [nodes, G], with the node version each was computed at.
 
@@ -215,6 +219,8 @@ class FragDescent:
         cache = self._gsel
         ent = cache.get(key)
         if ent is None or ent[0].shape != state.gpu_free_milli.shape:
+            for old in [k for k in cache if k[1] != key[1]]:  # an older workload version's: never asked again
+                del cache[old]
             ent = (np.full(state.gpu_free_milli.shape, -np.inf), np.full(len(state), -1, dtype=np.int64))
             cache[key] = ent
             if len(cache) > 16:
