@@ -42,6 +42,28 @@ def test_daemonset_args_mounts_and_security():
     assert any(t["key"] == "nvidia.com/gpu" for t in ds["tolerations"])
 
 
+def test_the_endpoint_container_shares_the_agents_endpoint_dir_and_nothing_more():
+    from gpufleet.agent import endpoint
+
+    ds = docs()["DaemonSet"]["spec"]["template"]["spec"]
+    agent, ep = ds["containers"]
+    assert (agent["name"], ep["name"]) == ("agent", "endpoint")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    a = parser.parse_args(agent["args"][1:])
+    parser = argparse.ArgumentParser()
+    endpoint.add_arguments(parser)
+    e = parser.parse_args(ep["args"][1:])
+    assert a.endpoint_dir == e.endpoint_dir and e.device_plugin_dir == a.device_plugin_dir
+    assert e.endpoint_dir.startswith(a.state_dir + "/")  # on the state hostPath both mount
+    mounts = {m["name"]: m["mountPath"] for m in ep["volumeMounts"]}
+    assert mounts == {"device-plugins": a.device_plugin_dir, "state": a.state_dir}  # no NVML, no config, no API token use
+    assert "env" not in ep and "ports" not in ep
+    sc = ep["securityContext"]
+    assert not sc["privileged"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["readOnlyRootFilesystem"]
+
+
 def test_rbac_is_least_privilege():
     rules = docs()["ClusterRole"]["rules"]
     # what the agent calls (labels, podsource, reconcile, report_refused); narrowed to its own node by

@@ -64,7 +64,8 @@ def test_workloads_run_this_version_of_the_image_as_the_image_expects():
                                      "gpufleet-reclaim"}
     for name, spec, c in cs:
         assert c["image"] == IMAGE, (name, c["image"])  # bump pyproject's version and the manifests together
-        assert c["args"][0] == name.removeprefix("gpufleet-").removesuffix("-dra") and "command" not in c  # the entrypoint
+        command = name.removeprefix("gpufleet-").removesuffix("-dra") + ("-endpoint" if c["name"] == "endpoint" else "")
+        assert c["args"][0] == command and "command" not in c  # the entrypoint
         sc = c["securityContext"]
         assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
         if not name.startswith("gpufleet-agent"):  # the image's numeric user; the agent alone runs as root (kubelet's dirs)

@@ -80,7 +80,7 @@ def drill_runs() -> int:
     return int(text)
 
 
-DRILLS = ("base", "apiserver", "etcd", "kubelet", "agent", "alloc", "leader", "gang", "preempt", "cut")
+DRILLS = ("base", "apiserver", "etcd", "kubelet", "agent", "alloc", "endpoint", "leader", "gang", "preempt", "cut")
 
 
 def chosen(key: str) -> bool:
@@ -425,6 +425,7 @@ def bad_rows(rows: list[dict], refusals_allowed: tuple[str, ...] = ()) -> list[d
 
 
 ALLOCATE_KILL = "agent SIGKILL in the middle of an Allocate"
+ENDPOINT_KILL = "device-plugin endpoint SIGKILL in the middle of an Allocate"
 
 
 def test_fault_drills(node):
@@ -437,9 +438,15 @@ def test_fault_drills(node):
             os.mknod(fakedev / name, 0o666 | 0o020000, os.makedev(195, minor))
     points = PausePoints(n.data / "pause")
     n.env[pause_points.ENV] = str(points.dir)  # the agent's test-only pause points: nothing pauses until armed
+    # as deploy/agent ships it: the agent behind its device-plugin endpoint (gpufleet agent-endpoint), which holds
+    # kubelet's connection while the agent restarts
+    endpoint_dir = str(n.data / "gpufleet-agent" / "endpoint")
+    endpoint = ["agent-endpoint", "--device-plugin-dir", "/var/lib/kubelet/device-plugins", "--endpoint-dir", endpoint_dir]
     agent = ["agent", "--nvml", f"fake:{PROFILE}", "--node-name", NODE, "--kubeconfig", str(n.kubeconfig),
              "--device-plugin-dir", "/var/lib/kubelet/device-plugins", "--state-dir", str(n.data / "gpufleet-agent"),
+             "--endpoint-dir", endpoint_dir,
              "--metrics-addr", "127.0.0.1:19400", "--dev-root", str(fakedev), "--interval", "1"]
+    n.gpufleet("gpufleet-endpoint", endpoint)
     n.gpufleet("gpufleet-agent", agent)
     assert wait(lambda: (n.node()["status"].get("allocatable") or {}).get("nvidia.com/gpu") == "80", 90)
     port = {"a": 19251, "b": 19252}
@@ -508,11 +515,33 @@ def test_fault_drills(node):
             d.note = "no Allocate reached the pause point within 60 s"
             return time.monotonic()
         killed = time.time()
+        resent = resent_calls()
         kill9(n, "gpufleet-agent")
         d.replace_refused = True
         n.gpufleet("gpufleet-agent", agent)
         d.note = f"killed while kubelet waited for the Allocate of {who} (recorded in the agent's checkpoint, not answered)"
-        d.after = lambda: registered_after(killed)
+        d.after = lambda: f"; the endpoint sent {resent_calls() - resent} call(s) again to the new agent" + registered_after(killed)
+        return time.monotonic()
+
+    def resent_calls() -> int:
+        """Calls the endpoint sent again because the agent died under them (its log)."""
+        log = n.logs / "gpufleet-endpoint.log"
+        return log.read_text().count("sending it again") if log.exists() else 0
+
+    def endpoint_killed_mid_allocate() -> float:
+        """The long-lived part itself dies (kill -9) while kubelet waits for an Allocate it forwarded: kubelet sees a
+        dead plugin (the fallback: refusals, gpufleet's hold and copies), the endpoint is started again."""
+        who = points.paused("allocate", 60)
+        if who is None:
+            points.disarm("allocate")
+            d.note = "no Allocate reached the pause point within 60 s"
+            return time.monotonic()
+        killed = time.time()
+        kill9(n, "gpufleet-endpoint")
+        d.replace_refused = True
+        n.gpufleet("gpufleet-endpoint", endpoint)
+        d.note = f"the endpoint killed while kubelet waited for the Allocate of {who}"
+        d.after = lambda: registered_after(killed).replace("new agent", "new endpoint")
         return time.monotonic()
 
     def registered_after(killed: float) -> str:
@@ -590,6 +619,9 @@ def test_fault_drills(node):
         if chosen("alloc"):
             d.drill(ALLOCATE_KILL, burst(f"alloc{t}"), agent_killed_mid_allocate, f"alloc{t}-probe",
                     before=lambda: points.arm("allocate", 60))
+        if chosen("endpoint"):
+            d.drill(ENDPOINT_KILL, burst(f"ep{t}"), endpoint_killed_mid_allocate, f"ep{t}-probe",
+                    before=lambda: points.arm("allocate", 5))
         if chosen("leader"):
             d.drill("scheduler leader SIGKILL just after a burst (2 replicas)", burst(f"lead{t}"),
                     lambda t=t: kill_leader(f"as the burst was created ({bound_of(f'lead{t}-')} of 6 bound)"),
@@ -613,7 +645,7 @@ def test_fault_drills(node):
                     timeout_s=300)
 
     write_table(n)
-    bad = bad_rows(ROWS, (ALLOCATE_KILL,))
+    bad = bad_rows(ROWS, (ENDPOINT_KILL,))  # the agent's crash must cost nothing now; the endpoint's is the fallback
     assert not bad, json.dumps(bad, indent=1)
 
 
@@ -671,8 +703,9 @@ def test_dra_prepare_drills(node):
     runs = drill_runs()
     points = PausePoints(n.data / "pause")
     n.env[pause_points.ENV] = str(points.dir)
-    if n.pid_of("gpufleet-agent") is not None:  # the device-plugin agent goes, as when an admin switches to DRA
-        n.stop("gpufleet-agent")
+    for part in ("gpufleet-agent", "gpufleet-endpoint"):  # the device-plugin agent's pod goes, as when an admin switches to DRA
+        if n.pid_of(part) is not None:
+            n.stop(part)
     n.kubectl("taint", "node", NODE, "gpufleet.io/agent-restarting-", check=False)  # its stop's taint: it will not return
     n.kubectl("delete", "pods", "--all", "-n", "default", "--grace-period=0", "--force", "--wait=true", timeout=180, check=False)
     n.kubectl("delete", "pdb", "--all", "-n", "default", check=False)

@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where kubelet.sock lives and the plugin sockets go")
     p.add_argument("--state-dir", default="/var/lib/gpufleet/agent",
                    help="allocation checkpoints (kept out of the device-plugin dir, which kubelet cleans)")
+    p.add_argument("--endpoint-dir", default="",
+                   help="serve kubelet through `gpufleet agent-endpoint` (its --endpoint-dir): the device-plugin servers "
+                        "listen here and plugins.json lists them; the endpoint registers with kubelet and keeps its "
+                        "connection while this process restarts (docs/agent.md). Default: register with kubelet itself")
     p.add_argument("--mig-strategy", choices=["mixed", "single", "none"], default=None, help="default: mixed")
     p.add_argument("--replicas", type=int, default=None, help="time-slicing: advertise each GPU this many times (default 1)")
     p.add_argument("--shares-per-gpu", type=int, default=None,
@@ -102,7 +106,7 @@ class Agent:
 
     def __init__(self, backend, cfg, device_plugin_dir: str, state_dir: str, pods=None, labeller=None,
                  collector=None, clock: Callable[[], float] = time.time, rediscover_s: float = 60.0,
-                 device_specs: str = "all", recorder=None, dev_root: str = "/dev", dra=None) -> None:
+                 device_specs: str = "all", recorder=None, dev_root: str = "/dev", dra=None, endpoint_dir: str = "") -> None:
         from .health import HealthTracker
         from .plugin import KubeletWatcher
 
@@ -134,6 +138,10 @@ class Agent:
         self.announce: Callable[[str], bool] | None = None
         self.registered_at: str | None = None
         self.dra = dra  # dra.driver.DraDriver: DRA mode, no device plugins
+        # with an endpoint (gpufleet agent-endpoint): our servers listen in this directory, the endpoint registers them
+        # with kubelet and forwards kubelet's calls, so kubelet's connection outlives this process
+        self.endpoint_dir = endpoint_dir
+        self._endpoint_seen: str | None = None  # the endpoint's latest registration time already announced
         self._build_plugins()
 
     def _build_plugins(self) -> None:
@@ -143,7 +151,8 @@ class Agent:
         if self.dra is not None:
             self.plugins = []
             return
-        self.plugins = [DevicePlugin(r, self.gpus, self.device_plugin_dir, c.mig_strategy, c.replicas, slots=c.slots, pods=self.pods,
+        sockets = self.endpoint_dir or self.device_plugin_dir
+        self.plugins = [DevicePlugin(r, self.gpus, sockets, c.mig_strategy, c.replicas, slots=c.slots, pods=self.pods,
                                      state_dir=self.state_dir, mps_pipe_dir=c.mps_pipe_dir or None,
                                      device_specs=self.device_specs, dev_root=self.dev_root)
                         for r in resources_for(self.gpus, c.mig_strategy, c.replicas, c.rename_shared)]
@@ -199,6 +208,9 @@ class Agent:
         because kubelet admits the pods bound to it at once after a restart, and a pod admitted before the
         plugin is registered again fails for good ("no healthy devices present"; seen on the real node with a
         1 s loop: the burst bound while kubelet was down, all of it)."""
+        if self.endpoint_dir:
+            self._serve_endpoint()
+            return
         kubelet_new = self.kubelet.changed() if self.dra is None else False
         registered = False
         for p in self.plugins:
@@ -220,6 +232,38 @@ class Agent:
             self.registered_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t := time.time())) + f".{int(t % 1 * 1000):03d}Z"
             self.publish_registration()  # at once; a failure is retried by step(), not every KUBELET_POLL_S
 
+    def _serve_endpoint(self) -> None:
+        """With an endpoint: (re)start every server whose socket is gone, keep plugins.json listing them, and announce
+        the endpoint's registration with kubelet once it covers all of them (its ``registered.json``)."""
+        from .endpoint import read_manifest, read_stamp, write_manifest
+
+        for p in self.plugins:
+            if not p.serving():
+                p.stop(grace_s=0.0)
+                p.start()
+        want = [(p.resource, p.endpoint) for p in self.plugins]
+        if read_manifest(self.endpoint_dir) != want:
+            try:
+                write_manifest(self.endpoint_dir, want)
+                log.info("serving %s for the device-plugin endpoint (%s)", ", ".join(r for r, _ in want), self.endpoint_dir)
+            except OSError as exc:
+                log.error("cannot write the endpoint's plugin list in %s: %s", self.endpoint_dir, exc)
+                self.register_failures += 1
+                return
+        stamp = read_stamp(self.endpoint_dir)
+        if all(r in stamp for r, _ in want) and want:
+            latest = max(stamp[r] for r, _ in want)
+            if latest != self._endpoint_seen:
+                self._endpoint_seen = latest
+                self.registered_at = latest  # the endpoint's clock is this node's: when kubelet took the plugins
+                self.publish_registration()
+
+    def endpoint_registered(self) -> bool:
+        from .endpoint import read_stamp
+
+        stamp = read_stamp(self.endpoint_dir)
+        return bool(self.plugins) and all(p.resource in stamp for p in self.plugins)
+
     def publish_registration(self) -> None:
         """Say on the Node when the plugins registered (once per registration; retried each round until it is said)."""
         if self.registered_at is not None and self.announce is not None and self.announce(self.registered_at):
@@ -228,7 +272,8 @@ class Agent:
     def _after_register(self) -> None:
         self.publish_registration()
         registered = self.untaint is not None and (self.dra.registered() if self.dra is not None else
-                                                   all(p.serving() for p in self.plugins) and not self.kubelet_pending())
+                                                   all(p.serving() for p in self.plugins) and
+                                                   (self.endpoint_registered() if self.endpoint_dir else not self.kubelet_pending()))
         if registered and self.untaint is not None and self.untaint() is not None:
             self.untaint = None
         self.health = self.tracker.update()
@@ -335,13 +380,15 @@ def run(args: argparse.Namespace) -> int:
         # node; an Allocate that needs the API meanwhile waits for it (podsource.DeferredPods), it is not refused
         from .podsource import DeferredPods
 
-        try:
-            os.makedirs(args.state_dir, exist_ok=True)
-        except OSError:
-            pass  # said below
+        for d in (args.state_dir, args.endpoint_dir):
+            try:
+                if d:
+                    os.makedirs(d, exist_ok=True)
+            except OSError:
+                pass  # the state dir: said below; the endpoint dir: the plugin list cannot be written (logged)
         deferred = DeferredPods(args.api_wait_s)
         early = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, deferred, device_specs=device_specs,
-                      dev_root=args.dev_root)
+                      dev_root=args.dev_root, endpoint_dir=args.endpoint_dir)
         try:
             early.register()
         except Exception:
@@ -427,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
         agent.labeller, agent.collector, agent.recorder = labeller, collector, recorder
     else:
         agent = Agent(backend, cfg, args.device_plugin_dir, args.state_dir, pods, labeller, collector, device_specs=device_specs,
-                      recorder=recorder, dev_root=args.dev_root, dra=dra)
+                      recorder=recorder, dev_root=args.dev_root, dra=dra, endpoint_dir="" if dra is not None else args.endpoint_dir)
     if dra is not None:
         dra.update(agent.gpus, agent.driver, agent.health, {})
         dra.start()

@@ -41,7 +41,7 @@ import os
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NoReturn, Protocol
 
@@ -50,6 +50,7 @@ import grpc
 from ..engine.model import Assignment
 from .deviceplugin import api_pb2 as pb
 from .deviceplugin import api_pb2_grpc as pbg
+from .endpoint import KubeletSocket as KubeletWatcher  # noqa: F401 - the agent's name for it
 from .nvml import GpuInfo
 from .pause import pause
 
@@ -676,26 +677,3 @@ class DevicePlugin(pbg.DevicePluginServicer):
                 version=API_VERSION, endpoint=self.endpoint, resource_name=self.resource,
                 options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)),
                 timeout=timeout_s)
-
-
-@dataclass
-class KubeletWatcher:
-    """Notices kubelet restarts: kubelet.sock is re-created (new inode or ctime)."""
-
-    path: str
-    _ident: tuple | None = field(default=None)
-
-    def changed(self) -> bool:
-        try:
-            st = os.stat(self.path)
-            ident = (st.st_ino, st.st_ctime_ns)
-        except FileNotFoundError:
-            ident = None
-        if ident != self._ident:
-            self._ident = ident
-            return ident is not None
-        return False
-
-    def forget(self) -> None:
-        """Report the current socket as new on the next call (a registration to retry)."""
-        self._ident = None

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extender": ("gpufleet.kube.extender_cli", "run the kube-scheduler extender HTTP server"),
     "explain": ("gpufleet.kube.explain_cli", "explain why a pod is pending, node by node"),
     "agent": ("gpufleet.agent.main", "run the node agent (device plugin, labels, metrics, health)"),
+    "agent-endpoint": ("gpufleet.agent.endpoint", "the node agent's device-plugin endpoint for kubelet, kept up across agent restarts"),
     "reclaim": ("gpufleet.utilization.reclaim_cli", "find idle GPUs and reclaim them under a policy"),
     "recommend": ("gpufleet.utilization.recommend_cli", "recommend right-sized GPU requests per workload"),
     "top": ("gpufleet.utilization.top_cli", "terminal view of GPU allocation and utilisation"),
