@@ -299,9 +299,9 @@ class Endpoint:
             want = dict(plugins)
             for r in [r for r in self.relays if r not in want or self.relays[r].socket != want[r]]:
                 log.info("%s: no longer in the agent's manifest; not serving it", r)
-                self.relays.pop(r).close()
                 self.stamps.pop(r, None)
-                self._write_stamp()
+                self._write_stamp()  # first: nobody reads it as registered once kubelet has lost it
+                self.relays.pop(r).close()
             for r, s in plugins:
                 if r not in self.relays:
                     self.relays[r] = Relay(r, s, self.device_plugin_dir, self.endpoint_dir, self.agent_wait_s)

@@ -410,9 +410,14 @@ def run(args: argparse.Namespace) -> int:
         print("gpufleet agent: no --node-name/NODE_NAME; serving the device plugin only, node labels are off", flush=True)
     pods = labeller = None
     if core is not None and not args.dra:
-        from .podsource import KubePodSource
+        from .podsource import KubePodSource, NodePodCache
 
-        pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None, api_wait_s=args.api_wait_s)
+        # its own watch of the pods bound here: what kubelet admits, the agent has seen too, also when the API server
+        # cannot be read at that moment (docs/agent.md, Allocation)
+        cache = NodePodCache(core, args.node_name)
+        cache.start()
+        pods = KubePodSource(core, args.node_name, args.pod_resources_socket or None, api_wait_s=args.api_wait_s,
+                             cache=cache)
     if deferred is not None:
         deferred.provide(pods)
     if early is not None and core is not None and not args.no_labels:

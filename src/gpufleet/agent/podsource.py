@@ -22,6 +22,15 @@ waits once more before it steers kubelet blind, because kubelet keeps the
 preferred devices for the pod's lifetime (seen on the real node: a restart of
 ~35 s, the preference gave up at 30 s, Allocate found the assignment for
 GPU 5 while kubelet held a device of GPU 6).
+
+The agent also keeps its own watch of the pods bound to its node (``NodePodCache``).  kubelet can admit only a pod
+it received from the API server, and the agent's watch receives the same binding from the same server at the same
+moment; so when the API server cannot be read while kubelet admits a pod, the pod is almost always already in the
+agent's copy.  The lookup then answers from it at once (when kubelet's PodResources names the pods it is admitting,
+so the copy is asked only about those), instead of waiting for the API server and, past both waits, letting kubelet's
+device choice stand apart from the assignment (an outage longer than 2 x ``api_wait_s``: kubelet's record and the
+container's GPUs differed).  The watch resumes from its last resourceVersion after a break (the API server replays
+what it missed, or says 410 Gone and the copy is listed afresh), so the copy lags at worst; it never skips a change.
 """
 
 from __future__ import annotations
@@ -201,14 +210,115 @@ def api_unreachable(exc: Exception) -> bool:
     return not isinstance(status, int) or status == 0 or status == 429 or status >= 500
 
 
+class NodePodCache:
+    """The pods bound to this node as the agent's own watch last saw them (list, then watch from its
+    resourceVersion; after a break the watch resumes where it was, or lists afresh on 410 Gone)."""
+
+    WATCH_S = 240  # one watch request's server-side timeout; the next resumes from the last resourceVersion
+
+    def __init__(self, core_v1, node: str, clock: Callable[[], float] = time.monotonic) -> None:
+        import threading
+
+        self.core, self.node, self._clock = core_v1, node, clock
+        self._lock = threading.Lock()
+        self._pods: dict[str, dict] | None = None  # uid -> pod; None until the first list
+        self.rv = ""
+
+    def pods(self) -> list[dict] | None:
+        """A copy of the pods; None before the first list."""
+        with self._lock:
+            return None if self._pods is None else list(self._pods.values())
+
+    def replace(self, pods: list[dict], rv: str = "") -> None:
+        with self._lock:
+            self._pods = {str((p.get("metadata") or {}).get("uid") or pod_key(p)): p for p in pods}
+            self.rv = rv
+
+    def apply(self, kind: str, pod: dict) -> None:
+        """A watch event (ADDED, MODIFIED, DELETED, BOOKMARK)."""
+        meta = pod.get("metadata") or {}
+        with self._lock:
+            if meta.get("resourceVersion"):
+                self.rv = str(meta["resourceVersion"])
+            if self._pods is None or kind == "BOOKMARK":
+                return
+            uid = str(meta.get("uid") or pod_key(pod))
+            if kind == "DELETED":
+                self._pods.pop(uid, None)
+            elif kind in ("ADDED", "MODIFIED"):
+                self._pods[uid] = pod
+
+    def _list(self) -> None:
+        resp = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node}")
+        self.replace([self.core.api_client.sanitize_for_serialization(x) for x in resp.items],
+                     str(resp.metadata.resource_version or ""))
+
+    def _watch(self) -> None:
+        """One watch request, applied as it streams; returns when the server ends it, raises on an error (410: the
+        caller lists afresh)."""
+        import json
+
+        from kubernetes.watch.watch import iter_resp_lines
+
+        resp = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}", watch=True, resource_version=self.rv,
+            allow_watch_bookmarks=True, timeout_seconds=self.WATCH_S, _preload_content=False,
+            _request_timeout=(10, self.WATCH_S + 30))
+        try:
+            for line in iter_resp_lines(resp):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    obj = event.get("object") or {}
+                    raise WatchExpired(f"{obj.get('code')}: {obj.get('message')}", int(obj.get("code") or 0))
+                self.apply(str(event.get("type")), event.get("object") or {})
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def follow(self, stop) -> None:
+        """Until ``stop`` (a threading.Event) is set: list, then watch; on an error wait (backoff) and go on."""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                if self._pods is None or not self.rv:
+                    self._list()
+                self._watch()
+                delay = 0.5
+            except WatchExpired as exc:
+                log.info("the watch of pods on %s expired (%s): listing them afresh", self.node, exc)
+                with self._lock:
+                    self.rv = ""
+            except Exception as exc:  # noqa: BLE001 - the API server away: the copy stays, the watch resumes
+                log.debug("watching pods on %s: %s", self.node, exc)
+                stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def start(self) -> None:
+        import threading
+
+        self._stop_event = threading.Event()
+        threading.Thread(target=self.follow, args=(self._stop_event,), name="pod-watch", daemon=True).start()
+
+
+class WatchExpired(Exception):
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class KubePodSource:
     def __init__(self, core_v1, node: str, pod_resources_socket: str | None = None, api_wait_s: float = 30.0,
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 cache: NodePodCache | None = None) -> None:
         self.core, self.node, self.pod_resources_socket = core_v1, node, pod_resources_socket
         self.api_wait_s, self._sleep, self._clock = api_wait_s, sleep, clock
+        self.cache = cache  # the agent's own watch of this node's pods: read when the API server cannot be
 
-    def _node_pods(self) -> list[dict]:
-        """The pods bound to this node, waiting up to ``api_wait_s`` for an API server that does not answer."""
+    def _node_pods(self, early: Callable[[], list[dict] | None] | None = None) -> list[dict]:
+        """The pods bound to this node, waiting up to ``api_wait_s`` for an API server that does not answer;
+        ``early``: asked after each attempt that found the API server away, its pods (not None) end the wait."""
         end, delay = self._clock() + self.api_wait_s, 0.25
         while True:
             try:
@@ -216,7 +326,12 @@ class KubePodSource:
                 return [self.core.api_client.sanitize_for_serialization(x) for x in items]
             except Exception as exc:
                 left = end - self._clock()
-                if not api_unreachable(exc) or left <= 0:
+                if not api_unreachable(exc):
+                    raise
+                if early is not None and (pods := early()) is not None:
+                    log.warning("cannot list pods on %s: %s; answering from the agent's watch of them", self.node, exc)
+                    return pods
+                if left <= 0:
                     raise
                 log.warning("cannot list pods on %s: %s; retrying for up to %.0f s more", self.node, exc, left)
                 self._sleep(min(delay, left))
@@ -224,9 +339,23 @@ class KubePodSource:
 
     def pending_assignment(self, resource: str, count: int, exclude: set[str]) -> PodAssignment | InvalidAssignment | None:
         waiting = kubelet_waiting(self.pod_resources_socket, resource) if self.pod_resources_socket else None
+
+        def known() -> list[dict] | None:
+            # the watched copy, when it holds the pod kubelet names as being admitted (PodResources): answered at once
+            cached = self.cache.pods() if self.cache is not None else None
+            if cached is None or waiting is None:
+                return None
+            return cached if pick(cached, self.node, resource, count, exclude, waiting) is not None else None
+
         try:
-            pods = self._node_pods()
+            pods = self._node_pods(known)
         except Exception as exc:  # API away for longer than api_wait_s, or it refuses us: the caller decides
+            cached = self.cache.pods() if self.cache is not None else None
+            if cached is not None and api_unreachable(exc):
+                found = pick(cached, self.node, resource, count, exclude, waiting)
+                if found is not None:
+                    log.warning("cannot list pods on %s: %s; %s from the agent's watch of them", self.node, exc, found.pod_key)
+                    return found
             raise PodsUnknown(f"cannot list pods on {self.node}: {exc}", retry=api_unreachable(exc)) from exc
         return pick(pods, self.node, resource, count, exclude, waiting)
 
@@ -239,7 +368,7 @@ class KubePodSource:
         if devices is None:
             return None
         try:
-            pods: list[dict] | None = self._node_pods()
+            pods: list[dict] | None = self._node_pods(lambda: self.cache.pods() if self.cache is not None else None)
         except Exception as exc:  # noqa: BLE001 - kubelet's view alone
             log.error("cannot list pods on %s: %s; the node guard sees kubelet's devices only", self.node, exc)
             pods = None
