@@ -69,4 +69,4 @@ def test_rbac_is_least_privilege():
     # what the agent calls (labels, podsource, reconcile, report_refused); narrowed to its own node by
     # deploy/node-restriction (tests/deploy/test_least_privilege.py asks the apiserver)
     assert {(r["resources"][0], tuple(r["verbs"])) for r in rules} == {
-        ("nodes", ("get", "patch")), ("pods", ("list", "patch")), ("events", ("create",))}
+        ("nodes", ("get", "patch")), ("pods", ("list", "watch", "patch")), ("events", ("create",))}

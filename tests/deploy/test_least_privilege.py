@@ -50,8 +50,8 @@ USES: dict[str, set[tuple[str, str, str]]] = {
     "gpufleet-reclaim": {
         ("", "pods", "list"), ("", "pods", "patch"), ("", "pods/eviction", "create"), ("", "events", "create"),
         ("", "nodes", "list"), ("policy", "poddisruptionbudgets", "list")},
-    "gpufleet-agent": {("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "list"), ("", "pods", "patch"),
-                       ("", "events", "create")},
+    "gpufleet-agent": {("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "list"), ("", "pods", "watch"),
+                       ("", "pods", "patch"), ("", "events", "create")},
     "gpufleet-agent-dra": {
         *{("resource.k8s.io", "resourceslices", v) for v in ("get", "list", "watch", "create", "update", "delete")},
         ("resource.k8s.io", "resourceclaims", "get"), ("", "nodes", "get"), ("", "nodes", "patch"),

@@ -6,7 +6,9 @@
 ``GPUFLEET_DRILL_RUNS`` (default 3) says how often each drill runs; the drills go in rounds (every drill once, then
 again), so that the machine's load drifts over all of them alike.  The table gives the median time to recover and
 the totals over the runs.  The real-node tier is not part of the default test command; ``GPUFLEET_DRILL_RUNS=1``
-gives a quick pass, ``GPUFLEET_DRILLS=alloc`` (keys: ``DRILLS``) runs some drills only.
+gives a quick pass, ``GPUFLEET_DRILLS=alloc`` (keys: ``DRILLS``) runs some drills only, and
+``GPUFLEET_DRILL_API_WAIT_S=2`` gives the agent that ``--api-wait-s`` (default 30), so that a kube-apiserver restart
+outlasts both of its waits while kubelet admits the burst.
 
 A real node (Kubernetes 1.37.2: etcd, kube-apiserver, kube-scheduler, kube-controller-manager with its disruption
 controller, kubelet, containerd; 8 fake H100s) with gpufleet's agent (default configuration) and two scheduler replicas
@@ -21,9 +23,12 @@ placed and admitted, and then creates a probe pod (one whole GPU):
 * none (the baseline: what the same burst and probe take without a fault);
 * kube-apiserver restart; etcd restart; kubelet restart;
 * agent restart (SIGTERM, as a DaemonSet update does) while kubelet is admitting a burst;
-* agent SIGKILL in the middle of an Allocate: the agent is started with its test-only pause points
+* agent SIGKILL in the middle of an Allocate (the agent runs behind its device-plugin endpoint, ``gpufleet
+  agent-endpoint``, as deploy/agent ships it; the endpoint holds kubelet's connection): the agent is started with its
+  test-only pause points
   (``GPUFLEET_AGENT_PAUSE_DIR``, gpufleet.agent.pause), the drill arms the Allocate point, and kills the agent while
-  it sleeps there, its answer recorded in its checkpoint but not yet sent to kubelet;
+  it sleeps there, its answer recorded in its checkpoint but not yet sent to kubelet; and the same with the endpoint
+  killed instead (the fallback: kubelet sees a dead plugin);
 * SIGKILL of the scheduler replica holding the Lease: mid-burst; in the middle of a gang (4 one-GPU members,
   minMember 4: killed while it holds room for the 2 members created so far, the other 2 created after); and during a
   preemption (the node full: 3 pods under a second budget allowing no disruption, 2 free ones; a 2-GPU pod of
@@ -446,6 +451,8 @@ def test_fault_drills(node):
              "--device-plugin-dir", "/var/lib/kubelet/device-plugins", "--state-dir", str(n.data / "gpufleet-agent"),
              "--endpoint-dir", endpoint_dir,
              "--metrics-addr", "127.0.0.1:19400", "--dev-root", str(fakedev), "--interval", "1"]
+    if os.environ.get("GPUFLEET_DRILL_API_WAIT_S"):  # a shorter --api-wait-s: a kube-apiserver restart outlasts both waits
+        agent += ["--api-wait-s", os.environ["GPUFLEET_DRILL_API_WAIT_S"]]
     n.gpufleet("gpufleet-endpoint", endpoint)
     n.gpufleet("gpufleet-agent", agent)
     assert wait(lambda: (n.node()["status"].get("allocatable") or {}).get("nvidia.com/gpu") == "80", 90)
