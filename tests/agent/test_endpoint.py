@@ -315,11 +315,16 @@ def test_agent_killed_in_the_middle_of_an_allocate_costs_kubelet_nothing(tmp_pat
         assert out["r"].container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-h100-02"
         assert len(kubelet.registered) == 1  # kubelet never lost the plugin: no second registration
         assert len(next(stream).devices) == 8  # the new agent's list, on the stream kubelet opened before the kill
-        stream.cancel()
-        ch.close()
+        # a DaemonSet update stops both: the endpoint serves kubelet until the agent has drained and stopped
         endpoint.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert endpoint.poll() is None
+        procs[2].send_signal(signal.SIGTERM)
+        assert procs[2].wait(20) == 0
         assert endpoint.wait(10) == 0
         assert not os.path.exists(os.path.join(d, kubelet.registered[0].endpoint))  # its socket removed
+        stream.cancel()
+        ch.close()
     finally:
         for p in procs:
             if p.poll() is None:

@@ -219,9 +219,11 @@ class Relay(pbg.DevicePluginServicer):
                 if context is not None:
                     context.abort(grpc.StatusCode.UNAVAILABLE, msg)
                 raise KubeletGone(msg)
+            ready = grpc.channel_ready_future(self.channel)
             try:
-                grpc.channel_ready_future(self.channel).result(timeout=min(left, 1.0))
+                ready.result(timeout=min(left, 1.0))
             except grpc.FutureTimeoutError:
+                ready.cancel()
                 continue
             tries += 1
             try:
@@ -349,6 +351,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shared with the agent (its --endpoint-dir): its plugins.json and backend sockets")
     p.add_argument("--agent-wait-s", type=float, default=60.0,
                    help="how long a kubelet call waits for an absent agent before it fails (default 60)")
+    p.add_argument("--stop-grace-s", type=float, default=20.0,
+                   help="on SIGTERM, keep serving kubelet while the agent still serves (its own stop drains the pods "
+                        "already bound to the node), at most this long (default 20)")
     p.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
 
@@ -358,12 +363,11 @@ def run(args: argparse.Namespace) -> int:
     if args.agent_wait_s <= 0:
         print(f"gpufleet agent-endpoint: --agent-wait-s must be > 0, got {args.agent_wait_s}", file=sys.stderr, flush=True)
         return 2
-    for flag, d in (("--device-plugin-dir", args.device_plugin_dir), ("--endpoint-dir", args.endpoint_dir)):
-        try:
-            os.makedirs(d, exist_ok=True)
-        except OSError as exc:
-            print(f"gpufleet agent-endpoint: {flag} {d}: {exc}", file=sys.stderr, flush=True)
-            return 1
+    try:
+        os.makedirs(args.endpoint_dir, exist_ok=True)  # kubelet's directory is kubelet's to create
+    except OSError as exc:
+        print(f"gpufleet agent-endpoint: --endpoint-dir {args.endpoint_dir}: {exc}", file=sys.stderr, flush=True)
+        return 1
     ep = Endpoint(args.device_plugin_dir, args.endpoint_dir, args.agent_wait_s)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -375,6 +379,16 @@ def run(args: argparse.Namespace) -> int:
         except Exception:  # one bad round must not take the node's GPUs away
             log.exception("endpoint step failed")
         stop.wait(POLL_S)
+    # a pod's deletion (a DaemonSet update) stops both containers at once: the agent drains first (it taints its node
+    # and lets kubelet admit the pods already bound), which needs kubelet's connection, so it stays until the agent's
+    # sockets are gone
+    end = time.monotonic() + args.stop_grace_s
+    while time.monotonic() < end and any(os.path.exists(r.backend_path) for r in ep.relays.values()):
+        try:
+            ep.step()
+        except Exception:  # noqa: BLE001 - stopping anyway
+            log.exception("endpoint step failed")
+        time.sleep(POLL_S)
     ep.close()
     log.info("stopped")
     return 0
