@@ -169,3 +169,33 @@ def test_preference_for_a_pod_without_assignment_skips_gpus_gpufleet_assigned(so
     assert full.prefer(every, [], 2) == [dev(0), dev(1)]
     # without the guard (time-slicing asked for) nothing is left out
     assert plugin(sockdir, GpuUse({}, {0: {"ml/placed"}}), replicas=10, slots=10).prefer(every, [], 1) == [dev(0)]
+
+
+def test_a_placed_pod_whose_gpu_kubelet_gave_another_schedulers_pod_first_is_refused(sockdir):
+    """Two schedulers raced (Kubernetes 1.35, no routing; seen on the real node): kubelet admitted kube-scheduler's
+    whole-GPU pod on GPU 1 before gpufleet's snapshot showed its binding, and gpufleet put shares there.  Serving a share
+    would share GPU 1 unasked: it is refused with RACED in the message (kube/plugin_down re-creates it).  Other
+    gpufleet pods on the GPU, or a foreign pod on another GPU, refuse nothing."""
+    from gpufleet.agent.plugin import RACED
+
+    a = Assignment(pod_key="ml/s0", node=NODE, cpu_milli=0, memory_mib=0, gpu_indices=(1,), gpu_milli=250)
+    share = PodAssignment("ml/s0", a, ["GPU-h100-01"], uid="u-s0")
+    use = GpuUse({dev(1, 4): "ml/d0", dev(1, 0): "ml/s9"}, {1: {"ml/s0", "ml/s9"}}, foreign=frozenset({"ml/d0"}))
+    p = plugin(sockdir, use, pa=share)
+    with pytest.raises(AssignmentRefused) as e:
+        p.allocate_one([dev(1, 7)])
+    msg = e.value.message
+    assert RACED in msg and "GPU 1 (GPU-h100-01) to ml/d0" in msg and msg.startswith("pod ml/s0: ") and e.value.pod_key == "ml/s0"
+    # only gpufleet's pods on its GPU (ml/s9), or the foreign pod on another GPU: served by its assignment
+    ok = GpuUse({dev(1, 0): "ml/s9", dev(2, 0): "ml/d0"}, {1: {"ml/s0", "ml/s9"}}, foreign=frozenset({"ml/d0"}))
+    assert plugin(sockdir, ok, pa=share).allocate_one([dev(1, 7)]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-h100-01"
+    # cannot tell (PodResources unreadable): the assignment decides, as before
+    assert plugin(sockdir, None, pa=share).allocate_one([dev(1, 7)]).envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-h100-01"
+
+
+def test_gpu_use_names_the_pods_gpufleet_did_not_place():
+    mine = json.dumps({"node": "n", "gpus": [{"index": 1}], "gpu_milli": 250})
+    recorded = json.dumps({"node": "n", "gpus": [{"index": 1}], "gpu_milli": 1000, "source": "kubelet"})
+    pods = [_pod("s0", {"gpufleet.io/assignment": mine}), _pod("d0", {"gpufleet.io/assignment": recorded}), _pod("bare")]
+    use = gpu_use(NODE, "nvidia.com/gpu", 1, {}, pods)
+    assert use.foreign == {"ml/d0", "ml/bare"}

@@ -188,6 +188,13 @@ def test_with_the_option_another_schedulers_pod_is_recreated_once_the_plugin_is_
     refuse(api, "ml/e", UNHEALTHY, start="2026-11-27T05:00:00.500Z")
     step(api, loop, clock)
     assert "ml/e-r1" in api.pods and not loop.plugin_down.holds
+    # refused by the node guard (kubelet gave it a GPU gpufleet's pod uses: the two schedulers raced): no hold, a copy
+    api.add_pod(pod("f", scheduler="default-scheduler", node_name="n1"))
+    _sync(api, loop)
+    refuse(api, "ml/f", GUARD)
+    step(api, loop, clock)
+    assert "ml/f-r1" in api.pods and not loop.plugin_down.holds
+    assert api.pods["ml/f-r1"]["spec"]["schedulerName"] == "default-scheduler"
 
 
 def test_the_scheduler_flag_for_other_schedulers_pods_is_off_by_default():
@@ -198,6 +205,35 @@ def test_the_scheduler_flag_for_other_schedulers_pods_is_off_by_default():
     cli.add_arguments(p)
     assert p.parse_args([]).recreate_other_schedulers_pods is False
     assert p.parse_args(["--recreate-other-schedulers-pods"]).recreate_other_schedulers_pods is True
+
+
+def test_a_pod_that_lost_a_race_for_its_gpu_is_recreated_without_a_hold():
+    """The agent refused a share gpufleet placed on a GPU kubelet had given kube-scheduler's pod first (1.35, no
+    routing): the plugin is fine, so no hold; the bare pod is placed again (the copy), the snapshot holding the other
+    pod's GPU by then."""
+    from gpufleet.engine.annotations import RACED_REFUSAL
+    from gpufleet.kube.plugin_down import raced
+
+    msg = ("Pod was rejected: Allocate failed due to rpc error: code = FailedPrecondition desc = pod ml/a: its "
+           "gpufleet.io/assignment names a GPU kubelet has already given to a pod another scheduler placed (GPU 1 "
+           f"(GPU-h100-01) to ml/d0): {RACED_REFUSAL}; refusing rather than share it unasked, which is unexpected")
+    assert raced({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": msg}})
+    assert refusal({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": msg}}) is None
+    assert raced({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": UNHEALTHY}}) is None
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_pod(pod("a"))
+    loop = make(api, clock)
+    loop.schedule_due()
+    _sync(api, loop)
+    refuse(api, "ml/a", msg)
+    api.add_pod(pod("b"))
+    step(api, loop, clock)
+    assert not loop.plugin_down.holds and dict(api.binds)["ml/b"] == "n1"
+    moved = json.loads(api.pods["ml/a-r1"]["metadata"]["annotations"]["gpufleet.io/moved-from"])
+    assert moved["pod"] == "ml/a" and RACED_REFUSAL in moved["reason"]
+    step(api, loop, clock)
+    assert dict(api.binds)["ml/a-r1"] == "n1"
 
 
 def test_copies_refused_again_are_numbered_and_stop_after_the_limit():

@@ -47,6 +47,7 @@ from typing import Any, Iterator, NoReturn, Protocol
 
 import grpc
 
+from ..engine.annotations import GUARD_REFUSAL, RACED_REFUSAL
 from ..engine.model import Assignment
 from .deviceplugin import api_pb2 as pb
 from .deviceplugin import api_pb2_grpc as pbg
@@ -128,6 +129,11 @@ class GpuUse:
     by_device: dict[str, str]  # kubelet device ID -> the pod (namespace/name) holding it (PodResources)
     by_gpu: dict[int, set[str]]  # GPU index -> pods bound here, not finished, whose gpufleet.io/assignment names it
     admitting: tuple[str, str] | None = None  # (pod, uid) kubelet is admitting without an assignment, when known
+    # pods bound here that gpufleet did not place: no assignment, or one the agent recorded from kubelet's devices
+    foreign: frozenset[str] = frozenset()
+
+
+RACED = RACED_REFUSAL  # in the refusal of a pod gpufleet placed on a GPU kubelet gave another scheduler's pod first
 
 
 class PodSource(Protocol):
@@ -529,6 +535,8 @@ class DevicePlugin(pbg.DevicePluginServicer):
             if bad:
                 self._refuse(pa, f"pod {pa.pod_key}: its assignment names unhealthy GPU(s) {bad} on this node; "
                                  "not starting it there (the scheduler places it again once it is re-created)")
+            if self.guard and not pa.assignment.mig:
+                self._not_taken_or_refuse(pa, held, len(ids))
         if pa is None and self.guard:
             self._exclusive_or_refuse(ids)
         with self._lock:
@@ -594,6 +602,32 @@ class DevicePlugin(pbg.DevicePluginServicer):
                     out |= {i for i in (self.by_uuid_index(str(u)) for u in e.get("uuids") or ()) if i is not None}
         return out
 
+    def _not_taken_or_refuse(self, pa: PodAssignment, held: set[int], count: int) -> None:
+        """The node guard's other half: a pod gpufleet placed, whose assigned GPU kubelet has already given to a pod
+        another scheduler placed.  Two schedulers raced for the GPU (no admission routing, Kubernetes 1.35): gpufleet
+        decided before its snapshot showed the other pod's binding, kubelet admitted that pod first.  Serving the
+        assignment would share the GPU unasked; so the pod is refused (``RACED`` in the message) and gpufleet places
+        it again (a bare pod is re-created: kube/plugin_down).  Cannot tell (PodResources unreadable): served, as before."""
+        source = getattr(self.pods, "gpu_use", None)
+        try:
+            use = source(self.resource, count) if source is not None else None
+        except Exception as exc:  # noqa: BLE001 - cannot tell: the assignment decides, as without the guard
+            log.warning("%s: cannot tell who uses the GPUs of %s: %s", self.resource, pa.pod_key, exc)
+            use = None
+        if use is None or not use.foreign:
+            return
+        taken: dict[int, set[str]] = {}
+        for dev, holder in use.by_device.items():
+            if holder == pa.pod_key or holder not in use.foreign or dev not in self.by_id:
+                continue
+            for gi in self._actual_gpus(holder, dev) & held:
+                taken.setdefault(gi, set()).add(holder)
+        if taken:
+            who = "; ".join(f"GPU {gi} ({self.gpus[gi].uuid}) to {', '.join(sorted(p))}" for gi, p in sorted(taken.items()))
+            self._refuse(pa, f"pod {pa.pod_key}: its gpufleet.io/assignment names a GPU kubelet has already given to a pod "
+                             f"another scheduler placed ({who}): {RACED}; refusing rather than share it unasked "
+                             "(gpufleet places the pod again: a bare pod is re-created, a controller replaces its pod)")
+
     def _exclusive_or_refuse(self, ids: list[str]) -> None:
         """The node guard (see the module docstring): a pod without an assignment gets GPUs nobody else holds, or
         ``AssignmentRefused``."""
@@ -622,7 +656,7 @@ class DevicePlugin(pbg.DevicePluginServicer):
         if holders:
             who = "; ".join(f"GPU {gi} ({self.gpus[gi].uuid}) is used by {', '.join(sorted(p))}" for gi, p in sorted(holders.items()))
             raise AssignmentRefused(pod, uid, (
-                f"{'pod ' + pod + ': ' if pod else ''}{self.resource}: kubelet picked a GPU another pod uses for a pod "
+                f"{'pod ' + pod + ': ' if pod else ''}{self.resource}: {GUARD_REFUSAL} for a pod "
                 f"that did not ask to share ({who}). This pod has no gpufleet.io/assignment: a scheduler that counts "
                 f"{self.resource} allocatable ({self.slots} devices per GPU, for gpufleet's GPU shares) bound it. "
                 "Refusing rather than share a GPU silently: schedule GPU pods with gpufleet (schedulerName: gpufleet; "

@@ -35,6 +35,8 @@ what it missed, or says 410 Gone and the copy is listed afresh), so the copy lag
 
 from __future__ import annotations
 
+import json
+
 import logging
 import time
 from collections.abc import Callable
@@ -184,6 +186,7 @@ def gpu_use(node: str, resource: str, count: int, devices: dict[tuple[str, str],
     by_device = {dev: f"{ns}/{name}" for (ns, name), res in devices.items() for dev in res.get(resource, ())}
     by_gpu: dict[int, set[str]] = {}
     admitting: list[tuple[str, str]] = []
+    foreign: set[str] = set()
     for p in pods or ():
         spec, meta, status = p.get("spec") or {}, p.get("metadata") or {}, p.get("status") or {}
         if spec.get("nodeName") != node or status.get("phase") in ("Succeeded", "Failed"):
@@ -193,6 +196,8 @@ def gpu_use(node: str, resource: str, count: int, devices: dict[tuple[str, str],
         if ref in devices and not devices[ref].get(resource) and _asks(spec, resource, count):
             admitting.append((key, str(meta.get("uid") or "")))
         a = (meta.get("annotations") or {}).get(ann.ASSIGNMENT)
+        if not a or _recorded_from_kubelet(a):
+            foreign.add(key)
         if a:
             try:
                 asg = assignment_from_json(key, a)
@@ -201,7 +206,15 @@ def gpu_use(node: str, resource: str, count: int, devices: dict[tuple[str, str],
             if asg.node == node and not asg.mig:
                 for gi in asg.gpu_indices:
                     by_gpu.setdefault(gi, set()).add(key)
-    return GpuUse(by_device, by_gpu, admitting[0] if len(admitting) == 1 else None)
+    return GpuUse(by_device, by_gpu, admitting[0] if len(admitting) == 1 else None, frozenset(foreign))
+
+
+def _recorded_from_kubelet(text: str) -> bool:
+    """An assignment the agent wrote for another scheduler's pod (``"source": "kubelet"``, agent/reconcile)."""
+    try:
+        return json.loads(text).get("source") == "kubelet"
+    except (ValueError, AttributeError):
+        return False
 
 
 def api_unreachable(exc: Exception) -> bool:

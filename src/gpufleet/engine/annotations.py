@@ -33,3 +33,9 @@ POD_INPUT_ANNOTATIONS = frozenset(
      RECREATE_ON_REFUSAL}
 )
 POD_OUTPUT_ANNOTATIONS = frozenset({ASSIGNMENT, IDLE_WARNING, MOVED_FROM, EXTENDER_RETRY, ROUTED_BY})
+
+# not an annotation: the words the agent puts in its refusal of a pod gpufleet placed on a GPU kubelet had already given
+# to another scheduler's pod (agent/plugin), by which the scheduler knows to place that pod again (kube/plugin_down)
+RACED_REFUSAL = "two schedulers raced for it"
+# and in its refusal of another scheduler's pod that kubelet gave a GPU another pod uses (the node guard)
+GUARD_REFUSAL = "kubelet picked a GPU another pod uses"

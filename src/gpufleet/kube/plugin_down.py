@@ -23,6 +23,10 @@ kubelet refused every one.  Two answers, both here, on the loop's thread (leader
   scheduler with ``--no-recreate-refused-pods``.  Creating pods is a privilege the shipped RBAC does not grant
   (docs/safety.md, least privilege): without it the create is refused (403) and the pod gets a
   ``NotRecreated`` warning saying so; ``deploy/overlays/recreate-refused-pods`` grants it.
+* **A lost race.**  Where two schedulers place GPU pods on one node (no routing), kubelet may admit another scheduler's
+  pod on a GPU gpufleet has just assigned before gpufleet's snapshot showed that pod's binding; the agent then refuses
+  gpufleet's pod rather than share the GPU (its message says ``ann.RACED_REFUSAL``).  No hold (the plugin is fine);
+  the bare pod is re-created the same way, and placed on the snapshot that now holds the other pod's GPU.
 * **Other schedulers' bare pods** (``recreate_foreign``, ``--recreate-other-schedulers-pods``, off by default).  Where
   nothing routes GPU pods to gpufleet (Kubernetes 1.35 serves no MutatingAdmissionPolicy; a namespace opted out),
   kube-scheduler's bare GPU pods meet the same refusal, and their refusal holds the node just the same.  With the
@@ -68,6 +72,21 @@ def refusal(pod: dict) -> str | None:
         return None
     msg = str(st.get("message") or "")
     if "Allocate failed" not in msg or not any(s in msg for s in _DOWN):
+        return None
+    return msg.removeprefix("Pod was rejected: ")
+
+
+def raced(pod: dict) -> str | None:
+    """kubelet's message when it refused ``pod`` at admission because the agent found its GPU in use by a pod of the
+    other scheduler: gpufleet's pod, whose assigned GPU kubelet gave another scheduler's pod first (two schedulers
+    raced for it: ``ann.RACED_REFUSAL``), or another scheduler's pod that kubelet gave a GPU another pod uses (the
+    node guard: ``ann.GUARD_REFUSAL``); else None.  Not an outage: no hold.  gpufleet's bare pod that lost the race is
+    re-created, as for a dead plugin; another scheduler's bare pod the guard refused only with ``recreate_foreign`` (its
+    copy goes back to that scheduler; the guard's refusal of gpufleet's own pod stays a verdict)."""
+    st = pod.get("status") or {}
+    msg = str(st.get("message") or "")
+    if st.get("phase") != "Failed" or st.get("reason") != "UnexpectedAdmissionError" or not (
+            ann.RACED_REFUSAL in msg or ann.GUARD_REFUSAL in msg):
         return None
     return msg.removeprefix("Pod was rejected: ")
 
@@ -129,7 +148,7 @@ class PluginDown:
             return
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
         if type_ != "DELETED":
-            if refusal(pod):
+            if refusal(pod) or raced(pod):
                 self.suspects[key] = (self.clock(), pod)
             return
         st = pod.get("status") or {}
@@ -199,7 +218,7 @@ class PluginDown:
                 del self.suspects[key]
                 continue
             ns, name = key.split("/", 1)
-            if refusal(last):
+            if refusal(last) or raced(last):
                 pod: dict | None = last
             else:
                 try:
@@ -212,9 +231,15 @@ class PluginDown:
             if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
                 continue  # deleted (or a new pod of the same name)
             why = refusal(pod)
-            if why is None or uid in self.done:
+            lost_race = raced(pod) if why is None else None
+            if (why is None and lost_race is None) or uid in self.done:
                 continue
             self.done.add(uid)
+            if why is None:  # a lost race: the plugin is fine, no hold; the pod is placed again
+                ours = (pod.get("spec") or {}).get("schedulerName") == self.scheduler_name
+                if lost_race is not None and (ann.RACED_REFUSAL in lost_race if ours else self.recreate_foreign):
+                    self._recreate(pod, lost_race)
+                continue
             self._hold(pod, why)
             self._recreate(pod, why)
 
