@@ -358,11 +358,12 @@ class Scheduler:
                     # np.flatnonzero, without its wrappers
                     stale = feasible.nonzero()[0] if new else ((vers != st.version) & feasible).nonzero()[0]
                 else:
-                    stale = cand if new else cand[vers[cand] != st.version[cand]]
+                    stale = cand if new else cand[vers.take(cand) != st.version.take(cand)]
                 if stale.size:
                     vals[stale] = p.score(cycle, st, stale)
-                    vers[stale] = st.version[stale]
-                raw = vals if cand.size == n and post is None else vals[cand]  # cand: sorted, distinct; n of them: every node
+                    vers[stale] = st.version.take(stale)
+                # cand: sorted, distinct; n of them: every node.  .take: what vals[cand] gives, twice as fast
+                raw = vals if cand.size == n and post is None else vals.take(cand)
             if post is not None:
                 raw = post(cycle, st, cand, raw)
             term = p.normalize(raw) if w == 1 else w * p.normalize(raw)
@@ -388,8 +389,8 @@ class Scheduler:
             return int(cand[ties[0]])
         if self.profile.tie_break == "ordered":
             rank = self._node_rank()
-            t = cand[ties]
-            return int(t[np.argmin(rank[t])])
+            t = cand.take(ties)  # cand[ties], rank[t]: the same, without fancy indexing's per-item checks
+            return int(t[rank.take(t).argmin()])
         return int(cand[ties[int(self.rng.integers(ties.size))]])
 
     def _node_rank(self) -> np.ndarray:

@@ -196,10 +196,10 @@ class DescentScore(FragDescent):
         use_q = a.strand_quantiles > 0 and a.quantile_tight <= tight < a.quantile_tight_max
         self._q_rhos = self._rho_quantiles(state) if use_q else None
         vals, vers = self._before_cache(state)
-        stale = (vers[nodes] != state.version[nodes]).nonzero()[0]
+        stale = (vers.take(nodes) != state.version.take(nodes)).nonzero()[0]  # .take: what [nodes] gives, faster
         cpu, left, model = view if view is not None else node_view(state, nodes)
         if stale.size == 0:  # every before-state known (the measure is row by row: the same values as in one batch)
-            return self._quantise(vals[nodes[rows]] - self._measure(cpu_after, gpu_after, mem_after, model[rows], tw, acc))
+            return self._quantise(vals.take(nodes.take(rows)) - self._measure(cpu_after, gpu_after, mem_after, model.take(rows), tw, acc))
         mem = state.mem_free[nodes]
         m = self._measure(
             np.concatenate([cpu[stale], cpu_after]),

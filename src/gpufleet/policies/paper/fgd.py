@@ -77,12 +77,12 @@ def state_ids(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
     if per is None or per[0].size != n:
         per = e[state.token] = (np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
     ids, vers = per
-    stale = nodes[vers[nodes] != state.version[nodes]]
+    stale = nodes[vers.take(nodes) != state.version.take(nodes)]  # .take: what [nodes] gives, faster
     if stale.size:
         for i, k in zip(stale.tolist(), memo_keys(state, stale)):
             ids[i] = table.setdefault(k, len(table))
-        vers[stale] = state.version[stale]
-    return ids[nodes]
+        vers[stale] = state.version.take(stale)
+    return ids.take(nodes)
 
 
 def id_generation(state: ClusterState) -> int:
@@ -234,7 +234,7 @@ class FragDescent:
         (stale is then ``nodes``, in order): (the rows just made for them, the rows of their distinct states,
         each node's index into those or None where not grouped)), else None."""
         rows, vers = self._gpu_cache(cycle, state)
-        stale = nodes[vers[nodes] != state.version[nodes]]
+        stale = nodes[vers.take(nodes) != state.version.take(nodes)]
         if not stale.size:
             return rows, None
         inv = None
