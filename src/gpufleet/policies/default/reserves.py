@@ -156,8 +156,11 @@ class WholeGpuReserve:
         usable, counts, vers, usable_n = c
         stale = (vers != state.version).nonzero()[0]
         if stale.size:
-            counts[stale] = (usable[stale] & (state.gpu_free_milli[stale] >= GPU_MILLI)).sum(axis=1)
-            vers[stale] = state.version[stale]
+            # .take and add.reduce: what [stale] and .sum(axis=1) give, faster over the hundreds of rows that can
+            # change between two share pods
+            whole = usable.take(stale, axis=0) & (state.gpu_free_milli.take(stale, axis=0) >= GPU_MILLI)
+            counts[stale] = np.add.reduce(whole, axis=1, dtype=counts.dtype)
+            vers[stale] = state.version.take(stale)
         return usable, counts, usable_n
 
     def cpu_spare(self, state: ClusterState) -> bool:
