@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import PodRequest
@@ -128,3 +130,20 @@ def test_whole_gpu_counts_kept_between_cycles_follow_every_placement_and_release
     s.state.unreserve("placed3")
     check("released")
     assert any(kept_at) and not all(kept_at)  # the reserve was on at some steps, off at others
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.data())
+def test_fed_sum_is_the_floor_division_sum(data):
+    """fed_sum gives np.minimum(whole, max(cpu, 0) // per).sum() exactly, near the floor division's edges too."""
+    from gpufleet.policies.default.reserves import fed_sum
+
+    g = data.draw(st.sampled_from([1, 2, 4, 8, 16]))
+    k = data.draw(st.integers(0, 60))
+    per = data.draw(st.one_of(st.floats(0.5, 64_000.0), st.sampled_from([1000.0, 1234.5678, 333.3333333333333, 0.1 * 3])))
+    whole = np.array(data.draw(st.lists(st.integers(0, g), min_size=k, max_size=k)), dtype=np.int64)
+    near = st.builds(lambda q, d: int(q * per) + d, st.integers(0, g + 3), st.integers(-2, 2))  # at multiples of per
+    cpu = np.array(data.draw(st.lists(st.one_of(st.integers(-5_000, 600_000), near), min_size=k, max_size=k)), dtype=np.int64)
+    want = np.minimum(whole, np.maximum(cpu, 0) // per).sum()
+    got = fed_sum(whole, cpu, per, g)
+    assert got == want and float(got) == float(want)

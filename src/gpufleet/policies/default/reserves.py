@@ -77,6 +77,19 @@ class CpuReserve:
         return FilterResult(ok, (self.REASON,), passes_all=bool(np.logical_and.reduce(ok)))  # ok.all(), unwrapped
 
 
+def fed_sum(whole_n: np.ndarray, cpu_free: np.ndarray, per_gpu_cpu: float, max_gpus: int) -> float:
+    """``np.minimum(whole_n, np.maximum(cpu_free, 0) // per_gpu_cpu).sum()``: whole free GPUs the nodes' free CPU
+    can feed, the same number, with the floor division (slow for floats: fmod per node) only where it can bind.
+
+    A node whose free CPU is at least (max_gpus + 2) x ``per_gpu_cpu`` has a quotient of at least max_gpus + 1 even
+    after the float division's rounding, above any node's whole GPU count, so it counts all of them.  Every term is
+    a whole number (exact in floats), so the sum is the same in any order."""
+    cpu = np.maximum(cpu_free, 0)
+    at = ((cpu < (max_gpus + 2) * per_gpu_cpu) & (whole_n > 0)).nonzero()[0]
+    part = whole_n.take(at)
+    return int(np.add.reduce(whole_n)) - int(np.add.reduce(part)) + float(np.add.reduce(np.minimum(part, cpu.take(at) // per_gpu_cpu)))
+
+
 @dataclass(frozen=True)
 class WholeGpuReserveArgs(PluginArgs):
     whole_reserve: float = arg(0.05)  # kept: this x (share of GPU demand asking one whole GPU) of a pod's usable GPUs; 0: off
@@ -126,11 +139,15 @@ class WholeGpuReserve:
             return passing(n)
         usable, whole_n, usable_n = self._whole_gpus(state, r)
         per_gpu_cpu = m.cpu_per_gpu_milli() * GPU_MILLI
-        fed = whole_n
+        need = a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n
         if per_gpu_cpu > 0:
-            fed = np.minimum(fed, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
-        if np.add.reduce(fed) >= a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n:
-            return passing(n)
+            if fed_sum(whole_n, state.cpu_free, per_gpu_cpu, state.max_gpus) >= need:
+                return passing(n)
+            fed = np.minimum(whole_n, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
+        else:
+            fed = whole_n
+            if np.add.reduce(fed) >= need:
+                return passing(n)
         kept = fed > 0
         cycle.write(WHOLE_KEPT, kept)
         ok = ~kept
@@ -197,4 +214,4 @@ class WholeGpuReserve:
         return hit
 
 
-__all__ = ["CpuReserve", "CpuReserveArgs", "WHOLE_KEPT", "WholeGpuReserve", "WholeGpuReserveArgs"]
+__all__ = ["CpuReserve", "CpuReserveArgs", "WHOLE_KEPT", "fed_sum", "WholeGpuReserve", "WholeGpuReserveArgs"]
