@@ -336,3 +336,25 @@ def test_agent_killed_in_the_middle_of_an_allocate_costs_kubelet_nothing(tmp_pat
         import shutil
 
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_agent_serves_the_endpoint_announces_its_registration_and_says_when_nobody_registers(
+        sockdir, epdir, kubelet, monkeypatch, caplog):
+    from gpufleet.agent import main
+    from gpufleet.agent.config import AgentConfig
+
+    a = main.Agent(FakeBackend("h100-nvlink"), AgentConfig(), sockdir, os.path.join(sockdir, "st"), endpoint_dir=epdir)
+    said: list[str] = []
+    a.announce = lambda when: said.append(when) or True
+    monkeypatch.setattr(main, "ENDPOINT_SILENT_S", 0.0)
+    a.register()
+    a.register()
+    assert ep.read_manifest(epdir) == [(RES, a.plugins[0].endpoint)]
+    assert not kubelet.registered and not said and not a.endpoint_registered()  # the agent never registers itself
+    assert "no device-plugin endpoint has registered nvidia.com/gpu" in caplog.text and epdir in caplog.text
+    e = ep.Endpoint(sockdir, epdir)
+    assert wait_for(lambda: (e.step(), bool(kubelet.registered))[1])
+    assert wait_for(lambda: (a.register(), bool(said))[1])  # the endpoint's registration, announced on the Node
+    assert said == [ep.read_stamp(epdir)[RES]] and a.endpoint_registered()
+    e.close()
+    a.stop_plugins()

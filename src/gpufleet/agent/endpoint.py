@@ -104,8 +104,8 @@ def read_stamp(endpoint_dir: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in res.items()} if isinstance(res, dict) else {}
 
 
-class KubeletGone(Exception):
-    pass
+class AgentAway(Exception):
+    """A forwarded call gave up on an absent agent (``context.abort`` has told kubelet)."""
 
 
 @dataclass
@@ -218,7 +218,7 @@ class Relay(pbg.DevicePluginServicer):
                 log.error("%s", msg)
                 if context is not None:
                     context.abort(grpc.StatusCode.UNAVAILABLE, msg)
-                raise KubeletGone(msg)
+                raise AgentAway(msg)
             ready = grpc.channel_ready_future(self.channel)
             try:
                 ready.result(timeout=min(left, 1.0))

@@ -26,6 +26,7 @@ from ..argtypes import float_range, host_port
 log = logging.getLogger("gpufleet.agent")
 KUBELET_POLL_S = 0.05  # how often the loop looks for a restarted kubelet between its rounds
 REGISTER_RETRY_S = 1.0  # between rounds, a refused registration is retried no sooner than this
+ENDPOINT_SILENT_S = 30.0  # with --endpoint-dir: how long a resource may stay unregistered before the agent says so
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -142,6 +143,8 @@ class Agent:
         # with kubelet and forwards kubelet's calls, so kubelet's connection outlives this process
         self.endpoint_dir = endpoint_dir
         self._endpoint_seen: str | None = None  # the endpoint's latest registration time already announced
+        self._endpoint_missing_since: float | None = None  # since when a resource is served here but not registered
+        self._endpoint_said = 0.0
         self._build_plugins()
 
     def _build_plugins(self) -> None:
@@ -251,7 +254,18 @@ class Agent:
                 self.register_failures += 1
                 return
         stamp = read_stamp(self.endpoint_dir)
-        if all(r in stamp for r, _ in want) and want:
+        missing = [r for r, _ in want if r not in stamp]
+        now = time.monotonic()
+        if not missing:
+            self._endpoint_missing_since = None
+        elif self._endpoint_missing_since is None:
+            self._endpoint_missing_since = self._endpoint_said = now
+        elif now - self._endpoint_said >= ENDPOINT_SILENT_S:
+            self._endpoint_said = now  # said again every ENDPOINT_SILENT_S while it lasts
+            log.error("no device-plugin endpoint has registered %s with kubelet for %.0f s: kubelet offers no such device "
+                      "on this node. Is `gpufleet agent-endpoint --endpoint-dir %s` running (deploy/agent: the `endpoint` "
+                      "container)?", ", ".join(missing), now - self._endpoint_missing_since, self.endpoint_dir)
+        if want and not missing:
             latest = max(stamp[r] for r, _ in want)
             if latest != self._endpoint_seen:
                 self._endpoint_seen = latest
