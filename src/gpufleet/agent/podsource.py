@@ -31,6 +31,8 @@ so the copy is asked only about those), instead of waiting for the API server an
 device choice stand apart from the assignment (an outage longer than 2 x ``api_wait_s``: kubelet's record and the
 container's GPUs differed).  The watch resumes from its last resourceVersion after a break (the API server replays
 what it missed, or says 410 Gone and the copy is listed afresh), so the copy lags at worst; it never skips a change.
+(A HAMi-style node lock -- one pod bound and allocated at a time per node -- would not help here: it orders the
+admissions but still needs the API server to read the pod's assignment while kubelet waits.)
 """
 
 from __future__ import annotations
