@@ -358,3 +358,15 @@ def test_the_agent_serves_the_endpoint_announces_its_registration_and_says_when_
     assert said == [ep.read_stamp(epdir)[RES]] and a.endpoint_registered()
     e.close()
     a.stop_plugins()
+
+
+def test_endpoint_dir_with_dra_is_a_usage_error(capsys):
+    import argparse
+
+    from gpufleet.agent import main
+
+    p = argparse.ArgumentParser()
+    main.add_arguments(p)
+    args = p.parse_args(["--dra", "--endpoint-dir", "/tmp/x", "--nvml", "fake:h100-nvlink", "--node-name", "n"])
+    assert main.run(args) == 2
+    assert "--endpoint-dir is for the device plugin" in capsys.readouterr().err

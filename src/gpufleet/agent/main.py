@@ -247,6 +247,7 @@ class Agent:
         want = [(p.resource, p.endpoint) for p in self.plugins]
         if read_manifest(self.endpoint_dir) != want:
             try:
+                os.makedirs(self.endpoint_dir, exist_ok=True)
                 write_manifest(self.endpoint_dir, want)
                 log.info("serving %s for the device-plugin endpoint (%s)", ", ".join(r for r, _ in want), self.endpoint_dir)
             except OSError as exc:
@@ -357,6 +358,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet agent: using the FAKE NVML backend (profile {fake}); no real GPU is read", flush=True,
               file=sys.stderr if args.once and args.dra else sys.stdout)  # --dra --once prints JSON only
     gpus, driver = backend.gpus(), backend.driver()
+    if args.dra and args.endpoint_dir:
+        print("gpufleet agent: --endpoint-dir is for the device plugin; with --dra kubelet's DRA API is served directly",
+              file=sys.stderr, flush=True)
+        return 2
     if args.dra and not args.once and not args.node_name:
         print("gpufleet agent: --dra needs --node-name (or $NODE_NAME): the ResourceSlices are the node's", file=sys.stderr, flush=True)
         return 2
