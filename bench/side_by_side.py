@@ -48,14 +48,15 @@ def timed(cmd: list[str], checkout: Path, cwd: Path | str) -> tuple[subprocess.C
     return p, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), wall, r1.ru_maxrss / 1024.0
 
 
-def _run(checkout: Path, cmd: list[str]) -> dict[str, float]:
+def _run(checkout: Path, cmd: list[str]) -> tuple[dict[str, float], str]:
+    """(figures, stdout) of one run of ``cmd`` in ``checkout``."""
     if cmd[0] == "gpufleet":  # the checkout's code, not whatever is installed
         cmd = [sys.executable, "-m", "gpufleet.cli.main", *cmd[1:]]
     p, cpu_s, wall, _ = timed(cmd, checkout, checkout)
     out = {"process_cpu_s": cpu_s, "process_wall_s": wall}
     for name, val in re.findall(r"^FIGURE (\S+) (\S+)$", p.stdout, re.M):
         out[name] = float(val)
-    return out
+    return out, p.stdout
 
 
 def main() -> int:
@@ -72,6 +73,9 @@ def main() -> int:
     ap.add_argument("old", type=Path, help="checkout of the old commit")
     ap.add_argument("new", type=Path, help="checkout of the new commit")
     ap.add_argument("--rounds", type=int_range(1), default=3)
+    ap.add_argument("--same-stdout", action="store_true",
+                    help="every run must print what the old checkout's first run printed (a speed-up that changes a "
+                         "result is reported as DIFFERS, exit 1); for commands whose stdout has no timings")
     args = ap.parse_args(argv[:cut])
     if not cmd:
         raise UsageError("no command after --")
@@ -80,10 +84,17 @@ def main() -> int:
             raise UsageError(f"{c}: not a gpufleet checkout (no src/gpufleet)")
     print("timeit before:", _timeit(), flush=True)
     res: dict[Path, dict[str, list[float]]] = {args.old: {}, args.new: {}}
+    first: str | None = None
+    differs: list[str] = []
     for i in range(args.rounds):
         for c in (args.old, args.new) if i % 2 == 0 else (args.new, args.old):
-            for name, v in _run(c, cmd).items():
+            figures, stdout = _run(c, cmd)
+            for name, v in figures.items():
                 res[c].setdefault(name, []).append(v)
+            if c == args.old and first is None:
+                first = stdout
+            elif args.same_stdout and first is not None and stdout != first:
+                differs.append(f"round {i + 1}, {c}")
     print("timeit after:", _timeit())
     print(f"{'figure':<28} {'old':>10} {'new':>10} {'new/old':>8}   medians of {args.rounds} round(s); runs old | new")
     for name, a in res[args.old].items():
@@ -93,7 +104,12 @@ def main() -> int:
         ma, mb = statistics.median(a), statistics.median(b)
         ratio = f"{mb / ma:8.3f}" if ma else "       -"
         print(f"{name:<28} {ma:10.3f} {mb:10.3f} {ratio}   {[round(x, 2) for x in a]} | {[round(x, 2) for x in b]}")
-    return 0
+    if args.same_stdout:
+        print(f"output: DIFFERS from the old checkout's first run ({'; '.join(differs)})" if differs else
+              f"output: identical in every run ({2 * args.rounds} runs)")
+        if first is not None:
+            print("old checkout's output, first run:\n" + first.rstrip())
+    return 1 if differs else 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpufleet.engine.model import Assignment, PodRequest
-from gpufleet.engine.pending import PendingGroups, could_fit
+from gpufleet.engine.pending import FitScreen, PendingGroups, could_fit
 
 from tests.builders import T4, make_node, state_of
 
@@ -212,3 +212,69 @@ def test_woken_is_what_a_retry_pass_would_try():
     assert sorted(w.woken(st)) == [one, counted] and w.woken(st) == []
     w.fresh.add(w.group_of[two])  # back in the queue: tried against every node
     assert w.woken(st) == [two]
+
+
+def test_a_pass_ends_once_nothing_queued_fits_and_everything_left_would_only_wait(monkeypatch):
+    """Twelve groups fit on the node a pod left; the first four placed fill it: the others have no room any more
+    and a try could only make them wait, so none is tried and ``only_waits`` is asked for none (the pass ends, or
+    passes them over by their priority: the replay's retries spent most of their time asking pod by pod)."""
+    reqs = [req("run", gpu_count=4)] + [req(f"w{k}", cpu_milli=1000 + k) for k in range(12)]
+    sh = _Shell(reqs, [make_node("n", 4, T4, cpu_milli=64_000), make_node("full", 1, T4, cpu_milli=64_000)])
+    assert sh.sched.schedule(reqs[0]).ok
+    assert sh.sched.schedule(req("other")).ok  # 'full' has no GPU left
+    for k in range(1, 13):
+        sh.pending.add(k, float(k))
+    asked: list[str] = []
+    only_waits = sh.round.only_waits
+    monkeypatch.setattr(sh.round, "only_waits", lambda r, now: asked.append(r.key) or only_waits(r, now))
+    sh.sched.forget("t/run")
+    sh.pending.freed.add(0)
+    sh.retry()
+    assert sh.tries == [(f"t/w{k}", True) for k in range(4)]  # four GPUs: the first four come are placed
+    assert asked == [] and len(sh.pending) == 8
+
+
+def test_waits_by_priority_is_only_waits_for_a_pod_without_nomination():
+    from gpufleet.engine.round import Nomination
+
+    reqs = [req("run"), req("p0"), req("p100", priority=100)]
+    for lower in (False, True):
+        sh = _Shell(reqs, [make_node("n", 1, T4)], lower=lower)
+        for r in reqs[1:]:
+            assert sh.round.waits_by_priority(r.priority) is sh.round.only_waits(r, 0.0) is not lower
+        sh.round.nominations["t/p0"] = Nomination(reqs[1], "n", set())  # a nominated pod is asked per pod
+        assert sh.round.only_waits(reqs[1], 0.0) is False
+        sh.round.preemption = False
+        assert sh.round.waits_by_priority(0) is True and sh.round.only_waits(reqs[2], 0.0) is True
+
+
+def test_the_fit_screen_answers_as_could_fit_whatever_changed():
+    """``FitScreen`` remembers why it answered (a node with room and its version, or the versions' sum); across
+    reservations, releases, a rolled-back transaction and a node added, its answers are ``could_fit``'s."""
+    from gpufleet.engine.model import Assignment as A
+
+    rng = np.random.default_rng(7)
+    st = state_of(*[make_node(f"n{k}", 2 + k % 3, T4, cpu_milli=8_000) for k in range(6)])
+    screen = FitScreen(st)
+    pods = [req(f"q{k}", gpu_milli=int(m), gpu_count=int(c), cpu_milli=int(cpu))
+            for k, (m, c, cpu) in enumerate(zip(rng.choice([250, 500, 1000], 40), rng.integers(0, 4, 40),
+                                                  rng.integers(0, 9, 40) * 1000))]
+    placed: list[str] = []
+    for step in range(400):
+        r = pods[int(rng.integers(len(pods)))]
+        assert screen(r) is could_fit(st, r), step
+        what = rng.random()
+        if what < 0.45:  # place one where the scheduler's rules are not needed: any node with room, by hand
+            n = int(rng.integers(len(st)))
+            free = [j for j in range(int(st.gpu_n[n])) if st.gpu_free_milli[n, j] >= 500]
+            if st.cpu_free[n] >= 1000 and free:
+                key = f"t/x{step}"
+                st.reserve(A(key, st.nodes[n].name, 1000, 0, gpu_indices=(free[0],), gpu_milli=500, gpu_memory_mib=(0,)))
+                placed.append(key)
+        elif what < 0.8 and placed:
+            st.unreserve(placed.pop(int(rng.integers(len(placed)))))
+        elif what < 0.9 and placed:
+            with st.transaction() as tx:  # a dry run: rolls back
+                tx.evict(placed[0])
+        elif step % 97 == 0:
+            st.add_node(make_node(f"new{step}", 4, T4, cpu_milli=8_000))

@@ -16,7 +16,7 @@ import time
 import zlib
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..engine.errors import ConfigError, GpufleetError
 
@@ -184,8 +184,9 @@ def priority_function(spec: str | None):
 
 def run_one(task: dict) -> dict:
     from ..simulator.experiments import whatif
+    from ..simulator.experiments.packing import memo
     from ..simulator.experiments.replay import run_replay
-    from ..simulator.traces.workload import workload_from_trace
+    from ..simulator.traces.workload import Workload, workload_from_trace
 
     nodes, tr, kind = _load(task["nodes"], task["pods"], task["skip"], task["cluster_size"])
     ref = sum(len(n.gpus) for n in nodes)
@@ -196,7 +197,9 @@ def run_one(task: dict) -> dict:
     queues = load_queue_file(task["queues"]) if task.get("queues") else None
     ns = team_function(task.get("team_column"), kind) if queues else None
     pr = priority_function(task.get("priority_column"))
-    wl = workload_from_trace(tr.pods, tr.name, namespace_of=ns, priority_of=pr)
+    # the same for every run of this trace, teams and priorities in this process (read only by a run)
+    wl = cast(Workload, memo((tr,), ("workload", task.get("queues"), task.get("team_column"), task.get("priority_column")),
+                             lambda: workload_from_trace(tr.pods, tr.name, namespace_of=ns, priority_of=pr)))
     label = " ".join(task["what_if"]) + (f" +{task['add']}x{task['search_shape']}" if task.get("add") else "")
     r = run_replay(nodes, wl, task["policy"], seed=task["seed"], trace_name=tr.name, load=task["load"],
                    reference_gpus=ref, warmup=task["warmup"], queues=queues, preemption=not task["no_preemption"],

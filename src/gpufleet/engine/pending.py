@@ -275,34 +275,77 @@ class PendingGroups:
                 if i0 is not None and rnd.rooms.may_plan(RoomFor((r0 := self.reqs[i0]).key, r0.priority, r0), now):
                     ok[gid] = True
                     fresh.add(g)
-        nominated, groups = self.nominated, self.groups
-        # (nominated last?, head's sort key) per group: the order of sort_key(head, nominated)
-        heads = [((self.reqs[(lst := groups[g])[0][1]].key not in nominated, lst[0][0]), g)
-                 for gid in np.flatnonzero(ok & (self.count > 0)).tolist() if (g := self.group_list[gid]) in groups]
+        nominated, groups, group_ids, group_list, reqs = self.nominated, self.groups, self.group_ids, self.group_list, self.reqs
+        # (nominated last?, head's sort key), group id, group per group: the order of sort_key(head, nominated) (a
+        # head's sort key names the pod, so two never tie); nobody nominated: the first part is True for every head
+        heads = [((reqs[lst[0][1]].key not in nominated if nominated else True, lst[0][0]), gid, g)
+                 for gid in np.flatnonzero(ok & (self.count > 0)).tolist()
+                 if (lst := groups.get(g := group_list[gid]))]
         heapq.heapify(heads)
-        stale = False  # a try changed the cluster since ``fit`` was computed
+        # [group id]: kept out by a count, or back in the queue (tried whatever the room; a group's own try is the
+        # only thing in a pass that changes its ``kept_out``)
+        either = [False] * len(group_list)
+        for g in (self.kept_out & groups.keys()) | fresh:
+            either[group_ids[g]] = True
+        queued = np.zeros(len(group_list), dtype=bool)  # [group id]: in ``heads`` (a group is there at most once)
+        for _, gid, _g in heads:
+            queued[gid] = True
+        n_either = sum(either[gid] for _, gid, _g in heads)
+        # one priority: when no queued group fits and none is tried whatever the room, every one left would be
+        # passed over (``waits_by_priority``, nobody nominated), and passing over changes nothing: the pass ends
+        prio = self.priorities[0] if len(self.priorities) == 1 else None
+        # ``fit`` is kept true to the cluster: after a try that only placed its pod on one node (no room made, no
+        # gang hold that a try could end) only that node changed, and it lost room: ``fit`` moves only if that node
+        # is one of ``room`` (recomputed then); a try that failed with no room planned changed nothing; after any
+        # other try it is recomputed as a whole
+        room_set = set(room)
+        waits: dict[int, bool] = {}  # priority -> a pod of it with no nomination would only wait; valid until a try
         while heads:
-            _, group = heapq.heappop(heads)
+            _, gid, group = heapq.heappop(heads)
+            queued[gid] = False
+            n_either -= either[gid]
             if not (members := groups.get(group)):
                 continue
             i = members[0][1]
-            if stale:
-                fit, stale = self.with_room(state, room), False
-            if fit[self.group_ids[group]]:
+            if fit[gid]:
                 fits: bool | None = True
-            elif group in self.kept_out or group in fresh:
+            elif either[gid]:
                 fits = None
-            elif rnd.only_waits(self.reqs[i], now):
-                continue  # no room on a freed node and nothing else a try could do: it would only wait
             else:
+                r = reqs[i]
+                if (skip := waits.get(r.priority)) is None:
+                    skip = waits[r.priority] = rnd.waits_by_priority(r.priority)
+                if skip and not ((noms := rnd.nominations) and r.key in noms):
+                    continue  # what ``rnd.only_waits`` says for it, without asking per pod
+                if not skip and rnd.only_waits(r, now):
+                    continue  # no room on a freed node and nothing else a try could do: it would only wait
                 fits = False
+            held = bool(rnd.gangs.held)
             a = attempt(i, fits, True)
-            stale = True
+            waits.clear()
+            either[gid] = group in self.kept_out or group in fresh
+            asg = a.decision.assignment
+            if held or a.made_room:
+                stale = True
+            elif not a.ok:
+                stale = a.room is not None  # no room made, nothing planned: nothing changed (a dry run rolls back)
+            elif asg is not None and (d := state.index.get(asg.node)) is not None:
+                stale = d in room_set  # one pod placed on node d, nothing else changed
+            else:
+                stale = True
             if a.ok:
                 if a.made_room:  # victims left (or held room was taken): their nodes count as gained room
                     room = sorted(set(room) | self.freed)
+                    room_set = set(room)
                 if members := groups.get(group):
-                    heapq.heappush(heads, ((self.reqs[members[0][1]].key not in nominated, members[0][0]), group))
+                    heapq.heappush(heads, ((reqs[members[0][1]].key not in nominated, members[0][0]), gid, group))
+                    queued[gid] = True
+                    n_either += either[gid]
+            if stale and heads:
+                fit = self.with_room(state, room)
+                if prio is not None and not n_either and not rnd.nominations and not _any(fit & queued) and \
+                        rnd.waits_by_priority(prio):
+                    break
 
     def _retry_queues(self, rnd: SchedulingRound, now: float, ok: np.ndarray,
                       attempt: Callable[[int, bool | None, bool], Attempt]) -> None:
@@ -358,6 +401,9 @@ class PendingGroups:
                 ok[self.group_ids[g]] = True
 
 
+_any = np.logical_or.reduce  # ``a.any()`` of a 1-d bool array, without the method's wrapper
+
+
 def could_fit(state: ClusterState, r: PodRequest) -> bool:
     """A necessary condition, cheap: some node has the CPU, memory and free GPUs the pod asks for (``room_need``)."""
     c, m, gc, gm = room_need(r)
@@ -367,4 +413,42 @@ def could_fit(state: ClusterState, r: PodRequest) -> bool:
     return bool(ok.any())
 
 
-__all__ = ["PER_GROUP", "PendingGroups", "could_fit", "pod_group", "trace_group"]
+class FitScreen:
+    """``could_fit`` against one ClusterState, remembering per room need (``room_need``) the answer's reason: a node
+    that had room, with its ``version`` then, or, when none had, the sum of all versions then.  Versions only go up,
+    one per change of a node's free amounts, so a node whose version is the same has the same room, and an
+    unchanged sum means no node changed: the answer is the same as ``could_fit``'s, without the [nodes, GPUs] test
+    on most calls (a replay asks it for every arrival)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._seen: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}  # need -> (node or -1, version, epoch)
+
+    def __call__(self, r: PodRequest) -> bool:
+        st = self.state
+        need = room_need(r)
+        seen = self._seen.get(need)
+        if seen is not None and seen[2] == st.epoch:
+            node, version, _ = seen
+            if node < 0:
+                if int(st.version.sum()) == version:
+                    return False
+            elif st.version[node] == version:
+                return True
+            elif room_on(st, need, (node,)):
+                self._seen[need] = (node, int(st.version[node]), st.epoch)
+                return True
+        c, m, gc, gm = need
+        ok = (st.cpu_free >= c) & (st.mem_free >= m)
+        if gc:
+            ok &= (st.gpu_free_milli >= gm).sum(axis=1) >= gc
+        at = ok.nonzero()[0]
+        if at.size:
+            node = int(at[0])
+            self._seen[need] = (node, int(st.version[node]), st.epoch)
+            return True
+        self._seen[need] = (-1, int(st.version.sum()), st.epoch)
+        return False
+
+
+__all__ = ["PER_GROUP", "FitScreen", "PendingGroups", "could_fit", "pod_group", "trace_group"]

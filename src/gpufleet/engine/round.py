@@ -283,6 +283,14 @@ class SchedulingRound:
             return True
         return not self.rooms.may_plan(RoomFor(req.key, req.priority, req), now)
 
+    def waits_by_priority(self, priority: int) -> bool:
+        """True when ``only_waits`` says True for every pod of ``priority`` with no nomination: no gang holds, and
+        no room may be planned for that priority at all (no preemption, or nothing lower runs and no team queues).
+        False: ask ``only_waits`` per pod.  A shell passing over many waiting pods asks this once per priority."""
+        if self.gangs.held:
+            return False
+        return not self.preemption or (self.tree is None and not self.rooms.lower_priority_running(priority))
+
     def _bind(self, a: Attempt) -> None:
         self.nominations.pop(a.request.key, None)
         self.port.bind(a)

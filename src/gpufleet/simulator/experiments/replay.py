@@ -45,14 +45,14 @@ import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from ...engine.framework import Scheduler
 from ...engine.gang import GangResult
 from ...engine.model import Node, PodRequest
-from ...engine.pending import PendingGroups, could_fit
+from ...engine.pending import FitScreen, PendingGroups
 from ...engine.plugins.queuequota import QueueQuota
 from ...engine.preemption import Plan, candidate_bound
 from ...engine.queues import Queue, QueueTree
@@ -61,7 +61,7 @@ from ...engine.schedqueue import requeue_hints
 from ...engine.state import ClusterState
 from ...policies import build_profile
 from ...policies.paper.workload import TargetWorkload
-from .packing import prime_policy
+from .packing import memo, prime_policy
 from .replay_metrics import SAMPLES, ReplayRun, pinned_class, request_class, sample, stats, summarize
 from ..traces.trace import TraceError, TracePod
 from ..traces.workload import DEFAULT_WARMUP, Workload, workload_from_trace
@@ -110,7 +110,10 @@ def run_replay(
     ref = float(reference_gpus or cap_gpus)
     scale = 1.0
     if load is not None:
-        wl, scale = wl.at_load(load, ref, warmup, copies)
+        # the same for every policy's run at this load (a worker of a sweep runs several): paced once per process
+        base = wl
+        wl, scale = cast("tuple[Workload, float]", memo((base,), ("at_load", load, ref, warmup, copies),
+                                                       lambda: base.at_load(load, ref, warmup, copies)))
     elif speedup != 1.0:
         wl, scale = wl.scaled(1.0 / speedup), 1.0 / speedup
     state = ClusterState(nodes)
@@ -185,6 +188,7 @@ class _Replay:
         self.all_nodes = np.arange(len(self.state))  # the fragmentation sample's rows
         self.capacity = max(self.state.total_gpu_milli(), 1)
         self.pending = PendingGroups(reqs, requeue_hints(sched.profile))  # waiting pods, what changed, the retries
+        self.fit_screen = FitScreen(self.state)  # ``could_fit``, remembering why
         self.by_key = self.pending.by_key
         arrival = wl.arrival_s
         self.measured = ~np.isnan(arrival)
@@ -246,7 +250,7 @@ class _Replay:
         """A pod already running when the trace starts: placed if it fits, never waits."""
         r = self.reqs[i]
         self._came(i)
-        if could_fit(self.state, r) and self.sched.schedule(r, waited_s=0.0).ok:
+        if self.fit_screen(r) and self.sched.schedule(r, waited_s=0.0).ok:
             self.placed(i, now, tried=True)
 
     def placed(self, i: int, now: float, tried: bool = False) -> None:
@@ -311,7 +315,7 @@ class _Replay:
 
     # --- the round's ports (engine.round.RoundPort, RoomPort) ----------------------------------------
     def could_fit(self, request: PodRequest) -> bool:
-        return could_fit(self.state, request)
+        return self.fit_screen(request)
 
     def bind(self, attempt: Attempt) -> None:
         self.placed(self.by_key[attempt.request.key], self.now, tried=True)
