@@ -1,0 +1,94 @@
+"""Where one replay of the sweep spends its CPU time: the engine's cycles, the retry passes around them, the
+"could it fit" screen, and the rest (arrivals, departures, samples, set-up).
+
+Why: the replay sweep of docs/replay.md (issue 39, deliverable 5) is twelve such replays; what is not the
+engine's cycles is the replay's own (``engine/pending.py``'s retry pass, ``simulator/experiments/replay.py``).
+Each part is timed in CPU seconds by wrapping it (``time.process_time``), so the parts add up to a little more
+than an unwrapped run; one replay at the sweep's copies (three passes of the bundled trace), ``FIGURE`` lines for
+``bench/side_by_side.py``:
+
+    PYTHONPATH=src python bench/replay_phases.py default 1.0
+    python bench/side_by_side.py OLD NEW --rounds 3 --same-stdout -- python $PWD/bench/replay_phases.py bestfit 1.0
+
+(the script by its full path: an old checkout may not have it; it times whichever checkout's code it is run with).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+
+def main() -> int:
+    from gpufleet.argtypes import float_range
+    from gpufleet.cli import replay_cli
+    from gpufleet.cli.main import Parser
+    from gpufleet.engine import framework, pending
+    from gpufleet.simulator.traces import trace as tracemod
+    from gpufleet.simulator.traces.workload import DEFAULT_WARMUP, workload_from_trace
+
+    ap = Parser(prog="replay_phases.py", description=__doc__.split("\n")[0])
+    ap.add_argument("policy")
+    ap.add_argument("load", type=float_range(0.01, 10))
+    args = ap.parse_args()
+    spent = {"schedule": 0.0, "retry": 0.0, "retry_tries": 0.0, "could_fit": 0.0}
+
+    def timed(owner: Any, name: str, part: str) -> None:
+        inner = getattr(owner, name)
+
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            t = time.process_time()
+            try:
+                return inner(*a, **kw)
+            finally:
+                spent[part] += time.process_time() - t
+        setattr(owner, name, wrapper)
+
+    timed(framework.Scheduler, "schedule", "schedule")
+    screen = getattr(pending, "FitScreen", None)  # older commits call pending.could_fit
+    if screen is not None:
+        timed(screen, "__call__", "could_fit")
+    else:
+        from gpufleet.simulator.experiments import replay
+
+        timed(replay, "could_fit", "could_fit")
+    retry = pending.PendingGroups.retry
+
+    def retry_timed(self: Any, rnd: Any, now: float, attempt: Any) -> None:
+        def tried(*a: Any) -> Any:
+            t = time.process_time()
+            try:
+                return attempt(*a)
+            finally:
+                spent["retry_tries"] += time.process_time() - t
+        t = time.process_time()
+        try:
+            retry(self, rnd, now, tried)
+        finally:
+            spent["retry"] += time.process_time() - t
+    pending.PendingGroups.retry = retry_timed  # type: ignore[method-assign]
+
+    pods = str(tracemod.bundled(tracemod.DEFAULT_PODS))
+    nodes, tr, _kind = replay_cli._load(None, pods, False, 1.0)
+    ref = sum(len(n.gpus) for n in nodes)
+    copies = workload_from_trace(tr.pods, tr.name).copies_for(1.2, ref, DEFAULT_WARMUP)  # the sweep's highest load
+    task = {"nodes": None, "pods": pods, "skip": False, "cluster_size": 1.0, "warmup": DEFAULT_WARMUP, "queues": None,
+            "team_column": None, "priority_column": None, "no_preemption": False, "copies": copies, "speedup": 1.0,
+            "policy": args.policy, "seed": 42, "load": args.load, "what_if": []}
+    t0 = time.process_time()
+    r = replay_cli.run_one(task)
+    total = time.process_time() - t0
+    print(f"{args.policy} at load {args.load:g}, {copies} passes: p50 {r['queue_delay_s']['p50']} s, p99 "
+          f"{r['queue_delay_s']['p99']} s, GPU allocation {r['mean_gpu_alloc_pct']}%, never placed {r['pods_never_placed']}")
+    print(f"FIGURE run_cpu_s {total:.3f}")
+    print(f"FIGURE engine_cycles_cpu_s {spent['schedule']:.3f}")
+    print(f"FIGURE retry_outside_cycles_cpu_s {spent['retry'] - spent['retry_tries']:.3f}")
+    print(f"FIGURE could_fit_cpu_s {spent['could_fit']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    from gpufleet.cli.main import run_script
+
+    sys.exit(run_script("replay_phases.py", main))
