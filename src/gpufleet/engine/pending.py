@@ -287,7 +287,7 @@ class PendingGroups:
         either = [False] * len(group_list)
         for g in (self.kept_out & groups.keys()) | fresh:
             either[group_ids[g]] = True
-        queued = np.zeros(len(group_list), dtype=bool)  # [group id]: in ``heads`` (a group is there at most once)
+        queued = np.zeros(len(self.count), dtype=bool)  # [group id]: in ``heads`` (a group is there at most once)
         for _, gid, _g in heads:
             queued[gid] = True
         n_either = sum(either[gid] for _, gid, _g in heads)
