@@ -278,3 +278,18 @@ def test_the_fit_screen_answers_as_could_fit_whatever_changed():
                 tx.evict(placed[0])
         elif step % 97 == 0:
             st.add_node(make_node(f"new{step}", 4, T4, cpu_milli=8_000))
+
+
+def test_a_retry_pass_over_groups_registered_later():
+    """The live queue's arrays grow ahead of its groups (``register``): a pass still tries what fits, in order."""
+    reqs = [req("run", gpu_count=2)]
+    sh = _Shell(reqs, [make_node("n", 2, T4, cpu_milli=64_000)])
+    assert sh.sched.schedule(reqs[0]).ok
+    late = [sh.pending.register(req(f"s{k}", gpu_milli=100 * (k + 1))) for k in range(9)]
+    assert len(sh.pending.count) > len(sh.pending.group_list)
+    for k, i in enumerate(late):
+        sh.pending.add(i, float(k))
+    sh.sched.forget("t/run")
+    sh.pending.freed.add(0)
+    sh.retry()
+    assert [k for k, _ in sh.tries][:3] == ["t/s0", "t/s1", "t/s2"] and all(f for _, f in sh.tries)
