@@ -281,6 +281,8 @@ class PendingGroups:
         heads = [((reqs[lst[0][1]].key not in nominated if nominated else True, lst[0][0]), gid, g)
                  for gid in np.flatnonzero(ok & (self.count > 0)).tolist()
                  if (lst := groups.get(g := group_list[gid]))]
+        if not heads:
+            return
         heapq.heapify(heads)
         # [group id]: kept out by a count, or back in the queue (tried whatever the room; a group's own try is the
         # only thing in a pass that changes its ``kept_out``)
