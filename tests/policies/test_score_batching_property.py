@@ -263,3 +263,23 @@ def test_node_kinds_number_make_ups_as_numpy_unique_does(state):
     static = np.concatenate([state.gpu_usable, state.gpu_model, state.gpu_mem_cap], axis=1).astype(np.int64)
     _, ref = np.unique(static, axis=0, return_inverse=True)
     assert np.array_equal(_node_kinds(state), ref.ravel())
+
+
+@SETTINGS
+@given(ids=st.lists(st.integers(0, 30), min_size=1, max_size=60))
+def test_state_groups_are_numpy_unique_of_the_state_ids(ids):
+    """Both of state_groups' paths (a table of every id; np.unique where ids are sparse) give np.unique's first
+    occurrences and inverse over the nodes' state ids: the dense path's cumsum and fills, as methods, change nothing."""
+    from gpufleet.policies.paper import fgd
+
+    arr = np.array(ids, dtype=np.int64)
+    nodes = np.arange(100, 100 + arr.size, dtype=np.int64)
+    _, ufirst, uinverse = np.unique(arr, return_index=True, return_inverse=True)
+    saved = fgd.state_ids
+    try:
+        for spread in (1, 1000):  # dense ids, then ids spread past 4x the nodes (the np.unique path)
+            fgd.state_ids = lambda state, at, s=spread: arr[at - 100] * s
+            reps, inverse = state_groups(None, nodes)  # type: ignore[arg-type]
+            assert np.array_equal(reps, nodes[ufirst]) and np.array_equal(inverse, uinverse.ravel())
+    finally:
+        fgd.state_ids = saved

@@ -163,7 +163,8 @@ class GpuFit:
             c = np.where(share_ok, 2, 1)
         else:
             ok = _at_least(share, k)
-            c = np.ones(n, dtype=np.int64)
+            c = np.empty(n, dtype=np.int64)
+            c.fill(1)  # np.ones, without its Python wrapper
         codes = c if codes is None else np.where(codes == 3, 3, c)
         if no_slot is not None:
             codes = np.where(no_slot & ~ok, 5, codes)

@@ -19,15 +19,15 @@ def take_packed(left: np.ndarray, milli: int, count: int) -> np.ndarray:
     if count == 1:  # one GPU: the least sufficient, the first of equals (what the stable sort below picks)
         fit = left >= milli
         big = np.iinfo(left.dtype).max if left.dtype.kind in "iu" else np.inf
-        j = np.argmin(np.where(fit, left, big), axis=1)
+        j = np.where(fit, left, big).argmin(axis=1)
         rows = np.logical_or.reduce(fit, axis=1).nonzero()[0]
         out[rows, j[rows]] -= milli
         return out
-    order = np.argsort(left, axis=1, kind="stable")
+    order = left.argsort(axis=1, kind="stable")
     at = np.arange(left.shape[0])[:, None]
     srt = left[at, order]
     ok = srt >= milli
-    take = ok & (np.cumsum(ok, axis=1) <= count)
+    take = ok & (ok.cumsum(axis=1) <= count)
     out[at, order] = srt - take * milli
     return out
 

@@ -43,10 +43,11 @@ def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np
     if m > 4 * ids.size:  # sparse ids: sorting is cheaper than tables of every id
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         return nodes[first], inverse.ravel()
-    first = np.full(m, -1, dtype=np.int64)
+    first = np.empty(m, dtype=np.int64)
+    first.fill(-1)  # np.full, without its Python wrapper
     first[ids[::-1]] = np.arange(ids.size - 1, -1, -1)  # a node of each id (any member stands for its group)
     present = first >= 0
-    return nodes[first[present]], (np.cumsum(present) - 1)[ids]
+    return nodes[first[present]], (present.cumsum() - 1)[ids]
 
 
 IDS_MAX_STATES = 1_000_000  # distinct node states numbered per epoch before the numbering starts over
@@ -151,13 +152,13 @@ def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) ->
         return np.array(first_l, dtype=np.intp), np.array(inverse_l, dtype=np.intp)
     # np.unique(key, return_index=True, return_inverse=True) without its wrapper's cost: a stable sort, the first
     # of each run of equal keys (its first occurrence), and each key's run number
-    order = np.argsort(key, kind="stable")
+    order = key.argsort(kind="stable")
     srt = key[order]
     new = np.empty(srt.size, dtype=bool)
     new[:1] = True
     np.not_equal(srt[1:], srt[:-1], out=new[1:])
     inverse = np.empty(key.size, dtype=np.intp)
-    inverse[order] = np.cumsum(new) - 1
+    inverse[order] = new.cumsum() - 1
     return order[new], inverse
 
 
@@ -241,7 +242,7 @@ class FragDescent:
         if stale.size >= DEDUPE_MIN_NODES:
             reps, inv = state_groups(state, stale)
             got = self._remembered("gpu", cycle, state, reps)
-            new = np.take(got, inv, axis=0)  # got[inv], a copy either way; take is 4x faster on [k, G]
+            new = got.take(inv, axis=0)  # got[inv], a copy either way; take is 4x faster on [k, G]
             set_rows(rows, stale, new)
         else:
             new = got = self._remembered("gpu", cycle, state, stale)
@@ -312,8 +313,9 @@ class FragDescent:
         r = cycle.request
         cpu, left, model = view if view is not None else node_view(state, nodes)
         k, g = left.shape
-        rows, cols = np.nonzero(eligible_gpus(state, r, nodes) & (left >= r.gpu_milli))
-        out = np.full((k, g), -np.inf)
+        rows, cols = (eligible_gpus(state, r, nodes) & (left >= r.gpu_milli)).nonzero()
+        out = np.empty((k, g))
+        out.fill(-np.inf)  # np.full, without its Python wrapper
         if rows.size:
             first, inv = distinct_placements(left, rows, cols)
             ur, uc = rows[first], cols[first]
