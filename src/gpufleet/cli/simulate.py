@@ -181,7 +181,7 @@ def _bound_one(task: dict) -> dict:
 
 def _import_for_workers(experiment: str) -> None:
     """Import here, once, what every worker imports for its first run (the engine's policies, the experiment, the
-    bounds' solver: about 0.5 CPU s a process): workers made by fork start with it, instead of each importing it."""
+    bounds' solver): workers made by fork start with it, instead of each importing it."""
     import multiprocessing
 
     if multiprocessing.get_start_method(allow_none=False) != "fork":
@@ -189,7 +189,7 @@ def _import_for_workers(experiment: str) -> None:
     from ..policies import default, paper  # noqa: F401  what registry() imports
 
     if experiment == "packing":
-        import scipy.optimize  # noqa: F401  the keep-first LP of every run, the MIP of the bound
+        import highspy  # noqa: F401  the keep-first LP of every run, the MIP of the bound (bounds/bound.py)
 
         from ..simulator.bounds import bound  # noqa: F401
         from ..simulator.experiments import packing  # noqa: F401

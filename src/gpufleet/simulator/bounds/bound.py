@@ -120,7 +120,7 @@ class _Program:
     """The MIP: columns are the (shape, group) pairs ``var`` (integer) and then continuous pattern columns."""
 
     obj: np.ndarray  # GPU milli each column allocates (0 for the pattern columns)
-    A: Any
+    A: Sparse
     lo: np.ndarray
     hi: np.ndarray
     integrality: np.ndarray
@@ -150,13 +150,89 @@ class _Rows:
             self.lo.append(float(lo))
             self.hi.append(float(hi))
 
-    def matrix(self, ncols: int):
-        from scipy.sparse import csr_matrix
-
+    def matrix(self, ncols: int) -> Sparse:
         if not self.hi:
-            return csr_matrix((0, ncols))
-        return csr_matrix((np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))),
-                          shape=(len(self.hi), ncols))
+            return Sparse(0, ncols, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
+        return Sparse(len(self.hi), ncols, np.concatenate(self.rows), np.concatenate(self.cols), np.concatenate(self.vals))
+
+
+@dataclass(frozen=True)
+class Sparse:
+    """A constraint matrix as (row, column, value) entries (explicit zeros kept), handed to HiGHS column-wise."""
+
+    nrows: int
+    ncols: int
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+
+    def stacked(self, below: Sparse) -> Sparse:
+        """This matrix with ``below``'s rows after its own."""
+        return Sparse(self.nrows + below.nrows, self.ncols, np.concatenate([self.rows, below.rows + self.nrows]),
+                      np.concatenate([self.cols, below.cols]), np.concatenate([self.vals, below.vals]).astype(float))
+
+    def csc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(column starts, row indices, values): what ``scipy.sparse.csc_array`` of the same entries holds, which is
+        what ``scipy.optimize.milp`` passed HiGHS before (rows in increasing order within a column, entries at the
+        same place summed -- all of them whole numbers here, so in any order -- and explicit zeros kept)."""
+        key = self.cols.astype(np.int64) * max(self.nrows, 1) + self.rows
+        order = np.argsort(key, kind="stable")
+        key, vals = key[order], self.vals[order].astype(np.float64)
+        if key.size > 1 and not (first := np.r_[True, key[1:] != key[:-1]]).all():
+            vals = np.add.reduceat(vals, np.flatnonzero(first))
+            key = key[first]
+        col = key // max(self.nrows, 1)
+        start = np.searchsorted(col, np.arange(self.ncols + 1))
+        return start.astype(np.int32), (key - col * max(self.nrows, 1)).astype(np.int32), vals
+
+
+@dataclass
+class _Solved:
+    status: Any  # HighsModelStatus
+    optimal: bool
+    x: np.ndarray | None
+    fun: float | None
+    mip_dual_bound: float | None
+    message: str
+
+
+def _solve(c: np.ndarray, a: Sparse, lo: np.ndarray, hi: np.ndarray, integrality: np.ndarray,
+           time_limit_s: float | None = None) -> _Solved:
+    """``min c.x, lo <= a.x <= hi, x >= 0`` (integer where ``integrality``) by HiGHS through ``highspy``, the program
+    and options ``scipy.optimize.milp`` passed it (the release scipy bundles, 1.12.0, pinned in pyproject.toml):
+    the same path, so the same answer, without importing scipy.optimize (0.4 s before a main job's workers start)."""
+    from highspy import _core as h
+
+    lp = h.HighsLp()
+    lp.num_col_, lp.num_row_ = c.size, a.nrows
+    am = lp.a_matrix_
+    am.num_col_, am.num_row_ = c.size, a.nrows
+    am.format_ = h.MatrixFormat.kColwise
+    lp.col_cost_ = np.asarray(c, dtype=np.float64)
+    lp.col_lower_, lp.col_upper_ = np.zeros(c.size), np.full(c.size, np.inf)
+    lp.row_lower_, lp.row_upper_ = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    am.start_, am.index_, am.value_ = a.csc()
+    lp.integrality_ = [h.HighsVarType(int(i)) for i in np.asarray(integrality, dtype=np.uint8)]
+    solver = h._Highs()
+    options = h.HighsOptions()
+    options.log_to_console = False
+    if time_limit_s is not None:
+        options.time_limit = float(time_limit_s)
+    solver.passOptions(options)
+    solver.passModel(lp)
+    solver.run()
+    status = solver.getModelStatus()
+    info = solver.getInfo()
+    is_mip = bool(np.any(integrality))
+    limits = (h.HighsModelStatus.kTimeLimit, h.HighsModelStatus.kIterationLimit, h.HighsModelStatus.kSolutionLimit)
+    failed = (status not in (h.HighsModelStatus.kOptimal, *limits) or
+              (status in limits and info.objective_function_value == h.kHighsInf)) if is_mip else \
+        status != h.HighsModelStatus.kOptimal
+    message = solver.modelStatusToString(status)
+    if failed:
+        return _Solved(status, False, None, None, None, message)
+    return _Solved(status, status == h.HighsModelStatus.kOptimal, np.array(solver.getSolution().col_value),
+                   info.objective_function_value, info.mip_dual_bound if is_mip else None, message)
 
 
 PATTERN_STEPS = 200  # positions of the per-GPU arc-flow graph at most (sizes rounded down to 1000/200 = 5 milli)
@@ -282,8 +358,6 @@ def _pattern_rows(rows: _Rows, S: list[Shape], K: list[NodeType], groups: Counte
 def offline_bound(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 42, tune: float = 1.3,
                   time_limit_s: float = 30.0, lp: bool = False) -> BoundResult:
     """The node-group MIP bound at the 100%-arrived point (see the module docstring), within ``time_limit_s``."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-
     t0 = time.perf_counter()
     arrived, capacity = arrived_pods(nodes, pods, seed, tune)
     prog = _program(nodes, arrived, node_cuts=True)
@@ -292,9 +366,8 @@ def offline_bound(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 4
         return BoundResult(seed=seed, unallocated_gpu_pct=100.0, pods=len(arrived), shapes=len(S), node_groups=len(K),
                            best_found_pct=100.0, gap_pct=0.0, optimal=True, solve_s=round(time.perf_counter() - t0, 2))
     with _quiet_solver():
-        res = milp(-prog.obj, constraints=LinearConstraint(prog.A, prog.lo, prog.hi), integrality=prog.integrality,
-                   bounds=Bounds(0, np.inf), options={"time_limit": float(time_limit_s), "disp": False})
-    dual = getattr(res, "mip_dual_bound", None)
+        res = _solve(-prog.obj, prog.A, prog.lo, prog.hi, prog.integrality, time_limit_s)
+    dual = res.mip_dual_bound
     if dual is None or not np.isfinite(dual):  # pragma: no cover - HiGHS always has the root LP's bound
         raise RuntimeError(f"offline bound: no bound from the MIP: {res.message}")
     ub = min(float(-dual), float(capacity))
@@ -304,7 +377,7 @@ def offline_bound(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 4
     def pct(alloc):
         return round(100.0 - 100.0 * alloc / capacity, 4)
     out = BoundResult(seed=seed, unallocated_gpu_pct=max(0.0, pct(ub)), pods=len(arrived), shapes=len(S), node_groups=len(K),
-                      best_found_pct=None if found is None else pct(found), optimal=res.status == 0,
+                      best_found_pct=None if found is None else pct(found), optimal=res.optimal,
                       solve_s=round(time.perf_counter() - t0, 2))
     if out.best_found_pct is not None:
         out.gap_pct = round(out.best_found_pct - out.unallocated_gpu_pct, 4)
@@ -325,9 +398,6 @@ def bound_placing_first(nodes: Sequence[Node], arrived: Sequence[TracePod], plac
     LP relaxation of the program above with the CPU-only pods and nodes, plus ``sum_k x[s,k] >= placed(s)``:
     about 0.2 s on the default trace.  None where the solver finds no solution (it always should:
     the run itself placed those pods)."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import csr_matrix
-
     from ..experiments.packing import memo
 
     # the same for every policy's run of one trace and seed (``arrived`` is the arrival order's prefix)
@@ -339,14 +409,12 @@ def bound_placing_first(nodes: Sequence[Node], arrived: Sequence[TracePod], plac
     at_least = [(i, must[s]) for i, s in enumerate(prog.S) if must.get(s)]
     cols = [np.flatnonzero(prog.var[:, 0] == i) for i, _ in at_least]
     rows = [np.full(c.size, k) for k, c in enumerate(cols)]
-    E = csr_matrix((np.ones(sum(c.size for c in cols)), (np.concatenate(rows or [np.zeros(0, int)]),
-                                                          np.concatenate(cols or [np.zeros(0, int)]))),
-                   shape=(len(at_least), prog.obj.size))
+    at = Sparse(len(at_least), prog.obj.size, np.concatenate(rows or [np.zeros(0, int)]),
+                np.concatenate(cols or [np.zeros(0, int)]), np.ones(sum(c.size for c in cols)))
     with _quiet_solver():
-        res = milp(-prog.obj, constraints=[LinearConstraint(prog.A, prog.lo, prog.hi),
-                                           LinearConstraint(E, np.array([float(n) for _, n in at_least]), np.inf)],
-                   integrality=np.zeros(prog.obj.size), bounds=Bounds(0, np.inf))
-    if res.status != 0:
+        res = _solve(-prog.obj, prog.A.stacked(at), np.concatenate([prog.lo, [float(n) for _, n in at_least]]),
+                     np.concatenate([prog.hi, np.full(len(at_least), np.inf)]), np.zeros(prog.obj.size))
+    if not res.optimal or res.fun is None:
         return None
     return max(0.0, round(100.0 - 100.0 * min(-float(res.fun), float(capacity_milli)) / capacity_milli, 4))
 
