@@ -129,3 +129,36 @@ def test_solver_chatter_on_the_file_descriptors_is_dropped_and_they_are_restored
     os.write(2, b"after\n")
     out, err = capfd.readouterr()
     assert out == "" and err == "after\n"
+
+
+def test_the_solver_call_is_scipy_milps_own():
+    """The bounds call HiGHS through highspy with what ``scipy.optimize.milp`` passed it (the matrix column-wise as
+    ``csc_array`` holds it, the same options): the same release gives the same answers bit for bit."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csc_array, csr_matrix
+
+    from gpufleet.simulator.bounds.bound import Sparse, _solve
+
+    rng = np.random.default_rng(3)
+    for trial in range(6):
+        m, n = int(rng.integers(3, 12)), int(rng.integers(4, 16))
+        k = int(rng.integers(m, 4 * m))
+        rows, cols = rng.integers(0, m, k), rng.integers(0, n, k)  # repeats: entries at one place are summed
+        vals = rng.integers(-2, 9, k).astype(float)  # zeros: kept as entries
+        a = Sparse(m, n, rows, cols, vals)
+        ref = csc_array(csr_matrix((vals, (rows, cols)), shape=(m, n)))
+        start, index, value = a.csc()
+        assert np.array_equal(start, ref.indptr) and np.array_equal(index, ref.indices) and np.array_equal(value, ref.data)
+        c = -rng.integers(1, 20, n).astype(float)
+        hi = rng.integers(5, 40, m).astype(float)
+        integrality = (rng.random(n) < 0.5).astype(np.uint8) if trial % 2 else np.zeros(n, dtype=np.uint8)
+        below = Sparse(1, n, np.zeros(n, dtype=np.int64), np.arange(n), np.ones(n))  # sum x <= 10, as a second constraint
+        got = _solve(c, a.stacked(below), np.r_[np.full(m, -np.inf), -np.inf], np.r_[hi, 10.0], integrality, 30.0)
+        want = milp(c, constraints=[LinearConstraint(csr_matrix((vals, (rows, cols)), shape=(m, n)), -np.inf, hi),
+                                    LinearConstraint(np.ones((1, n)), -np.inf, 10.0)],
+                    integrality=integrality, bounds=Bounds(0, np.inf), options={"time_limit": 30.0, "disp": False})
+        assert got.optimal is (want.status == 0)
+        assert got.fun == want.fun and np.array_equal(got.x, want.x)
+        if integrality.any():
+            assert got.mip_dual_bound == want.mip_dual_bound

@@ -199,8 +199,9 @@ class _Solved:
 def _solve(c: np.ndarray, a: Sparse, lo: np.ndarray, hi: np.ndarray, integrality: np.ndarray,
            time_limit_s: float | None = None) -> _Solved:
     """``min c.x, lo <= a.x <= hi, x >= 0`` (integer where ``integrality``) by HiGHS through ``highspy``, the program
-    and options ``scipy.optimize.milp`` passed it (the release scipy bundles, 1.12.0, pinned in pyproject.toml):
-    the same path, so the same answer, without importing scipy.optimize (0.4 s before a main job's workers start)."""
+    and options ``scipy.optimize.milp`` passed it (highspy pinned in pyproject.toml at 1.12.0, the release scipy 1.17
+    bundles): the same path, so the same answer (tests/simulator/test_bound.py checks it against milp), without
+    importing scipy.optimize (0.4 s before a main job's workers fork)."""
     from highspy import _core as h
 
     lp = h.HighsLp()
