@@ -45,6 +45,18 @@ def step(api, loop, clock):
     _sync(api, loop)
 
 
+def placed_a():
+    """A 2-GPU node n1 and gpufleet's pod ml/a placed there, the loop's cache in step with the API."""
+    api, clock = FakeApi(), Clock()
+    api.add_node(node("n1", gpus=2, inventory=True))
+    api.add_pod(pod("a"))
+    loop = make(api, clock)
+    loop.schedule_due()
+    assert dict(api.binds) == {"ml/a": "n1"}
+    _sync(api, loop)
+    return api, clock, loop
+
+
 def test_kubelet_messages_of_a_dead_plugin_are_told_from_the_node_guard_and_other_failures():
     def failed(msg, reason="UnexpectedAdmissionError"):
         return {"status": {"phase": "Failed", "reason": reason, "message": msg}}
@@ -56,13 +68,7 @@ def test_kubelet_messages_of_a_dead_plugin_are_told_from_the_node_guard_and_othe
 
 
 def test_a_refusal_holds_gpu_pods_off_the_node_until_the_agent_registers_and_the_bare_pod_is_recreated():
-    api, clock = FakeApi(), Clock()
-    api.add_node(node("n1", gpus=2, inventory=True))
-    api.add_pod(pod("a"))
-    loop = make(api, clock)
-    loop.schedule_due()
-    assert dict(api.binds) == {"ml/a": "n1"}
-    _sync(api, loop)
+    api, clock, loop = placed_a()
     refuse(api, "ml/a", EOF_MSG)
     api.add_pod(pod("b"))
     api.add_pod(pod("cpu", gpus=0))
@@ -94,12 +100,7 @@ def test_a_refusal_holds_gpu_pods_off_the_node_until_the_agent_registers_and_the
 
 
 def test_no_hold_when_the_agent_registered_again_before_the_scheduler_saw_the_refusal():
-    api, clock = FakeApi(), Clock()
-    api.add_node(node("n1", gpus=2, inventory=True))
-    api.add_pod(pod("a"))
-    loop = make(api, clock)
-    loop.schedule_due()
-    _sync(api, loop)
+    api, clock, loop = placed_a()
     announce(api, "n1", "2026-11-27T05:00:02.000Z")
     refuse(api, "ml/a", UNHEALTHY)
     api.add_pod(pod("b"))
@@ -220,12 +221,7 @@ def test_a_pod_that_lost_a_race_for_its_gpu_is_recreated_without_a_hold():
     assert raced({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": msg}})
     assert refusal({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": msg}}) is None
     assert raced({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": UNHEALTHY}}) is None
-    api, clock = FakeApi(), Clock()
-    api.add_node(node("n1", gpus=2, inventory=True))
-    api.add_pod(pod("a"))
-    loop = make(api, clock)
-    loop.schedule_due()
-    _sync(api, loop)
+    api, clock, loop = placed_a()
     refuse(api, "ml/a", msg)
     api.add_pod(pod("b"))
     step(api, loop, clock)
