@@ -38,8 +38,8 @@ admissions but still needs the API server to read the pod's assignment while kub
 from __future__ import annotations
 
 import json
-
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -232,8 +232,6 @@ class NodePodCache:
     WATCH_S = 240  # one watch request's server-side timeout; the next resumes from the last resourceVersion
 
     def __init__(self, core_v1, node: str, clock: Callable[[], float] = time.monotonic) -> None:
-        import threading
-
         self.core, self.node, self._clock = core_v1, node, clock
         self._lock = threading.Lock()
         self._pods: dict[str, dict] | None = None  # uid -> pod; None until the first list
@@ -271,8 +269,6 @@ class NodePodCache:
     def _watch(self) -> None:
         """One watch request, applied as it streams; returns when the server ends it, raises on an error (410: the
         caller lists afresh)."""
-        import json
-
         from kubernetes.watch.watch import iter_resp_lines
 
         resp = self.core.list_pod_for_all_namespaces(
@@ -311,8 +307,6 @@ class NodePodCache:
                 delay = min(delay * 2, 5.0)
 
     def start(self) -> None:
-        import threading
-
         self._stop_event = threading.Event()
         threading.Thread(target=self.follow, args=(self._stop_event,), name="pod-watch", daemon=True).start()
 
@@ -422,8 +416,6 @@ class DeferredPods:
     for an Allocate without a deadline, so a pod admitted meanwhile is served late, not refused."""
 
     def __init__(self, wait_s: float = 30.0) -> None:
-        import threading
-
         self.wait_s = wait_s
         self._ready = threading.Event()
         self._source: object | None = None
