@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+from gpufleet.agent.endpoint import iso_now
 from gpufleet.kube.plugin_down import MAX_GENERATIONS, refusal, replacement
 from tests.kube.fake_api import FakeApi
 
@@ -288,11 +289,6 @@ def test_replacement_keeps_the_owners_fields_and_drops_the_servers():
     assert "nodeName" not in r["spec"] and r["spec"]["priorityClassName"] == "hi" and "status" not in r
 
 
-def _stamp(t: float) -> str:
-    import time as _time
-    return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
-
-
 def test_explain_names_the_hold_read_back_from_the_api():
     """``gpufleet explain`` sees no refusal itself: it reads the hold back from the Failed pods and the agent's
     annotation, by the scheduler's rule, and names it (the node's reason, and a line saying why and until when)."""
@@ -308,8 +304,8 @@ def test_explain_names_the_hold_read_back_from_the_api():
     api.nodes["n2"]["spec"]["taints"] = [{"key": "x", "value": "y", "effect": "NoSchedule"}]
     for name, n in (("a", "n1"), ("old", "n2")):
         api.add_pod(pod(name, node_name=n, annotations={"gpufleet.io/assignment": "{}"}))
-    refuse(api, "ml/a", EOF_MSG, start=_stamp(now - 5))
-    refuse(api, "ml/old", EOF_MSG, start=_stamp(now - 400))  # older than the hold's 300 s: no hold
+    refuse(api, "ml/a", EOF_MSG, start=iso_now(now - 5))
+    refuse(api, "ml/old", EOF_MSG, start=iso_now(now - 400))  # older than the hold's 300 s: no hold
     api.add_pod(pod("b"))
     api.add_pod(pod("cpu", gpus=0))
     prof = build_profile("bestfit")
@@ -326,6 +322,6 @@ def test_explain_names_the_hold_read_back_from_the_api():
     code, text = explain_cli.explain(api, prof, "ml/cpu")
     assert "held:" not in text and "fits" in text, text
     # the agent registered after the refusal: the hold is over, the pod fits there
-    announce(api, "n1", _stamp(now - 1))
+    announce(api, "n1", iso_now(now - 1))
     code, text = explain_cli.explain(api, prof, "ml/b")
     assert code == 0 and "held:" not in text and "fits: best node n1" in text, text

@@ -232,7 +232,9 @@ class Agent:
                     self.kubelet.forget()
                     self.register_failures += 1
         if registered and all(p.serving() for p in self.plugins) and not self.kubelet_pending():
-            self.registered_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t := time.time())) + f".{int(t % 1 * 1000):03d}Z"
+            from .endpoint import iso_now
+
+            self.registered_at = iso_now()
             self.publish_registration()  # at once; a failure is retried by step(), not every KUBELET_POLL_S
 
     def _serve_endpoint(self) -> None:
