@@ -406,13 +406,18 @@ class PendingGroups:
 _any = np.logical_or.reduce  # ``a.any()`` of a 1-d bool array, without the method's wrapper
 
 
-def could_fit(state: ClusterState, r: PodRequest) -> bool:
-    """A necessary condition, cheap: some node has the CPU, memory and free GPUs the pod asks for (``room_need``)."""
-    c, m, gc, gm = room_need(r)
+def room_mask(state: ClusterState, need: tuple[int, int, int, int]) -> np.ndarray:
+    """[nodes]: the node has the CPU, memory and free GPUs of ``need`` (``room_need``)."""
+    c, m, gc, gm = need
     ok = (state.cpu_free >= c) & (state.mem_free >= m)
     if gc:
         ok &= (state.gpu_free_milli >= gm).sum(axis=1) >= gc
-    return bool(ok.any())
+    return ok
+
+
+def could_fit(state: ClusterState, r: PodRequest) -> bool:
+    """A necessary condition, cheap: some node has the CPU, memory and free GPUs the pod asks for (``room_need``)."""
+    return bool(room_mask(state, room_need(r)).any())
 
 
 class FitScreen:
@@ -440,11 +445,7 @@ class FitScreen:
             elif room_on(st, need, (node,)):
                 self._seen[need] = (node, int(st.version[node]), st.epoch)
                 return True
-        c, m, gc, gm = need
-        ok = (st.cpu_free >= c) & (st.mem_free >= m)
-        if gc:
-            ok &= (st.gpu_free_milli >= gm).sum(axis=1) >= gc
-        at = ok.nonzero()[0]
+        at = room_mask(st, need).nonzero()[0]
         if at.size:
             node = int(at[0])
             self._seen[need] = (node, int(st.version[node]), st.epoch)
