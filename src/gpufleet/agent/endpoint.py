@@ -41,6 +41,7 @@ from typing import Any
 
 import grpc
 
+from ..files import replace_atomically
 from .deviceplugin import api_pb2 as pb
 from .deviceplugin import api_pb2_grpc as pbg
 
@@ -64,10 +65,7 @@ def iso_now(t: float | None = None) -> str:
 
 def write_json(path: str, data: dict) -> None:
     """Atomic replace (the other process never reads half a file)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, sort_keys=True)
-    os.replace(tmp, path)
+    replace_atomically(path, json.dumps(data, sort_keys=True))
 
 
 def read_json(path: str) -> dict | None:

@@ -49,6 +49,7 @@ import grpc
 
 from ..engine.annotations import GUARD_REFUSAL, RACED_REFUSAL
 from ..engine.model import Assignment
+from ..files import replace_atomically
 from .deviceplugin import api_pb2 as pb
 from .deviceplugin import api_pb2_grpc as pbg
 from .endpoint import KubeletSocket as KubeletWatcher  # noqa: F401 - the agent's name for it
@@ -258,14 +259,12 @@ class DevicePlugin(pbg.DevicePluginServicer):
     def _save_checkpoint(self) -> None:
         data = {"version": CHECKPOINT_VERSION, "resource": self.resource, "pods": self.allocated,
                 "anonymous": self.anonymous[-MAX_ANONYMOUS:]}
-        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
         if self.checkpoint.exists() and not self.checkpoint.is_file():
             log.error("%s: checkpoint path %s is not a regular file; not replacing it", self.resource, self.checkpoint)
             return
         try:
             self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, sort_keys=True))
-            os.replace(tmp, self.checkpoint)
+            replace_atomically(self.checkpoint, json.dumps(data, sort_keys=True))
         except OSError as exc:  # a full disk must not fail the container's start
             log.error("%s: cannot write checkpoint %s: %s", self.resource, self.checkpoint, exc)
 

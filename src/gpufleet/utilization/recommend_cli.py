@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+from ..files import replace_atomically
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..argtypes import float_range
@@ -112,10 +114,8 @@ def run(args: argparse.Namespace) -> int:
         for p in patches.values():
             if isinstance(p, Patch):
                 path = os.path.join(args.patches, p.file_name)
-                with open(path + ".tmp", "w") as f:
-                    f.write(f"# gpufleet recommend: {p.kind} {p.namespace}/{p.name}\n# {p.kubectl(path)}\n")
-                    yaml.safe_dump(p.body, f, sort_keys=False)
-                os.replace(path + ".tmp", path)
+                replace_atomically(path, f"# gpufleet recommend: {p.kind} {p.namespace}/{p.name}\n# {p.kubectl(path)}\n"
+                                   + yaml.safe_dump(p.body, sort_keys=False))
                 commands.append(p.kubectl(path))
     if args.json:
         out = []

@@ -30,6 +30,7 @@ import os
 import re
 from pathlib import Path
 
+from ...files import replace_atomically
 from .state import PreparedClaim, PreparedDevice
 
 log = logging.getLogger(__name__)
@@ -114,9 +115,7 @@ class CdiWriter:
         """Write (or re-write) the claim's spec atomically; OSError if the directory cannot take it."""
         p = self.path(claim.uid)
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name("." + p.name + ".tmp")  # a dot file: CDI caches skip it while half written
-        tmp.write_text(json.dumps(self.spec(claim), indent=1, sort_keys=True))
-        os.replace(tmp, p)
+        replace_atomically(p, json.dumps(self.spec(claim), indent=1, sort_keys=True))  # CDI caches skip its dot file
         return p
 
     def remove(self, claim_uid: str) -> None:

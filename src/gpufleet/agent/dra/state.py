@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ...files import replace_atomically
+
 log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 1
@@ -111,12 +113,7 @@ class Checkpoint:
                     "claims": {uid: {"namespace": c.namespace, "name": c.name, "prepared_s": c.prepared_s,
                                      "devices": [asdict(d) for d in c.devices]} for uid, c in sorted(self.claims.items())}}
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(tmp, "w") as f:
-                json.dump(data, f, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            replace_atomically(self.path, json.dumps(data, sort_keys=True), fsync=True)
 
     def get(self, uid: str) -> PreparedClaim | None:
         with self.lock:
