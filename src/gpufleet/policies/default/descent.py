@@ -89,6 +89,7 @@ class DescentScore(FragDescent):
         self._rates: tuple | None = None
         self._q_rhos: np.ndarray | None = None  # this cycle's ratio quantiles, None: the mean ratio
         self._tables: tuple | None = None  # (workload version, {(share milli, patterns on): per-free-milli terms})
+        self._table: tuple | None = None  # (target workload, version, per-free-milli table, shape columns): _gpu_table
 
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> DescentScore:
@@ -153,20 +154,70 @@ class DescentScore(FragDescent):
         _, g_milli, c_milli, m_mib = self._rates
         total = np.add.reduce(gpu, axis=-1)  # ``gpu.sum(axis=-1)`` without its Python wrapper
         if a.strand_weight and g_milli > 0:
-            if self._q_rhos is not None:  # the mean over the quantiles' ratios, all rows [Q, S] in one go
-                # np.mean(..., axis=0) is this sum divided by the count, without its Python wrapper
-                stranded = np.add.reduce(np.maximum(0.0, total - np.maximum(cpu, 0) / self._q_rhos[:, None]), axis=0) / self._q_rhos.shape[0]
-            else:
-                stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
-            if a.memory_strand and m_mib > 0:
-                stranded = np.maximum(stranded, total - np.maximum(mem, 0) * (g_milli / m_mib))
-            out += a.strand_weight * stranded
+            out += a.strand_weight * self._stranded(cpu, total, mem, g_milli, c_milli, m_mib)
         if a.sliver_weight:
             out += a.sliver_weight * np.add.reduce(self._sliver_table()[np.minimum(np.maximum(gpu, 0), GPU_MILLI)], axis=-1)  # np.clip, without its overhead
         return out
 
     def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
-        return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
+        """``frag_amount + _penalty`` of node states ([S], [S, G], [S], [S]), the same bits.
+
+        Why: with a few node states per call, numpy's per-call cost is most of the measure, and binning (or the
+        [S, T, G] compare) and the penalty each walk the GPUs again.  Here one lookup per GPU in a table over
+        its free milli (``_gpu_table``: the milli itself, per shape the milli where the shape fits and whether it
+        fits, and the sliver) and one sum over the GPUs give every per-state sum both need; all are whole
+        numbers, exact in any order, and the last steps are those of ``frag_amount`` and ``_penalty``.  States
+        with free milli outside 0..GPU_MILLI, and configurations where a weight is not positive (where adding
+        the terms to zeros could matter), take the two functions themselves.
+        """
+        a = self.args
+        if (not len(tw) or gpu.dtype.kind not in "iu" or not gpu.size or not (a.strand_weight > 0 and a.sliver_weight > 0)
+                or np.minimum.reduce(gpu, axis=None) < 0):
+            return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
+        table, gpu_shape, count, cpu_t = self._gpu_table(tw)
+        try:
+            sums = np.add.reduce(table.take(gpu, axis=0), axis=1)  # [S, 2T + 2]; IndexError: a GPU above GPU_MILLI
+        except IndexError:
+            return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
+        t = count.size
+        total = sums[:, 0]
+        tot = total[:, None]
+        # frag_amount: idle milli on GPUs too small for a shape where it fits (Q3), all idle milli otherwise
+        q3 = gpu_shape & acc[model] & (sums[:, 1 + t : 1 + 2 * t] >= count) & (cpu[:, None] >= cpu_t)
+        per = np.where(q3, tot - sums[:, 1 : 1 + t], tot).astype(np.float64)
+        frag = np.add.reduce(per * tw.freq, axis=1)  # row by row, as frag_amount
+        if self._rates is None or self._rates[0] != self.model.version:
+            self._rates = (self.model.version, *self.model.sums)
+        _, g_milli, c_milli, m_mib = self._rates
+        if g_milli > 0:  # _penalty's stranded GPU milli (>= 0: adding it to zeros is the same number)
+            stranded = self._stranded(cpu, total, mem, g_milli, c_milli, m_mib)
+            return frag + (a.strand_weight * stranded + a.sliver_weight * sums[:, -1])
+        return frag + (0.0 + a.sliver_weight * sums[:, -1])
+
+    def _gpu_table(self, tw) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per free milli L in 0..GPU_MILLI (``_measure``): [L, per shape L if the shape's per-GPU milli fits in L
+        else 0, per shape whether it fits, the sliver of L]; with each shape's GPU-ness, GPU count and CPU.
+        Kept per target workload and workload version (the sliver table's)."""
+        c = self._table
+        version = self.model.version
+        if c is None or c[0] is not tw or c[1] != version:
+            every = np.arange(GPU_MILLI + 1, dtype=np.int64)[:, None]
+            fits = every >= tw.gpu_milli[None, :]
+            table = np.concatenate([every, every * fits, fits, self._sliver_table()[:, None]], axis=1).astype(np.int64)
+            c = self._table = (tw, version, table, tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
+        return c[2], c[3], c[4], c[5]
+
+    def _stranded(self, cpu, total, mem, g_milli, c_milli, m_mib) -> np.ndarray:
+        """GPU milli that CPU (or memory) cannot feed, per state (``total``: free GPU milli)."""
+        a = self.args
+        if self._q_rhos is not None:  # the mean over the quantiles' ratios, all rows [Q, S] in one go
+            # np.mean(..., axis=0) is this sum divided by the count, without its Python wrapper
+            stranded = np.add.reduce(np.maximum(0.0, total - np.maximum(cpu, 0) / self._q_rhos[:, None]), axis=0) / self._q_rhos.shape[0]
+        else:
+            stranded = np.maximum(0.0, total - np.maximum(cpu, 0) * (g_milli / max(c_milli, 1.0)))
+        if a.memory_strand and m_mib > 0:
+            stranded = np.maximum(stranded, total - np.maximum(mem, 0) * (g_milli / m_mib))
+        return stranded
 
     def _before_cache(self, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
         """The measure of nodes as they are, per node version (shared by every pod shape)."""
