@@ -57,3 +57,54 @@ def test_cached_verdicts_follow_reservations_and_copies() -> None:
                 c.unreserve(k)
             _check(plugin, c)
             _check(plugin, state)
+
+
+def _plain_cluster() -> ClusterState:
+    """No kubelet slot or device limits: whole-GPU pods and single-GPU shares take GpuFit's per-node room figures."""
+    nodes = [Node(f"n{i}", 64_000, 256_000, tuple(Gpu(j, f"g{i}-{j}", "T4" if i % 3 else "V100", 16_000, healthy=(i + j) % 7 != 3)
+                                                  for j in range(i % 5)))
+             for i in range(40)]
+    return ClusterState(nodes)
+
+
+PLAIN = [PodRequest("w1", gpu_count=1, gpu_milli=1000), PodRequest("w2", gpu_count=2, gpu_milli=1000),
+         PodRequest("w4", gpu_count=4, gpu_milli=1000), PodRequest("s1", gpu_count=1, gpu_milli=250),
+         PodRequest("s2", gpu_count=1, gpu_milli=500), PodRequest("s3", gpu_count=1, gpu_milli=999),
+         PodRequest("z", gpu_count=1, gpu_milli=0)]
+
+
+def _check_plain(plugin: GpuFit, state: ClusterState) -> None:
+    for r in PLAIN:
+        got = plugin.filter(Cycle(r, np.random.default_rng(0)), state)
+        ok, codes = GpuFit()._fit_rows(state, r, None, slice(None))  # the general computation, uncached
+        assert (got.ok == ok).all() and (got.codes[~ok] == codes[~ok]).all(), r.name
+
+
+def test_room_figures_follow_reservations_and_copies() -> None:
+    rng = np.random.default_rng(11)
+    state = _plain_cluster()
+    assert not state.slots_limited and not state.devices_limited
+    plugin = GpuFit()
+    placed: list[str] = []
+    for step in range(400):
+        _check_plain(plugin, state)
+        if placed and rng.random() < 0.3:
+            state.unreserve(placed.pop(int(rng.integers(len(placed)))))
+            continue
+        i = int(rng.integers(len(state)))
+        node = state.nodes[i]
+        if not node.gpus:
+            continue
+        j = int(rng.integers(len(node.gpus)))
+        milli = int(rng.choice([250, 500, 1000]))
+        a = Assignment(pod_key=f"p/{step}", node=node.name, cpu_milli=1000, memory_mib=1000, gpu_indices=(j,), gpu_milli=milli,
+                       gpu_memory_mib=(int(rng.choice([0, 4000])),))
+        if state.check(a) is None:
+            state.reserve(a)
+            placed.append(a.pod_key)
+        if step % 60 == 59:
+            c = state.copy()
+            for k in list(placed)[:5]:
+                c.unreserve(k)
+            _check_plain(plugin, c)
+            _check_plain(plugin, state)

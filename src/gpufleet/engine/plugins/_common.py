@@ -30,7 +30,7 @@ class MetaCache:
     def __init__(self) -> None:
         self._cache: dict[tuple, Any] = {}
 
-    def get(self, key: tuple, state: ClusterState, build) -> np.ndarray:
+    def get(self, key: tuple, state: ClusterState, build) -> Any:
         k = (state.epoch, id(state)) + key
         m = self._cache.get(k)
         if m is None:
@@ -48,16 +48,6 @@ class MetaCache:
             if len(self._cache) > 1024:
                 self._cache.clear()
             v = self._cache[k] = bool(mask(state).any())
-        return v
-
-    def all(self, key: tuple, state: ClusterState, mask: np.ndarray) -> bool:
-        """``mask.all()`` for a mask cached under ``key``: a filter whose mask passes every node says so."""
-        k = (state.epoch, id(state), "all") + key
-        v = self._cache.get(k)
-        if v is None:
-            if len(self._cache) > 1024:
-                self._cache.clear()
-            v = self._cache[k] = bool(mask.all())
         return v
 
 

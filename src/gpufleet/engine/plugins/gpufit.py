@@ -58,6 +58,7 @@ class GpuFit:
     name: str = "GpuFit"
     requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
     _fit: OrderedDict = field(default_factory=OrderedDict, repr=False, compare=False)  # see filter
+    _rooms: tuple | None = field(default=None, repr=False, compare=False)  # see _room
 
     REASONS = (
         "Insufficient nvidia.com/gpu",
@@ -101,6 +102,9 @@ class GpuFit:
                         ok[i] = False
                         mig_codes[i] = 1
             return FilterResult(ok, (f"Insufficient nvidia.com/mig-{r.mig_profile}", self.REASONS[3]), mig_codes)
+        if (r.gpu_models_allow is None and not r.gpu_models_deny and not state.devices_limited and not state.slots_limited
+                and (r.gpu_milli >= GPU_MILLI or (k == 1 and not r.gpu_memory_mib))):
+            return self._plain(state, r)
         key = (state.token, state.epoch, k, r.gpu_milli, r.gpu_memory_mib, r.gpu_models_allow, r.gpu_models_deny)
         ent = self._fit.get(key)
         if ent is None:  # every node once, then only the nodes whose free devices changed (their version moved)
@@ -118,6 +122,45 @@ class GpuFit:
                 vers[stale] = state.version[stale]
         # ok as it is (the framework only reads it, in this cycle); codes copied: a diagnosis may read them later
         return FilterResult(ok, self.REASONS, codes.copy())
+
+    def _plain(self, state: ClusterState, r: PodRequest) -> FilterResult:
+        """The verdict of ``_fit_rows`` for a pod of whole GPUs, or of a share of one GPU with no memory asked, on
+        a cluster with no kubelet device or slot limits and no GPU model restriction (every pod of the bundled
+        trace): one comparison against two per-node figures that hold for every such pod, kept for all nodes and
+        refreshed only where a node's version moved, instead of a verdict per request shape."""
+        room, whole = self._room(state)
+        if r.gpu_milli >= GPU_MILLI:  # too few whole free GPUs: code 0
+            return FilterResult(np.greater_equal(whole, r.gpu_count), self.REASONS, _codes(len(state), 0))
+        return FilterResult(np.greater_equal(room, r.gpu_milli), self.REASONS, _codes(len(state), 1))
+
+    def _room(self, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
+        """Per node: the most free milli on one usable GPU (-1: none), and its usable GPUs wholly free (all their
+        milli and memory); kept per snapshot and epoch, recomputed for the nodes whose version moved."""
+        key = (state.token, state.epoch)
+        ent = self._rooms
+        if ent is None or ent[0] != key:
+            usable, free = state.gpu_usable, state.gpu_free_milli
+            room = np.where(usable, free, -1).max(axis=1, initial=-1)
+            whole = np.add.reduce(usable & (free >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap), axis=1,
+                                  dtype=np.int64)
+            ent = self._rooms = (key, room, whole, state.version.copy())
+            return room, whole
+        _, room, whole, vers = ent
+        stale = (vers != state.version).nonzero()[0]
+        if stale.size:
+            usable, free, mem_free, mem_cap = state.gpu_usable, state.gpu_free_milli, state.gpu_mem_free, state.gpu_mem_cap
+            for i in stale.tolist():  # a node or a few since the last cycle: their few GPUs, in Python
+                best, n = -1, 0
+                for u, f, m, c in zip(usable[i].tolist(), free[i].tolist(), mem_free[i].tolist(), mem_cap[i].tolist()):
+                    if u:
+                        if f > best:
+                            best = f
+                        if f >= GPU_MILLI and m == c:
+                            n += 1
+                room[i] = best
+                whole[i] = n
+            vers[stale] = state.version[stale]
+        return room, whole
 
     def _fit_rows(self, state: ClusterState, r: PodRequest, mm: np.ndarray | None,
                   rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +226,21 @@ def _without_plugin_down(res: FilterResult, state: ClusterState) -> FilterResult
     codes = res.reason_codes()
     base = codes if codes is not None else np.zeros(len(down), dtype=np.int64)
     return FilterResult(res.ok & ~down, (*res.reasons, PLUGIN_DOWN), np.where(down, len(res.reasons), base))
+
+
+_CODES: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _codes(n: int, code: int) -> np.ndarray:
+    """A shared read-only array of ``n`` times ``code`` (a verdict's reason codes, never written)."""
+    a = _CODES.get((n, code))
+    if a is None:
+        a = np.full(n, code, dtype=np.int64)
+        a.setflags(write=False)
+        if len(_CODES) > 64:
+            _CODES.clear()
+        _CODES[(n, code)] = a
+    return a
 
 
 def _at_least(mask: np.ndarray, k: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 from ..framework import Cycle, FilterResult
 from ..model import Taint
 from ..state import ClusterState
-from ._common import MetaCache
+from ._common import MetaCache, passing
 
 
 _UNSCHEDULABLE = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
@@ -24,7 +24,11 @@ class NodeUnschedulable:
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         tols = cycle.request.tolerations
         tolerated = bool(tols) and any(t.tolerates(_UNSCHEDULABLE) for t in tols)
-        ok = self._c.get(
-            (tolerated,), state, lambda: np.array([tolerated or not n.unschedulable for n in state.nodes], dtype=bool)
-        )
-        return FilterResult(ok, ("node(s) were unschedulable",), passes_all=self._c.all((tolerated,), state, ok))
+        # the verdict itself is kept per epoch (it reads node metadata only): no new result per cycle
+        return self._c.get((tolerated, "result"), state, lambda: self._verdict(state, tolerated))
+
+    def _verdict(self, state: ClusterState, tolerated: bool) -> FilterResult:
+        ok = np.array([tolerated or not n.unschedulable for n in state.nodes], dtype=bool)
+        if ok.all():
+            return passing(len(state))
+        return FilterResult(ok, ("node(s) were unschedulable",))

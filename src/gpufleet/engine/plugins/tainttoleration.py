@@ -8,7 +8,7 @@ import numpy as np
 
 from ..framework import Cycle, FilterResult
 from ..state import ClusterState
-from ._common import MetaCache
+from ._common import MetaCache, passing
 
 
 @dataclass
@@ -39,8 +39,11 @@ class TaintToleration:
                         break
             return ok, codes, tuple(reasons) or ("node(s) had untolerated taint",)
 
-        ok, codes, reasons = self._c.get((tols,), state, build)
-        return FilterResult(ok, reasons, codes, passes_all=self._c.all((tols,), state, ok))
+        def verdict() -> FilterResult:  # kept per epoch (it reads node metadata only): no new result per cycle
+            ok, codes, reasons = build()
+            return passing(len(state)) if ok.all() else FilterResult(ok, reasons, codes)
+
+        return self._c.get((tols, "result"), state, verdict)
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         tols = cycle.request.tolerations
