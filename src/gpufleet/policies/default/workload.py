@@ -63,17 +63,18 @@ class WorkloadModel(OnlineWorkload):
     def _note(self, r: PodRequest) -> None:
         self.cpu_all += r.cpu_milli
         if r.gpu_count:
-            self.sums[0] += r.total_gpu_milli
+            total = r.total_gpu_milli  # a property: read once
+            self.sums[0] += total
             self.sums[1] += r.cpu_milli
             self.sums[2] += r.memory_mib
-            if r.total_gpu_milli > 0:  # a MIG request has no milli-GPU size
-                self.ratios[round(r.cpu_milli / r.total_gpu_milli, 2)] += r.total_gpu_milli
+            if total > 0:  # a MIG request has no milli-GPU size
+                self.ratios[round(r.cpu_milli / total, 2)] += total
             if r.gpu_models_allow:
-                self.pinned[r.gpu_models_allow] = self.pinned.get(r.gpu_models_allow, 0) + r.total_gpu_milli
+                self.pinned[r.gpu_models_allow] = self.pinned.get(r.gpu_models_allow, 0) + total
             if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:
                 self.share_sizes[pattern_units(r.gpu_milli)] += 1
             if r.gpu_count == 1 and r.gpu_milli >= GPU_MILLI and not r.mig_profile:
-                self.whole1 += r.total_gpu_milli
+                self.whole1 += total
 
     def observe(self, r: PodRequest) -> None:
         self._note(r)  # every pod, CPU-only ones too (their CPU counts towards how tight CPU is)

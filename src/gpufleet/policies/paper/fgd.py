@@ -119,6 +119,16 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
     CPU and memory, and per GPU free milli, free memory and (where kubelet devices are counted) free device slots."""
     g = state.max_gpus
     slots = state.slots_limited
+    if nodes.size <= MEMO_KEYS_PY_MAX:  # a node or two (one changed per cycle): the same bytes, row by row
+        kinds = _node_kinds(state)
+        out = []
+        for i in nodes.tolist():
+            j = slice(i, i + 1)
+            parts = (kinds[j], state.cpu_free[j], state.mem_free[j], state.gpu_free_milli[i], state.gpu_mem_free[i])
+            if slots:
+                parts += (state.gpu_slots_free[i],)
+            out.append(np.concatenate(parts, dtype=np.int64).tobytes())
+        return out
     cols = np.empty((nodes.size, 3 + (3 if slots else 2) * g), dtype=np.int64)
     cols[:, 0] = _node_kinds(state)[nodes]
     cols[:, 1] = state.cpu_free[nodes]
@@ -130,6 +140,7 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
     return [row.tobytes() for row in cols]
 
 
+MEMO_KEYS_PY_MAX = 2  # nodes up to which memo_keys builds each key alone (fewer numpy calls than the [k, 19] table)
 DISTINCT_PY_MAX = 24  # placements up to which distinct_placements runs in plain Python
 
 
@@ -353,7 +364,9 @@ class FragDescent:
         if r.mig_profile:
             return pick_mig(cycle, state, node)
         if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
-            s = self._shared_scores(cycle, state, np.array([node]))[0]
+            rows, vers = self._gpu_cache(cycle, state)
+            # the node's cached row where it is fresh (scoring just brought it up to date), else scored now
+            s = rows[node] if vers[node] == state.version[node] else self._shared_scores(cycle, state, np.array([node]))[0]
             if not np.logical_or.reduce(np.isfinite(s)):  # no GPU takes it (``.any()``, without its wrapper)
                 return None
             return GpuChoice((int(s.argmax()),))  # first GPU with the best score, as the paper
