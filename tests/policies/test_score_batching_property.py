@@ -283,3 +283,18 @@ def test_state_groups_are_numpy_unique_of_the_state_ids(ids):
             assert np.array_equal(reps, nodes[ufirst]) and np.array_equal(inverse, uinverse.ravel())
     finally:
         fgd.state_ids = saved
+
+
+@SETTINGS
+@given(state=cluster(), slots=st.booleans())
+def test_memo_keys_of_one_or_two_nodes_are_the_rows_of_the_table(state, slots):
+    """memo_keys builds one or two keys row by row (a cycle's changed nodes) and more as one [k, columns] table: the
+    same bytes either way, since both kinds of key sit in one memo."""
+    if slots:  # kubelet device slots counted, some taken
+        state.slots_limited = True
+        state.gpu_slots_free[:] = np.random.default_rng(len(state)).integers(0, 3, size=state.gpu_slots_free.shape)
+    n = len(state)
+    table = memo_keys(state, np.arange(n))
+    for i in range(n):
+        assert memo_keys(state, np.array([i])) == [table[i]]
+    assert memo_keys(state, np.array([n - 1, 0])) == [table[n - 1], table[0]]

@@ -124,9 +124,9 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
         out = []
         for i in nodes.tolist():
             j = slice(i, i + 1)
-            parts = (kinds[j], state.cpu_free[j], state.mem_free[j], state.gpu_free_milli[i], state.gpu_mem_free[i])
+            parts = [kinds[j], state.cpu_free[j], state.mem_free[j], state.gpu_free_milli[i], state.gpu_mem_free[i]]
             if slots:
-                parts += (state.gpu_slots_free[i],)
+                parts.append(state.gpu_slots_free[i])
             out.append(np.concatenate(parts, dtype=np.int64).tobytes())
         return out
     cols = np.empty((nodes.size, 3 + (3 if slots else 2) * g), dtype=np.int64)
