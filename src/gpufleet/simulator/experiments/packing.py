@@ -123,7 +123,7 @@ def _named(r: PodRequest, name: str) -> PodRequest:
 # order), kept for the next run in this process: ``gpufleet simulate`` gives each worker several runs of the
 # same trace.  Keyed by the objects themselves (held here, so an id is never reused while its entry lives).
 _MEMO: dict[tuple, tuple] = {}
-_MEMO_MAX = 8
+_MEMO_MAX = 16
 
 
 def memo(key_objs: tuple, key: tuple, make: Callable[[], object]) -> object:
