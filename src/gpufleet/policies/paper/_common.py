@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.framework import Cycle
+from ...engine.state import ClusterState
 from .workload import shape_of
 
 MAX_SPEC_CPU_MILLI = 128_000
@@ -30,6 +31,16 @@ def take_packed(left: np.ndarray, milli: int, count: int) -> np.ndarray:
     take = ok & (ok.cumsum(axis=1) <= count)
     out[at, order] = srt - take * milli
     return out
+
+
+FEW_NODES = 8  # up to this many nodes to score (usually the one to four whose version moved), node by node in Python
+
+
+def left_rows(state: ClusterState, nodes: np.ndarray) -> list[list[int]]:
+    """Per node of ``nodes``: its per-GPU milli left (0 for absent or unusable GPUs), ``node_view``'s ``left`` as
+    Python ints: for the few nodes a cached score recomputes, where numpy's per-call cost is most of the work."""
+    usable, free = state.gpu_usable, state.gpu_free_milli
+    return [[f if u else 0 for f, u in zip(free[i].tolist(), usable[i].tolist())] for i in nodes.tolist()]
 
 
 class PaperPlugin:

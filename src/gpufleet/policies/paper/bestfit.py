@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...engine.framework import MAX_NODE_SCORE, Cycle
 from ...engine.state import ClusterState
-from ._common import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, PaperPlugin
+from ._common import FEW_NODES, MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, PaperPlugin, left_rows
 from .workload import node_view
 
 
@@ -20,6 +21,11 @@ class BestFitScore(PaperPlugin):
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
+        if nodes.size <= FEW_NODES:  # the same arithmetic on Python floats (IEEE doubles, in the same order)
+            g = r.total_gpu_milli
+            return np.array([float(math.floor((1.0 - (0.5 * (c - r.cpu_milli) / MAX_SPEC_CPU_MILLI
+                                                        + 0.5 * (sum(left) - g) / MAX_SPEC_GPU_MILLI)) * MAX_NODE_SCORE))
+                             for c, left in zip(state.cpu_free.take(nodes).tolist(), left_rows(state, nodes))])
         cpu, left, _ = node_view(state, nodes)
         rest = 0.5 * (cpu - r.cpu_milli) / MAX_SPEC_CPU_MILLI + 0.5 * (left.sum(axis=1) - r.total_gpu_milli) / MAX_SPEC_GPU_MILLI
         return np.floor((1.0 - rest) * MAX_NODE_SCORE)

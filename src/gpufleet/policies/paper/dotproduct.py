@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...engine.framework import MAX_NODE_SCORE, Cycle
 from ...engine.state import ClusterState
-from ._common import MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, PaperPlugin
+from ._common import FEW_NODES, MAX_SPEC_CPU_MILLI, MAX_SPEC_GPU_MILLI, PaperPlugin, left_rows
 from .workload import node_view
 
 
@@ -25,6 +26,12 @@ class DotProductScore(PaperPlugin):
 
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
+        if nodes.size <= FEW_NODES:  # the same arithmetic on Python floats (IEEE doubles, in the same order)
+            rc, rg = r.cpu_milli / MAX_SPEC_CPU_MILLI, r.total_gpu_milli / MAX_SPEC_GPU_MILLI
+            return np.array([float(math.floor(MAX_NODE_SCORE * (1.0 - ((c / MAX_SPEC_CPU_MILLI) * rc
+                                                                      + (sum(left) / MAX_SPEC_GPU_MILLI) * rg) / 2.0)))
+                             if c >= r.cpu_milli else 0.0
+                             for c, left in zip(state.cpu_free.take(nodes).tolist(), left_rows(state, nodes))])
         cpu, left, _ = node_view(state, nodes)
         dot = (cpu / MAX_SPEC_CPU_MILLI) * (r.cpu_milli / MAX_SPEC_CPU_MILLI) + (left.sum(axis=1) / MAX_SPEC_GPU_MILLI) * (
             r.total_gpu_milli / MAX_SPEC_GPU_MILLI
