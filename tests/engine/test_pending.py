@@ -36,6 +36,29 @@ def test_a_group_is_kept_in_queue_order_and_dropped_when_empty():
     assert w.count.tolist() == [0, 0]
 
 
+def test_with_room_agrees_with_counting_each_gpu():
+    """``with_room`` looks up each group's GPU count in a node's sorted free milli; the same answers as counting the
+    GPUs with the group's milli free, on nodes of 1 to 4 GPUs, for groups asking none, some, or more than a node has."""
+    rng = np.random.default_rng(3)
+    st = state_of(*[make_node(f"n{k}", 1 + k % 4, T4, cpu_milli=8_000) for k in range(8)])
+    reqs = [req(f"g{k}", gpu_milli=int(m), gpu_count=int(c), cpu_milli=int(cpu))
+            for k, (m, c, cpu) in enumerate(zip(rng.choice([100, 250, 500, 1000], 60), rng.integers(0, 6, 60),
+                                                  rng.integers(0, 9, 60) * 1000))]
+    w = PendingGroups(reqs, {})
+    for step in range(200):
+        n = int(rng.integers(len(st)))
+        free = [j for j in range(int(st.gpu_n[n])) if st.gpu_free_milli[n, j] >= 250]
+        if free and st.cpu_free[n] >= 500:
+            st.reserve(Assignment(f"t/x{step}", st.nodes[n].name, 500, 0, gpu_indices=(free[0],), gpu_milli=250,
+                                  gpu_memory_mib=(0,)))
+        nodes = sorted({int(d) for d in rng.integers(len(st), size=int(rng.integers(0, 4)))})
+        counted = np.zeros(len(w.count), dtype=bool)
+        for d in nodes:
+            counted |= (w.cpu_milli <= st.cpu_free[d]) & (w.memory_mib <= st.mem_free[d]) & \
+                ((st.gpu_free_milli[d][None, :] >= w.gpu_milli[:, None]).sum(axis=1) >= w.gpu_count)
+        assert w.with_room(st, nodes).tolist() == counted.tolist(), step
+
+
 def test_priority_splits_groups():
     w = PendingGroups([req("low"), req("high", priority=100)], {})
     assert w.group_of[0] != w.group_of[1]

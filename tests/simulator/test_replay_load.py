@@ -59,6 +59,33 @@ def test_load_scaling_hits_the_target_and_keeps_run_times(tiny):
     assert np.nanmax(lo.arrival_s) > np.nanmax(hi.arrival_s)  # higher load: arrivals closer together
 
 
+def test_pacing_is_the_bisection_over_scaled_workloads(tiny):
+    """``at_load`` and ``copies_for`` compute their offered loads without sorting the arrivals again or making every
+    pass's pods: the same numbers, to the bit, as scaling and tiling the workload itself."""
+    from dataclasses import replace
+
+    nodes, pods = _load(tiny)
+    wl = workload_from_trace(pods)
+    gpus = sum(len(n.gpus) for n in nodes)
+    for x in (0.3, 1.0, 2.5):
+        n = next(n for n in range(1, 33) if wl.tiled(n).max_load(gpus) >= 1.2 * x)
+        assert wl.copies_for(x, gpus) == n
+    for copies in (1, 3):
+        base = wl.tiled(copies)
+        assert base.requests == [*wl.requests, *(replace(wl.requests[i], name=f"{wl.requests[i].name}~{j}")
+                                                 for j in range(1, copies) for i in range(len(wl.requests)))]
+        lo, hi = -30.0, 30.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if base.scaled(float(np.exp(mid))).offered_load(gpus) > 0.9:
+                lo = mid
+            else:
+                hi = mid
+        paced, k = wl.at_load(0.9, gpus, copies=copies)
+        assert k == float(np.exp((lo + hi) / 2))
+        assert paced.arrival_s.tobytes() == base.scaled(k).arrival_s.tobytes() and paced.requests == base.requests
+
+
 def test_delay_rises_with_load_and_window_excludes_warmup(tiny):
     nodes, pods = _load(tiny)
     runs = [run_replay(nodes, pods, "bestfit", load=x, copies=3) for x in (0.4, 1.3)]

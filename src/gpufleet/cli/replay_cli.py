@@ -182,11 +182,21 @@ def priority_function(spec: str | None):
 # --- one run (top level, so it pickles) -----------------------------------------------------------
 
 
+def _workload(task: dict, tr, kind: str, queues: list | None):
+    """The trace's workload with the task's teams and priorities: the same for every run of this trace, teams and
+    priorities, so made once per process (read only by a run); the sweep's parent makes it before its workers fork."""
+    from ..simulator.experiments.packing import memo
+    from ..simulator.traces.workload import Workload, workload_from_trace
+
+    ns = team_function(task.get("team_column"), kind) if queues else None
+    pr = priority_function(task.get("priority_column"))
+    return cast(Workload, memo((tr,), ("workload", task.get("queues"), task.get("team_column"), task.get("priority_column")),
+                               lambda: workload_from_trace(tr.pods, tr.name, namespace_of=ns, priority_of=pr)))
+
+
 def run_one(task: dict) -> dict:
     from ..simulator.experiments import whatif
-    from ..simulator.experiments.packing import memo
     from ..simulator.experiments.replay import run_replay
-    from ..simulator.traces.workload import Workload, workload_from_trace
 
     nodes, tr, kind = _load(task["nodes"], task["pods"], task["skip"], task["cluster_size"])
     ref = sum(len(n.gpus) for n in nodes)
@@ -195,11 +205,7 @@ def run_one(task: dict) -> dict:
     if task.get("add"):
         nodes = whatif.apply(nodes, [whatif.parse(f"+{task['add']}x{task['search_shape']}")])
     queues = load_queue_file(task["queues"]) if task.get("queues") else None
-    ns = team_function(task.get("team_column"), kind) if queues else None
-    pr = priority_function(task.get("priority_column"))
-    # the same for every run of this trace, teams and priorities in this process (read only by a run)
-    wl = cast(Workload, memo((tr,), ("workload", task.get("queues"), task.get("team_column"), task.get("priority_column")),
-                             lambda: workload_from_trace(tr.pods, tr.name, namespace_of=ns, priority_of=pr)))
+    wl = _workload(task, tr, kind, queues)
     label = " ".join(task["what_if"]) + (f" +{task['add']}x{task['search_shape']}" if task.get("add") else "")
     r = run_replay(nodes, wl, task["policy"], seed=task["seed"], trace_name=tr.name, load=task["load"],
                    reference_gpus=ref, warmup=task["warmup"], queues=queues, preemption=not task["no_preemption"],
@@ -282,20 +288,24 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
     if not tr.pods:
         print(f"gpufleet simulate: no pods in {pods_path}", file=sys.stderr)
         return 2
-    from ..simulator.traces.workload import workload_from_trace
+    from ..simulator.experiments.replay import paced
 
+    base = {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "cluster_size": args.cluster_size,
+            "warmup": args.warmup, "queues": args.queues, "team_column": args.team_column,
+            "priority_column": args.priority_column, "no_preemption": args.no_preemption, "speedup": args.speedup}
     try:
-        wl = workload_from_trace(tr.pods, tr.name)
+        # what every run recomputes the same (the workload, each load's pacing) is made here, once: the workers
+        # fork from this process and find it made (``_workload``, ``replay.paced``)
+        wl = _workload(base, tr, kind, load_queue_file(args.queues) if args.queues else None)
         ref = sum(len(n.gpus) for n in nodes)
         loads = args.load or [None]
         copies = wl.copies_for(max(x for x in loads if x is not None), ref, args.warmup) if args.load else None
+        for ld in args.load or ():
+            paced(wl, ld, ref, args.warmup, copies)
     except (GpufleetError, ValueError) as exc:
         print(f"gpufleet simulate: {exc}", file=sys.stderr)
         return 2
-    base = {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "cluster_size": args.cluster_size,
-            "warmup": args.warmup, "queues": args.queues, "team_column": args.team_column,
-            "priority_column": args.priority_column, "no_preemption": args.no_preemption, "copies": copies,
-            "speedup": args.speedup}
+    base["copies"] = copies
     variants = [[]] + ([list(args.what_if)] if args.what_if else [])
     tasks = [dict(base, policy=pol, seed=s, load=ld, what_if=v) for v in variants for pol in policies for ld in loads for s in args.seeds]
     jobs = max(1, min(args.jobs or (os.cpu_count() or 1), len(tasks)))

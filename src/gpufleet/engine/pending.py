@@ -99,6 +99,7 @@ class PendingGroups:
         self._refs = [0] * len(self.group_list)  # [group id]: registered pods in it (``register``, ``unregister``)
         self._free: list[int] = []  # indices given back by ``unregister``
         self._free_groups: list[int] = []
+        self._rank: tuple[int, np.ndarray, np.ndarray] | None = None  # ``_gpu_rank``'s, for a GPU count per node
 
     # --- pods that come and go (the live queue: its pods are not known up front) --------------------
     def register(self, r: PodRequest) -> int:
@@ -156,6 +157,7 @@ class PendingGroups:
                     np.concatenate([a, np.zeros(grow, dtype=np.int64)]) for a in (
                         self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli))
         self.group_ids[g] = gid
+        self._rank = None
         self.cpu_milli[gid], self.memory_mib[gid], self.gpu_count[gid], self.gpu_milli[gid] = need
         self.priority[gid] = r.priority
         if r.priority not in self.priorities:
@@ -214,12 +216,28 @@ class PendingGroups:
 
     # --- room tests --------------------------------------------------------------------------------
     def with_room(self, state: ClusterState, nodes: Iterable[int]) -> np.ndarray:
-        """[group id]: could the group fit on one of ``nodes`` (CPU, memory, enough GPUs with its milli free)."""
-        ok = np.zeros(len(self.count), dtype=bool)
+        """[group id]: could the group fit on one of ``nodes`` (CPU, memory, enough GPUs with its milli free).
+
+        At least ``gpu_count`` GPUs of a node have ``gpu_milli`` free when its ``gpu_count``-th freest GPU has:
+        one look-up per group in the node's sorted free milli, not a [groups, GPUs] compare."""
+        width = state.gpu_free_milli.shape[1]
+        rank, need = self._gpu_rank(width)
+        ok = None
         for d in nodes:
-            ok |= (self.cpu_milli <= state.cpu_free[d]) & (self.memory_mib <= state.mem_free[d]) & \
-                ((state.gpu_free_milli[d][None, :] >= self.gpu_milli[:, None]).sum(axis=1) >= self.gpu_count)
-        return ok
+            free = np.sort(state.gpu_free_milli[d])[::-1] if width else _NO_GPUS
+            fit = (self.cpu_milli <= state.cpu_free[d]) & (self.memory_mib <= state.mem_free[d]) & (free[rank] >= need)
+            ok = fit if ok is None else ok | fit
+        return np.zeros(len(self.count), dtype=bool) if ok is None else ok
+
+    def _gpu_rank(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """[group id]: which of a node's GPUs, freest first, must have ``need`` milli free for the group's GPUs to
+        fit (with no GPUs asked, the lowest ``need`` there is; with more than the node has, more than any has)."""
+        memo = self._rank
+        if memo is None or memo[0] != width:
+            gc = self.gpu_count
+            need = np.where(gc == 0, np.iinfo(np.int64).min, np.where(gc > width, np.iinfo(np.int64).max, self.gpu_milli))
+            memo = self._rank = (width, np.clip(gc - 1, 0, max(width - 1, 0)), need)
+        return memo[1], memo[2]
 
     def fits_on(self, gid: int, state: ClusterState, nodes: Sequence[int]) -> bool:
         """``with_room`` for one group on a few nodes, without numpy's per-call cost."""
@@ -403,15 +421,21 @@ class PendingGroups:
                 ok[self.group_ids[g]] = True
 
 
+_NO_GPUS = np.zeros(1, dtype=np.int64)  # ``with_room``'s sorted free milli on a cluster without GPUs
 _any = np.logical_or.reduce  # ``a.any()`` of a 1-d bool array, without the method's wrapper
 
 
-def room_mask(state: ClusterState, need: tuple[int, int, int, int]) -> np.ndarray:
-    """[nodes]: the node has the CPU, memory and free GPUs of ``need`` (``room_need``)."""
+def room_mask(state: ClusterState, need: tuple[int, int, int, int], rows: np.ndarray | None = None) -> np.ndarray:
+    """[nodes] (or [``rows``]): the node has the CPU, memory and free GPUs of ``need`` (``room_need``)."""
     c, m, gc, gm = need
-    ok = (state.cpu_free >= c) & (state.mem_free >= m)
+    if rows is None:
+        ok = (state.cpu_free >= c) & (state.mem_free >= m)
+        if gc:
+            ok &= (state.gpu_free_milli >= gm).sum(axis=1) >= gc
+        return ok
+    ok = (state.cpu_free[rows] >= c) & (state.mem_free[rows] >= m)
     if gc:
-        ok &= (state.gpu_free_milli >= gm).sum(axis=1) >= gc
+        ok &= (state.gpu_free_milli[rows] >= gm).sum(axis=1) >= gc
     return ok
 
 
@@ -421,36 +445,42 @@ def could_fit(state: ClusterState, r: PodRequest) -> bool:
 
 
 class FitScreen:
-    """``could_fit`` against one ClusterState, remembering per room need (``room_need``) the answer's reason: a node
-    that had room, with its ``version`` then, or, when none had, the sum of all versions then.  Versions only go up,
-    one per change of a node's free amounts, so a node whose version is the same has the same room, and an
-    unchanged sum means no node changed: the answer is the same as ``could_fit``'s, without the [nodes, GPUs] test
-    on most calls (a replay asks it for every arrival)."""
+    """``could_fit`` against one ClusterState, remembering per room need (``room_need``) which nodes had room and
+    each node's ``version`` then.  Versions only go up, one per change of a node's free amounts, so a node whose
+    version is the same has the same room: a node that had room and has not changed answers at once, and otherwise
+    only the nodes that changed since are tested again.  The answer is ``could_fit``'s, without the [nodes, GPUs]
+    test on most calls (a replay asks it for every arrival)."""
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
-        self._seen: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}  # need -> (node or -1, version, epoch)
+        # need -> [epoch, a node with room (-1: none), its version then, [nodes] room, [nodes] version of that room]
+        self._seen: dict[tuple[int, int, int, int], list] = {}
 
     def __call__(self, r: PodRequest) -> bool:
         st = self.state
         need = room_need(r)
         seen = self._seen.get(need)
-        if seen is not None and seen[2] == st.epoch:
-            node, version, _ = seen
-            if node < 0:
-                if int(st.version.sum()) == version:
-                    return False
-            elif st.version[node] == version:
-                return True
-            elif room_on(st, need, (node,)):
-                self._seen[need] = (node, int(st.version[node]), st.epoch)
-                return True
-        at = room_mask(st, need).nonzero()[0]
-        if at.size:
-            node = int(at[0])
-            self._seen[need] = (node, int(st.version[node]), st.epoch)
+        if seen is None or seen[0] != st.epoch:
+            seen = self._seen[need] = [st.epoch, -1, 0, room_mask(st, need), st.version.copy()]
+        else:
+            node = seen[1]
+            if node >= 0:
+                if st.version[node] == seen[2]:
+                    return True
+                if room_on(st, need, (node,)):
+                    seen[2] = int(st.version[node])
+                    return True
+            versions = seen[4]
+            changed = (st.version != versions).nonzero()[0]
+            if changed.size:
+                seen[3][changed] = room_mask(st, need, changed)
+                versions[changed] = st.version[changed]
+        room = seen[3]
+        node = int(room.argmax())
+        if room[node]:
+            seen[1], seen[2] = node, int(st.version[node])
             return True
-        self._seen[need] = (-1, int(st.version.sum()), st.epoch)
+        seen[1] = -1
         return False
 
 

@@ -110,10 +110,7 @@ def run_replay(
     ref = float(reference_gpus or cap_gpus)
     scale = 1.0
     if load is not None:
-        # the same for every policy's run at this load (a worker of a sweep runs several): paced once per process
-        base = wl
-        wl, scale = cast("tuple[Workload, float]", memo((base,), ("at_load", load, ref, warmup, copies),
-                                                       lambda: base.at_load(load, ref, warmup, copies)))
+        wl, scale = paced(wl, load, ref, warmup, copies)
     elif speedup != 1.0:
         wl, scale = wl.scaled(1.0 / speedup), 1.0 / speedup
     state = ClusterState(nodes)
@@ -147,6 +144,15 @@ def run_replay(
     summarize(rp)
     run.wall_s = round(time.perf_counter() - t0, 3)
     return run
+
+
+def paced(wl: Workload, load: float, reference_gpus: float, warmup: float = DEFAULT_WARMUP,
+          copies: int | None = None) -> tuple[Workload, float]:
+    """``wl.at_load(...)``, once per process for the same workload and arguments: the same for every policy's run
+    at this load (a sweep's parent paces each load before its workers fork, and they find it here)."""
+    ref = float(reference_gpus)
+    return cast("tuple[Workload, float]", memo((wl,), ("at_load", load, ref, warmup, copies),
+                                               lambda: wl.at_load(load, ref, warmup, copies)))
 
 
 class _PlanRation:
@@ -457,4 +463,4 @@ class _Replay:
             si += 1
 
 
-__all__ = ["ReplayRun", "pinned_class", "request_class", "run_replay", "stats"]
+__all__ = ["ReplayRun", "paced", "pinned_class", "request_class", "run_replay", "stats"]

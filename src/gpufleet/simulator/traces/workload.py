@@ -76,21 +76,23 @@ class Workload:
         for loads one pass of the trace cannot offer; pods running at the start come once."""
         if n <= 1:
             return self
-        m = ~np.isnan(self.arrival_s)
-        a = self.arrival_s[m]
-        span = float(a.max() - a.min()) + float(np.diff(np.sort(a)).mean() if a.size > 1 else 1.0)
-        idx = np.flatnonzero(m)
+        idx, arr = self._passes(n)
         reqs = list(self.requests)
-        arr = [self.arrival_s]
         run, prod = [self.run_s], [self.production_delay_s]
         extras = list(self.extras)
         for j in range(1, n):
-            reqs += [replace(self.requests[i], name=f"{self.requests[i].name}~{j}") for i in idx]
-            arr.append(a + j * span)
+            reqs += [_renamed(self.requests[i], f"{self.requests[i].name}~{j}") for i in idx]
             run.append(self.run_s[idx])
             prod.append(self.production_delay_s[idx])
             extras += [self.extras[i] for i in idx] if self.extras else []
-        return Workload(reqs, np.concatenate(arr), np.concatenate(run), np.concatenate(prod), extras, copies=n)
+        return Workload(reqs, arr, np.concatenate(run), np.concatenate(prod), extras, copies=n)
+
+    def _passes(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``tiled(n)``'s arrival times, and the pods every pass after the first repeats (those that arrive)."""
+        m = ~np.isnan(self.arrival_s)
+        a = self.arrival_s[m]
+        span = float(a.max() - a.min()) + float(np.diff(np.sort(a)).mean() if a.size > 1 else 1.0)
+        return np.flatnonzero(m), np.concatenate([self.arrival_s, *(a + j * span for j in range(1, n))])
 
     def max_load(self, capacity_gpus: float, warmup: float = DEFAULT_WARMUP) -> float:
         """About the most one pass can offer: every pod arriving at once (arrival gaps x 1e-9)."""
@@ -99,9 +101,21 @@ class Workload:
     def copies_for(self, load: float, capacity_gpus: float, warmup: float = DEFAULT_WARMUP, most: int = 32) -> int:
         """How many back-to-back passes of the trace it takes to offer ``load`` (with 20% to spare)."""
         for n in range(1, most + 1):
-            if self.tiled(n).max_load(capacity_gpus, warmup) >= 1.2 * load:
+            if self._tiled_times(n).max_load(capacity_gpus, warmup) >= 1.2 * load:
                 return n
         raise ValueError(f"load {load} is more than {most} passes of the trace can offer")
+
+    def _tiled_times(self, n: int) -> Workload:
+        """``tiled(n)`` for what the offered load reads (arrival and run times, GPUs), without making every pass's
+        pods: its requests are the first pass's only."""
+        if n <= 1:
+            return self
+        idx, arr = self._passes(n)
+        out = copy.copy(self)
+        out.arrival_s, out.copies = arr, n
+        out.run_s = np.concatenate([self.run_s, *(self.run_s[idx] for _ in range(1, n))])
+        out.gpu = np.concatenate([self.gpu, *(self.gpu[idx] for _ in range(1, n))])
+        return out
 
     def at_load(self, load: float, capacity_gpus: float, warmup: float = DEFAULT_WARMUP,
                 copies: int | None = None) -> tuple[Workload, float]:
@@ -113,14 +127,56 @@ class Workload:
         if base.offered_load(capacity_gpus, warmup) <= 0 and base.max_load(capacity_gpus, warmup) <= 0:
             raise ValueError("the trace offers no GPU demand over time: --load cannot scale it")
         lo, hi = -30.0, 30.0  # log(k)
+        offered = _Pacing(base, capacity_gpus, warmup)
         for _ in range(80):
             mid = (lo + hi) / 2
-            if base.scaled(float(np.exp(mid))).offered_load(capacity_gpus, warmup) > load:
+            if offered(float(np.exp(mid))) > load:
                 lo = mid
             else:
                 hi = mid
         k = float(np.exp((lo + hi) / 2))
         return base.scaled(k), k
+
+
+class _Pacing:
+    """``w.scaled(k).offered_load(capacity_gpus, warmup)`` for many ``k``, the same numbers without sorting the
+    arrivals again for each: scaling maps every arrival through one increasing function (``t0 + (a - t0) * k``,
+    rounded the same way for each), so the sorted scaled arrivals are the sorted arrivals scaled, and the busy
+    window's ends are two of them."""
+
+    def __init__(self, w: Workload, capacity_gpus: float, warmup: float) -> None:
+        self.capacity_gpus = capacity_gpus
+        m = ~np.isnan(w.arrival_s)
+        self.a = w.arrival_s[m]
+        self.t0 = self.a.min() if self.a.size else 0.0
+        s = np.sort(self.a)
+        self.first = s[min(int(warmup * s.size), s.size - 1)] if s.size else 0.0
+        self.last = s[-1] if s.size else 0.0
+        self.run, self.gpu = w.run_s[m], w.gpu[m]
+        pre = (~m) & (w.run_s > 0)  # running at the start: from the first arrival on
+        self.run_pre, self.gpu_pre = w.run_s[pre], w.gpu[pre]
+
+    def __call__(self, k: float) -> float:
+        if not self.a.size:
+            return 0.0
+        t0 = self.t0
+        a = t0 + (self.a - t0) * k  # what ``scaled`` gives the arriving pods, in the same order
+        w0, w1 = float(t0 + (self.first - t0) * k), float(t0 + (self.last - t0) * k)
+        if w1 <= w0 or self.capacity_gpus <= 0:
+            return 0.0
+        ov = np.clip(np.minimum(a + self.run, w1) - np.maximum(a, w0), 0.0, None)
+        t0s = float(a.min())
+        ov_pre = np.clip(np.minimum(t0s + self.run_pre, w1) - w0, 0.0, None)
+        return float(((self.gpu * ov).sum() + (self.gpu_pre * ov_pre).sum()) / (self.capacity_gpus * (w1 - w0)))
+
+
+def _renamed(r: PodRequest, name: str) -> PodRequest:
+    """``replace(r, name=name)`` without running the frozen dataclass's ``__init__`` again (every pod of every pass
+    after the first; the fields are the same values)."""
+    out = object.__new__(PodRequest)
+    out.__dict__.update(r.__dict__)
+    out.__dict__["name"] = name
+    return out
 
 
 def workload_from_trace(pods: Sequence[TracePod], trace_name: str = "trace",
