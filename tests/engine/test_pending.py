@@ -59,6 +59,23 @@ def test_with_room_agrees_with_counting_each_gpu():
         assert w.with_room(st, nodes).tolist() == counted.tolist(), step
 
 
+def test_a_queue_made_like_another_copies_its_groups():
+    """``like``: a replay's runs of one workload share the groups worked out once; the copy is a queue of its own."""
+    reqs = [req("a"), req("b", gpu_milli=500), req("c"), req("d", priority=7)]
+    first = PendingGroups(list(reqs), {})
+    w = PendingGroups(list(reqs), {"GpuFit": "room"}, like=first)
+    for name in ("by_key", "group_of", "group_ids", "group_list", "need", "priorities"):
+        assert getattr(w, name) == getattr(first, name), name
+    for name in ("cpu_milli", "memory_mib", "gpu_count", "gpu_milli", "priority", "count"):
+        assert getattr(w, name).tolist() == getattr(first, name).tolist(), name
+    w.add(0, 1.0)
+    w.register(req("e", gpu_count=2))
+    assert len(first) == 0 and len(first.group_list) == 3 and first.count.tolist() == [0, 0, 0]
+    assert len(w) == 1 and len(w.group_list) == 4 and w.hints == {"GpuFit": "room"}
+    with pytest.raises(ValueError):
+        PendingGroups(reqs[:2], {}, like=first)
+
+
 def test_priority_splits_groups():
     w = PendingGroups([req("low"), req("high", priority=100)], {})
     assert w.group_of[0] != w.group_of[1]

@@ -86,6 +86,24 @@ def test_pacing_is_the_bisection_over_scaled_workloads(tiny):
         assert paced.arrival_s.tobytes() == base.scaled(k).arrival_s.tobytes() and paced.requests == base.requests
 
 
+def test_a_sweep_prepares_what_its_runs_share(tiny):
+    """``replay.prepare`` (the sweep's parent, before its workers fork) paces each load once, over passes tiled once:
+    a run finds the very workload made, and it is ``at_load``'s, to the bit."""
+    from gpufleet.simulator.experiments.replay import paced, prepare
+
+    nodes, pods = _load(tiny)
+    wl = workload_from_trace(pods)
+    gpus = float(sum(len(n.gpus) for n in nodes))
+    prepare(wl, [0.5, 1.0], gpus, 0.1, 3)
+    (lo, k_lo), (hi, _) = paced(wl, 0.5, gpus, 0.1, 3), paced(wl, 1.0, gpus, 0.1, 3)
+    assert paced(wl, 0.5, gpus, 0.1, 3)[0] is lo and lo.requests is hi.requests  # made once, shared by the loads
+    ref, k = wl.at_load(0.5, gpus, 0.1, 3)
+    assert k_lo == k and lo.arrival_s.tobytes() == ref.arrival_s.tobytes() and lo.requests == ref.requests
+    assert lo.copies == ref.copies == 3
+    assert run_replay(nodes, wl, "bestfit", load=0.5, copies=3).to_json() | {"wall_s": 0} == \
+        run_replay(nodes, pods, "bestfit", load=0.5, copies=3).to_json() | {"wall_s": 0}
+
+
 def test_delay_rises_with_load_and_window_excludes_warmup(tiny):
     nodes, pods = _load(tiny)
     runs = [run_replay(nodes, pods, "bestfit", load=x, copies=3) for x in (0.4, 1.3)]

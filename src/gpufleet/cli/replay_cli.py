@@ -288,20 +288,19 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
     if not tr.pods:
         print(f"gpufleet simulate: no pods in {pods_path}", file=sys.stderr)
         return 2
-    from ..simulator.experiments.replay import paced
+    from ..simulator.experiments.replay import prepare
 
     base = {"nodes": nodes_path, "pods": pods_path, "skip": args.skip_bad_rows, "cluster_size": args.cluster_size,
             "warmup": args.warmup, "queues": args.queues, "team_column": args.team_column,
             "priority_column": args.priority_column, "no_preemption": args.no_preemption, "speedup": args.speedup}
     try:
-        # what every run recomputes the same (the workload, each load's pacing) is made here, once: the workers
-        # fork from this process and find it made (``_workload``, ``replay.paced``)
+        # what every run recomputes the same (the workload, each load's pacing, the pods' decision groups) is made
+        # here, once: the workers fork from this process and find it made (``_workload``, ``replay.prepare``)
         wl = _workload(base, tr, kind, load_queue_file(args.queues) if args.queues else None)
         ref = sum(len(n.gpus) for n in nodes)
         loads = args.load or [None]
         copies = wl.copies_for(max(x for x in loads if x is not None), ref, args.warmup) if args.load else None
-        for ld in args.load or ():
-            paced(wl, ld, ref, args.warmup, copies)
+        prepare(wl, args.load or [], ref, args.warmup, copies)
     except (GpufleetError, ValueError) as exc:
         print(f"gpufleet simulate: {exc}", file=sys.stderr)
         return 2

@@ -70,27 +70,51 @@ class PendingGroups:
     """Pending pods (by index into ``reqs``) per decision group, each group's list in queue order, and what
     changed since the last pass (``freed``, ``kept_out``, ``fresh``; see the module docstring)."""
 
+    by_key: dict[str, int]  # pod key -> index
+    group_of: list[Hashable]  # [index]: the pod's decision group
+    need: list[tuple[int, int, int, int]]  # [group id]: ``room_need`` of its pods
+    cpu_milli: np.ndarray  # [group id], and the other columns of ``need``
+    memory_mib: np.ndarray
+    gpu_count: np.ndarray
+    gpu_milli: np.ndarray
+    priority: np.ndarray  # [group id]
+
     def __init__(self, reqs: list[PodRequest], hints: Mapping[str, str],
-                 group_by: Callable[[PodRequest], Hashable] = trace_group) -> None:
+                 group_by: Callable[[PodRequest], Hashable] = trace_group, like: PendingGroups | None = None) -> None:
+        """``like``: a queue made (and not changed since) over the same requests in the same order, with the same
+        ``group_by``: its groups are copied, not worked out again (a replay's runs of one workload share them)."""
         self.reqs = reqs  # the replay's pods; the live queue's grow with ``register``
         self.hints = hints  # schedqueue.requeue_hints of the profile
         self.group_by = group_by
-        self.by_key = {r.key: i for i, r in enumerate(reqs)}
         self.queued: dict[int, QueuedPod] = {}  # pending pods, in the order they came
         self.groups: dict[Hashable, list[tuple]] = {}  # group -> [(sort key, index)], in order; only non-empty groups
-        self.group_of = [group_by(r) for r in reqs]
-        self.group_ids: dict[Hashable, int] = {}
-        for g in self.group_of:
-            self.group_ids.setdefault(g, len(self.group_ids))
-        self.group_list: list[Hashable] = list(self.group_ids)
+        self.group_ids: dict[Hashable, int]  # group -> its id
+        self.group_list: list[Hashable]  # [group id]: the group
+        if like is not None:
+            if like.group_by is not group_by or len(like.reqs) != len(reqs):
+                raise ValueError("PendingGroups(like=...): another grouping or other requests")
+            self.by_key = dict(like.by_key)
+            self.group_of = list(like.group_of)
+            self.group_ids = dict(like.group_ids)
+            self.group_list = list(like.group_list)
+            self.need = list(like.need)
+            self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli, self.priority = (
+                a.copy() for a in (like.cpu_milli, like.memory_mib, like.gpu_count, like.gpu_milli, like.priority))
+        else:
+            self.by_key = {r.key: i for i, r in enumerate(reqs)}
+            self.group_of = [group_by(r) for r in reqs]
+            self.group_ids = {}
+            for g in self.group_of:
+                self.group_ids.setdefault(g, len(self.group_ids))
+            self.group_list = list(self.group_ids)
+            first: dict[Hashable, PodRequest] = {}
+            for i, g in enumerate(self.group_of):
+                first.setdefault(g, reqs[i])
+            self.need = [room_need(first[g]) for g in self.group_list]  # [group id]
+            need = np.array(self.need, dtype=np.int64).reshape(-1, 4)
+            self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (need[:, k].copy() for k in range(4))
+            self.priority = np.array([first[g].priority for g in self.group_list], dtype=np.int64)  # [group id]
         self.count = np.zeros(len(self.group_list), dtype=np.int64)  # [group id]: pods waiting in it
-        first: dict[Hashable, PodRequest] = {}
-        for i, g in enumerate(self.group_of):
-            first.setdefault(g, reqs[i])
-        self.need = [room_need(first[g]) for g in self.group_list]  # [group id]
-        need = np.array(self.need, dtype=np.int64).reshape(-1, 4)
-        self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (need[:, k].copy() for k in range(4))
-        self.priority = np.array([first[g].priority for g in self.group_list], dtype=np.int64)  # [group id]
         self.priorities = sorted(set(self.priority.tolist()))
         self.freed: set[int] = set()  # nodes that gained room since the last pass
         self.kept_out: set[Hashable] = set()  # groups last kept out by a cluster-wide count: tried at every pass
@@ -287,30 +311,37 @@ class PendingGroups:
         if rnd.preemption and room:  # a pod that could evict: the room that came may complete a plan
             above = [p for p in self.priorities if rnd.rooms.lower_priority_running(p)]
             could = ~ok & (self.count > 0) & np.isin(self.priority, above) if above else None
-            for gid in np.flatnonzero(could).tolist() if could is not None else ():
+            for gid in could.nonzero()[0].tolist() if could is not None else ():
                 g = self.group_list[gid]
                 i0 = self.head(g)
                 if i0 is not None and rnd.rooms.may_plan(RoomFor((r0 := self.reqs[i0]).key, r0.priority, r0), now):
                     ok[gid] = True
                     fresh.add(g)
         nominated, groups, group_ids, group_list, reqs = self.nominated, self.groups, self.group_ids, self.group_list, self.reqs
-        # (nominated last?, head's sort key), group id, group per group: the order of sort_key(head, nominated) (a
+        # (nominated last?, head's sort key, group id, group) per group: the order of sort_key(head, nominated) (a
         # head's sort key names the pod, so two never tie); nobody nominated: the first part is True for every head
-        heads = [((reqs[lst[0][1]].key not in nominated if nominated else True, lst[0][0]), gid, g)
-                 for gid in np.flatnonzero(ok & (self.count > 0)).tolist()
-                 if (lst := groups.get(g := group_list[gid]))]
+        queued = ok & (self.count > 0)  # [group id]: in ``heads`` (a group is there at most once)
+        due = queued.nonzero()[0].tolist()
+        if nominated:
+            heads = [(reqs[lst[0][1]].key not in nominated, lst[0][0], gid, g) for gid in due
+                     if (lst := groups.get(g := group_list[gid]))]
+        else:
+            heads = [(True, lst[0][0], gid, g) for gid in due if (lst := groups.get(g := group_list[gid]))]
         if not heads:
             return
         heapq.heapify(heads)
+        if len(heads) < len(due):  # a group counted but gone (never, while counts follow the lists)
+            queued[:] = False
+            for _f, _k, gid, _g in heads:
+                queued[gid] = True
         # [group id]: kept out by a count, or back in the queue (tried whatever the room; a group's own try is the
         # only thing in a pass that changes its ``kept_out``)
         either = [False] * len(group_list)
-        for g in (self.kept_out & groups.keys()) | fresh:
-            either[group_ids[g]] = True
-        queued = np.zeros(len(self.count), dtype=bool)  # [group id]: in ``heads`` (a group is there at most once)
-        for _, gid, _g in heads:
-            queued[gid] = True
-        n_either = sum(either[gid] for _, gid, _g in heads)
+        n_either = 0
+        if tried_anyway := (self.kept_out & groups.keys()) | fresh:
+            for g in tried_anyway:
+                either[group_ids[g]] = True
+            n_either = sum(either[h[2]] for h in heads)
         # one priority: when no queued group fits and none is tried whatever the room, every one left would be
         # passed over (``waits_by_priority``, nobody nominated), and passing over changes nothing: the pass ends
         prio = self.priorities[0] if len(self.priorities) == 1 else None
@@ -321,7 +352,7 @@ class PendingGroups:
         room_set = set(room)
         waits: dict[int, bool] = {}  # priority -> a pod of it with no nomination would only wait; valid until a try
         while heads:
-            _, gid, group = heapq.heappop(heads)
+            _f, _k, gid, group = heapq.heappop(heads)
             queued[gid] = False
             n_either -= either[gid]
             if not (members := groups.get(group)):
@@ -358,7 +389,7 @@ class PendingGroups:
                     room = sorted(set(room) | self.freed)
                     room_set = set(room)
                 if members := groups.get(group):
-                    heapq.heappush(heads, ((reqs[members[0][1]].key not in nominated, members[0][0]), gid, group))
+                    heapq.heappush(heads, (reqs[members[0][1]].key not in nominated, members[0][0], gid, group))
                     queued[gid] = True
                     n_either += either[gid]
             if stale and heads:

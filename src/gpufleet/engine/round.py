@@ -308,6 +308,8 @@ class SchedulingRound:
     def _schedule(self, req: PodRequest, waited_s: float, take_held: bool) -> Decision:
         """The engine's cycle; while nominations of pods of at least the pod's priority last, the framework counts
         them during filtering (``Scheduler.nominated``: ``_kept_off``)."""
+        if not self.nominations:  # nothing held (``_with_holds`` would run the cycle as it is)
+            return self.sched.schedule(req, waited_s=waited_s, take_held=take_held)
         return self._with_holds(req, lambda: self.sched.schedule(req, waited_s=waited_s, take_held=take_held))
 
     def explain(self, req: PodRequest, waited_s: float = 0.0) -> Decision:

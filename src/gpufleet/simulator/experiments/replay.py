@@ -151,8 +151,25 @@ def paced(wl: Workload, load: float, reference_gpus: float, warmup: float = DEFA
     """``wl.at_load(...)``, once per process for the same workload and arguments: the same for every policy's run
     at this load (a sweep's parent paces each load before its workers fork, and they find it here)."""
     ref = float(reference_gpus)
-    return cast("tuple[Workload, float]", memo((wl,), ("at_load", load, ref, warmup, copies),
-                                               lambda: wl.at_load(load, ref, warmup, copies)))
+    base = wl
+    if copies is not None:  # every load's passes are the same pods: tiled once (``at_load`` on them: the same numbers)
+        n = copies
+        base, copies = cast(Workload, memo((wl,), ("tiled", n), lambda: wl.tiled(n))), 1
+    return cast("tuple[Workload, float]", memo((base,), ("at_load", load, ref, warmup, copies),
+                                               lambda: base.at_load(load, ref, warmup, copies)))
+
+
+def prepare(wl: Workload, loads: Sequence[float], reference_gpus: float, warmup: float, copies: int | None) -> None:
+    """What every run of ``wl`` at these loads works out the same, made now and kept in this process
+    (``packing.memo``): each load's pacing (``paced``) and the pods' decision groups (``PendingGroups``).  A sweep
+    calls it before its workers fork, so that they find it made."""
+    for load in loads:
+        _groups_of(paced(wl, load, reference_gpus, warmup, copies)[0].requests)
+
+
+def _groups_of(reqs: list[PodRequest]) -> PendingGroups:
+    """The decision groups of a workload's pods, worked out once per process (a template, never a queue itself)."""
+    return cast(PendingGroups, memo((reqs,), ("groups",), lambda: PendingGroups(list(reqs), {})))
 
 
 class _PlanRation:
@@ -193,7 +210,8 @@ class _Replay:
         self.acc = tw.access(self.state.model_names) if tw is not None else None
         self.all_nodes = np.arange(len(self.state))  # the fragmentation sample's rows
         self.capacity = max(self.state.total_gpu_milli(), 1)
-        self.pending = PendingGroups(reqs, requeue_hints(sched.profile))  # waiting pods, what changed, the retries
+        like = _groups_of(wl.requests) if tree is None else None  # with no queues, ``reqs`` are the workload's
+        self.pending = PendingGroups(reqs, requeue_hints(sched.profile), like=like)  # waiting pods, what changed, the retries
         self.fit_screen = FitScreen(self.state)  # ``could_fit``, remembering why
         self.by_key = self.pending.by_key
         arrival = wl.arrival_s
@@ -463,4 +481,4 @@ class _Replay:
             si += 1
 
 
-__all__ = ["ReplayRun", "paced", "pinned_class", "request_class", "run_replay", "stats"]
+__all__ = ["ReplayRun", "paced", "pinned_class", "prepare", "request_class", "run_replay", "stats"]
