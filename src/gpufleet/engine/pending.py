@@ -197,19 +197,20 @@ class PendingGroups:
     # --- the queue ---------------------------------------------------------------------------------
     def add(self, i: int, first_seen_s: float) -> None:
         if i not in self.queued:
-            r = self.reqs[i]
+            r, g = self.reqs[i], self.group_of[i]
             q = self.queued[i] = QueuedPod(r.key, r.priority, first_seen_s, r)
-            bisect.insort(self.groups.setdefault(self.group_of[i], []), (sort_key(q)[1:], i))
-            self.count[self.group_ids[self.group_of[i]]] += 1
+            bisect.insort(self.groups.setdefault(g, []), (sort_key(q)[1:], i))
+            self.count[self.group_ids[g]] += 1
 
     def remove(self, i: int) -> None:
         q = self.queued.pop(i, None)
         if q is not None:
-            g = self.groups[self.group_of[i]]
+            group = self.group_of[i]
+            g = self.groups[group]
             g.remove((sort_key(q)[1:], i))
-            self.count[self.group_ids[self.group_of[i]]] -= 1
+            self.count[self.group_ids[group]] -= 1
             if not g:
-                del self.groups[self.group_of[i]]
+                del self.groups[group]
 
     def head(self, group: Hashable) -> int | None:
         g = self.groups.get(group)
@@ -228,10 +229,11 @@ class PendingGroups:
     def placed(self, i: int, tried: bool = True) -> None:
         """Pod i holds its devices.  ``tried``: it went through a cycle of its own (not a gang member), so its
         group is not kept out by a count any more."""
-        if tried:
+        if tried and self.kept_out:
             self.kept_out.discard(self.group_of[i])
         self.remove(i)
-        self.nominated.discard(self.reqs[i].key)
+        if self.nominated:
+            self.nominated.discard(self.reqs[i].key)
 
     def requeue(self, i: int, first_seen_s: float) -> None:
         """Pod i (a victim) waits again, as a new pod: its group is tried against every node at the next pass."""

@@ -292,7 +292,8 @@ class SchedulingRound:
         return not self.preemption or (self.tree is None and not self.rooms.lower_priority_running(priority))
 
     def _bind(self, a: Attempt) -> None:
-        self.nominations.pop(a.request.key, None)
+        if self.nominations:
+            self.nominations.pop(a.request.key, None)
         self.port.bind(a)
 
     def _cycle(self, req: PodRequest, waited_s: float, take_held: bool, fits: bool | None) -> Decision:

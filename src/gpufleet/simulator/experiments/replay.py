@@ -42,6 +42,7 @@ measured.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -268,7 +269,8 @@ class _Replay:
         """Pod i through the shared round (its decision comes back through ``bind``/``wait``/``evict``)."""
         r = self.reqs[i]
         self.now = now
-        return self.round.try_pod(r, now, now - self.arrived_at.get(i, now), r.key in self.pending.nominated, fits, plan)
+        nominated = self.pending.nominated
+        return self.round.try_pod(r, now, now - self.arrived_at.get(i, now), bool(nominated) and r.key in nominated, fits, plan)
 
     def place_initial(self, i: int, now: float) -> None:
         """A pod already running when the trace starts: placed if it fits, never waits."""
@@ -286,7 +288,7 @@ class _Replay:
             self.lent += 1  # it borrows: reclaim may find it
         self.used_milli += r.total_gpu_milli
         self.running_by_prio[r.priority] = self.running_by_prio.get(r.priority, 0) + 1
-        if i in self.arrived_at and np.isnan(self.delays[i]):
+        if i in self.arrived_at and math.isnan(self.delays[i]):
             self.delays[i] = now - self.arrived_at[i]
         self.pending.placed(i, tried)
         self.seq += 1
@@ -441,12 +443,13 @@ class _Replay:
         t_first, t_last = self.t_first, self.t_last
         sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
         si, last_t, ev = 0, t_first, self.events
+        n_samples, w_start, w_end, reqs = len(sample_times), self.w_start, self.w_end, self.reqs
         while ev:
             now = ev[0][0]
-            while si < len(sample_times) and sample_times[si] <= now:
+            while si < n_samples and sample_times[si] <= now:
                 sample(self, sample_times[si])
                 si += 1
-            lo, hi = max(last_t, self.w_start), min(now, self.w_end)
+            lo, hi = max(last_t, w_start), min(now, w_end)
             if hi > lo:
                 self.alloc_integral += self.used_milli * (hi - lo)
             last_t = now
@@ -467,15 +470,15 @@ class _Replay:
             if left_any:
                 self.retry(now)
             for i in arrivals:  # as the live loop: every pod that arrived is learned from before any is tried
-                self.sched.observe(self.reqs[i])
+                self.sched.observe(reqs[i])
             for i in arrivals:
                 self.arrive(i, now)
                 if self.progress is not None:
                     self.progress(1)
             if self.pending.freed:  # an arrival's victims left: as the live loop's watch of their deletion, the pods
                 self.retry(now)  # that may fit where they were are tried at once
-            if left_any or any(self.reqs[i].pod_group for i in arrivals):
-                self.gang_round(now)
+            if left_any or (self.gangs is not None and any(reqs[i].pod_group for i in arrivals)):
+                self.gang_round(now)  # (no gang scheduler: no pod has a pod group)
         while si < len(sample_times):
             sample(self, sample_times[si])
             si += 1
