@@ -119,6 +119,17 @@ def _named(r: PodRequest, name: str) -> PodRequest:
     return out
 
 
+def _arrivals(pods: Sequence[TracePod], requests: list[PodRequest], order: list[tuple[TracePod, str]]
+              ) -> list[tuple[PodRequest, int, bool]]:
+    """(request under its arrival name, its GPU milli, whether it asks a MIG instance) of each arrival in ``order``."""
+    by_pod = {id(p): r for p, r in zip(pods, requests)}
+    out = []
+    for tp, name in order:
+        r = _named(by_pod[id(tp)], name)
+        out.append((r, r.total_gpu_milli, bool(r.mig_profile)))
+    return out
+
+
 # What every run of one trace and seed computes the same whatever the policy (the pods' requests, the arrival
 # order), kept for the next run in this process: ``gpufleet simulate`` gives each worker several runs of the
 # same trace.  Keyed by the objects themselves (held here, so an id is never reused while its entry lives).
@@ -183,16 +194,20 @@ def run_packing(
         policy = profile.name
     sched = Scheduler(profile, state, seed=seed)
     base_requests: list[PodRequest] = memo((pods,), ("requests",), lambda: [p.request() for p in pods])  # type: ignore[assignment]
-    by_pod = {id(p): r for p, r in zip(pods, base_requests)}  # each arrival is its trace row's request, renamed
     prime_policy(sched, base_requests)
 
     capacity = state.total_gpu_milli()
     total_gpus = capacity // 1000
     order: list[tuple[TracePod, str]] = memo((pods,), ("order", capacity, tune, seed),  # type: ignore[assignment]
                                              lambda: workload_order(pods, capacity, tune, seed))
+    # each arrival is its trace row's request, renamed, with its GPU milli and whether it asks a MIG instance: the
+    # same for every run of this trace and seed (requests are frozen, and no plugin keys anything on their identity)
+    arrivals: list[tuple[PodRequest, int, bool]] = memo(  # type: ignore[assignment]
+        (pods,), ("arrivals", capacity, tune, seed), lambda: _arrivals(pods, base_requests, order))
 
     # fragmentation is measured against the trace's own target workload, whatever the policy
-    tw = TargetWorkload.from_requests(base_requests)
+    tw: TargetWorkload = memo((pods,), ("target workload",),  # type: ignore[assignment]
+                              lambda: TargetWorkload.from_requests(base_requests))
     acc = tw.access(state.model_names)
     all_nodes = np.arange(len(state))
     cpu, left, model = node_view(state, all_nodes)
@@ -224,38 +239,46 @@ def run_packing(
     placed_model = np.zeros(n, dtype=model.dtype)
     gpu_usable, gpu_free, cpu_free = state.gpu_usable, state.gpu_free_milli, state.cpu_free
     model_of = state.gpu_model[:, 0] if state.gpu_model.shape[1] else np.full(len(state), -1)
-    for k, (tp, name) in enumerate(order):
-        req = _named(by_pod[id(tp)], name)
+    index = state.index
+    schedule = sched.schedule
+    observe = rec.observe
+    for k, (req, milli, mig) in enumerate(arrivals):
         if shape is not None:
             req = shape(req)
-        if snap is None and arrived_milli + req.total_gpu_milli > capacity:  # the 100%-arrived point
+            milli, mig = req.total_gpu_milli, bool(req.mig_profile)
+        if snap is None and arrived_milli + milli > capacity:  # the 100%-arrived point
             snap = rec.snapshot(state)
             snap_at = k
-        arrived_milli += req.total_gpu_milli
+        arrived_milli += milli
         if time_decisions:
             t1 = time.perf_counter()
-            dec = sched.schedule(req)
+            dec = schedule(req)
             dms.append((time.perf_counter() - t1) * 1000.0)
         else:
-            dec = sched.schedule(req)
-        mig_failed += bool(req.mig_profile) and not dec.ok
-        mig_pods += bool(req.mig_profile)
-        if dec.ok:
-            used_milli += req.total_gpu_milli
-            i = state.index[dec.assignment.node]  # type: ignore[union-attr]
+            dec = schedule(req)
+        ok = dec.ok
+        if mig:
+            mig_pods += 1
+            mig_failed += not ok
+        if ok:
+            used_milli += milli
+            i = index[dec.assignment.node]  # type: ignore[union-attr]
             row = len(placed_at)
             placed_node[row] = i
             placed_cpu[row] = cpu_free[i]
             np.multiply(gpu_free[i], gpu_usable[i], out=placed_left[row])  # node_view's np.where(usable, free, 0)
             placed_model[row] = model_of[i]
             placed_at.append(k)
-            rec.observe(state, req, i)
+            observe(state, req, i)
         else:
-            rec.observe(state, req, None)
+            observe(state, req, None)
             failed += 1
-            msg = dec.status.message if hasattr(dec.status, "message") else str(dec.status)
             diag = dec.diagnosis
-            r = msg.split(":", 1)[-1].strip() if diag is None else (max(diag.counts, key=diag.counts.__getitem__) if diag.counts else msg)
+            if diag is not None and diag.counts:
+                r = max(diag.counts, key=diag.counts.__getitem__)
+            else:
+                msg = dec.status.message if hasattr(dec.status, "message") else str(dec.status)
+                r = msg.split(":", 1)[-1].strip() if diag is None else msg
             reasons[r] = reasons.get(r, 0) + 1
         arrived[k] = arrived_milli
         used[k] = used_milli
