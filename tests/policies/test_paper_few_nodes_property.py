@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import GPU_MILLI, Assignment, Gpu, Node, PodRequest
 from gpufleet.engine.state import ClusterState
-from gpufleet.policies.paper import BestFitScore, DotProductScore, GpuPackingScore
+from gpufleet.policies.paper import BestFitScore, DotProductScore, GpuClusteringScore, GpuPackingScore
 from gpufleet.policies.paper._common import FEW_NODES
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -49,9 +49,20 @@ def test_few_nodes_score_as_the_vectorised_path(state: ClusterState, shape: tupl
     cyc = Cycle(request=PodRequest(name="p", cpu_milli=c, memory_mib=4096, gpu_count=cnt, gpu_milli=m), rng=np.random.default_rng(0))
     everyone = np.arange(len(state))
     few = np.array(sorted(data.draw(st.sets(st.integers(0, len(state) - 1), min_size=1, max_size=FEW_NODES))))
-    for plugin in (BestFitScore(), DotProductScore(), GpuPackingScore()):
+    for plugin in (BestFitScore(), DotProductScore(), GpuPackingScore(), GpuClusteringScore()):
         whole = plugin.score(cyc, state, everyone)  # more than FEW_NODES nodes: numpy
         got = plugin.score(cyc, state, few)
         assert got.dtype == np.float64 and got.shape == few.shape
         want = whole[few]
         assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want)), plugin.name
+
+
+@SETTINGS
+@given(raw=st.lists(st.integers(-50, 120), min_size=1, max_size=30))
+def test_bestfit_normalize(raw: list[int]) -> None:
+    """Best-fit's min-max onto 0..100, floored: the formula as written, for float and integer raw scores."""
+    for a in (np.array(raw, dtype=np.float64), np.array(raw, dtype=np.int64)):
+        lo, hi = a.min(), a.max()
+        want = np.zeros(a.size) if hi == lo else np.floor((a - lo) * 100 / (hi - lo))
+        got = BestFitScore().normalize(a)
+        assert got.dtype == np.float64 and np.array_equal(got, want)

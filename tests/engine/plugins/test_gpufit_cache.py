@@ -8,7 +8,7 @@ import numpy as np
 
 from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import Assignment, Gpu, Node, PodRequest
-from gpufleet.engine.plugins.gpufit import GpuFit
+from gpufleet.engine.plugins.gpufit import GpuFit, eligible_gpus, eligible_on, model_mask
 from gpufleet.engine.state import ClusterState
 
 
@@ -26,10 +26,12 @@ SHAPES = [PodRequest("a", gpu_count=1, gpu_milli=500), PodRequest("b", gpu_count
 
 
 def _check(plugin: GpuFit, state: ClusterState) -> None:
-    for r in SHAPES:
+    for r in SHAPES + PLAIN:
         got = plugin.filter(Cycle(r, np.random.default_rng(0)), state)
         want = GpuFit().filter(Cycle(r, np.random.default_rng(0)), state)
         assert (got.ok == want.ok).all() and (got.codes == want.codes).all(), r.name
+        every = eligible_gpus(state, r)  # the selectors' per-node form, in Python, as the vectorised one
+        assert all(eligible_on(state, r, i) == every[i].nonzero()[0].tolist() for i in range(len(state))), r.name
 
 
 def test_cached_verdicts_follow_reservations_and_copies() -> None:
@@ -74,9 +76,9 @@ PLAIN = [PodRequest("w1", gpu_count=1, gpu_milli=1000), PodRequest("w2", gpu_cou
 
 
 def _check_plain(plugin: GpuFit, state: ClusterState) -> None:
-    for r in PLAIN:
+    for r in PLAIN + SHAPES:
         got = plugin.filter(Cycle(r, np.random.default_rng(0)), state)
-        ok, codes = GpuFit()._fit_rows(state, r, None, slice(None))  # the general computation, uncached
+        ok, codes = GpuFit()._fit_rows(state, r, model_mask(state, r), slice(None))  # the general computation, uncached
         assert (got.ok == ok).all() and (got.codes[~ok] == codes[~ok]).all(), r.name
 
 

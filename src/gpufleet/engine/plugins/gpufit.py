@@ -48,6 +48,26 @@ def eligible_gpus(state: ClusterState, r: PodRequest, rows: np.ndarray | slice =
     return e
 
 
+def eligible_on(state: ClusterState, r: PodRequest, node: int) -> list[int]:
+    """The GPUs of one node that ``eligible_gpus`` marks, in index order, computed in Python: a GPU selector asks it
+    for the chosen node only, where numpy's per-call cost on an eight-GPU row is most of the work."""
+    usable = state.gpu_usable[node].tolist()
+    mm = model_mask(state, r)
+    if mm is not None:
+        allowed = mm.tolist()
+        usable = [u and allowed[m] for u, m in zip(usable, state.gpu_model[node].tolist())]
+    if state.slots_limited:
+        usable = [u and s > 0 for u, s in zip(usable, state.gpu_slots_free[node].tolist())]
+    free = state.gpu_free_milli[node].tolist()
+    if r.gpu_milli >= GPU_MILLI:
+        return [j for j, (u, f, m, c) in enumerate(zip(usable, free, state.gpu_mem_free[node].tolist(),
+                                                       state.gpu_mem_cap[node].tolist())) if u and f >= GPU_MILLI and m == c]
+    if r.gpu_memory_mib:
+        return [j for j, (u, f, m) in enumerate(zip(usable, free, state.gpu_mem_free[node].tolist()))
+                if u and f >= r.gpu_milli and m >= r.gpu_memory_mib]
+    return [j for j, (u, f) in enumerate(zip(usable, free)) if u and f >= r.gpu_milli]
+
+
 FIT_CACHE_SHAPES = 32  # GPU request shapes whose per-node verdicts GpuFit keeps
 
 

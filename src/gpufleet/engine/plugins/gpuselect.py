@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..framework import Cycle, GpuChoice
 from ..model import GPU_MILLI
 from ..state import ClusterState
-from .gpufit import eligible_gpus, model_mask
+from .gpufit import eligible_on, model_mask
 
 
 def pick_mig(cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
@@ -70,7 +70,7 @@ def select_with(cycle: Cycle, state: ClusterState, node: int, pick_shared) -> Gp
     r = cycle.request
     if r.mig_profile:
         return pick_mig(cycle, state, node)
-    idx = eligible_gpus(state, r, slice(node, node + 1))[0].nonzero()[0].tolist()
+    idx = eligible_on(state, r, node)
     if r.gpu_milli >= GPU_MILLI:
         got = pick_whole(state, node, idx, r.gpu_count)
         return GpuChoice(got) if got else None
@@ -84,5 +84,5 @@ class BestFitGpu:
     name: str = "BestFitGpu"
 
     def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
-        free = state.gpu_free_milli[node]
+        free = state.gpu_free_milli[node].tolist()
         return select_with(cycle, state, node, lambda idx, n: sorted(idx, key=lambda g: (free[g], g))[:n])

@@ -31,7 +31,10 @@ class BestFitScore(PaperPlugin):
         return np.floor((1.0 - rest) * MAX_NODE_SCORE)
 
     def normalize(self, raw: np.ndarray) -> np.ndarray:
-        lo, hi = raw.min(), raw.max()
+        lo, hi = np.minimum.reduce(raw), np.maximum.reduce(raw)  # raw.min(), raw.max(), without their wrappers
         if hi == lo:
             return np.zeros(raw.size)
-        return np.floor((raw - lo) * MAX_NODE_SCORE / (hi - lo))
+        out = np.subtract(raw, lo, dtype=np.float64)  # (raw - lo) * MAX_NODE_SCORE / (hi - lo), in place
+        out *= MAX_NODE_SCORE
+        out /= hi - lo
+        return np.floor(out, out=out)

@@ -9,7 +9,7 @@ import numpy as np
 from ...engine.framework import MAX_NODE_SCORE, Cycle
 from ...engine.model import GPU_MILLI
 from ...engine.state import ClusterState
-from ._common import MAX_SPEC_GPU_MILLI, PaperPlugin
+from ._common import FEW_NODES, MAX_SPEC_GPU_MILLI, PaperPlugin, left_rows
 from .workload import node_view
 
 
@@ -37,12 +37,16 @@ class GpuClusteringScore(PaperPlugin):
         tag = _affinity_tag(r.gpu_count, r.gpu_milli)
         if tag is None:
             return np.zeros(nodes.size)
-        _, left, _ = node_view(state, nodes)
-        base = (MAX_NODE_SCORE // 4) * (MAX_SPEC_GPU_MILLI - left.sum(axis=1)) // MAX_SPEC_GPU_MILLI
+        if nodes.size <= FEW_NODES:  # the same integers, node by node in Python
+            base = [(MAX_NODE_SCORE // 4) * (MAX_SPEC_GPU_MILLI - sum(left)) // MAX_SPEC_GPU_MILLI
+                    for left in left_rows(state, nodes)]
+        else:
+            _, left, _ = node_view(state, nodes)
+            base = ((MAX_NODE_SCORE // 4) * (MAX_SPEC_GPU_MILLI - left.sum(axis=1)) // MAX_SPEC_GPU_MILLI).tolist()
         out = np.empty(nodes.size)
-        for k, i in enumerate(nodes):
+        for k, i in enumerate(nodes.tolist()):
             tags = set()
-            for key in state.pods_on_node.get(state.nodes[int(i)].name, ()):
+            for key in state.pods_on_node.get(state.nodes[i].name, ()):
                 a = state.assignments[key]
                 t = _affinity_tag(len(a.gpu_indices), a.gpu_milli)
                 if t:
