@@ -66,3 +66,23 @@ def test_bestfit_normalize(raw: list[int]) -> None:
         want = np.zeros(a.size) if hi == lo else np.floor((a - lo) * 100 / (hi - lo))
         got = BestFitScore().normalize(a)
         assert got.dtype == np.float64 and np.array_equal(got, want)
+
+
+@SETTINGS
+@given(state=cluster(), shape=st.sampled_from(SHAPES), cpu=st.integers(0, 40_000), memory=st.integers(0, 100_000))
+def test_scores_read_only_what_their_cache_key_holds(state: ClusterState, shape: tuple[int, int, int], cpu: int,
+                                                     memory: int) -> None:
+    """The framework caches a plugin's scores per cache key: two pods with one key must score every node alike."""
+    c, m, cnt = shape
+    everyone = np.arange(len(state))
+    a = Cycle(request=PodRequest(name="a", cpu_milli=c, memory_mib=4096, gpu_count=cnt, gpu_milli=m), rng=np.random.default_rng(0))
+    for plugin in (BestFitScore(), DotProductScore(), GpuPackingScore(), GpuClusteringScore()):
+        variants = [PodRequest(name="b", cpu_milli=cpu, memory_mib=memory, gpu_count=cnt, gpu_milli=m),  # another CPU
+                    PodRequest(name="c", cpu_milli=c, memory_mib=memory, gpu_count=1 if cnt else 0, gpu_milli=m * cnt),
+                    PodRequest(name="d", cpu_milli=c, memory_mib=memory, gpu_count=cnt, gpu_milli=m,
+                               gpu_models_allow=frozenset({"A100"})),
+                    PodRequest(name="e", cpu_milli=c, memory_mib=4096, gpu_count=cnt + 1 if cnt else 0, gpu_milli=m)]
+        for r in variants:
+            b = Cycle(request=r, rng=np.random.default_rng(0))
+            if plugin.cache_key(b) == plugin.cache_key(a):
+                assert np.array_equal(plugin.score(b, state, everyone), plugin.score(a, state, everyone)), (plugin.name, r)

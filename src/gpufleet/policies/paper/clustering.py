@@ -32,6 +32,11 @@ class GpuClusteringScore(PaperPlugin):
 
     name: str = "GpuClusteringScore"
 
+    def cache_key(self, cycle: Cycle):
+        """The score reads the pod's kind only (shared, 1-GPU, 2-GPU, ...; none for a CPU-only pod)."""
+        r = cycle.request
+        return _affinity_tag(r.gpu_count, r.gpu_milli) or "cpu-only"
+
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
         tag = _affinity_tag(r.gpu_count, r.gpu_milli)

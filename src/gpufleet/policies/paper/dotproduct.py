@@ -24,6 +24,11 @@ class DotProductScore(PaperPlugin):
 
     name: str = "DotProductScore"
 
+    def cache_key(self, cycle: Cycle):
+        """The score reads the pod's CPU and total GPU milli only: pods alike in those share cached scores."""
+        r = cycle.request
+        return (r.cpu_milli, r.total_gpu_milli)
+
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
         if nodes.size <= FEW_NODES:  # the same arithmetic on Python floats (IEEE doubles, in the same order)

@@ -20,6 +20,12 @@ class GpuPackingScore(PaperPlugin):
 
     name: str = "GpuPackingScore"
 
+    def cache_key(self, cycle: Cycle):
+        """The score reads the pod's per-GPU milli and GPU count only (not its CPU): pods alike in those share cached
+        scores."""
+        r = cycle.request
+        return (r.gpu_milli, r.gpu_count) if r.gpu_count else (0, 0)
+
     def score(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
         if r.gpu_count == 0:
