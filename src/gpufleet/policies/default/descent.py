@@ -90,6 +90,7 @@ class DescentScore(FragDescent):
         self._q_rhos: np.ndarray | None = None  # this cycle's ratio quantiles, None: the mean ratio
         self._tables: tuple | None = None  # (workload version, {(share milli, patterns on): per-free-milli terms})
         self._table: tuple | None = None  # (target workload, version, per-free-milli table, shape columns): _gpu_table
+        self._shape_acc: tuple | None = None  # (access, target workload, GPU shapes & access): _measure
 
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> DescentScore:
@@ -174,7 +175,10 @@ class DescentScore(FragDescent):
         if (not len(tw) or gpu.dtype.kind not in "iu" or not gpu.size or not (a.strand_weight > 0 and a.sliver_weight > 0)
                 or np.minimum.reduce(gpu, axis=None) < 0):
             return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
-        table, gpu_shape, count, cpu_t = self._gpu_table(tw)
+        table, count, cpu_t = self._gpu_table(tw)
+        c = self._shape_acc
+        if c is None or c[0] is not acc or c[1] is not tw:  # per GPU model, the shapes that ask GPUs and may use it
+            c = self._shape_acc = (acc, tw, (tw.gpu_milli > 0) & acc)
         try:
             sums = np.add.reduce(table.take(gpu, axis=0), axis=1)  # [S, 2T + 2]; IndexError: a GPU above GPU_MILLI
         except IndexError:
@@ -183,8 +187,8 @@ class DescentScore(FragDescent):
         total = sums[:, 0]
         tot = total[:, None]
         # frag_amount: idle milli on GPUs too small for a shape where it fits (Q3), all idle milli otherwise
-        q3 = gpu_shape & acc[model] & (sums[:, 1 + t : 1 + 2 * t] >= count) & (cpu[:, None] >= cpu_t)
-        per = np.where(q3, tot - sums[:, 1 : 1 + t], tot).astype(np.float64)
+        q3 = c[2][model] & (sums[:, 1 + t : 1 + 2 * t] >= count) & (cpu[:, None] >= cpu_t)
+        per = np.where(q3, tot - sums[:, 1 : 1 + t], tot)  # whole milli: times freq, as float64 (exact) times freq
         frag = np.add.reduce(per * tw.freq, axis=1)  # row by row, as frag_amount
         if self._rates is None or self._rates[0] != self.model.version:
             self._rates = (self.model.version, *self.model.sums)
@@ -194,9 +198,9 @@ class DescentScore(FragDescent):
             return frag + (a.strand_weight * stranded + a.sliver_weight * sums[:, -1])
         return frag + (0.0 + a.sliver_weight * sums[:, -1])
 
-    def _gpu_table(self, tw) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _gpu_table(self, tw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per free milli L in 0..GPU_MILLI (``_measure``): [L, per shape L if the shape's per-GPU milli fits in L
-        else 0, per shape whether it fits, the sliver of L]; with each shape's GPU-ness, GPU count and CPU.
+        else 0, per shape whether it fits, the sliver of L]; with each shape's GPU count and CPU.
         Kept per target workload and workload version (the sliver table's)."""
         c = self._table
         version = self.model.version
@@ -204,8 +208,8 @@ class DescentScore(FragDescent):
             every = np.arange(GPU_MILLI + 1, dtype=np.int64)[:, None]
             fits = every >= tw.gpu_milli[None, :]
             table = np.concatenate([every, every * fits, fits, self._sliver_table()[:, None]], axis=1).astype(np.int64)
-            c = self._table = (tw, version, table, tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
-        return c[2], c[3], c[4], c[5]
+            c = self._table = (tw, version, table, tw.gpu_count, tw.cpu_milli)
+        return c[2], c[3], c[4]
 
     def _stranded(self, cpu, total, mem, g_milli, c_milli, m_mib) -> np.ndarray:
         """GPU milli that CPU (or memory) cannot feed, per state (``total``: free GPU milli)."""

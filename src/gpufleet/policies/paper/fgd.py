@@ -221,8 +221,9 @@ class FragDescent:
         """The learned workload's version, in every key above: the framework drops older versions' scores."""
         return self.learner.version
 
-    def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
-        """Per-GPU scores of a shared pod's shape, [nodes, G], with the node version each was computed at.
+    def _gpu_cache(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Per-GPU scores of a shared pod's shape, [nodes, G], with the node version each was computed at, and
+        whether the entry was made just now (every node stale; its rows not written yet, so not to be read).
 
         ``score`` fills it; ``select_gpus`` reads the chosen node's row instead of
         scoring that node a second time.
@@ -233,20 +234,21 @@ class FragDescent:
         if ent is None or ent[0].shape != state.gpu_free_milli.shape:
             for old in [k for k in cache if k[1] != key[1]]:  # an older workload version's: never asked again
                 del cache[old]
-            ent = (np.full(state.gpu_free_milli.shape, -np.inf), np.full(len(state), -1, dtype=np.int64))
+            # rows are read only where their version is the node's (written then): no fill needed
+            ent = (np.empty(state.gpu_free_milli.shape), np.full(len(state), -1, dtype=np.int64))
             cache[key] = ent
             if len(cache) > 16:
                 cache.popitem(last=False)
-        else:
-            cache.move_to_end(key)
-        return ent
+            return ent[0], ent[1], True
+        cache.move_to_end(key)
+        return ent[0], ent[1], False
 
     def _shared_fresh(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, tuple | None]:
         """Bring the per-GPU cache up to date for ``nodes``: (the cache's rows, and where every node was stale
         (stale is then ``nodes``, in order): (the rows just made for them, the rows of their distinct states,
         each node's index into those or None where not grouped)), else None."""
-        rows, vers = self._gpu_cache(cycle, state)
-        stale = nodes[vers.take(nodes) != state.version.take(nodes)]
+        rows, vers, made = self._gpu_cache(cycle, state)
+        stale = nodes if made else nodes[vers.take(nodes) != state.version.take(nodes)]
         if not stale.size:
             return rows, None
         inv = None
@@ -364,7 +366,7 @@ class FragDescent:
         if r.mig_profile:
             return pick_mig(cycle, state, node)
         if r.gpu_count == 1 and r.gpu_milli < GPU_MILLI:
-            rows, vers = self._gpu_cache(cycle, state)
+            rows, vers, _ = self._gpu_cache(cycle, state)
             # the node's cached row where it is fresh (scoring just brought it up to date), else scored now
             s = rows[node] if vers[node] == state.version[node] else self._shared_scores(cycle, state, np.array([node]))[0]
             if not np.logical_or.reduce(np.isfinite(s)):  # no GPU takes it (``.any()``, without its wrapper)
