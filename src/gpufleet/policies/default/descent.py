@@ -236,14 +236,14 @@ class DescentScore(FragDescent):
         q = self.args.quant_milli
         return np.floor(delta / q) if q > 0 else delta
 
-    def _descent(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after, gpu_after, mem_after,
+    def _descent(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, r: PodRequest, gpu_after: np.ndarray,
                  view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """Quantised measure decrease from node ``nodes[rows]`` as it is to the given after-states (``view``:
-        ``node_view`` of ``nodes`` where the caller has it).
+        """Quantised measure decrease from node ``nodes[rows]`` as it is to its state with pod ``r`` placed: CPU and
+        memory less the pod's, GPUs as ``gpu_after`` (``view``: ``node_view`` of ``nodes`` where the caller has it).
 
         The stale before-states and all after-states go through ``_measure`` in
         one call: with one changed node per cycle, numpy's per-call cost is most
-        of the work.
+        of the work.  Both are gathered by one index (the stale rows, then ``rows``).
         """
         a = self.args
         tw, acc = self._tw(state)
@@ -253,30 +253,30 @@ class DescentScore(FragDescent):
         vals, vers = self._before_cache(state)
         stale = (vers.take(nodes) != state.version.take(nodes)).nonzero()[0]  # .take: what [nodes] gives, faster
         cpu, left, model = view if view is not None else node_view(state, nodes)
-        if stale.size == 0:  # every before-state known (the measure is row by row: the same values as in one batch)
-            return self._quantise(vals.take(nodes.take(rows)) - self._measure(cpu_after, gpu_after, mem_after, model.take(rows), tw, acc))
-        mem = state.mem_free[nodes]
-        m = self._measure(
-            np.concatenate([cpu[stale], cpu_after]),
-            np.concatenate([left[stale], gpu_after]),
-            np.concatenate([mem[stale], mem_after]),
-            np.concatenate([model[stale], model[rows]]),
-            tw, acc,
-        )
-        at = nodes[stale]
-        vals[at] = m[: stale.size]
-        vers[at] = state.version[at]
-        return self._quantise(vals[nodes[rows]] - m[stale.size:])
+        k = stale.size
+        idx = np.concatenate((stale, rows)) if k else rows
+        at = nodes.take(idx)
+        cpu_s = cpu.take(idx)
+        cpu_s[k:] -= r.cpu_milli
+        mem_s = state.mem_free.take(at)
+        mem_s[k:] -= r.memory_mib
+        gpu_s = np.concatenate((left.take(stale, axis=0), gpu_after)) if k else gpu_after
+        m = self._measure(cpu_s, gpu_s, mem_s, model.take(idx), tw, acc)
+        if not k:  # every before-state known (the measure is row by row: the same values as in one batch)
+            return self._quantise(vals.take(at) - m)
+        changed = at[:k]
+        vals[changed] = m[:k]
+        vers[changed] = state.version.take(changed)
+        return self._quantise(vals.take(at[k:]) - m[k:])
 
     _placement_scores = _descent  # FragDescent._gpu_scores enumerates the placements; this measure scores them
 
     def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
         view = node_view(state, nodes)
-        cpu, left, _ = view
-        mem = state.mem_free[nodes]
+        left = view[1]
         new_left = take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
-        return self._descent(state, nodes, np.arange(nodes.size), cpu - r.cpu_milli, new_left, mem - r.memory_mib, view)
+        return self._descent(state, nodes, np.arange(nodes.size), r, new_left, view)
 
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray,
                     view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:

@@ -68,7 +68,8 @@ class WorkloadModel(OnlineWorkload):
             self.sums[1] += r.cpu_milli
             self.sums[2] += r.memory_mib
             if total > 0:  # a MIG request has no milli-GPU size
-                self.ratios[round(r.cpu_milli / total, 2)] += total
+                k = round(r.cpu_milli / total, 2)
+                self.ratios[k] = self.ratios.get(k, 0) + total  # Counter's += without its __missing__ call
             if r.gpu_models_allow:
                 self.pinned[r.gpu_models_allow] = self.pinned.get(r.gpu_models_allow, 0) + total
             if r.gpu_count == 1 and 0 < r.gpu_milli < GPU_MILLI and not r.mig_profile:

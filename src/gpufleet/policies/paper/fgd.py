@@ -332,21 +332,19 @@ class FragDescent:
         if rows.size:
             first, inv = distinct_placements(left, rows, cols)
             ur, uc = rows[first], cols[first]
-            new_left = left[ur].copy()
+            new_left = left[ur]  # a copy (fancy indexing)
             new_left[np.arange(ur.size), uc] -= r.gpu_milli
-            mem_after = state.mem_free[nodes[ur]] - r.memory_mib
-            out[rows, cols] = self._placement_scores(state, nodes, ur, cpu[ur] - r.cpu_milli, new_left, mem_after,
-                                                     (cpu, left, model))[inv]
+            out[rows, cols] = self._placement_scores(state, nodes, ur, r, new_left, (cpu, left, model))[inv]
         return out
 
-    def _placement_scores(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, cpu_after: np.ndarray,
-                          gpu_after: np.ndarray, mem_after: np.ndarray,
-                          view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """Score of turning node ``nodes[rows]`` (as it is now) into each given after-state; ``view``: ``node_view`` of ``nodes``."""
+    def _placement_scores(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, r: PodRequest,
+                          gpu_after: np.ndarray, view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Score of placing pod ``r`` on node ``nodes[rows]`` (as it is now), leaving its GPUs as ``gpu_after`` (and
+        its CPU and memory less the pod's); ``view``: ``node_view`` of ``nodes``."""
         tw, acc = self._tw(state)
         cpu, left, model = view if view is not None else node_view(state, nodes)
         cpu, left, model = cpu[rows], left[rows], model[rows]
-        return _sigmoid_score(frag_amount(cpu, left, model, tw, acc) - frag_amount(cpu_after, gpu_after, model, tw, acc))
+        return _sigmoid_score(frag_amount(cpu, left, model, tw, acc) - frag_amount(cpu - r.cpu_milli, gpu_after, model, tw, acc))
 
     _UNFIT = 0.0  # score of a node where no GPU takes the share (the filters normally drop it)
 
