@@ -364,11 +364,11 @@ class ClusterState:
             raise StateError(why)
         i = self.index[a.node]
         if a.gpu_indices:
-            # a whole GPU always takes all of its memory, whatever the assignment lists
-            mems = tuple(
-                int(self.gpu_mem_cap[i, j]) if a.gpu_milli >= GPU_MILLI else (a.gpu_memory_mib[k] if a.gpu_memory_mib else 0)
-                for k, j in enumerate(a.gpu_indices)
-            )
+            # a whole GPU always takes all of its memory, whatever the assignment lists (check: one value per GPU, or none)
+            if a.gpu_milli >= GPU_MILLI:
+                mems = tuple(self.gpu_mem_cap[i].take(a.gpu_indices).tolist())
+            else:
+                mems = a.gpu_memory_mib or (0,) * len(a.gpu_indices)
             if mems != a.gpu_memory_mib:
                 a = replace(a, gpu_memory_mib=mems)
         self.cpu_free[i] -= a.cpu_milli
