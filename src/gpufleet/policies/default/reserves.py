@@ -84,11 +84,10 @@ def fed_sum(whole_n: np.ndarray, cpu_free: np.ndarray, per_gpu_cpu: float, max_g
     A node whose free CPU is at least (max_gpus + 2) x ``per_gpu_cpu`` has a quotient of at least max_gpus + 1 even
     after the float division's rounding, above any node's whole GPU count, so it counts all of them.  Every term is
     a whole number (exact in floats), so the sum is the same in any order."""
-    have = (whole_n > 0).nonzero()[0]  # the nodes with a whole free GPU (few where the reserve matters), in order
-    cpu = np.maximum(cpu_free.take(have), 0)
-    sel = (cpu < (max_gpus + 2) * per_gpu_cpu).nonzero()[0]
-    part = whole_n.take(have.take(sel))
-    return int(np.add.reduce(whole_n)) - int(np.add.reduce(part)) + float(np.add.reduce(np.minimum(part, cpu.take(sel) // per_gpu_cpu)))
+    cpu = np.maximum(cpu_free, 0)
+    at = ((cpu < (max_gpus + 2) * per_gpu_cpu) & (whole_n > 0)).nonzero()[0]
+    part = whole_n.take(at)
+    return int(np.add.reduce(whole_n)) - int(np.add.reduce(part)) + float(np.add.reduce(np.minimum(part, cpu.take(at) // per_gpu_cpu)))
 
 
 @dataclass(frozen=True)
@@ -144,14 +143,12 @@ class WholeGpuReserve:
         if per_gpu_cpu > 0:
             if fed_sum(whole_n, state.cpu_free, per_gpu_cpu, state.max_gpus) >= need:
                 return passing(n)
-            # fed > 0 only where a whole GPU is free (elsewhere min(0, a quotient >= 0) is 0): the floor division there only
-            have = (whole_n > 0).nonzero()[0]
-            kept = np.zeros(n, dtype=bool)
-            kept[have] = np.minimum(whole_n.take(have), np.maximum(state.cpu_free.take(have), 0) // per_gpu_cpu) > 0
+            fed = np.minimum(whole_n, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
         else:
-            if np.add.reduce(whole_n) >= need:
+            fed = whole_n
+            if np.add.reduce(fed) >= need:
                 return passing(n)
-            kept = whole_n > 0
+        kept = fed > 0
         cycle.write(WHOLE_KEPT, kept)
         ok = ~kept
         at = kept.nonzero()[0]  # few: whole GPUs are scarce here
