@@ -76,6 +76,9 @@ def test_keeping_the_pods_placed_first_can_cost_more_than_the_offline_bound():
     assert bound_placing_first(nodes, pods, pods[:1], 4000) == pytest.approx(20.25, abs=1e-6)  # 630 kept: an 810 goes
     assert bound_placing_first(nodes, pods, pods[:4], 4000) == pytest.approx(23.5, abs=1e-6)
     assert bound_placing_first(nodes, pods, pods, 4000) is None  # not all of them fit
+    # kept pods that are not the arrival order's prefix (counted on their own, not from the arrived pods' shapes)
+    assert bound_placing_first(nodes, pods, [pods[3], pods[0]], 4000) == pytest.approx(20.25, abs=1e-6)
+    assert bound_placing_first(nodes, pods, pods[3::-1], 4000) == pytest.approx(23.5, abs=1e-6)
 
 
 def test_small_shares_fill_the_holes_beside_large_ones():
