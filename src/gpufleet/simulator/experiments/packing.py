@@ -283,7 +283,7 @@ def run_packing(
             row = len(placed_at)
             placed_node[row] = i
             placed_cpu[row] = cpu_free[i]
-            np.multiply(gpu_free[i], gpu_usable[i], out=placed_left[row])  # node_view's np.where(usable, free, 0)
+            placed_left[row] = gpu_free[i]  # times gpu_usable after the run (node_view's np.where(usable, free, 0))
             placed_model[row] = model_of[i]
             placed_at.append(k)
             observe(state, req, i)
@@ -303,6 +303,9 @@ def run_packing(
             progress(1)
     # the running sums, in the order the run changed them (same floating-point sums as node by node)
     p = len(placed_at)
+    if state.gpu_usable is not gpu_usable:  # pragma: no cover - a packing run never changes its nodes
+        raise RuntimeError("packing run: the cluster's nodes changed during the run")
+    placed_left[:p] *= gpu_usable[placed_node[:p]]
     new_frag = frag_amount(placed_cpu[:p], placed_left[:p], placed_model[:p], tw, acc).tolist()
     new_idle = placed_left[:p].sum(axis=1).tolist()
     node_frag_l, idle_l = node_frag.tolist(), idle.tolist()
