@@ -170,16 +170,13 @@ class GpuFit:
         if stale.size:
             usable, free, mem_free, mem_cap = state.gpu_usable, state.gpu_free_milli, state.gpu_mem_free, state.gpu_mem_cap
             for i in stale.tolist():  # a node or a few since the last cycle: their few GPUs, in Python
-                best, n = -1, 0
-                for u, f, m, c in zip(usable[i].tolist(), free[i].tolist(), mem_free[i].tolist(), mem_cap[i].tolist()):
-                    if u:
-                        if f > best:
-                            best = f
-                        if f >= GPU_MILLI and m == c:
-                            n += 1
+                fr = [f if u else -1 for f, u in zip(free[i].tolist(), usable[i].tolist())]
+                best = max(fr)
                 room[i] = best
-                whole[i] = n
-            vers[stale] = state.version[stale]
+                # wholly free: all its milli and all its memory (read only where some usable GPU has all its milli)
+                whole[i] = 0 if best < GPU_MILLI else sum(
+                    1 for f, m, c in zip(fr, mem_free[i].tolist(), mem_cap[i].tolist()) if f >= GPU_MILLI and m == c)
+            np.copyto(vers, state.version)  # every node's version now (those not stale had it already)
         return room, whole
 
     def _fit_rows(self, state: ClusterState, r: PodRequest, mm: np.ndarray | None,

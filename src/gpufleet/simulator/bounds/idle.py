@@ -125,16 +125,18 @@ class IdleRecorder:
 
     def observe(self, state: ClusterState, req: PodRequest, node: int | None) -> None:
         """One arrival: ``node`` is the index it was placed on, or None when it was turned away."""
-        milli = req.total_gpu_milli
+        count = req.gpu_count
+        milli = count * req.gpu_milli  # req.total_gpu_milli
         self.arrived += milli
         self.arrivals += 1
-        if req.gpu_count:
-            self.shapes.add((req.cpu_milli, req.memory_mib, req.gpu_count, req.gpu_milli, req.gpu_models_allow))
+        if count:
+            self.shapes.add((req.cpu_milli, req.memory_mib, count, req.gpu_milli, req.gpu_models_allow))
         if node is not None:
             self.allocated += milli
-            gpus = state.nodes[node].gpus
-            if gpus:
-                self.used_by[gpus[0].model][1 if req.gpu_models_allow else 0] += milli
+            if milli:  # a node with no GPU holds no GPU milli: nothing to add to its model's row
+                gpus = state.nodes[node].gpus
+                if gpus:
+                    self.used_by[gpus[0].model][1 if req.gpu_models_allow else 0] += milli
         else:
             if not req.gpu_count:
                 self.cpu_only_failed += 1
