@@ -76,6 +76,31 @@ def test_a_queue_made_like_another_copies_its_groups():
         PendingGroups(reqs[:2], {}, like=first)
 
 
+def test_head_keys_follow_the_groups():
+    """``head_key[gid]`` (what a retry pass orders its groups by) is always the sort key of the group's first pod, or
+    None for a group with nobody waiting: through adds, removals and placements (a replay's queue, its pods known up
+    front), and through pods that come and go (the live queue's, registered one by one)."""
+    rng = np.random.default_rng(5)
+    reqs = [req(f"p{k}", gpu_milli=int(rng.choice([250, 1000])), priority=int(rng.choice([0, 5]))) for k in range(30)]
+    for w in (PendingGroups(list(reqs), {}), PendingGroups([], {}, group_by=lambda r: (r.gpu_milli, r.priority))):
+        live = not w.reqs
+        for step in range(600):
+            what = rng.random()
+            if live and what < 0.3:
+                w.add(w.register(req(f"l{step}", gpu_milli=int(rng.choice([100, 250, 1000])))), float(step % 40))
+            elif live and what < 0.45 and len(w):
+                w.unregister(list(w.queued)[int(rng.integers(len(w)))])
+            elif not live and what < 0.45:
+                w.add(int(rng.integers(len(w.reqs))), float(rng.integers(0, 50)))
+            elif len(w):
+                w.placed(list(w.queued)[int(rng.integers(len(w)))])
+            for gid, g in enumerate(w.group_list):
+                lst = w.groups.get(g)
+                assert w.head_key[gid] == (lst[0][0] if lst else None), step
+            assert len(w.head_key) == len(w.count)
+        assert len(w.group_list) > 2
+
+
 def test_priority_splits_groups():
     w = PendingGroups([req("low"), req("high", priority=100)], {})
     assert w.group_of[0] != w.group_of[1]

@@ -115,6 +115,7 @@ class PendingGroups:
             self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (need[:, k].copy() for k in range(4))
             self.priority = np.array([first[g].priority for g in self.group_list], dtype=np.int64)  # [group id]
         self.count = np.zeros(len(self.group_list), dtype=np.int64)  # [group id]: pods waiting in it
+        self.head_key: list[tuple | None] = [None] * len(self.group_list)  # [group id]: its first pod's sort key
         self.priorities = sorted(set(self.priority.tolist()))
         self.freed: set[int] = set()  # nodes that gained room since the last pass
         self.kept_out: set[Hashable] = set()  # groups last kept out by a cluster-wide count: tried at every pass
@@ -180,6 +181,7 @@ class PendingGroups:
                 self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (
                     np.concatenate([a, np.zeros(grow, dtype=np.int64)]) for a in (
                         self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli))
+                self.head_key.extend([None] * grow)
         self.group_ids[g] = gid
         self._rank = None
         self.cpu_milli[gid], self.memory_mib[gid], self.gpu_count[gid], self.gpu_milli[gid] = need
@@ -199,8 +201,11 @@ class PendingGroups:
         if i not in self.queued:
             r, g = self.reqs[i], self.group_of[i]
             q = self.queued[i] = QueuedPod(r.key, r.priority, first_seen_s, r)
-            bisect.insort(self.groups.setdefault(g, []), (sort_key(q)[1:], i))
-            self.count[self.group_ids[g]] += 1
+            lst = self.groups.setdefault(g, [])
+            bisect.insort(lst, (sort_key(q)[1:], i))
+            gid = self.group_ids[g]
+            self.count[gid] += 1
+            self.head_key[gid] = lst[0][0]
 
     def remove(self, i: int) -> None:
         q = self.queued.pop(i, None)
@@ -208,9 +213,13 @@ class PendingGroups:
             group = self.group_of[i]
             g = self.groups[group]
             g.remove((sort_key(q)[1:], i))
-            self.count[self.group_ids[group]] -= 1
-            if not g:
+            gid = self.group_ids[group]
+            self.count[gid] -= 1
+            if g:
+                self.head_key[gid] = g[0][0]
+            else:
                 del self.groups[group]
+                self.head_key[gid] = None
 
     def head(self, group: Hashable) -> int | None:
         g = self.groups.get(group)
@@ -320,21 +329,22 @@ class PendingGroups:
                     ok[gid] = True
                     fresh.add(g)
         nominated, groups, group_ids, group_list, reqs = self.nominated, self.groups, self.group_ids, self.group_list, self.reqs
-        # (nominated last?, head's sort key, group id, group) per group: the order of sort_key(head, nominated) (a
-        # head's sort key names the pod, so two never tie); nobody nominated: the first part is True for every head
+        # (nominated last?, head's sort key, group id) per group: the order of sort_key(head, nominated) (a head's
+        # sort key names the pod, so two never tie); nobody nominated: the first part is True for every head
         queued = ok & (self.count > 0)  # [group id]: in ``heads`` (a group is there at most once)
         due = queued.nonzero()[0].tolist()
+        head_key = self.head_key
         if nominated:
-            heads = [(reqs[lst[0][1]].key not in nominated, lst[0][0], gid, g) for gid in due
-                     if (lst := groups.get(g := group_list[gid]))]
+            heads = [(reqs[lst[0][1]].key not in nominated, lst[0][0], gid) for gid in due
+                     if (lst := groups.get(group_list[gid]))]
         else:
-            heads = [(True, lst[0][0], gid, g) for gid in due if (lst := groups.get(g := group_list[gid]))]
+            heads = [(True, k, gid) for gid in due if (k := head_key[gid]) is not None]
         if not heads:
             return
         heapq.heapify(heads)
         if len(heads) < len(due):  # a group counted but gone (never, while counts follow the lists)
             queued[:] = False
-            for _f, _k, gid, _g in heads:
+            for _f, _k, gid in heads:
                 queued[gid] = True
         # [group id]: kept out by a count, or back in the queue (tried whatever the room; a group's own try is the
         # only thing in a pass that changes its ``kept_out``)
@@ -354,7 +364,8 @@ class PendingGroups:
         room_set = set(room)
         waits: dict[int, bool] = {}  # priority -> a pod of it with no nomination would only wait; valid until a try
         while heads:
-            _f, _k, gid, group = heapq.heappop(heads)
+            gid = heapq.heappop(heads)[2]
+            group = group_list[gid]
             queued[gid] = False
             n_either -= either[gid]
             if not (members := groups.get(group)):
@@ -391,7 +402,7 @@ class PendingGroups:
                     room = sorted(set(room) | self.freed)
                     room_set = set(room)
                 if members := groups.get(group):
-                    heapq.heappush(heads, (reqs[members[0][1]].key not in nominated, members[0][0], gid, group))
+                    heapq.heappush(heads, (reqs[members[0][1]].key not in nominated, members[0][0], gid))
                     queued[gid] = True
                     n_either += either[gid]
             if stale and heads:
