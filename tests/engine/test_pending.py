@@ -76,8 +76,8 @@ def test_a_queue_made_like_another_copies_its_groups():
         PendingGroups(reqs[:2], {}, like=first)
 
 
-def test_head_keys_follow_the_groups():
-    """``head_key[gid]`` (what a retry pass orders its groups by) is always the sort key of the group's first pod, or
+def test_each_groups_front_follows_its_list():
+    """``front[gid]`` (what a retry pass orders its groups by) is always the group's first (sort key, index), or
     None for a group with nobody waiting: through adds, removals and placements (a replay's queue, its pods known up
     front), and through pods that come and go (the live queue's, registered one by one)."""
     rng = np.random.default_rng(5)
@@ -96,8 +96,8 @@ def test_head_keys_follow_the_groups():
                 w.placed(list(w.queued)[int(rng.integers(len(w)))])
             for gid, g in enumerate(w.group_list):
                 lst = w.groups.get(g)
-                assert w.head_key[gid] == (lst[0][0] if lst else None), step
-            assert len(w.head_key) == len(w.count)
+                assert w.front[gid] == (lst[0] if lst else None), step
+            assert len(w.front) == len(w.count)
         assert len(w.group_list) > 2
 
 

@@ -115,7 +115,7 @@ class PendingGroups:
             self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (need[:, k].copy() for k in range(4))
             self.priority = np.array([first[g].priority for g in self.group_list], dtype=np.int64)  # [group id]
         self.count = np.zeros(len(self.group_list), dtype=np.int64)  # [group id]: pods waiting in it
-        self.head_key: list[tuple | None] = [None] * len(self.group_list)  # [group id]: its first pod's sort key
+        self.front: list[tuple | None] = [None] * len(self.group_list)  # [group id]: its list's first (sort key, index)
         self.priorities = sorted(set(self.priority.tolist()))
         self.freed: set[int] = set()  # nodes that gained room since the last pass
         self.kept_out: set[Hashable] = set()  # groups last kept out by a cluster-wide count: tried at every pass
@@ -181,7 +181,7 @@ class PendingGroups:
                 self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli = (
                     np.concatenate([a, np.zeros(grow, dtype=np.int64)]) for a in (
                         self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli))
-                self.head_key.extend([None] * grow)
+                self.front.extend([None] * grow)
         self.group_ids[g] = gid
         self._rank = None
         self.cpu_milli[gid], self.memory_mib[gid], self.gpu_count[gid], self.gpu_milli[gid] = need
@@ -205,7 +205,7 @@ class PendingGroups:
             bisect.insort(lst, (sort_key(q)[1:], i))
             gid = self.group_ids[g]
             self.count[gid] += 1
-            self.head_key[gid] = lst[0][0]
+            self.front[gid] = lst[0]
 
     def remove(self, i: int) -> None:
         q = self.queued.pop(i, None)
@@ -216,10 +216,10 @@ class PendingGroups:
             gid = self.group_ids[group]
             self.count[gid] -= 1
             if g:
-                self.head_key[gid] = g[0][0]
+                self.front[gid] = g[0]
             else:
                 del self.groups[group]
-                self.head_key[gid] = None
+                self.front[gid] = None
 
     def head(self, group: Hashable) -> int | None:
         g = self.groups.get(group)
@@ -333,12 +333,11 @@ class PendingGroups:
         # sort key names the pod, so two never tie); nobody nominated: the first part is True for every head
         queued = ok & (self.count > 0)  # [group id]: in ``heads`` (a group is there at most once)
         due = queued.nonzero()[0].tolist()
-        head_key = self.head_key
+        front = self.front  # (a group's first entry orders as its sort key: two never tie)
         if nominated:
-            heads = [(reqs[lst[0][1]].key not in nominated, lst[0][0], gid) for gid in due
-                     if (lst := groups.get(group_list[gid]))]
+            heads = [(reqs[e[1]].key not in nominated, e, gid) for gid in due if (e := front[gid]) is not None]
         else:
-            heads = [(True, k, gid) for gid in due if (k := head_key[gid]) is not None]
+            heads = [(True, e, gid) for gid in due if (e := front[gid]) is not None]
         if not heads:
             return
         heapq.heapify(heads)
@@ -363,14 +362,14 @@ class PendingGroups:
         # other try it is recomputed as a whole
         room_set = set(room)
         waits: dict[int, bool] = {}  # priority -> a pod of it with no nomination would only wait; valid until a try
+        kept_out = self.kept_out
         while heads:
             gid = heapq.heappop(heads)[2]
-            group = group_list[gid]
             queued[gid] = False
             n_either -= either[gid]
-            if not (members := groups.get(group)):
+            if (head := front[gid]) is None:
                 continue
-            i = members[0][1]
+            i = head[1]
             if fit[gid]:
                 fits: bool | None = True
             elif either[gid]:
@@ -387,7 +386,11 @@ class PendingGroups:
             held = bool(rnd.gangs.held)
             a = attempt(i, fits, True)
             waits.clear()
-            either[gid] = group in self.kept_out or group in fresh
+            if kept_out or fresh:
+                group = group_list[gid]
+                either[gid] = group in kept_out or group in fresh
+            else:
+                either[gid] = False
             asg = a.decision.assignment
             if held or a.made_room:
                 stale = True
@@ -401,8 +404,8 @@ class PendingGroups:
                 if a.made_room:  # victims left (or held room was taken): their nodes count as gained room
                     room = sorted(set(room) | self.freed)
                     room_set = set(room)
-                if members := groups.get(group):
-                    heapq.heappush(heads, (reqs[members[0][1]].key not in nominated, members[0][0], gid))
+                if (head := front[gid]) is not None:
+                    heapq.heappush(heads, (reqs[head[1]].key not in nominated, head, gid))
                     queued[gid] = True
                     n_either += either[gid]
             if stale and heads:
