@@ -104,6 +104,15 @@ def test_a_sweep_prepares_what_its_runs_share(tiny):
         run_replay(nodes, pods, "bestfit", load=0.5, copies=3).to_json() | {"wall_s": 0}
 
 
+def test_a_replay_refuses_pods_of_one_name(tiny):
+    """Names key the pods (their decision groups, counted once per workload, say so): a trace naming two pods alike
+    is refused, as the trace's error."""
+    nodes, pods = _load(tiny)
+    twice = [*pods[:5], pods[0]]
+    with pytest.raises(trace.TraceError, match="unique"):
+        run_replay(nodes, twice, "bestfit")
+
+
 def test_delay_rises_with_load_and_window_excludes_warmup(tiny):
     nodes, pods = _load(tiny)
     runs = [run_replay(nodes, pods, "bestfit", load=x, copies=3) for x in (0.4, 1.3)]

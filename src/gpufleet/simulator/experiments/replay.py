@@ -132,13 +132,16 @@ def run_replay(
         prof = replace(prof, filters=[*prof.filters, limits], reserves=[*prof.reserves, limits])
     sched = Scheduler(prof, state, seed=seed)
     prime_policy(sched, list(reqs))
-    if len({r.key for r in reqs}) != len(reqs):
+    # with no queues the pods are the workload's own: their decision groups (made once per process) count the names
+    if len(_groups_of(wl.requests).by_key if tree is None else {r.key for r in reqs}) != len(reqs):
         raise TraceError(trace_name or "trace", 0, "name", "pod names must be unique")
 
     run = ReplayRun(policy=policy, seed=seed, trace=trace_name, load=load, arrival_scale=round(scale, 6),
                     offered_load=round(wl.offered_load(ref, warmup), 4), copies=wl.copies, what_if=what_if, nodes=len(nodes), gpus=cap_gpus,
                     warmup=warmup)
-    tw = TargetWorkload.from_requests(reqs) if frag and cap_gpus else None
+    # (the pods' shapes, the same for every run of this workload: queues and namespaces are not part of a shape)
+    tw = cast(TargetWorkload, memo((wl.requests,), ("target",), lambda: TargetWorkload.from_requests(wl.requests))) \
+        if frag and cap_gpus else None
     rp = _Replay(wl, reqs, sched, tree, limits, run, tw, preemption, progress)
     run.busy_window_h = [round((rp.w_start - rp.t_first) / 3600, 4), round((rp.w_end - rp.t_first) / 3600, 4)]
     rp.run()
