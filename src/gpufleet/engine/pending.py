@@ -470,6 +470,7 @@ class PendingGroups:
 
 _NO_GPUS = np.zeros(1, dtype=np.int64)  # ``with_room``'s sorted free milli on a cluster without GPUs
 _any = np.logical_or.reduce  # ``a.any()`` of a 1-d bool array, without the method's wrapper
+_count = np.add.reduce  # ``a.sum(axis=...)`` of a bool array (counts), without the method's wrapper
 
 
 def room_mask(state: ClusterState, need: tuple[int, int, int, int], rows: np.ndarray | None = None) -> np.ndarray:
@@ -478,11 +479,11 @@ def room_mask(state: ClusterState, need: tuple[int, int, int, int], rows: np.nda
     if rows is None:
         ok = (state.cpu_free >= c) & (state.mem_free >= m)
         if gc:
-            ok &= (state.gpu_free_milli >= gm).sum(axis=1) >= gc
+            ok &= _count(state.gpu_free_milli >= gm, axis=1) >= gc
         return ok
     ok = (state.cpu_free[rows] >= c) & (state.mem_free[rows] >= m)
     if gc:
-        ok &= (state.gpu_free_milli[rows] >= gm).sum(axis=1) >= gc
+        ok &= _count(state.gpu_free_milli[rows] >= gm, axis=1) >= gc
     return ok
 
 
