@@ -113,6 +113,24 @@ def test_a_replay_refuses_pods_of_one_name(tiny):
         run_replay(nodes, twice, "bestfit")
 
 
+def test_fragment_samples_are_all_nodes_worked_out_at_once(tiny, monkeypatch):
+    """A sample works out again only the nodes whose version moved since the last one; the curve is, to the bit,
+    the one that works out every node at every sample."""
+    from gpufleet.policies.paper.workload import frag_amount, node_view
+    from gpufleet.simulator.experiments import replay_metrics
+
+    nodes, pods = _load(tiny)
+    kept = run_replay(nodes, pods, "fgd", load=1.2, copies=2)
+
+    def every_node(rp):
+        return frag_amount(*node_view(rp.state, rp.all_nodes), rp.tw, rp.acc)
+
+    monkeypatch.setattr(replay_metrics, "fragment_by_node", every_node)
+    full = run_replay(nodes, pods, "fgd", load=1.2, copies=2)
+    assert kept.frag_pct == full.frag_pct and len(set(kept.frag_pct)) > 10
+    assert kept.mean_frag_pct == full.mean_frag_pct
+
+
 def test_delay_rises_with_load_and_window_excludes_warmup(tiny):
     nodes, pods = _load(tiny)
     runs = [run_replay(nodes, pods, "bestfit", load=x, copies=3) for x in (0.4, 1.3)]

@@ -213,6 +213,7 @@ class _Replay:
         self.result, self.tw, self.preemption, self.progress = run, tw, preemption, progress
         self.acc = tw.access(self.state.model_names) if tw is not None else None
         self.all_nodes = np.arange(len(self.state))  # the fragmentation sample's rows
+        self.frag_kept: tuple[int, np.ndarray, np.ndarray] | None = None  # (epoch, [node] fragment, [node] version)
         self.capacity = max(self.state.total_gpu_milli(), 1)
         like = _groups_of(wl.requests) if tree is None else None  # with no queues, ``reqs`` are the workload's
         self.pending = PendingGroups(reqs, requeue_hints(sched.profile), like=like)  # waiting pods, what changed, the retries

@@ -96,8 +96,7 @@ def sample(rp: _Replay, t: float) -> None:
     run.gpu_alloc_pct.append(round(rp.used_milli / rp.capacity * 100.0, 3))
     run.pending_pods.append(len(rp.pending))
     if rp.tw is not None:
-        cpu, left, model = node_view(rp.state, rp.all_nodes)
-        run.frag_pct.append(round(float(frag_amount(cpu, left, model, rp.tw, rp.acc).sum()) / rp.capacity * 100.0, 3))  # type: ignore[arg-type]
+        run.frag_pct.append(round(float(fragment_by_node(rp).sum()) / rp.capacity * 100.0, 3))
     if tree is not None:
         use = tree.usage()
         for q in rp.team_names:
@@ -105,6 +104,26 @@ def sample(rp: _Replay, t: float) -> None:
             rp.team_share[q].append(round(100.0 * g / rp.capacity, 3))
             nom = tree.nominal(q, "gpu_milli")
             rp.team_borrow[q].append(round(100.0 * max(0, g - nom) / rp.capacity, 3) if nom is not None else 0.0)
+
+
+def fragment_by_node(rp: _Replay) -> np.ndarray:
+    """[node]: ``frag_amount`` of each node now.  Each node's amount is kept with the ``version`` (and the state's
+    ``epoch``) it was worked out at, and only the nodes that changed since are worked out again: ``frag_amount``
+    scores a node alike in any batch (row by row), so the amounts, and their sum, are those of all nodes at once."""
+    st, tw = rp.state, rp.tw
+    assert tw is not None and rp.acc is not None
+    kept = rp.frag_kept
+    if kept is None or kept[0] != st.epoch:
+        per = frag_amount(*node_view(st, rp.all_nodes), tw, rp.acc)
+        if len(rp.all_nodes) == len(st):  # (the same nodes: what a version says holds for them)
+            rp.frag_kept = (st.epoch, per, st.version.copy())
+        return per
+    _, per, versions = kept
+    changed = (st.version != versions).nonzero()[0]
+    if changed.size:
+        per[changed] = frag_amount(*node_view(st, changed), tw, rp.acc)
+        versions[changed] = st.version[changed]
+    return per
 
 
 def summarize(rp: _Replay) -> None:
@@ -154,4 +173,4 @@ def summarize(rp: _Replay) -> None:
             run.teams["(no queue)"] = {"delay_s": stats(unq)}
 
 
-__all__ = ["BOUNDED_SLOWDOWN_TAU_S", "ReplayRun", "SAMPLES", "pinned_class", "request_class", "sample", "stats", "summarize"]
+__all__ = ["BOUNDED_SLOWDOWN_TAU_S", "ReplayRun", "SAMPLES", "fragment_by_node", "pinned_class", "request_class", "sample", "stats", "summarize"]
