@@ -85,10 +85,16 @@ class BoundResult:
 
 def arrived_pods(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int, tune: float) -> tuple[list[TracePod], int]:
     """The pods that have arrived when the arrived GPU demand reaches the cluster's capacity."""
+    from ..experiments.packing import memo
+
     capacity = sum(len(n.gpus) for n in nodes) * GPU_MILLI
     arrived: list[TracePod] = []
     demand = 0
-    for p, _name in workload_order(pods, capacity, tune, seed):
+    # the order a packing run of this trace and seed in this process computes too (the same memo key where its
+    # capacity, the usable GPUs', is this one)
+    order: list[tuple[TracePod, str]] = memo((pods,), ("order", capacity, tune, seed),  # type: ignore[assignment]
+                                             lambda: workload_order(pods, capacity, tune, seed))
+    for p, _name in order:
         demand += p.total_gpu_milli
         if demand > capacity:
             break

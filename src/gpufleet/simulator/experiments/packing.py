@@ -142,7 +142,9 @@ def _arrivals(pods: Sequence[TracePod], requests: list[PodRequest], order: list[
     by_pod = {id(p): r for p, r in zip(pods, requests)}
     out = []
     for tp, name in order:
-        r = _named(by_pod[id(tp)], name)
+        r = by_pod[id(tp)]
+        if name != r.name:  # a resampled pod: its row's request under a new name (the trace's own rows keep theirs)
+            r = _named(r, name)
         out.append((r, r.total_gpu_milli, bool(r.mig_profile)))
     return out
 
