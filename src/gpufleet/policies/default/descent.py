@@ -180,7 +180,9 @@ class DescentScore(FragDescent):
         if c is None or c[0] is not acc or c[1] is not tw:  # per GPU model, the shapes that ask GPUs and may use it
             c = self._shape_acc = (acc, tw, (tw.gpu_milli > 0) & acc)
         try:
-            sums = np.add.reduce(table.take(gpu, axis=0), axis=1)  # [S, 2T + 2]; IndexError: a GPU above GPU_MILLI
+            # [S, 2T + 2]; IndexError: a GPU above GPU_MILLI.  Taken GPU-major ([G, S, columns]) so the sum over GPUs
+            # adds whole [S, columns] slabs (whole numbers: the same sums in any order)
+            sums = np.add.reduce(table.take(gpu.T, axis=0), axis=0)
         except IndexError:
             return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
         t = count.size
@@ -285,13 +287,21 @@ class DescentScore(FragDescent):
         milli = cycle.request.gpu_milli
         left = view[1]
         patterns = self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight
-        if left.size and 0 <= np.minimum.reduce(left, axis=None) and np.maximum.reduce(left, axis=None) <= GPU_MILLI:
+        if left.size and 0 <= np.minimum.reduce(left, axis=None):
             term, fit = self._share_tables(milli, patterns)  # per free milli: the same values as computed per GPU
-            if term is not None:
-                out = out + term[left]
-            if fit is not None:
-                out = out - fit[left]
-            return out
+            try:  # ``out`` is this call's own array: added to in place; IndexError: a GPU above GPU_MILLI
+                if term is not None:
+                    add = term.take(left)
+                if fit is not None:
+                    sub = fit.take(left)
+            except IndexError:
+                pass
+            else:
+                if term is not None:
+                    out += add
+                if fit is not None:
+                    out -= sub
+                return out
         if patterns:
             term = self.patterns.term(self.model.version, self.model.share_sizes, milli, left)
             if term is not None:
