@@ -464,10 +464,11 @@ class Scheduler:
     def decide(self, cycle: Cycle, explain: bool = False) -> Decision:
         """Prefilter, filter, score, pick a node and its GPUs.  Changes nothing."""
         r = cycle.request
-        st = self._pre_filter(cycle)
-        if not st.ok:
-            cycle.status = st
-            return Decision(r.key, st)
+        if self.profile.pre_filters:
+            st = self._pre_filter(cycle)
+            if not st.ok:
+                cycle.status = st
+                return Decision(r.key, st)
         for o in self._observers:
             o.observe_pod(cycle)
         feasible = self._filter(cycle, explain)

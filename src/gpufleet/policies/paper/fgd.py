@@ -199,6 +199,7 @@ class FragDescent:
     learner: OnlineWorkload
     _gsel: OrderedDict  # see _gpu_cache
     _memo: list | None = None  # see _remembered
+    _ck: tuple | None = None  # (the last cycle cache_key saw, its pod's _shape_key): see _cycle_key
 
     def observe_pod(self, cycle: Cycle) -> None:
         self.learner.observe_pod(cycle)
@@ -213,9 +214,16 @@ class FragDescent:
         shape = shape_of(r)
         return (shape, r.gpu_memory_mib, r.gpu_models_deny) if r.gpu_memory_mib or r.gpu_models_deny else shape
 
+    def _cycle_key(self, cycle: Cycle) -> Hashable:
+        """``_shape_key`` of the cycle's pod as ``cache_key`` took it this cycle (after learning from the pod; the
+        per-GPU cache and the GPU selector ask again), else taken now."""
+        c = self._ck
+        return c[1] if c is not None and c[0] is cycle else self._shape_key(cycle.request)
+
     def cache_key(self, cycle: Cycle):
         self.observe_pod(cycle)
-        return (self._shape_key(cycle.request), self.learner.version)
+        self._ck = (cycle, self._shape_key(cycle.request))
+        return (self._ck[1], self.learner.version)
 
     def cache_version(self) -> int:
         """The learned workload's version, in every key above: the framework drops older versions' scores."""
@@ -228,7 +236,7 @@ class FragDescent:
         ``score`` fills it; ``select_gpus`` reads the chosen node's row instead of
         scoring that node a second time.
         """
-        key = (self._shape_key(cycle.request), self.learner.version, state.epoch)  # epochs are unique across states
+        key = (self._cycle_key(cycle), self.learner.version, state.epoch)  # epochs are unique across states
         cache = self._gsel
         ent = cache.get(key)
         if ent is None or ent[0].shape != state.gpu_free_milli.shape:

@@ -108,9 +108,9 @@ class OnlineWorkload:
 
     def observe_pod(self, cycle: Cycle) -> None:
         """Learn from this cycle's pod once, and from each pod once however often it is retried."""
-        if not self.learn_online or cycle.read(self._observed):
+        if not self.learn_online or cycle.data.get(self._observed):  # cycle.read / write, without the method calls
             return
-        cycle.write(self._observed, True)
+        cycle.data[self._observed] = True
         key = cycle.request.uid or cycle.request.key  # a pod recreated under the same name is a new pod
         if key:
             if key in self._keys:
