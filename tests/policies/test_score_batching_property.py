@@ -298,3 +298,32 @@ def test_memo_keys_of_one_or_two_nodes_are_the_rows_of_the_table(state, slots):
     for i in range(n):
         assert memo_keys(state, np.array([i])) == [table[i]]
     assert memo_keys(state, np.array([n - 1, 0])) == [table[n - 1], table[0]]
+
+
+@SETTINGS
+@given(data=st.data())
+def test_frag_amount_by_table_is_the_binned_one_bit_for_bit(data):
+    """frag_amount looks each GPU up in a per-workload table for up to TABLE_MAX_ROWS states: the binned path's bits,
+    for any number of states and GPUs; free milli outside 0..GPU_MILLI takes the binned path."""
+    from gpufleet.policies.paper import workload as wl
+
+    tw = plugin("fgd").workload
+    assert tw is not None
+    acc = tw.access(["A100", "T4"])
+    s = data.draw(st.integers(1, 90))
+    g = data.draw(st.sampled_from([1, 4, 8]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    left = rng.choice(np.array([0, 100, 250, 300, 500, 750, 1000]), size=(s, g)) if data.draw(st.booleans()) \
+        else rng.integers(0, GPU_MILLI + 1, size=(s, g))
+    odd = data.draw(st.sampled_from(["none", "negative", "above"]))
+    if odd != "none":
+        left[rng.integers(s), rng.integers(g)] = -40 if odd == "negative" else GPU_MILLI + 7
+    cpu = rng.integers(-1000, 70_000, size=s)
+    model = rng.integers(-1, 2, size=s)
+    saved = wl.DIRECT_MAX_ROWS, wl.TABLE_MAX_ROWS
+    wl.DIRECT_MAX_ROWS = wl.TABLE_MAX_ROWS = 0
+    try:
+        binned = wl.frag_amount(cpu, left, model, tw, acc)
+    finally:
+        wl.DIRECT_MAX_ROWS, wl.TABLE_MAX_ROWS = saved
+    assert wl.frag_amount(cpu, left, model, tw, acc).tobytes() == binned.tobytes()

@@ -197,9 +197,12 @@ def test_direct_frag_amount_is_the_binned_one_bit_for_bit(shapes, rows):
     left = np.array([r[1] for r in rows], dtype=np.int64)
     model = np.array([r[2] for r in rows])
     direct = wl._frag_amount_direct(cpus, left, model, tw, acc)
-    saved, wl.DIRECT_MAX_ROWS = wl.DIRECT_MAX_ROWS, 0
+    saved = wl.DIRECT_MAX_ROWS, wl.TABLE_MAX_ROWS
+    wl.DIRECT_MAX_ROWS = wl.TABLE_MAX_ROWS = 0
     try:
         binned = frag_amount(cpus, left, model, tw, acc)
     finally:
-        wl.DIRECT_MAX_ROWS = saved
+        wl.DIRECT_MAX_ROWS, wl.TABLE_MAX_ROWS = saved
     assert direct.tobytes() == binned.tobytes()
+    # and the per-free-milli table's path (frag_amount's own for these rows)
+    assert frag_amount(cpus, left, model, tw, acc).tobytes() == binned.tobytes()

@@ -126,15 +126,26 @@ def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, t
     count all idle GPU milli (classes XL/XR are not Q3).  ``cpu_left`` is [S],
     ``gpu_left`` [S, G], ``model`` [S]; returns [S].
 
-    Instead of comparing every GPU with every shape ([S, T, G]), each GPU is
-    binned once by how many of the shapes' distinct per-GPU sizes it can hold;
-    per-state bin counts and sums then answer "how many GPUs fit shape t" and
-    "how much idle milli is too small for it" for all shapes at once.
+    Instead of comparing every GPU with every shape ([S, T, G]), each GPU's free
+    milli picks a row of a per-workload table (``_gpu_table``), and the rows
+    summed per state answer "how many GPUs fit shape t" and "how much idle milli
+    is too small for it" for all shapes at once (two numpy calls for the GPUs,
+    whatever S).  Many states (the yardstick's thousands) are binned instead: each
+    GPU once by how many of the shapes' distinct per-GPU sizes it can hold, then
+    per-state bin counts and sums.  Every path gives the same bits.
     """
     if len(tw) == 0:
         return np.zeros(cpu_left.shape[0])
     S, G = gpu_left.shape
-    if S <= DIRECT_MAX_ROWS and gpu_left.dtype.kind in "iu":  # whole milli: exact sums in any order
+    whole = gpu_left.dtype.kind in "iu"  # whole milli: exact sums in any order
+    if whole and 0 < S <= TABLE_MAX_ROWS and G and np.minimum.reduce(gpu_left, axis=None) >= 0:
+        try:  # per GPU, a row of the table by its free milli; IndexError: a GPU above GPU_MILLI (then binned below)
+            sums = _sum(_gpu_table(tw).take(gpu_left.T, axis=0), axis=0)  # GPU-major: whole [S, columns] slabs added
+        except IndexError:
+            pass
+        else:
+            return _frag_from_sums(cpu_left, sums, model, tw, access)
+    if S <= DIRECT_MAX_ROWS and whole:
         return _frag_amount_direct(cpu_left, gpu_left, model, tw, access)
     # numpy's methods and ufuncs called directly (what np.searchsorted, np.repeat, np.cumsum and .sum call,
     # without their Python wrappers: the same results)
@@ -163,6 +174,35 @@ def _bins(tw: TargetWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         sizes, j = tw.size_index()
         c = tw.__dict__["_bins"] = (sizes, j, np.minimum(j + 1, sizes.size), tw.gpu_milli > 0)
     return c
+
+
+TABLE_MAX_ROWS = 2048  # node states up to which frag_amount looks each GPU up in _gpu_table (above: binning, less memory)
+
+
+def _gpu_table(tw: TargetWorkload) -> np.ndarray:
+    """Per free milli L in 0..GPU_MILLI: [L, per shape L if the shape's per-GPU milli fits in L else 0, per shape
+    whether it fits], once per workload.  Summed over a node's GPUs, the row gives its idle milli, per shape the idle
+    milli on GPUs that hold the shape's share and how many GPUs hold it: all ``frag_amount`` needs of the GPUs."""
+    c = tw.__dict__.get("_table")
+    if c is None:
+        every = np.arange(GPU_MILLI + 1, dtype=np.int64)[:, None]
+        fits = every >= tw.gpu_milli[None, :]
+        c = tw.__dict__["_table"] = np.concatenate([every, every * fits, fits], axis=1).astype(np.int64)
+    return c
+
+
+def _frag_from_sums(cpu_left: np.ndarray, sums: np.ndarray, model: np.ndarray, tw: TargetWorkload,
+                    access: np.ndarray) -> np.ndarray:
+    """``frag_amount`` from the per-state sums of ``_gpu_table`` rows ([S, 1 + 2T]): the direct form's whole numbers,
+    times the frequencies as float64 (numpy converts the integers first) and summed row by row: the same bits."""
+    c = tw.__dict__.get("_direct")
+    if c is None:
+        c = tw.__dict__["_direct"] = (tw.gpu_milli[None, :, None], tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
+    _, gpu_shape, count, cpu = c
+    t = count.size
+    total = sums[:, :1]
+    q3 = gpu_shape & access[model] & (sums[:, 1 + t :] >= count) & (cpu_left[:, None] >= cpu)
+    return _sum(np.where(q3, total - sums[:, 1 : 1 + t], total) * tw.freq, axis=1)
 
 
 DIRECT_MAX_ROWS = 4  # up to this many node states, comparing every GPU with every shape is cheaper than binning
