@@ -420,7 +420,7 @@ def bound_placing_first(nodes: Sequence[Node], arrived: Sequence[TracePod], plac
     placements that keep those pods, this says how few GPUs it could have left idle (the offline bound
     may leave out pods a scheduler had to take, CPU-only ones included, whose CPU then feeds GPU pods).  The
     LP relaxation of the program above with the CPU-only pods and nodes, plus ``sum_k x[s,k] >= placed(s)``:
-    about 0.2 s on the default trace.  None where the solver finds no solution (it always should:
+    0.04 to 0.09 s a run on the default trace (``_KeepFirst``).  None where the solver finds no solution (it always should:
     the run itself placed those pods)."""
     from ..experiments.packing import memo
 
