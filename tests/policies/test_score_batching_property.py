@@ -327,3 +327,25 @@ def test_frag_amount_by_table_is_the_binned_one_bit_for_bit(data):
     finally:
         wl.DIRECT_MAX_ROWS, wl.TABLE_MAX_ROWS = saved
     assert wl.frag_amount(cpu, left, model, tw, acc).tobytes() == binned.tobytes()
+
+
+@SETTINGS
+@given(state=cluster(), picks=st.lists(st.integers(0, DEDUPE_MIN_NODES - 1), min_size=1, max_size=4))
+def test_state_ids_of_a_few_nodes_by_scalars_are_the_array_ones(state, picks):
+    """state_ids(as_list=True) of up to IDS_PY_MAX nodes (Python scalars) numbers nodes as the array path does, before
+    and after a node changes; stale_nodes of a few nodes is the array path's selection."""
+    from gpufleet.policies.paper.fgd import IDS_PY_MAX, stale_nodes
+
+    nodes = np.array(picks, dtype=np.intp)
+    assert nodes.size <= IDS_PY_MAX
+    got = state_ids(state, nodes, as_list=True)
+    assert got == state_ids(state, nodes).tolist()
+    i = int(nodes[0])
+    if state.gpu_free_milli[i, 0] >= 100:  # change a picked node: it is numbered again, as its new state
+        state.reserve(Assignment(pod_key="changed", node=state.nodes[i].name, cpu_milli=1, memory_mib=1, gpu_indices=(0,),
+                                 gpu_milli=100, gpu_memory_mib=(0,)))
+    again = state_ids(state, nodes, as_list=True)
+    assert again == state_ids(state.copy(), np.arange(len(state)))[nodes].tolist()  # a copy: numbered from its columns
+    vers = state.version.copy()
+    vers[nodes[::2]] -= 1
+    np.testing.assert_array_equal(stale_nodes(vers, state.version, nodes), nodes[vers[nodes] != state.version[nodes]])

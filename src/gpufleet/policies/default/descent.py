@@ -33,7 +33,7 @@ from ...engine.framework import Cycle, GpuChoice
 from ...engine.model import GPU_MILLI, PodRequest
 from ...engine.state import ClusterState
 from ..paper._common import take_packed
-from ..paper.fgd import FragDescent
+from ..paper.fgd import IDS_PY_MAX, FragDescent
 from ..paper.workload import frag_amount, node_view
 from .patterns import SharePatterns, patterns_of
 from .reserves import WHOLE_KEPT
@@ -253,7 +253,11 @@ class DescentScore(FragDescent):
         use_q = a.strand_quantiles > 0 and a.quantile_tight <= tight < a.quantile_tight_max
         self._q_rhos = self._rho_quantiles(state) if use_q else None
         vals, vers = self._before_cache(state)
-        stale = (vers.take(nodes) != state.version.take(nodes)).nonzero()[0]  # .take: what [nodes] gives, faster
+        if nodes.size <= IDS_PY_MAX:  # a few nodes: Python scalars (numpy's per-call cost is most of the work)
+            version = state.version
+            stale = np.array([j for j, i in enumerate(nodes.tolist()) if vers[i] != version[i]], dtype=np.intp)
+        else:
+            stale = (vers.take(nodes) != state.version.take(nodes)).nonzero()[0]  # .take: what [nodes] gives, faster
         cpu, left, model = view if view is not None else node_view(state, nodes)
         k = stale.size
         idx = np.concatenate((stale, rows)) if k else rows

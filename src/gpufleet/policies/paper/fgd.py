@@ -10,7 +10,7 @@ import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields
-from typing import Hashable, Iterable
+from typing import Any, Hashable, Iterable
 
 import numpy as np
 
@@ -55,8 +55,12 @@ _IDS: OrderedDict[int, dict] = OrderedDict()  # epoch -> {"table": {state bytes:
 _ID_GEN = itertools.count(1)
 
 
-def state_ids(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
-    """Per node, a number for its state (``memo_keys``): equal numbers, equal states, within an epoch and ``id_generation``.
+IDS_PY_MAX = 4  # nodes up to which state_ids(as_list=True) reads and writes its columns by Python scalars
+
+
+def state_ids(state: ClusterState, nodes: np.ndarray, as_list: bool = False) -> Any:
+    """Per node, a number for its state (``memo_keys``): equal numbers, equal states, within an epoch and ``id_generation``
+    (an array; ``as_list``: a list of ints, what ``_remembered`` reads).
 
     Each node's number is kept with the node version it was taken at (per state object: copies share versions)
     and taken again only when the version moved, so a cycle numbers the one or two nodes that changed, not all.
@@ -78,12 +82,29 @@ def state_ids(state: ClusterState, nodes: np.ndarray) -> np.ndarray:
     if per is None or per[0].size != n:
         per = e[state.token] = (np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64))
     ids, vers = per
+    if as_list and nodes.size <= IDS_PY_MAX:  # a few nodes (a cycle's changed ones): Python scalars, no numpy calls
+        version = state.version
+        at = nodes.tolist()
+        stale_l = [i for i in at if vers[i] != version[i]]
+        if stale_l:
+            for i, k in zip(stale_l, memo_keys(state, np.array(stale_l, dtype=np.intp))):
+                ids[i] = table.setdefault(k, len(table))
+                vers[i] = version[i]
+        return [int(ids[i]) for i in at]
     stale = nodes[vers.take(nodes) != state.version.take(nodes)]  # .take: what [nodes] gives, faster
     if stale.size:
         for i, k in zip(stale.tolist(), memo_keys(state, stale)):
             ids[i] = table.setdefault(k, len(table))
         vers[stale] = state.version.take(stale)
-    return ids.take(nodes)
+    return ids.take(nodes).tolist() if as_list else ids.take(nodes)
+
+
+def stale_nodes(vers: np.ndarray, version: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """``nodes[vers[nodes] != version[nodes]]``, in order: for a few nodes by Python scalars (numpy's per-call cost
+    is most of the work on a cycle's one or two changed nodes)."""
+    if nodes.size <= IDS_PY_MAX:
+        return np.array([i for i in nodes.tolist() if vers[i] != version[i]], dtype=nodes.dtype)
+    return nodes[vers.take(nodes) != version.take(nodes)]  # .take: what [nodes] gives, faster
 
 
 def id_generation(state: ClusterState) -> int:
@@ -256,7 +277,7 @@ class FragDescent:
         (stale is then ``nodes``, in order): (the rows just made for them, the rows of their distinct states,
         each node's index into those or None where not grouped)), else None."""
         rows, vers, made = self._gpu_cache(cycle, state)
-        stale = nodes if made else nodes[vers.take(nodes) != state.version.take(nodes)]
+        stale = nodes if made else stale_nodes(vers, state.version, nodes)
         if not stale.size:
             return rows, None
         inv = None
@@ -299,7 +320,7 @@ class FragDescent:
         """
         if nodes.size == 0:
             return self._gpu_scores(cycle, state, nodes) if what == "gpu" else self._node_scores(cycle, state, nodes)
-        ids = state_ids(state, nodes).tolist()
+        ids = state_ids(state, nodes, as_list=True)
         version = (self.learner.version, state.epoch, _IDS[state.epoch]["gen"], len(state.model_names), state.slots_limited)  # state_ids just numbered this epoch (id_generation)
         m = self._memo
         if m is None or m[0] != version or m[2] > MEMO_MAX_STATES:
