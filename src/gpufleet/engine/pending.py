@@ -259,19 +259,24 @@ class PendingGroups:
         rank, need = self._gpu_rank(width)
         ok = None
         for d in nodes:
-            free = np.sort(state.gpu_free_milli[d])[::-1] if width else _NO_GPUS
+            if width:
+                free = state.gpu_free_milli[d].copy()
+                free.sort()  # (freest last: ``rank`` counts from the end)
+            else:
+                free = _NO_GPUS
             fit = (self.cpu_milli <= state.cpu_free[d]) & (self.memory_mib <= state.mem_free[d]) & (free[rank] >= need)
             ok = fit if ok is None else ok | fit
         return np.zeros(len(self.count), dtype=bool) if ok is None else ok
 
     def _gpu_rank(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """[group id]: which of a node's GPUs, freest first, must have ``need`` milli free for the group's GPUs to
-        fit (with no GPUs asked, the lowest ``need`` there is; with more than the node has, more than any has)."""
+        """[group id]: which of a node's GPUs, in ascending free milli, must have ``need`` milli free for the group's
+        GPUs to fit: the ``gpu_count``-th from the end (with no GPUs asked, the lowest ``need`` there is; with more
+        than the node has, more than any has)."""
         memo = self._rank
         if memo is None or memo[0] != width:
             gc = self.gpu_count
             need = np.where(gc == 0, np.iinfo(np.int64).min, np.where(gc > width, np.iinfo(np.int64).max, self.gpu_milli))
-            memo = self._rank = (width, np.clip(gc - 1, 0, max(width - 1, 0)), need)
+            memo = self._rank = (width, max(width - 1, 0) - np.clip(gc - 1, 0, max(width - 1, 0)), need)
         return memo[1], memo[2]
 
     def fits_on(self, gid: int, state: ClusterState, nodes: Sequence[int]) -> bool:
