@@ -1,5 +1,6 @@
 """Where one replay of the sweep spends its CPU time: the engine's cycles, the retry passes around them, the
-"could it fit" screen, and the rest (arrivals, departures, samples, set-up).
+"could it fit" screen, the samples over time, the engine's observe/forget, the set-up outside the event loop, and
+the rest (arrivals, departures, books).
 
 Why: the replay sweep of docs/replay.md (issue 39, deliverable 5) is twelve such replays; what is not the
 engine's cycles is the replay's own (``engine/pending.py``'s retry pass, ``simulator/experiments/replay.py``).
@@ -32,7 +33,10 @@ def main() -> int:
     ap.add_argument("policy")
     ap.add_argument("load", type=float_range(0.01, 10))
     args = ap.parse_args()
-    spent = {"schedule": 0.0, "retry": 0.0, "retry_tries": 0.0, "could_fit": 0.0}
+    from gpufleet.simulator.experiments import replay, replay_metrics
+
+    spent = {"schedule": 0.0, "retry": 0.0, "retry_tries": 0.0, "could_fit": 0.0, "samples": 0.0, "observe": 0.0,
+             "forget": 0.0, "loop": 0.0}
 
     def timed(owner: Any, name: str, part: str) -> None:
         inner = getattr(owner, name)
@@ -46,12 +50,23 @@ def main() -> int:
         setattr(owner, name, wrapper)
 
     timed(framework.Scheduler, "schedule", "schedule")
+    timed(framework.Scheduler, "observe", "observe")
+    timed(framework.Scheduler, "forget", "forget")
+    timed(replay._Replay, "run", "loop")
+    sample = replay_metrics.sample
+
+    def sample_timed(*a: Any) -> None:
+        t = time.process_time()
+        try:
+            sample(*a)
+        finally:
+            spent["samples"] += time.process_time() - t
+    replay_metrics.sample = sample_timed  # type: ignore[assignment]
+    replay.sample = sample_timed  # type: ignore[assignment]
     screen = getattr(pending, "FitScreen", None)  # older commits call pending.could_fit
     if screen is not None:
         timed(screen, "__call__", "could_fit")
     else:
-        from gpufleet.simulator.experiments import replay
-
         timed(replay, "could_fit", "could_fit")
     retry = pending.PendingGroups.retry
 
@@ -85,6 +100,9 @@ def main() -> int:
     print(f"FIGURE engine_cycles_cpu_s {spent['schedule']:.3f}")
     print(f"FIGURE retry_outside_cycles_cpu_s {spent['retry'] - spent['retry_tries']:.3f}")
     print(f"FIGURE could_fit_cpu_s {spent['could_fit']:.3f}")
+    print(f"FIGURE samples_cpu_s {spent['samples']:.3f}")  # the curves over time (fragmentation: frag_amount)
+    print(f"FIGURE observe_forget_cpu_s {spent['observe'] + spent['forget']:.3f}")  # the engine's, per arrival/departure
+    print(f"FIGURE setup_cpu_s {total - spent['loop']:.3f}")  # pacing, groups, profile, summary: the run outside its loop
     return 0
 
 
