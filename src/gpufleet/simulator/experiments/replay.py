@@ -224,9 +224,14 @@ class _Replay:
         self.t_first = float(arrival[self.measured].min()) if self.measured.any() else 0.0
         self.t_last = float(arrival[self.measured].max()) if self.measured.any() else 0.0
         self.w_start, self.w_end = wl.window(run.warmup)
-        # events: (time, kind, seq, pod index); kind 0 = departure before 1 = arrival at equal times
-        self.events = [(float(arrival[i]), 1, int(i), int(i)) for i in np.flatnonzero(self.measured)]
-        heapq.heapify(self.events)
+        # the arrivals, known up front: in the order of (time, pod index), kept out of the heap; the heap holds the
+        # events that come later (time, kind, seq, index): kind 0 departures, 2 and up a subclass's (never 1: an
+        # arrival goes after the departures and before the other events of its time, as kind 1 would)
+        at = np.flatnonzero(self.measured)
+        at = at[np.argsort(arrival[at], kind="stable")]  # time, then index (``at`` ascends)
+        self.arrival_times: list[float] = arrival[at].tolist()
+        self.arrival_order: list[int] = at.tolist()
+        self.events: list[tuple] = []
         self.seq = 0
         self.ends: dict[int, int] = {}  # pod -> seq of its live departure event (victims' old ones are stale)
         self.arrived_at: dict[int, float] = {}
@@ -448,8 +453,9 @@ class _Replay:
         sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
         si, last_t, ev = 0, t_first, self.events
         n_samples, w_start, w_end, reqs = len(sample_times), self.w_start, self.w_end, self.reqs
-        while ev:
-            now = ev[0][0]
+        at, order, na, ai = self.arrival_times, self.arrival_order, len(self.arrival_times), 0
+        while ev or ai < na:
+            now = ev[0][0] if ev and (ai == na or ev[0][0] < at[ai]) else at[ai]
             while si < n_samples and sample_times[si] <= now:
                 sample(self, sample_times[si])
                 si += 1
@@ -459,18 +465,22 @@ class _Replay:
             last_t = now
             left_any = False
             arrivals: list[int] = []
-            while ev and ev[0][0] == now:
-                _, kind, s, i = heapq.heappop(ev)
-                i = int(i)
-                if kind == 0:
-                    if self.ends.get(i) != s:
-                        continue  # a preempted pod's old departure
-                    self.release(i)
-                    left_any = True
-                elif kind == 1:
-                    arrivals.append(i)
+            while True:  # this time's events: departures, then arrivals, then the others (a heap's order)
+                if ev and ev[0][0] == now and (ev[0][1] == 0 or ai == na or at[ai] != now):
+                    _, kind, s, i = heapq.heappop(ev)
+                    i = int(i)
+                    if kind == 0:
+                        if self.ends.get(i) != s:
+                            continue  # a preempted pod's old departure
+                        self.release(i)
+                        left_any = True
+                    else:
+                        self.on_event(kind, i, now)  # other events a subclass scheduled (spot_replay: nodes)
+                elif ai < na and at[ai] == now:
+                    arrivals.append(order[ai])
+                    ai += 1
                 else:
-                    self.on_event(kind, i, now)  # other events a subclass scheduled (spot_replay: nodes)
+                    break
             if left_any:
                 self.retry(now)
             for i in arrivals:  # as the live loop: every pod that arrived is learned from before any is tried
