@@ -204,3 +204,19 @@ def test_cli_queues_experiment(tiny):
     assert r["experiment"] == "queues" and set(r["delay_s"]) == {"team-a", "team-b"}
     assert all(0 < j <= 1 for j in r["jain"])
     assert "Team queues" in rep.read_text()
+
+
+def test_memo_forgets_the_least_recently_used_entry(monkeypatch):
+    """packing.memo: an entry used again is kept over older ones (the shared requests over a run of seeds)."""
+    monkeypatch.setattr(packing, "_MEMO", {})
+    monkeypatch.setattr(packing, "_MEMO_MAX", 3)
+    made: list[str] = []
+    objs = (object(),)
+
+    def get(name: str) -> object:
+        return packing.memo(objs, (name,), lambda: made.append(name) or name)
+
+    for name in ("shared", "a", "shared", "b", "shared", "c", "shared"):
+        assert get(name) == name
+    assert made == ["shared", "a", "b", "c"]  # "shared" was made once; "a" went when "c" came
+    assert get("a") == "a" and made[-1] == "a"
