@@ -274,8 +274,9 @@ class FragDescent:
 
     def _shared_fresh(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, tuple | None]:
         """Bring the per-GPU cache up to date for ``nodes``: (the cache's rows, and where every node was stale
-        (stale is then ``nodes``, in order): (the rows just made for them, the rows of their distinct states,
-        each node's index into those or None where not grouped)), else None."""
+        (stale is then ``nodes``, in order): (the rows just made for them, or None where grouped, the rows of their
+        distinct states, each node's index into those or None where not grouped)), else None.  Where every node was
+        stale and grouped, the cache is left as it was (see below)."""
         rows, vers, made = self._gpu_cache(cycle, state)
         stale = nodes if made else stale_nodes(vers, state.version, nodes)
         if not stale.size:
@@ -284,6 +285,11 @@ class FragDescent:
         if stale.size >= DEDUPE_MIN_NODES:
             reps, inv = state_groups(state, stale)
             got = self._remembered("gpu", cycle, state, reps)
+            if stale.size == nodes.size:
+                # every node stale (a new key: every candidate): the caller reads the distinct states' rows by ``inv``,
+                # and the cache's rows stay stale rather than written for thousands of nodes of which the GPU selector
+                # reads one (that node's row comes from the memo then: the same row)
+                return rows, (None, got, inv)
             new = got.take(inv, axis=0)  # got[inv], a copy either way; take is 4x faster on [k, G]
             set_rows(rows, stale, new)
         else:
@@ -295,7 +301,10 @@ class FragDescent:
     def _shared_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """[k, G] per-GPU scores of ``nodes`` for a single shared GPU, through the per-GPU cache."""
         rows, fresh = self._shared_fresh(cycle, state, nodes)
-        return fresh[0] if fresh is not None else rows[nodes]
+        if fresh is None:
+            return rows[nodes]
+        new, got, inv = fresh
+        return new if new is not None else got.take(inv, axis=0)
 
     def _shared_best(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         """Each node's best GPU score for a single shared GPU: ``_shared_scores(...).max(axis=1)``, the same
