@@ -349,3 +349,16 @@ def test_state_ids_of_a_few_nodes_by_scalars_are_the_array_ones(state, picks):
     vers = state.version.copy()
     vers[nodes[::2]] -= 1
     np.testing.assert_array_equal(stale_nodes(vers, state.version, nodes), nodes[vers[nodes] != state.version[nodes]])
+
+
+@SETTINGS
+@given(state=cluster(), data=st.data())
+def test_state_groups_are_np_unique_of_the_state_ids(state, data):
+    """state_groups' table path gives np.unique's grouping of the nodes' state numbers: each distinct number's first
+    node, in ascending number order, and each node's index into those."""
+    n = len(state)
+    nodes = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1))), dtype=np.intp)
+    reps, inv = state_groups(state, nodes)
+    _, first, inverse = np.unique(state_ids(state, nodes), return_index=True, return_inverse=True)
+    np.testing.assert_array_equal(reps, nodes[first])
+    np.testing.assert_array_equal(inv, inverse.ravel())

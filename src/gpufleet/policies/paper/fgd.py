@@ -39,15 +39,20 @@ def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np
     and kept per node between cycles, so grouping costs O(nodes) integer work.
     """
     ids = state_ids(state, nodes)
-    m = int(ids.max()) + 1 if ids.size else 0
+    m = int(np.maximum.reduce(ids)) + 1 if ids.size else 0
     if m > 4 * ids.size:  # sparse ids: sorting is cheaper than tables of every id
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         return nodes[first], inverse.ravel()
     first = np.empty(m, dtype=np.int64)
     first.fill(-1)  # np.full, without its Python wrapper
-    first[ids[::-1]] = np.arange(ids.size - 1, -1, -1)  # a node of each id (any member stands for its group)
-    present = first >= 0
-    return nodes[first[present]], (present.cumsum() - 1)[ids]
+    # each id's first node (any member stands for its group); the reversed ids copied first: a scatter through the
+    # reversed view is twice as slow
+    first[ids[::-1].copy()] = np.arange(ids.size - 1, -1, -1)
+    present = (first >= 0).nonzero()[0]  # the ids present, ascending
+    rank = np.empty(m, dtype=np.intp)
+    rank[present] = np.arange(present.size)  # an id's group: its rank among those (what cumsum - 1 of the mask gives)
+    # .take instead of boolean masks and fancy indexing: the same arrays, 3-4x faster over thousands of nodes
+    return nodes.take(first.take(present)), rank.take(ids)
 
 
 IDS_MAX_STATES = 1_000_000  # distinct node states numbered per epoch before the numbering starts over
@@ -91,7 +96,7 @@ def state_ids(state: ClusterState, nodes: np.ndarray, as_list: bool = False) -> 
                 ids[i] = table.setdefault(k, len(table))
                 vers[i] = version[i]
         return [int(ids[i]) for i in at]
-    stale = nodes[vers.take(nodes) != state.version.take(nodes)]  # .take: what [nodes] gives, faster
+    stale = nodes.take((vers.take(nodes) != state.version.take(nodes)).nonzero()[0])  # what nodes[mask] gives, faster
     if stale.size:
         for i, k in zip(stale.tolist(), memo_keys(state, stale)):
             ids[i] = table.setdefault(k, len(table))
@@ -104,7 +109,7 @@ def stale_nodes(vers: np.ndarray, version: np.ndarray, nodes: np.ndarray) -> np.
     is most of the work on a cycle's one or two changed nodes)."""
     if nodes.size <= IDS_PY_MAX:
         return np.array([i for i in nodes.tolist() if vers[i] != version[i]], dtype=nodes.dtype)
-    return nodes[vers.take(nodes) != version.take(nodes)]  # .take: what [nodes] gives, faster
+    return nodes.take((vers.take(nodes) != version.take(nodes)).nonzero()[0])  # what nodes[mask] gives, faster
 
 
 def id_generation(state: ClusterState) -> int:
