@@ -10,11 +10,20 @@ engine also places *devices*:
 * a score plugin may declare a cache key (normally the pod's resource shape);
   its raw scores are then cached per node and recomputed only for nodes whose
   ``version`` changed since.  That is what keeps FGD near a millisecond.
+
+A filter plugin may also say, before it runs, that it has nothing to check for a pod (kube-scheduler's PreFilter
+returning Skip): ``skips(request, state)``, reading only the request fields it names in ``skip_fields``, the state's
+node metadata (which changes only with ``state.epoch``) and what its optional ``skip_stamp(state)`` returns.  The
+framework asks once per (epoch, stamps, those fields) and keeps the filters that remain (``_FilterSkips``): a trace
+pod (no selector, tolerations, terms...) then runs two filters instead of eleven.  A filter that skips would have
+returned ``passes_all``, which the framework ignores anyway, so decisions and diagnoses are the same either way
+(``Scheduler.skip_filters = False`` runs them all; tests/engine/test_filter_skip.py compares the two).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Hashable, Protocol, Sequence, TypeVar, runtime_checkable
 
@@ -147,9 +156,61 @@ class PreFilterPlugin(Protocol):
 
 @runtime_checkable
 class FilterPlugin(Protocol):
+    """``filter`` judges every node.  Optional, for a pod it never rejects (kube-scheduler's PreFilter Skip):
+    ``skip_fields: tuple[str, ...]`` (the PodRequest attributes ``skips`` reads) and
+    ``skips(request, state) -> bool``: True only if ``filter`` would return ``passes_all`` for this request on
+    any state of the same epoch (node metadata) and the same ``skip_stamp(state)`` (optional: live state it
+    reads, e.g. whether any placed pod carries anti-affinity); False is always safe."""
+
     name: str
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult: ...
+
+
+class _FilterSkips:
+    """A profile's filters less those that say they skip a pod, kept per (epoch, skip stamps, the request fields
+    the skipping plugins read): most pods share those fields (a trace pod's are all empty), so the plugins are
+    asked once per class of pods and epoch rather than their filters called on every cycle."""
+
+    __slots__ = ("filters", "size", "skippable", "sig", "stamps", "plans")
+
+    def __init__(self, filters: list[FilterPlugin]) -> None:
+        self.filters = filters
+        self.size = len(filters)
+        self.skippable = any(callable(getattr(p, "skips", None)) for p in filters)
+        fields = sorted({f for p in filters if callable(getattr(p, "skips", None)) for f in getattr(p, "skip_fields", ())})
+        self.sig: Callable[[PodRequest], Any] = attrgetter(*fields) if fields else _none
+        self.stamps: tuple[Callable[[ClusterState], Hashable], ...] = tuple(
+            s for p in filters if callable(getattr(p, "skips", None)) and (s := getattr(p, "skip_stamp", None)) is not None)
+        self.plans: dict[Hashable, Sequence[FilterPlugin]] = {}
+
+    def active(self, r: PodRequest, state: ClusterState) -> Sequence[FilterPlugin]:
+        """The filters to run for ``r`` on ``state``, in profile order."""
+        if not self.skippable:
+            return self.filters
+        stamps = self.stamps
+        key = (state.epoch, self.sig(r), stamps[0](state) if len(stamps) == 1 else tuple(s(state) for s in stamps))
+        try:
+            plan = self.plans.get(key)
+        except TypeError:  # a field that cannot be hashed: ask the plugins, keep nothing
+            return self._plan(r, state)
+        if plan is None:
+            if len(self.plans) > 256:
+                self.plans.clear()
+            plan = self.plans[key] = self._plan(r, state)
+        return plan
+
+    def _plan(self, r: PodRequest, state: ClusterState) -> Sequence[FilterPlugin]:
+        out = []
+        for p in self.filters:
+            skips = getattr(p, "skips", None)
+            if not (callable(skips) and skips(r, state)):
+                out.append(p)
+        return tuple(out)
+
+
+def _none(r: PodRequest) -> None:
+    return None
 
 
 @runtime_checkable
@@ -269,6 +330,9 @@ class Scheduler:
         # nodes whose room is kept for pods nominated there, counted during filtering (set by engine.round): the
         # nodes where the cycle's pod would leave a nominated pod of at least its priority no room, or None
         self.nominated: Callable[[Cycle, np.ndarray], np.ndarray | None] | None = None
+        # filters that say they have nothing to check for a pod are not run (False: run every filter, for tests)
+        self.skip_filters = True
+        self._skips: _FilterSkips | None = None
 
     # --- phases -------------------------------------------------------------------
     def _pre_filter(self, cycle: Cycle) -> Status:
@@ -290,7 +354,7 @@ class Scheduler:
             rejections.append((~cycle.only_nodes, 0, None))
             reasons.append("node(s) were not offered by kube-scheduler")
         st = self.state
-        for p in self.profile.filters:
+        for p in self._active_filters(cycle.request, st) if self.skip_filters else self.profile.filters:
             res = p.filter(cycle, st)
             if res.passes_all:
                 continue
@@ -320,6 +384,13 @@ class Scheduler:
         cycle.fail_reasons = reasons
         cycle.rejected_by = rejected
         return feasible
+
+    def _active_filters(self, r: PodRequest, st: ClusterState) -> Sequence[FilterPlugin]:
+        sk = self._skips
+        flt = self.profile.filters
+        if sk is None or sk.filters is not flt or sk.size != len(flt):  # the profile's list replaced or changed
+            sk = self._skips = _FilterSkips(flt)
+        return sk.active(r, st)
 
     def _score(self, cycle: Cycle, cand: np.ndarray) -> np.ndarray:
         """The weighted sum of the applying plugins' normalised scores of ``cand``, summed from 0.0 in profile order.

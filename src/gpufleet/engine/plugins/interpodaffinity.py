@@ -28,6 +28,7 @@ import numpy as np
 
 from ..constraints import PodTerms
 from ..framework import Cycle, FilterResult
+from ..model import PodRequest
 from ..podindex import domain_counts, per_node
 from ..state import ClusterState
 from ._common import minmax, passing
@@ -52,6 +53,17 @@ def _in_domain(state: ClusterState, key: str, counts: np.ndarray) -> np.ndarray:
 class InterPodAffinity:
     name: str = "InterPodAffinity"
     REASONS = (EXISTING_ANTI, AFFINITY, ANTI_AFFINITY)
+
+    skip_fields = ("terms",)
+
+    def skip_stamp(self, state: ClusterState) -> bool:
+        """Whether any placed pod carries required anti-affinity (which may keep this pod away: symmetry)."""
+        return bool(state.pod_index.anti)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """No required (anti-)affinity of its own, and none on placed pods."""
+        t = r.terms
+        return not state.pod_index.anti and (t is None or not (t.affinity or t.anti_affinity))
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         n = len(state)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..framework import Cycle, FilterResult
+from ..model import PodRequest
 from ..state import ClusterState
 from ._common import MetaCache, node_affinity_rows, passing, term_matches
 
@@ -21,6 +22,12 @@ class NodeAffinity:
     name: str = "NodeAffinity"
     requeue_on = "nodes"  # judges what only node changes change: a pod leaving never helps (schedqueue.may_fit_after)
     _c: MetaCache = field(default_factory=MetaCache)
+
+    skip_fields = ("node_selector", "required_terms")
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """No nodeSelector and no required node affinity: every node matches."""
+        return not r.node_selector and not r.required_terms
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request

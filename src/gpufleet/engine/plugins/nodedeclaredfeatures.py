@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..framework import Cycle, FilterResult
+from ..model import PodRequest
 from ..state import ClusterState
 from ._common import MetaCache, passing
 
@@ -23,6 +24,12 @@ NOT_DECLARED = "node(s) didn't match Pod's required features"
 class NodeDeclaredFeatures:
     name: str = "NodeDeclaredFeatures"
     _c: MetaCache = field(default_factory=MetaCache)
+
+    skip_fields = ("node_features",)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """The pod needs no declared feature."""
+        return not r.node_features
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         need = cycle.request.node_features

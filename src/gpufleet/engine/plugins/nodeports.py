@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..framework import Cycle, FilterResult
+from ..model import PodRequest
 from ..state import ClusterState
 from ._common import passing
 
@@ -17,6 +18,12 @@ NO_FREE_PORTS = "node(s) didn't have free ports for the requested pod ports"
 class NodePorts:
     name: str = "NodePorts"
     requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
+
+    skip_fields = ("terms",)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """The pod asks for no host port."""
+        return r.terms is None or not r.terms.host_ports
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         t = cycle.request.terms

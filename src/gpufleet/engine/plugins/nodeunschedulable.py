@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..framework import Cycle, FilterResult
-from ..model import Taint
+from ..model import PodRequest, Taint
 from ..state import ClusterState
 from ._common import MetaCache, passing
 
@@ -21,8 +21,17 @@ class NodeUnschedulable:
     requeue_on = "nodes"  # judges what only node changes change: a pod leaving never helps (schedqueue.may_fit_after)
     _c: MetaCache = field(default_factory=MetaCache)
 
+    skip_fields = ("tolerations",)
+
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
-        tols = cycle.request.tolerations
+        return self._cached(cycle.request, state)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """No node cordoned against this pod (the framework then does not run the filter)."""
+        return self._cached(r, state).passes_all
+
+    def _cached(self, r: PodRequest, state: ClusterState) -> FilterResult:
+        tols = r.tolerations
         tolerated = bool(tols) and any(t.tolerates(_UNSCHEDULABLE) for t in tols)
         # the verdict itself is kept per epoch (it reads node metadata only): no new result per cycle
         return self._c.get((tolerated, "result"), state, lambda: self._verdict(state, tolerated))

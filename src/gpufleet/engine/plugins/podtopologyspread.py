@@ -72,6 +72,12 @@ class PodTopologySpread:
         if self.defaultConstraints not in ("system", "none"):
             raise ConfigError(f"PodTopologySpread: defaultConstraints must be 'system' or 'none', got {self.defaultConstraints!r}")
 
+    skip_fields = ("terms",)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """No hard (DoNotSchedule) spread constraint (system defaults are soft: scores only)."""
+        return r.terms is None or not any(c.hard for c in r.terms.spread)
+
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         n = len(state)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..framework import Cycle, FilterResult
+from ..model import PodRequest
 from ..state import ClusterState
 from ._common import MetaCache, passing
 
@@ -19,9 +20,16 @@ class TaintToleration:
     requeue_on = "nodes"  # judges what only node changes change: a pod leaving never helps (schedqueue.may_fit_after)
     _c: MetaCache = field(default_factory=MetaCache)
 
-    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
-        tols = cycle.request.tolerations
+    skip_fields = ("tolerations",)
 
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """No node with a NoSchedule/NoExecute taint the pod does not tolerate (the filter's verdict, kept per epoch)."""
+        return self._verdict(r.tolerations, state).passes_all
+
+    def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
+        return self._verdict(cycle.request.tolerations, state)
+
+    def _verdict(self, tols: tuple, state: ClusterState) -> FilterResult:
         def build():
             ok = np.ones(len(state), dtype=bool)
             codes = np.zeros(len(state), dtype=np.int64)

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..constraints import ClaimInfo
 from ..framework import Cycle, FilterResult
+from ..model import PodRequest
 from ..state import ClusterState
 from ..volumes import VolumeCatalog, matches_node, provisionable_on
 from ._common import passing
@@ -40,6 +41,12 @@ NOT_INSTALLED = "{driver} CSI driver is not installed on the node"
 @dataclass
 class VolumeBinding:
     name: str = "VolumeBinding"
+
+    skip_fields = ("terms",)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """The pod uses no PersistentVolumeClaim."""
+        return r.terms is None or not r.terms.claims
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         t = cycle.request.terms
@@ -87,6 +94,12 @@ class VolumeBinding:
 class NodeVolumeLimits:
     name: str = "NodeVolumeLimits"
     requeue_on = "room"  # judges each node by itself: a pod leaving helps only where the pod then has room (schedqueue.may_fit_after)
+
+    skip_fields = ("terms",)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """The pod uses no PersistentVolumeClaim."""
+        return r.terms is None or not r.terms.claims
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         t = cycle.request.terms
