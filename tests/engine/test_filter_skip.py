@@ -6,6 +6,7 @@ in between:
 
 * every filter plugin whose ``skips`` says yes returns ``passes_all`` from ``filter`` (so the framework could not
   have missed a rejection);
+* a refused pod's reason counts, taken from the filters' rejections, are those of the per-node first failures;
 * two schedulers, one skipping and one running every filter, make the same decisions with the same statuses and
   diagnoses (reason counts, plugins, per-node reasons).
 """
@@ -17,7 +18,7 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufleet.engine.framework import Scheduler
+from gpufleet.engine.framework import Scheduler, feasible_reason_counts
 from gpufleet.engine.model import Taint
 from gpufleet.engine.podspec import parse_pod
 from gpufleet.engine.state import ClusterState
@@ -92,6 +93,18 @@ def _skips_imply_passes(s: Scheduler, r) -> None:
             assert p.filter(cycle, s.state).passes_all, (p.name, r)
 
 
+def _counts_without_first_fail(s: Scheduler, r) -> None:
+    """``diagnosis`` counts a refused pod's nodes from the filters' rejections; the per-node path gives the same."""
+    cycle = s.new_cycle(r)
+    d = s.decide(cycle)
+    if d.diagnosis is not None:
+        fast = s.diagnosis(cycle)
+        slow = s.diagnosis(cycle, by_node=True)
+        assert list(fast.counts.items()) == list(slow.counts.items()) == list(d.diagnosis.counts.items())
+        assert fast.counts == feasible_reason_counts(cycle)
+        assert fast.status() == slow.status()
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_skipping_filters_changes_no_decision(data):
@@ -120,6 +133,7 @@ def test_skipping_filters_changes_no_decision(data):
             continue
         r = data.draw(pods(i))
         _skips_imply_passes(on, r)
+        _counts_without_first_fail(on, r)
         _same(on.explain(r), off.explain(r))
         a, b = on.schedule(r), off.schedule(r)
         _same(a, b)

@@ -471,8 +471,28 @@ class Scheduler:
         return self._rank
 
     def diagnosis(self, cycle: Cycle, by_node: bool = False) -> Diagnosis:
-        first = cycle.first_fail
         d = Diagnosis(total_nodes=len(self.state), plugins=tuple(cycle.rejected_by))
+        rejections = cycle._rejections
+        if not by_node and rejections is not None and cycle._first_fail is None:
+            # the counts straight from the filters' rejections, without the per-node ``first_fail``: the nodes each
+            # rejection turned away are disjoint (only nodes still feasible are counted as newly rejected) and come in
+            # the order of their reasons, so these are the counts, and the order, that ``first_fail`` gives
+            reasons = cycle.fail_reasons
+            counts = d.counts
+            for newly, base, codes in rejections:
+                if callable(codes):
+                    codes = codes()
+                if codes is None:
+                    if c := int(np.count_nonzero(newly)):
+                        r = reasons[base]
+                        counts[r] = counts.get(r, 0) + c
+                else:
+                    cnt = np.bincount(codes[newly])
+                    for j in cnt.nonzero()[0].tolist():
+                        r = reasons[base + j]
+                        counts[r] = counts.get(r, 0) + int(cnt[j])
+            return d
+        first = cycle.first_fail
         if first is None:
             return d
         if cycle.fail_reasons:
