@@ -1,6 +1,6 @@
 """Filters that skip a pod (kube-scheduler's PreFilter Skip, ``framework._FilterSkips``) change nothing.
 
-Two checks on random clusters (labels, taints, cordoned nodes, GPUs) and random pods (selectors, tolerations,
+Two checks on random clusters (labels, taints, cordoned and spot nodes, GPUs) and random pods (selectors, tolerations,
 declared features, pod (anti-)affinity, spread, host ports, GPUs), with pods placed, removed and nodes changed
 in between:
 
@@ -27,6 +27,7 @@ from tests.engine.builders import HOST, ZONE, gpu_node, kpod, spread_c, term
 
 APPS = ("x", "y")
 TOL = {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+SPOT = "karpenter.sh/capacity-type"
 TOL_CORDON = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -39,6 +40,8 @@ def nodes(draw):
             labels[ZONE] = z
         if draw(st.booleans()):
             labels["tier"] = draw(st.sampled_from(["gold", "bronze"]))
+        if draw(st.integers(0, 3)) == 0:  # SpotCapacity has something to check
+            labels[SPOT] = "spot"
         taints = (Taint("dedicated", "gpu"),) if draw(st.integers(0, 3)) == 0 else ()
         out.append(gpu_node(f"n{i}", gpus=draw(st.integers(0, 2)), cpu_milli=draw(st.sampled_from([300, 2_000])),
                             labels=labels, taints=taints, unschedulable=draw(st.integers(0, 4)) == 0, max_pods=4))
@@ -70,6 +73,8 @@ def pods(draw, i):
     r = parse_pod(p)
     if draw(st.integers(0, 5)) == 0:
         r = dataclasses.replace(r, node_features=frozenset({"f"}))
+    if draw(st.integers(0, 2)) == 0:
+        r = dataclasses.replace(r, spot=draw(st.sampled_from(["never", "allow", "prefer"])))
     if draw(st.booleans()):  # a trace pod: no labels, no terms
         r = dataclasses.replace(r, terms=None, labels=())
     return r
@@ -123,7 +128,8 @@ def test_skipping_filters_changes_no_decision(data):
             continue
         if step == 1:  # node metadata changes: cordon or uncordon, taint or untaint (a new epoch)
             n = ns[data.draw(st.integers(0, len(ns) - 1))]
-            n2 = dataclasses.replace(n, unschedulable=not n.unschedulable,
+            labels = {k: v for k, v in n.labels.items() if k != SPOT} if SPOT in n.labels else {**n.labels, SPOT: "spot"}
+            n2 = dataclasses.replace(n, unschedulable=not n.unschedulable, labels=labels,
                                      taints=() if n.taints else (Taint("dedicated", "gpu"),))
             ns = [n2 if m.name == n.name else m for m in ns]
             for s in (on, off):

@@ -189,7 +189,7 @@ class _FilterSkips:
         if not self.skippable:
             return self.filters
         stamps = self.stamps
-        key = (state.epoch, self.sig(r), stamps[0](state) if len(stamps) == 1 else tuple(s(state) for s in stamps))
+        key = (state.epoch, self.sig(r), stamps[0](state) if len(stamps) == 1 else tuple([s(state) for s in stamps]))
         try:
             plan = self.plans.get(key)
         except TypeError:  # a field that cannot be hashed: ask the plugins, keep nothing

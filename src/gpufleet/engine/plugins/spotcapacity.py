@@ -79,6 +79,17 @@ class SpotCapacity:
         return self._gmap
 
     # --- filter -----------------------------------------------------------------------------------
+    skip_fields = ()  # not a field: no request field matters
+
+    def skip_stamp(self, state: ClusterState) -> int:
+        """The masks are the config's (kept per epoch under its id, as ``spot_mask``)."""
+        return id(self.config)
+
+    def skips(self, r: PodRequest, state: ClusterState) -> bool:
+        """No spot node and no interruption notice in the cluster: nothing to check for any pod."""
+        return not self._c.any(("spot", id(self.config)), state, self.spot_mask) and \
+            not self._c.any(("notice", id(self.config)), state, self.notice_mask)
+
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         any_spot = self._c.any(("spot", id(self.config)), state, self.spot_mask)
