@@ -8,18 +8,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.simulator.experiments.packing import ARRIVED_POINTS, discretize
+from gpufleet.simulator.experiments.packing import discretize, discretize_by_masks
 
 
 def by_masks(arrived_pct: np.ndarray, values: np.ndarray) -> list[float | None]:
-    key = np.round(arrived_pct)
-    out: list[float | None] = []
-    for x in ARRIVED_POINTS:
-        m = key == x
-        if not m.any():
-            m = (key >= x - 1) & (key <= x + 1)
-        out.append(round(float(values[m].mean()), 4) if m.any() else None)
-    return out
+    return discretize_by_masks(np.round(arrived_pct), values)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)

@@ -103,6 +103,11 @@ def discretize(arrived_pct: np.ndarray, values: np.ndarray) -> list[float | None
     key = np.round(arrived_pct)
     if key.size and not (key[1:] < key[:-1]).any():  # arrivals only add: each x's samples are one run of them
         return _discretize_sorted(key, values)
+    return discretize_by_masks(key, values)
+
+
+def discretize_by_masks(key: np.ndarray, values: np.ndarray) -> list[float | None]:
+    """``discretize`` for any order of the rounded arrived % ``key``: two masks over every sample per x."""
     out: list[float | None] = []
     for x in ARRIVED_POINTS:
         m = key == x
