@@ -4,6 +4,8 @@ epoch and versions)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gpufleet.engine.framework import Cycle
@@ -34,31 +36,40 @@ def _check(plugin: GpuFit, state: ClusterState) -> None:
         assert all(eligible_on(state, r, i) == every[i].nonzero()[0].tolist() for i in range(len(state))), r.name
 
 
-def test_cached_verdicts_follow_reservations_and_copies() -> None:
-    rng = np.random.default_rng(7)
-    state = _cluster()
-    plugin = GpuFit()
+def _walk(state: ClusterState, check: Callable[[ClusterState], None], seed: int, steps: int, release_p: float,
+          copy_every: int, memory_mib: Callable[[np.random.Generator], int]) -> None:
+    """Random reservations and releases of one-GPU shares on ``state``, ``check`` after each step; every
+    ``copy_every`` steps a what-if copy moves on alone (some pods released) and both are checked: the original must
+    not see the copy's verdicts."""
+    rng = np.random.default_rng(seed)
     placed: list[str] = []
-    for step in range(300):
-        _check(plugin, state)
-        if placed and rng.random() < 0.35:
+    for step in range(steps):
+        check(state)
+        if placed and rng.random() < release_p:
             state.unreserve(placed.pop(int(rng.integers(len(placed)))))
             continue
-        i = int(rng.integers(len(state)))
-        node = state.nodes[i]
+        node = state.nodes[int(rng.integers(len(state)))]
+        if not node.gpus:
+            continue
         j = int(rng.integers(len(node.gpus)))
         milli = int(rng.choice([250, 500, 1000]))
         a = Assignment(pod_key=f"p/{step}", node=node.name, cpu_milli=1000, memory_mib=1000, gpu_indices=(j,), gpu_milli=milli,
-                       gpu_memory_mib=(0,))
+                       gpu_memory_mib=(memory_mib(rng),))
         if state.check(a) is None:
             state.reserve(a)
             placed.append(a.pod_key)
-        if step % 50 == 49:  # a what-if copy moves on alone; the original must not see its verdicts
+        if step % copy_every == copy_every - 1:
             c = state.copy()
             for k in list(placed)[:5]:
                 c.unreserve(k)
-            _check(plugin, c)
-            _check(plugin, state)
+            check(c)
+            check(state)
+
+
+def test_cached_verdicts_follow_reservations_and_copies() -> None:
+    plugin = GpuFit()
+    _walk(_cluster(), lambda st: _check(plugin, st), seed=7, steps=300, release_p=0.35, copy_every=50,
+          memory_mib=lambda rng: 0)
 
 
 def _plain_cluster() -> ClusterState:
@@ -83,30 +94,8 @@ def _check_plain(plugin: GpuFit, state: ClusterState) -> None:
 
 
 def test_room_figures_follow_reservations_and_copies() -> None:
-    rng = np.random.default_rng(11)
     state = _plain_cluster()
     assert not state.slots_limited and not state.devices_limited
     plugin = GpuFit()
-    placed: list[str] = []
-    for step in range(400):
-        _check_plain(plugin, state)
-        if placed and rng.random() < 0.3:
-            state.unreserve(placed.pop(int(rng.integers(len(placed)))))
-            continue
-        i = int(rng.integers(len(state)))
-        node = state.nodes[i]
-        if not node.gpus:
-            continue
-        j = int(rng.integers(len(node.gpus)))
-        milli = int(rng.choice([250, 500, 1000]))
-        a = Assignment(pod_key=f"p/{step}", node=node.name, cpu_milli=1000, memory_mib=1000, gpu_indices=(j,), gpu_milli=milli,
-                       gpu_memory_mib=(int(rng.choice([0, 4000])),))
-        if state.check(a) is None:
-            state.reserve(a)
-            placed.append(a.pod_key)
-        if step % 60 == 59:
-            c = state.copy()
-            for k in list(placed)[:5]:
-                c.unreserve(k)
-            _check_plain(plugin, c)
-            _check_plain(plugin, state)
+    _walk(state, lambda st: _check_plain(plugin, st), seed=11, steps=400, release_p=0.3, copy_every=60,
+          memory_mib=lambda rng: int(rng.choice([0, 4000])))
