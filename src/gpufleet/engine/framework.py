@@ -322,10 +322,15 @@ class Scheduler:
         self._cache_versions: dict[str, Hashable] = {}  # plugin name -> its cache_version when last asked (_drop_older)
         # plugins that learn the workload see every pod that passes prefilter, also one no node can take:
         # learning only from pods that reach scoring would hide the demand that fails (pods pinned to a full model)
+        # A plugin whose ``observe_pod`` only hands the pod to a learner it shares with others (the default profile's
+        # five plugins and one WorkloadModel) names it as ``observes``: the learner is called once per cycle, not once
+        # per plugin (each call after the first would find the cycle's pod learned and return)
         seen: list = []
         for p in [q for q, _ in profile.scores] + list(profile.filters) + [profile.gpu_selector]:  # a filter may learn too
-            if p is not None and hasattr(p, "observe_pod") and all(p is not q for q in seen):
-                seen.append(p)
+            if p is not None and hasattr(p, "observe_pod"):
+                o = getattr(p, "observes", None) or p
+                if all(o is not q for q in seen):
+                    seen.append(o)
         self._observers = seen
         # nodes whose room is kept for pods nominated there, counted during filtering (set by engine.round): the
         # nodes where the cycle's pod would leave a nominated pod of at least its priority no room, or None
@@ -333,6 +338,7 @@ class Scheduler:
         # filters that say they have nothing to check for a pod are not run (False: run every filter, for tests)
         self.skip_filters = True
         self._skips: _FilterSkips | None = None
+        self._scorers: tuple[list, tuple] | None = None  # see _score_plugins
 
     # --- phases -------------------------------------------------------------------
     def _pre_filter(self, cycle: Cycle) -> Status:
@@ -402,11 +408,9 @@ class Scheduler:
         st = self.state
         n = len(st)
         feasible = cycle.feasible if cycle.feasible is not None and cycle.feasible.size == n else None
-        for p, w in self.profile.scores:
-            applies = getattr(p, "applies", None)  # optional: a plugin with no opinion on this pod is skipped
-            if applies is not None and not applies(cycle, st):
+        for p, w, applies, post, cv in self._score_plugins():
+            if applies is not None and not applies(cycle, st):  # optional: a plugin with no opinion on this pod is skipped
                 continue
-            post = getattr(p, "post_score", None)  # optional: a per-cycle part that must not be cached
             key = p.cache_key(cycle)
             if key is None:
                 raw = np.asarray(p.score(cycle, st, cand), dtype=np.float64)
@@ -415,7 +419,6 @@ class Scheduler:
                 ent = self._cache.get(ck)
                 new = ent is None or ent[2] != st.epoch
                 if ent is None or new:  # versions start at 0: every node is stale
-                    cv = getattr(p, "cache_version", None)
                     if cv is not None:
                         self._drop_older(p.name, cv())
                     ent = (np.zeros(n, dtype=np.float64), np.full(n, -1, dtype=np.int64), st.epoch)
@@ -443,6 +446,17 @@ class Scheduler:
             else:
                 total += term
         return total if total is not None else np.zeros(cand.size, dtype=np.float64)
+
+    def _score_plugins(self) -> tuple[tuple[Any, int, Any, Any, Any], ...]:
+        """The profile's score plugins with their optional hooks looked up once: (plugin, weight, ``applies``,
+        ``post_score`` (a per-cycle part that must not be cached), ``cache_version``), each None where absent.
+        Kept while the profile's list is the same list of the same length (as ``_active_filters`` does)."""
+        sp = self._scorers
+        scores = self.profile.scores
+        if sp is None or sp[0] is not scores or len(sp[1]) != len(scores):
+            sp = self._scorers = (scores, tuple((p, w, getattr(p, "applies", None), getattr(p, "post_score", None),
+                                                 getattr(p, "cache_version", None)) for p, w in scores))
+        return sp[1]
 
     def _drop_older(self, name: str, version: Hashable) -> None:
         """Forget plugin ``name``'s cached scores when its ``cache_version`` moved: its keys hold that version, which

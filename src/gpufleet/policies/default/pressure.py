@@ -55,6 +55,11 @@ class ModelPressure:
     def observe_pod(self, cycle: Cycle) -> None:
         self.model.observe_pod(cycle)
 
+    @property
+    def observes(self) -> Any:
+        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
+        return self.model
+
     def applies(self, cycle: Cycle, state: ClusterState) -> bool:
         return bool(self.model.pinned and self.args.model_weight and cycle.request.total_gpu_milli)
 

@@ -61,6 +61,11 @@ class CpuReserve:
     def observe_pod(self, cycle: Cycle) -> None:
         self.model.observe_pod(cycle)
 
+    @property
+    def observes(self) -> Any:
+        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
+        return self.model
+
     def on(self, state: ClusterState) -> bool:
         m = self.model
         return m.learned() and m.sums[0] > 0 and m.cpu_tight(state) >= self.args.reserve_tight
@@ -129,6 +134,11 @@ class WholeGpuReserve:
 
     def observe_pod(self, cycle: Cycle) -> None:
         self.model.observe_pod(cycle)
+
+    @property
+    def observes(self) -> Any:
+        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
+        return self.model
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r, a, m = cycle.request, self.args, self.model

@@ -38,11 +38,18 @@ def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np
     every node into a few dozen.  The groups are those of ``state_ids``: exact,
     and kept per node between cycles, so grouping costs O(nodes) integer work.
     """
+    reps, inverse, _ = state_groups_ids(state, nodes)
+    return reps, inverse
+
+
+def state_groups_ids(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``state_groups``, and each representative's ``state_ids`` number (ascending): what ``_remembered`` would
+    number the representatives again."""
     ids = state_ids(state, nodes)
     m = int(np.maximum.reduce(ids)) + 1 if ids.size else 0
     if m > 4 * ids.size:  # sparse ids: sorting is cheaper than tables of every id
-        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        return nodes[first], inverse.ravel()
+        distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        return nodes[first], inverse.ravel(), distinct
     first = np.empty(m, dtype=np.int64)
     first.fill(-1)  # np.full, without its Python wrapper
     # each id's first node (any member stands for its group); the reversed ids copied first: a scatter through the
@@ -52,7 +59,7 @@ def state_groups(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np
     rank = np.empty(m, dtype=np.intp)
     rank[present] = np.arange(present.size)  # an id's group: its rank among those (what cumsum - 1 of the mask gives)
     # .take instead of boolean masks and fancy indexing: the same arrays, 3-4x faster over thousands of nodes
-    return nodes.take(first.take(present)), rank.take(ids)
+    return nodes.take(first.take(present)), rank.take(ids), present
 
 
 IDS_MAX_STATES = 1_000_000  # distinct node states numbered per epoch before the numbering starts over
@@ -230,6 +237,11 @@ class FragDescent:
     def observe_pod(self, cycle: Cycle) -> None:
         self.learner.observe_pod(cycle)
 
+    @property
+    def observes(self) -> Any:
+        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
+        return self.learner
+
     def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
         return self.learner.tw(state)
 
@@ -288,8 +300,8 @@ class FragDescent:
             return rows, None
         inv = None
         if stale.size >= DEDUPE_MIN_NODES:
-            reps, inv = state_groups(state, stale)
-            got = self._remembered("gpu", cycle, state, reps)
+            reps, inv, rep_ids = state_groups_ids(state, stale)
+            got = self._remembered("gpu", cycle, state, reps, rep_ids.tolist())
             if stale.size == nodes.size:
                 # every node stale (a new key: every candidate): the caller reads the distinct states' rows by ``inv``,
                 # and the cache's rows stay stale rather than written for thousands of nodes of which the GPU selector
@@ -320,7 +332,8 @@ class FragDescent:
         new, got, inv = fresh
         return np.maximum.reduce(new, axis=1) if inv is None else np.maximum.reduce(got, axis=1)[inv]
 
-    def _remembered(self, what: str, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+    def _remembered(self, what: str, cycle: Cycle, state: ClusterState, nodes: np.ndarray,
+                    ids: list[int] | None = None) -> np.ndarray:
         """``_gpu_scores`` (``what`` "gpu") or ``_node_scores`` ("node") of ``nodes``, through a memo of node states.
 
         Why: a node's score for a pod depends only on the node's state (``memo_keys``), the pod's resources and what
@@ -330,11 +343,13 @@ class FragDescent:
         computing it again would give (the computation is row by row), so placements do not change.  The memo is
         dropped when the workload version or the epoch changes, and when it holds ``MEMO_MAX_STATES`` states.
         The first call in a version always computes, so whatever is learned lazily per version is learned at the
-        same pod as without the memo.
+        same pod as without the memo.  ``ids``: the nodes' ``state_ids`` where the caller just took them
+        (``state_groups_ids``' representatives), else taken here.
         """
         if nodes.size == 0:
             return self._gpu_scores(cycle, state, nodes) if what == "gpu" else self._node_scores(cycle, state, nodes)
-        ids = state_ids(state, nodes, as_list=True)
+        if ids is None:
+            ids = state_ids(state, nodes, as_list=True)
         version = (self.learner.version, state.epoch, _IDS[state.epoch]["gen"], len(state.model_names), state.slots_limited)  # state_ids just numbered this epoch (id_generation)
         m = self._memo
         if m is None or m[0] != version or m[2] > MEMO_MAX_STATES:
@@ -397,9 +412,9 @@ class FragDescent:
             s = self._shared_best(cycle, state, nodes)
             return np.where(np.isfinite(s), s, self._UNFIT)
         if nodes.size >= DEDUPE_MIN_NODES:
-            reps, inv = state_groups(state, nodes)
+            reps, inv, rep_ids = state_groups_ids(state, nodes)
             if reps.size < nodes.size:
-                return self._remembered("node", cycle, state, reps)[inv]
+                return self._remembered("node", cycle, state, reps, rep_ids.tolist())[inv]
         return self._remembered("node", cycle, state, nodes)
 
     def select_gpus(self, cycle: Cycle, state: ClusterState, node: int) -> GpuChoice | None:
@@ -469,5 +484,5 @@ class FGDScore(FragDescent, PaperPlugin):
         self.learner.observe(r)
 
 
-__all__ = ["DEDUPE_MIN_NODES", "FGDScore", "FORGET_BELOW", "FragDescent", "SEEN_KEYS_MAX", "fade", "memo_keys", "state_groups",
+__all__ = ["DEDUPE_MIN_NODES", "FGDScore", "FORGET_BELOW", "FragDescent", "SEEN_KEYS_MAX", "fade", "memo_keys", "state_groups", "state_groups_ids",
            "state_ids"]
