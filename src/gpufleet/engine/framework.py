@@ -86,6 +86,9 @@ class GpuChoice:
     mig: tuple[tuple[int, int], ...] = ()
 
 
+_NO_GPUS = GpuChoice()  # frozen: one for every pod that takes no GPU
+
+
 # the GPUs the policy's selector picked for a pod asking by ResourceClaim (None: it picked none): DynamicResources
 # tries them first when it allocates on the chosen node
 DRA_CHOICE: StateKey[GpuChoice | None] = StateKey("DynamicResources/choice")
@@ -586,7 +589,7 @@ class Scheduler:
         scores = self._score(cycle, cand)
         cycle.scores = scores
         node = self._pick(cycle, cand, scores)
-        choice = GpuChoice()
+        choice = _NO_GPUS
         if r.gpu_count > 0:
             sel = self.profile.gpu_selector
             picked = sel.select_gpus(cycle, self.state, node) if sel else None

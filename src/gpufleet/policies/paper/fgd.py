@@ -215,6 +215,9 @@ def set_rows(dst: np.ndarray, at: np.ndarray, src: np.ndarray) -> None:
     dst.view(rec).reshape(-1)[at] = np.ascontiguousarray(src, dtype=dst.dtype).view(rec).reshape(-1)
 
 
+_BEST_FIT = BestFitGpu()  # stateless: one for every whole-GPU pod's selection
+
+
 def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
     """int(sigmoid(delta/1000) * 100): FGD's score of a fragment decrease ``delta``."""
     return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(-delta / 1000.0)))
@@ -384,7 +387,9 @@ class FragDescent:
         r = cycle.request
         cpu, left, model = view if view is not None else node_view(state, nodes)
         k, g = left.shape
-        rows, cols = (eligible_gpus(state, r, nodes) & (left >= r.gpu_milli)).nonzero()
+        # eligible_gpus asks each usable GPU for the share's milli, and ``left`` is the free milli of usable GPUs: what
+        # ``& (left >= r.gpu_milli)`` would add is already in it (a share asks 0 < milli)
+        rows, cols = eligible_gpus(state, r, nodes).nonzero()
         out = np.empty((k, g))
         out.fill(-np.inf)  # np.full, without its Python wrapper
         if rows.size:
@@ -428,7 +433,7 @@ class FragDescent:
             if not np.logical_or.reduce(np.isfinite(s)):  # no GPU takes it (``.any()``, without its wrapper)
                 return None
             return GpuChoice((int(s.argmax()),))  # first GPU with the best score, as the paper
-        return BestFitGpu().select_gpus(cycle, state, node)
+        return _BEST_FIT.select_gpus(cycle, state, node)
 
 
 @dataclass
