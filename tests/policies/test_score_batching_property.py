@@ -362,3 +362,24 @@ def test_state_groups_are_np_unique_of_the_state_ids(state, data):
     _, first, inverse = np.unique(state_ids(state, nodes), return_index=True, return_inverse=True)
     np.testing.assert_array_equal(reps, nodes[first])
     np.testing.assert_array_equal(inv, inverse.ravel())
+
+
+@SETTINGS
+@given(rows=st.lists(st.lists(st.integers(-50, 1100), min_size=1, max_size=10), min_size=1, max_size=4).filter(
+           lambda rs: len({len(r) for r in rs}) == 1),
+       milli=st.integers(0, 1000), count=st.integers(0, 10))
+def test_take_packed_few_rows_in_python_match_the_array_path(rows, milli, count):
+    """One to four rows of whole numbers go through plain Python: the same GPUs, values and dtype as the numpy path."""
+    import gpufleet.policies.paper._common as common
+
+    left = np.array(rows, dtype=np.int64)
+    old = common.TAKE_PY_MAX
+    try:
+        common.TAKE_PY_MAX = 0
+        want = common.take_packed(left, milli, count)
+    finally:
+        common.TAKE_PY_MAX = old
+    got = common.take_packed(left, milli, count)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert np.array_equal(got, want)
+    assert np.array_equal(got, _take_packed_reference(left, milli, count))
