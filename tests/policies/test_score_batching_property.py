@@ -383,3 +383,31 @@ def test_take_packed_few_rows_in_python_match_the_array_path(rows, milli, count)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert np.array_equal(got, want)
     assert np.array_equal(got, _take_packed_reference(left, milli, count))
+
+
+@SETTINGS
+@given(state=cluster(), shape=st.sampled_from([s for s in SHAPES if 0 < s[1] < GPU_MILLI]), kind=st.sampled_from(["fgd", "default"]),
+       picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=4, unique=True),
+       extra=st.sampled_from(["none", "memory", "deny", "allow"]))
+def test_gpu_scores_of_a_few_nodes_in_python_match_the_array_path(state, shape, kind, picks, extra):
+    """Up to four nodes' per-GPU share scores, placements enumerated in Python: the same bits as the array path (also
+    with GPU memory asked and GPU models denied or allowed, which ``eligible_on`` must read as ``eligible_gpus``)."""
+    import dataclasses
+
+    import gpufleet.policies.paper.fgd as fgd
+
+    c = cycle(shape)
+    if extra != "none":
+        more = {"memory": {"gpu_memory_mib": 20_000}, "deny": {"gpu_models_deny": frozenset({T4})},
+                "allow": {"gpu_models_allow": frozenset({T4})}}[extra]
+        c = Cycle(request=dataclasses.replace(c.request, **more), rng=c.rng)
+    nodes = np.array(sorted({p % len(state) for p in picks}), dtype=np.int64)
+    old = fgd.GPU_SCORES_PY_MAX
+    try:
+        fgd.GPU_SCORES_PY_MAX = 0
+        want = plugin(kind)._gpu_scores(c, state, nodes)
+    finally:
+        fgd.GPU_SCORES_PY_MAX = old
+    got = plugin(kind)._gpu_scores(c, state, nodes)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))  # -inf, -0.0 and every bit

@@ -17,7 +17,7 @@ import numpy as np
 from ...engine.errors import ConfigError
 from ...engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
 from ...engine.model import GPU_MILLI, PodRequest
-from ...engine.plugins.gpufit import eligible_gpus
+from ...engine.plugins.gpufit import eligible_gpus, eligible_on
 from ...engine.plugins.gpuselect import BestFitGpu, pick_mig
 from ...engine.state import ClusterState
 from ._common import PaperPlugin, take_packed
@@ -174,6 +174,7 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
 
 
 MEMO_KEYS_PY_MAX = 2  # nodes up to which memo_keys builds each key alone (fewer numpy calls than the [k, 19] table)
+GPU_SCORES_PY_MAX = 4  # nodes up to which FragDescent._gpu_scores enumerates placements in Python
 DISTINCT_PY_MAX = 24  # placements up to which distinct_placements runs in plain Python
 
 
@@ -183,16 +184,7 @@ def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) ->
     fragmentation measure sees, so one placement stands for both (8 -> 1 on an idle node)."""
     key = rows * (GPU_MILLI + 1) + left[rows, cols]
     if key.size <= DISTINCT_PY_MAX:  # a node or two: the same in plain Python, without a dozen numpy calls
-        keys = key.tolist()
-        order_l = sorted(range(len(keys)), key=keys.__getitem__)  # stable, as argsort(kind="stable")
-        first_l: list[int] = []
-        inverse_l = [0] * len(keys)
-        last = None
-        for i in order_l:
-            if keys[i] != last:
-                first_l.append(i)
-                last = keys[i]
-            inverse_l[i] = len(first_l) - 1
+        first_l, inverse_l = _distinct_py(key.tolist())
         return np.array(first_l, dtype=np.intp), np.array(inverse_l, dtype=np.intp)
     # np.unique(key, return_index=True, return_inverse=True) without its wrapper's cost: a stable sort, the first
     # of each run of equal keys (its first occurrence), and each key's run number
@@ -204,6 +196,21 @@ def distinct_placements(left: np.ndarray, rows: np.ndarray, cols: np.ndarray) ->
     inverse = np.empty(key.size, dtype=np.intp)
     inverse[order] = new.cumsum() - 1
     return order[new], inverse
+
+
+def _distinct_py(keys: list[int]) -> tuple[list[int], list[int]]:
+    """``distinct_placements``' (first, inverse) of its placement keys, in plain Python: a stable sort, the first of each
+    run of equal keys, each key's run number."""
+    order_l = sorted(range(len(keys)), key=keys.__getitem__)  # stable, as argsort(kind="stable")
+    first_l: list[int] = []
+    inverse_l = [0] * len(keys)
+    last = None
+    for i in order_l:
+        if keys[i] != last:
+            first_l.append(i)
+            last = keys[i]
+        inverse_l[i] = len(first_l) - 1
+    return first_l, inverse_l
 
 
 def set_rows(dst: np.ndarray, at: np.ndarray, src: np.ndarray) -> None:
@@ -387,6 +394,8 @@ class FragDescent:
         r = cycle.request
         cpu, left, model = view if view is not None else node_view(state, nodes)
         k, g = left.shape
+        if k <= GPU_SCORES_PY_MAX and left.dtype.kind in "iu":
+            return self._gpu_scores_py(state, nodes, r, (cpu, left, model))
         # eligible_gpus asks each usable GPU for the share's milli, and ``left`` is the free milli of usable GPUs: what
         # ``& (left >= r.gpu_milli)`` would add is already in it (a share asks 0 < milli)
         rows, cols = eligible_gpus(state, r, nodes).nonzero()
@@ -398,6 +407,35 @@ class FragDescent:
             new_left = left[ur]  # a copy (fancy indexing)
             new_left[np.arange(ur.size), uc] -= r.gpu_milli
             out[rows, cols] = self._placement_scores(state, nodes, ur, r, new_left, (cpu, left, model))[inv]
+        return out
+
+    def _gpu_scores_py(self, state: ClusterState, nodes: np.ndarray, r: PodRequest,
+                       view: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+        """``_gpu_scores`` of a few nodes, the placements enumerated in Python (numpy's per-call cost is most of the
+        work on the one to four nodes a cached score recomputes): the GPUs ``eligible_on`` gives per node (what
+        ``eligible_gpus`` marks, in index order: the row-major order of its nonzero), the same distinct placements
+        and after-states, scored by the same ``_placement_scores`` call.  Property-tested against the array path."""
+        left = view[1]
+        k, g = left.shape
+        left_l = left.tolist()
+        rows_l: list[int] = []
+        cols_l: list[int] = []
+        for i, node in enumerate(nodes.tolist()):
+            for j in eligible_on(state, r, node):
+                rows_l.append(i)
+                cols_l.append(j)
+        out = np.empty((k, g))
+        out.fill(-np.inf)  # np.full, without its Python wrapper
+        if rows_l:
+            first_l, inverse_l = _distinct_py([i * (GPU_MILLI + 1) + left_l[i][j] for i, j in zip(rows_l, cols_l)])
+            after = []
+            for f in first_l:
+                row = list(left_l[rows_l[f]])
+                row[cols_l[f]] -= r.gpu_milli
+                after.append(row)
+            ur = np.array([rows_l[f] for f in first_l], dtype=np.intp)
+            scores = self._placement_scores(state, nodes, ur, r, np.array(after, dtype=left.dtype), view)
+            out[rows_l, cols_l] = scores.take(inverse_l)
         return out
 
     def _placement_scores(self, state: ClusterState, nodes: np.ndarray, rows: np.ndarray, r: PodRequest,
