@@ -171,3 +171,52 @@ def test_learning_plugins_see_every_pod_and_post_score_is_never_cached():
     assert d1.assignment.node == d2.assignment.node == "b"
     assert learner.scored == 2  # the second cycle hit the cache for both nodes
     assert learner.bonus == 2.0  # but the per-cycle part ran in both
+
+
+def test_plugins_that_share_a_learner_have_it_called_once_per_cycle():
+    """The default profile's five learning plugins hand each pod to one WorkloadModel (``observes``): the framework
+    calls it once per cycle, and it still learns every pod once, also one no node fits."""
+    from gpufleet.policies.default import WorkloadModel
+
+    s = Scheduler(build_profile("default"), ClusterState([gpu_node("a", 2), gpu_node("b", 2)]), seed=0)
+    assert len(s._observers) == 1 and isinstance(s._observers[0], WorkloadModel)
+    model = s._observers[0]
+    calls = []
+    real = model.observe_pod
+    model.observe_pod = lambda cycle: (calls.append(cycle.request.name), real(cycle))[1]  # type: ignore[method-assign]
+    before = model._seen
+    assert not s.schedule(parse_pod(pod(gpus=4, name="toobig"))).ok
+    assert s.schedule(parse_pod(pod(gpus=1, name="x"))).ok
+    assert calls.count("toobig") >= 1 and calls.count("x") >= 1
+    assert model._seen == before + 2  # each pod learned once, however often it was handed over
+
+
+def test_score_plugin_hooks_follow_the_profile_list():
+    """The score plugins' optional hooks are looked up once per list: a plugin appended later is scored too."""
+    import numpy as np
+
+    from gpufleet.engine.framework import Profile
+
+    class Bonus:
+        name = "Bonus"
+
+        def cache_key(self, cycle):
+            return None
+
+        def normalize(self, raw):
+            return raw
+
+        def applies(self, cycle, state):
+            return True
+
+        def score(self, cycle, state, nodes):
+            return np.where(nodes == 0, 1000.0, 0.0)
+
+    base = build_profile("bestfit")
+    prof = Profile(name="t", filters=base.filters, scores=list(base.scores), gpu_selector=base.gpu_selector)
+    s = Scheduler(prof, ClusterState([gpu_node("a", 2), gpu_node("b", 2)]), seed=0)
+    first = s.decide(s.new_cycle(parse_pod(pod(gpus=1, name="x"))))
+    prof.scores.append((Bonus(), 1))
+    again = s.decide(s.new_cycle(parse_pod(pod(gpus=1, name="y"))))
+    assert again.assignment.node == "a" and again.score >= 1000.0
+    assert first.score < 1000.0

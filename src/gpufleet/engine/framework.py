@@ -331,7 +331,8 @@ class Scheduler:
         seen: list = []
         for p in [q for q, _ in profile.scores] + list(profile.filters) + [profile.gpu_selector]:  # a filter may learn too
             if p is not None and hasattr(p, "observe_pod"):
-                o = getattr(p, "observes", None) or p
+                o = getattr(p, "observes", None)
+                o = p if o is None else o
                 if all(o is not q for q in seen):
                     seen.append(o)
         self._observers = seen
