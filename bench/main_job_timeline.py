@@ -16,6 +16,11 @@ prints, per worker, its tasks in order, then
 
     PYTHONPATH=src python bench/main_job_timeline.py                 # the README's command, as main_job.py runs it
     PYTHONPATH=src python bench/main_job_timeline.py --seeds 42-43   # any other ``gpufleet simulate`` arguments
+    PYTHONPATH=src python bench/main_job_timeline.py --mip-rel-gap 0.0015   # what if the MIP stopped at that gap
+
+``--mip-rel-gap``: HiGHS's relative gap for every MIP of the run (its default: 1e-4), set in this process before
+the workers fork; the bound printed stays the MIP's dual bound, the best placement found (its %, the gap and the
+pods it leaves out) is whatever HiGHS has when it stops.  A question for a decision, not a setting of the command.
 
 It patches ``gpufleet.cli.simulate``'s worker functions before the pool forks its workers, so it needs the ``fork``
 start method (Linux's default); the output and the JSON are the command's own.
@@ -60,6 +65,18 @@ def _timed(fn: Callable[[dict], dict], what: str, log: str) -> Callable[[dict], 
     return task
 
 
+def _set_mip_rel_gap(gap: float) -> None:
+    """Every HiGHS solve of this process and of the workers it forks gets ``mip_rel_gap = gap`` (LPs ignore it)."""
+    from highspy import _core as h
+
+    class Highs(h._Highs):
+        def passOptions(self, options: Any) -> Any:
+            options.mip_rel_gap = gap
+            return super().passOptions(options)
+
+    h._Highs = Highs  # bounds/bound.py looks it up at each solve
+
+
 def main() -> int:
     import multiprocessing
 
@@ -70,13 +87,24 @@ def main() -> int:
     from gpufleet.cli import simulate
     from gpufleet.cli.main import main as cli_main
 
+    args = sys.argv[1:]
+    if "--mip-rel-gap" in args:
+        i = args.index("--mip-rel-gap")
+        try:
+            gap = float(args[i + 1])
+        except (IndexError, ValueError):
+            print("main_job_timeline.py: --mip-rel-gap needs a number (HiGHS's mip_rel_gap, e.g. 0.0015)", file=sys.stderr)
+            return 2
+        del args[i:i + 2]
+        _set_mip_rel_gap(gap)
+
     with tempfile.TemporaryDirectory() as tmp:
         log = str(Path(tmp) / "tasks.jsonl")
         Path(log).touch()
         simulate._run_one = _timed(simulate._run_one, "run", log)  # type: ignore[assignment]
         simulate._bound_one = _timed(simulate._bound_one, "bound", log)  # type: ignore[assignment]
         argv = ["simulate", "--no-progress", "--json", str(Path(tmp) / "out.json"),
-                "--report", str(Path(tmp) / "report.html"), *sys.argv[1:]]
+                "--report", str(Path(tmp) / "report.html"), *args]
         rc = cli_main(argv)
         done = time.perf_counter() - _T0
         parent_cpu = time.process_time()
@@ -105,7 +133,7 @@ def summary(tasks: list[dict[str, Any]], done_s: float, parent_cpu_s: float) -> 
         out.append(f"worker {n}: {sum(t['cpu'] for t in ts):.2f} CPU s: {row}")
     workers = len(by_pid)
     out.append(f"start-up (this script's start to the first task): {first:.2f} s wall; the parent's CPU in all "
-               f"{parent_cpu_s:.2f} s")
+               f"{parent_cpu_s:.2f} s; the parent and the workers {parent_cpu_s + cpu:.2f} CPU s")
     out.append(f"makespan: {ends[-1] - first:.2f} s wall; the workers' CPU {cpu:.2f} s over {workers}: "
                f"{cpu / workers:.2f} s")
     out.append(f"tail: the last task ends {ends[-1] - ends[0]:.2f} s after the first worker's last")

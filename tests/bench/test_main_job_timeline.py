@@ -34,7 +34,8 @@ def test_summary_says_startup_makespan_against_cpu_tail_and_end():
     lines = _module().summary(tasks, done_s=4.9, parent_cpu_s=0.4)
     assert lines[0] == "worker 1: 4.40 CPU s: bound 0.30-3.30 (2.90 CPU), fgd 3.30-4.80 (1.50 CPU)"
     assert lines[1] == "worker 2: 3.90 CPU s: default 0.30-2.80 (2.50 CPU), bestfit 2.80-4.30 (1.40 CPU)"
-    assert "start-up (this script's start to the first task): 0.30 s wall; the parent's CPU in all 0.40 s" in lines
+    assert ("start-up (this script's start to the first task): 0.30 s wall; the parent's CPU in all 0.40 s; "
+            "the parent and the workers 8.70 CPU s") in lines
     assert "makespan: 4.50 s wall; the workers' CPU 8.30 s over 2: 4.15 s" in lines
     assert "tail: the last task ends 0.50 s after the first worker's last" in lines
     assert "end (the last task to the command's return): 0.10 s; all of it 4.90 s wall" in lines
@@ -46,7 +47,8 @@ def test_times_every_task_in_its_worker(tmp_path):
     (tmp_path / "pods.csv").write_text(pods_csv())
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     p = subprocess.run([sys.executable, str(REPO / "bench" / "main_job_timeline.py"), "--nodes", str(tmp_path / "nodes.csv"),
-                        "--pods", str(tmp_path / "pods.csv"), "--policy", "fgd,bestfit,random", "--jobs", "2"],
+                        "--pods", str(tmp_path / "pods.csv"), "--policy", "fgd,bestfit,random", "--jobs", "2",
+                        "--mip-rel-gap", "0.01"],
                        capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "offline bound" in p.stdout  # the command's own table
@@ -56,3 +58,10 @@ def test_times_every_task_in_its_worker(tmp_path):
     for task in ("bound", "fgd", "bestfit", "random"):  # every task, in one worker or the other
         assert timed.count(f"{task} ") == 1, timed
     assert any(line.startswith("makespan: ") for line in p.stderr.splitlines())
+
+
+def test_a_bad_gap_is_a_usage_error():
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "main_job_timeline.py"), "--mip-rel-gap", "x"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "--mip-rel-gap needs a number" in p.stderr
