@@ -73,28 +73,3 @@ def test_weights_off_take_the_two_functions():
         acc = tw.access(["A100"])
         want = frag_amount(cpu, gpu, model, tw, acc) + p._penalty(cpu, gpu, mem)
         np.testing.assert_array_equal(bits(p._measure(cpu, gpu, mem, model, tw, acc)), bits(want))
-
-
-@SETTINGS
-@given(st_=states(), shapes=st.lists(st.integers(0, len(SHAPES) - 1), min_size=1, max_size=24),
-       quantiles=st.booleans(), memory=st.booleans())
-def test_narrow_table_gives_the_same_bits(st_, shapes, quantiles, memory):
-    """Many states gather the int16 copy of the table and sum it as int32: the same bits as the int64 table."""
-    import gpufleet.policies.default.descent as descent
-
-    cpu, gpu, mem, model = st_
-    p = plugin(DescentArgs(memory_strand=memory), shapes)
-    tw = p.model.workload
-    assert tw is not None
-    acc = tw.access(["A100", "T4"])
-    p._q_rhos = np.array([0.5, 2.0, 8.0, 30.0]) if quantiles else None
-    got = {}
-    old = descent.NARROW_MIN_STATES
-    try:
-        for narrow_from in (1, 10**9):  # every call narrow, then none
-            descent.NARROW_MIN_STATES = narrow_from
-            got[narrow_from] = p._measure(cpu, gpu, mem, model, tw, acc)
-    finally:
-        descent.NARROW_MIN_STATES = old
-    assert got[1].dtype == got[10**9].dtype == np.float64
-    np.testing.assert_array_equal(bits(got[1]), bits(got[10**9]))

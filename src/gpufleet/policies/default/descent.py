@@ -40,10 +40,6 @@ from .reserves import WHOLE_KEPT
 from .workload import WorkloadModel, model_of
 
 NAME = "DescentScore"
-# node states from which ``_measure`` gathers the int16 table and sums it as int32: the same whole numbers (at most
-# GPU_MILLI per GPU, so a node's sums stay far below 2**31), and every later step mixes them with int64 or float64
-# arrays or Python floats, which convert them exactly; below this, numpy's per-call cost is most of the work anyway
-NARROW_MIN_STATES = 32
 
 
 @dataclass(frozen=True)
@@ -179,17 +175,14 @@ class DescentScore(FragDescent):
         if (not len(tw) or gpu.dtype.kind not in "iu" or not gpu.size or not (a.strand_weight > 0 and a.sliver_weight > 0)
                 or np.minimum.reduce(gpu, axis=None) < 0):
             return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
-        table, count, cpu_t, narrow = self._gpu_table(tw)
+        table, count, cpu_t = self._gpu_table(tw)
         c = self._shape_acc
         if c is None or c[0] is not acc or c[1] is not tw:  # per GPU model, the shapes that ask GPUs and may use it
             c = self._shape_acc = (acc, tw, (tw.gpu_milli > 0) & acc)
         try:
             # [S, 2T + 2]; IndexError: a GPU above GPU_MILLI.  Taken GPU-major ([G, S, columns]) so the sum over GPUs
             # adds whole [S, columns] slabs (whole numbers: the same sums in any order)
-            if gpu.shape[0] < NARROW_MIN_STATES:
-                sums = np.add.reduce(table.take(gpu.T, axis=0), axis=0)
-            else:  # the same whole numbers from int16 rows, summed as int32: half the bytes gathered, twice as fast
-                sums = np.add.reduce(narrow.take(gpu.T, axis=0), axis=0, dtype=np.int32)
+            sums = np.add.reduce(table.take(gpu.T, axis=0), axis=0)
         except IndexError:
             return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
         t = count.size
@@ -207,18 +200,18 @@ class DescentScore(FragDescent):
             return frag + (a.strand_weight * stranded + a.sliver_weight * sums[:, -1])
         return frag + (0.0 + a.sliver_weight * sums[:, -1])
 
-    def _gpu_table(self, tw) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _gpu_table(self, tw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per free milli L in 0..GPU_MILLI (``_measure``): [L, per shape L if the shape's per-GPU milli fits in L
-        else 0, per shape whether it fits, the sliver of L]; with each shape's GPU count and CPU, and the table as
-        int16 (every entry is at most GPU_MILLI).  Kept per target workload and workload version (the sliver table's)."""
+        else 0, per shape whether it fits, the sliver of L]; with each shape's GPU count and CPU.
+        Kept per target workload and workload version (the sliver table's)."""
         c = self._table
         version = self.model.version
         if c is None or c[0] is not tw or c[1] != version:
             every = np.arange(GPU_MILLI + 1, dtype=np.int64)[:, None]
             fits = every >= tw.gpu_milli[None, :]
             table = np.concatenate([every, every * fits, fits, self._sliver_table()[:, None]], axis=1).astype(np.int64)
-            c = self._table = (tw, version, table, tw.gpu_count, tw.cpu_milli, table.astype(np.int16))
-        return c[2], c[3], c[4], c[5]
+            c = self._table = (tw, version, table, tw.gpu_count, tw.cpu_milli)
+        return c[2], c[3], c[4]
 
     def _stranded(self, cpu, total, mem, g_milli, c_milli, m_mib) -> np.ndarray:
         """GPU milli that CPU (or memory) cannot feed, per state (``total``: free GPU milli)."""

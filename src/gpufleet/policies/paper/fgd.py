@@ -174,7 +174,8 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
 
 
 MEMO_KEYS_PY_MAX = 2  # nodes up to which memo_keys builds each key alone (fewer numpy calls than the [k, 19] table)
-GPU_SCORES_PY_MAX = 4  # nodes up to which FragDescent._gpu_scores enumerates placements in Python
+GPU_SCORES_PY_MAX = 2  # nodes up to which FragDescent._gpu_scores enumerates placements in Python (46.8 -> 42.8 us at one
+# node, even at two, slower at four: best of 30 runs each)
 DISTINCT_PY_MAX = 24  # placements up to which distinct_placements runs in plain Python
 
 
@@ -411,8 +412,8 @@ class FragDescent:
 
     def _gpu_scores_py(self, state: ClusterState, nodes: np.ndarray, r: PodRequest,
                        view: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-        """``_gpu_scores`` of a few nodes, the placements enumerated in Python (numpy's per-call cost is most of the
-        work on the one to four nodes a cached score recomputes): the GPUs ``eligible_on`` gives per node (what
+        """``_gpu_scores`` of a node or two, the placements enumerated in Python (numpy's per-call cost is most of the
+        work on the one or two nodes a cached score usually recomputes): the GPUs ``eligible_on`` gives per node (what
         ``eligible_gpus`` marks, in index order: the row-major order of its nonzero), the same distinct placements
         and after-states, scored by the same ``_placement_scores`` call.  Property-tested against the array path."""
         left = view[1]
