@@ -81,6 +81,53 @@ def test_keeping_the_pods_placed_first_can_cost_more_than_the_offline_bound():
     assert bound_placing_first(nodes, pods, pods[3::-1], 4000) == pytest.approx(23.5, abs=1e-6)
 
 
+def _keep_rows_cold(nodes, arrived, placed, capacity):
+    """The keep-first LP as its own ">= kept" rows below the program, solved from scratch (no starting basis)."""
+    from collections import Counter
+
+    import numpy as np
+
+    from gpufleet.simulator.bounds.bound import Sparse, _program, _shapes, _solve
+
+    prog = _program(nodes, arrived, node_cuts=True, cpu_only=True)
+    must = _shapes(placed, cpu_only=True) if placed else Counter()
+    at = [(i, must[sh]) for i, sh in enumerate(prog.S) if must.get(sh)]
+    cols = [np.flatnonzero(prog.var[:, 0] == i) for i, _ in at]
+    below = Sparse(len(at), prog.obj.size, np.concatenate([np.full(c.size, k) for k, c in enumerate(cols)] or [np.zeros(0, int)]),
+                   np.concatenate(cols or [np.zeros(0, int)]), np.ones(sum(c.size for c in cols)))
+    res = _solve(-prog.obj, prog.A.stacked(below), np.r_[prog.lo, [float(n) for _, n in at]],
+                 np.r_[prog.hi, np.full(len(at), np.inf)], np.zeros(prog.obj.size))
+    if not res.optimal:
+        return None
+    return max(0.0, round(100.0 - 100.0 * min(-float(res.fun), float(capacity)) / capacity, 4))
+
+
+@pytest.mark.parametrize("seed", [3, 11, 29])
+def test_kept_counts_as_lower_bounds_of_the_count_rows_give_what_keep_rows_give(seed):
+    # bound_placing_first asks "at least kept(s)" on each shape's count row and starts from the optimal basis of the
+    # program without keeps; the same LP written with a row of its own per kept shape, solved cold, gives the same
+    import random
+
+    rng = random.Random(seed)
+    nodes = [node(f"n{i}", rng.choice([16_000, 32_000, 64_000]), g, m)
+             for i, (g, m) in enumerate([(8, "V100M32")] * 3 + [(2, "T4")] * 5 + [(4, "P100")] * 3 + [(0, "T4")] * 2)]
+    sizes = [100, 250, 300, 470, 500, 630, 810, 1000]
+    pods = [pod(i, rng.choice([1_000, 4_000, 8_000, 24_000]), g, 1000 if g != 1 else rng.choice(sizes),
+                ("T4",) if rng.random() < 0.1 and g else ())
+            for i, g in enumerate(rng.choice([0, 1, 1, 1, 2, 4]) for _ in range(160))]
+    capacity = sum(len(n.gpus) for n in nodes) * 1000
+    arrived = pods[:40]  # about the cluster's GPUs: keeping more costs more, keeping all of some seeds' is infeasible
+    for k in (0, 1, 10, 20, 30, 40):
+        got = bound_placing_first(nodes, arrived, arrived[:k], capacity)
+        assert got == _keep_rows_cold(nodes, arrived, arrived[:k], capacity), k
+    # first a pod no node group holds (4 T4s; a T4 node has 2): its shape has no count row, the others' rows move up
+    odd = [pod(999, 1_000, 4, 1000, ("T4",)), *arrived]
+    for k in (1, 10, 20):
+        got = bound_placing_first(nodes, odd, arrived[:k], capacity)  # kept pods not the arrival's prefix
+        assert got is not None and got == _keep_rows_cold(nodes, odd, arrived[:k], capacity), k
+    assert bound_placing_first(nodes, odd, odd[:2], capacity) is None  # keeping the pod no group holds
+
+
 def test_small_shares_fill_the_holes_beside_large_ones():
     # 2 GPUs: 810 + 190 and 600 + 250 + 150 pack exactly (any order of arrival): the bound says 0% and places all.
     # Five pods on a 2-GPU node: a per-node cut that counted each share as a GPU of its own allowed two.

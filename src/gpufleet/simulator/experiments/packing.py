@@ -203,7 +203,7 @@ def run_packing(
     """The FGD paper's packing experiment: pods arrive until ``tune`` x capacity, each placed or turned away.
 
     ``placing_bound``: also the LP bound for placements that keep every pod this run placed before its first
-    refusal (``idle.bound_placing_first_pct``, 0.04 to 0.09 s a run on the default trace, after 0.2 s once per process).
+    refusal (``idle.bound_placing_first_pct``, 0.05 to 0.07 s a run on the default trace, after 0.2 s once per process).
     ``dra``: "claims" or "constrained" asks every GPU pod's devices by ResourceClaim (``simulator/traces/dra.py``)."""
     t0 = time.perf_counter()
     state = ClusterState(nodes)
