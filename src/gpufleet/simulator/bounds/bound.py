@@ -210,12 +210,14 @@ class _Solved:
 
 
 def _solve(c: np.ndarray, a: Sparse, lo: np.ndarray, hi: np.ndarray, integrality: np.ndarray,
-           time_limit_s: float | None = None, basis: tuple[list, list] | None = None, keep_basis: bool = False) -> _Solved:
+           time_limit_s: float | None = None, basis: tuple[list, list] | None = None, keep_basis: bool = False,
+           primal: bool = False) -> _Solved:
     """``min c.x, lo <= a.x <= hi, x >= 0`` (integer where ``integrality``) by HiGHS through ``highspy``, the program
     and options ``scipy.optimize.milp`` passed it (highspy pinned in pyproject.toml at 1.12.0, the release scipy 1.17
     bundles): the same path, so the same answer (tests/simulator/test_bound.py checks it against milp), without
     importing scipy.optimize (0.4 s before a main job's workers fork).  ``basis``: an LP's starting basis (the
-    columns' and rows' ``HighsBasisStatus``), which HiGHS's simplex starts from instead of presolving."""
+    columns' and rows' ``HighsBasisStatus``), which HiGHS's simplex starts from instead of presolving.  ``primal``: an
+    LP by the primal simplex (HiGHS's default is the dual)."""
     from highspy import _core as h
 
     lp = h.HighsLp()
@@ -233,6 +235,8 @@ def _solve(c: np.ndarray, a: Sparse, lo: np.ndarray, hi: np.ndarray, integrality
     options.log_to_console = False
     if time_limit_s is not None:
         options.time_limit = float(time_limit_s)
+    if primal:
+        options.simplex_strategy = 4  # kSimplexStrategyPrimal
     solver.passOptions(options)
     solver.passModel(lp)
     if basis is not None:
@@ -471,7 +475,10 @@ class _KeepFirst:
         if not self._solved:
             prog = self.prog
             with _quiet_solver():
-                self._basis = _solve(-prog.obj, prog.A, prog.lo, prog.hi, np.zeros(prog.obj.size), keep_basis=True).basis
+                # by the primal simplex: 0.07 CPU s instead of the dual's 0.17 on the default trace, and the runs' LPs
+                # (the dual simplex from here) take 0.03 s instead of 0.06 from its optimal basis
+                self._basis = _solve(-prog.obj, prog.A, prog.lo, prog.hi, np.zeros(prog.obj.size), keep_basis=True,
+                                     primal=True).basis
             self._solved = True
         return self._basis
 
