@@ -260,8 +260,25 @@ def test_cli_load_sweep_what_if_and_report(tiny, capsys):
     assert "Delay versus load" in html and html.count("<svg") >= 6 and "busy window" in html
 
 
+def test_sweep_runs_go_out_costliest_first():
+    """The sweep of docs/replay.md: every default run (about 7 CPU s each), then fgd (about 5.7), then bestfit (about
+    3.2), each policy's highest load first; dealt in that order to two workers that take the next when done, the
+    runs' measured costs leave the workers within one short run of each other."""
+    from gpufleet.cli.replay_cli import longest_first
+
+    tasks = [{"policy": p, "load": x} for p in ("default", "fgd", "bestfit") for x in (0.6, 0.8, 1.0, 1.2)]
+    order = [(tasks[i]["policy"], tasks[i]["load"]) for i in longest_first(tasks)]
+    assert order == [(p, x) for p in ("default", "fgd", "bestfit") for x in (1.2, 1.0, 0.8, 0.6)]
+    cpu = {"default": 6.9, "fgd": 5.6, "bestfit": 3.2}  # about, per run
+    busy = [0.0, 0.0]
+    for p, _x in order:
+        busy[busy.index(min(busy))] += cpu[p]
+    assert abs(busy[0] - busy[1]) <= cpu["bestfit"]
+    assert longest_first([{"policy": "random", "load": None}, {"policy": "default", "load": None}]) == [1, 0]
+
+
 def test_cli_sweep_with_workers_gives_what_one_process_gives(tiny, capsys):
-    """--jobs 2 hands the runs out longest first (highest load first): the table and the runs, in their order,
+    """--jobs 2 hands the runs out costliest first (``longest_first``): the table and the runs, in their order,
     are what --jobs 1 gives."""
     docs, tables = [], []
     for jobs in ("1", "2"):

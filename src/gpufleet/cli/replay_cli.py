@@ -215,6 +215,25 @@ def run_one(task: dict) -> dict:
     return d
 
 
+# a replay's CPU time relative to bestfit's, measured on the sweep of docs/replay.md (bundled trace, three passes,
+# loads 0.6 to 1.2: default 6.3-7.4 CPU s a run, fgd 5.3-6.1, bestfit 3.1-3.3); a replay's cycles are about one per
+# arrival at any load, so the load moves a run's time little.  Only the order runs go to the workers depends on it
+_REPLAY_COST = {"default": 2.1, "fgd": 1.75}
+
+
+def longest_first(tasks: list[dict]) -> list[int]:
+    """The tasks' indices, the costliest run first: the costlier policy, then the higher load (then the table's
+    order).  Handed out in this order to workers that each take the next when done, the last runs are the shortest,
+    so that neither worker idles long at the end while the other finishes a long run."""
+    from .simulate import _RUN_COST
+
+    def cost(i: int) -> float:
+        t = tasks[i]
+        return _REPLAY_COST.get(t["policy"], _RUN_COST.get(t["policy"], 1.0)) * (1.0 + 0.1 * (t["load"] or 1.0))
+
+    return sorted(range(len(tasks)), key=lambda i: -cost(i))
+
+
 def _pool_map(tasks: list[dict], jobs: int, bar) -> list[dict]:
     out: list[dict] = []
     if jobs <= 1 or len(tasks) <= 1:
@@ -222,11 +241,7 @@ def _pool_map(tasks: list[dict], jobs: int, bar) -> list[dict]:
             out.append(run_one(t))
             bar.update(1)
         return out
-    from .simulate import _RUN_COST
-
-    # longest first (the highest load, then the costlier policies), so that no worker is left alone with a long
-    # run at the end while the other idles; the runs come back in the tasks' order, unchanged
-    first = sorted(range(len(tasks)), key=lambda i: -(tasks[i]["load"] or 1.0) * _RUN_COST.get(tasks[i]["policy"], 1.0))
+    first = longest_first(tasks)
     done: dict[int, dict] = {}
     with ProcessPoolExecutor(max_workers=jobs) as ex:
         futs = {ex.submit(run_one, tasks[i]): i for i in first}
@@ -396,4 +411,4 @@ def print_table(rows: list[dict]) -> None:
               f"{r['never_placed']:>6d} {r['bounded_slowdown_p99']:>9.2f} {prod:>10}")
 
 
-__all__ = ["add_arguments", "load_queue_file", "parse_loads", "run", "run_one", "wants_sweep"]
+__all__ = ["add_arguments", "load_queue_file", "longest_first", "parse_loads", "run", "run_one", "wants_sweep"]
