@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from gpufleet.engine.model import Assignment, PodRequest
-from gpufleet.engine.pending import FitScreen, PendingGroups, could_fit
+from gpufleet.engine.pending import FitScreen, PendingGroups, could_fit, room_mask
+from gpufleet.engine.schedqueue import room_need
 
 from tests.builders import T4, make_node, state_of
 
@@ -25,7 +26,7 @@ def test_a_group_is_kept_in_queue_order_and_dropped_when_empty():
     w.add(2, 1.0)
     w.add(2, 0.0)  # already waiting: keeps its place
     group = w.group_of[0]
-    assert [i for _, i in w.groups[group]] == [2, 0, 1]  # first seen, then name
+    assert [e[3] for e in w.groups[group]] == [2, 0, 1]  # first seen, then name
     assert w.head(group) == 2 and 2 in w and len(w) == 3
     assert w.count.tolist() == [3, 0]  # per group id: what the retry round skips when 0
     assert [q.key for q in w.first(group, 2)] == ["t/b", "t/c"]
@@ -45,18 +46,27 @@ def test_with_room_agrees_with_counting_each_gpu():
             for k, (m, c, cpu) in enumerate(zip(rng.choice([100, 250, 500, 1000], 60), rng.integers(0, 6, 60),
                                                   rng.integers(0, 9, 60) * 1000))]
     w = PendingGroups(reqs, {})
-    for step in range(200):
+    placed: list[str] = []
+    looked = 0
+    for step in range(400):
         n = int(rng.integers(len(st)))
         free = [j for j in range(int(st.gpu_n[n])) if st.gpu_free_milli[n, j] >= 250]
-        if free and st.cpu_free[n] >= 500:
-            st.reserve(Assignment(f"t/x{step}", st.nodes[n].name, 500, 0, gpu_indices=(free[0],), gpu_milli=250,
-                                  gpu_memory_mib=(0,)))
+        if rng.random() < 0.3 and placed:  # amounts go up again too
+            st.unreserve(placed.pop(int(rng.integers(len(placed)))))
+        elif free and st.cpu_free[n] >= 500:
+            st.reserve(Assignment(f"t/x{step}", st.nodes[n].name, 500, int(rng.choice([0, 512, 2048])),
+                                  gpu_indices=(free[0],), gpu_milli=250, gpu_memory_mib=(0,)))
+            placed.append(f"t/x{step}")
+        if step % 100 == 99:  # the live queue's groups come later: the per-class answers are made again
+            w.register(req(f"late{step}", gpu_milli=int(rng.choice([300, 700])), gpu_count=2, cpu_milli=1500 + step))
         nodes = sorted({int(d) for d in rng.integers(len(st), size=int(rng.integers(0, 4)))})
+        looked += len(nodes)
         counted = np.zeros(len(w.count), dtype=bool)
         for d in nodes:
             counted |= (w.cpu_milli <= st.cpu_free[d]) & (w.memory_mib <= st.mem_free[d]) & \
                 ((st.gpu_free_milli[d][None, :] >= w.gpu_milli[:, None]).sum(axis=1) >= w.gpu_count)
         assert w.with_room(st, nodes).tolist() == counted.tolist(), step
+    assert w._parts is not None and len(w._parts[1][5]) < looked / 2  # most nodes' GPU amounts fell in a class seen
 
 
 def test_a_queue_made_like_another_copies_its_groups():
@@ -325,9 +335,17 @@ def test_the_fit_screen_answers_as_could_fit_whatever_changed():
             for k, (m, c, cpu) in enumerate(zip(rng.choice([250, 500, 1000], 40), rng.integers(0, 4, 40),
                                                   rng.integers(0, 9, 40) * 1000))]
     placed: list[str] = []
+    last: dict[tuple, bool] = {}
+    came_back = 0  # a need no node had room for, then one had (only a node that changed may have: tested alone)
     for step in range(400):
         r = pods[int(rng.integers(len(pods)))]
-        assert screen(r) is could_fit(st, r), step
+        ans = screen(r)
+        assert ans is could_fit(st, r), step
+        need = room_need(r)
+        if ans:  # the node it remembers has room
+            assert room_mask(st, need)[screen._seen[need][1]], step
+            came_back += last.get(need) is False
+        last[need] = ans
         what = rng.random()
         if what < 0.45:  # place one where the scheduler's rules are not needed: any node with room, by hand
             n = int(rng.integers(len(st)))
@@ -343,6 +361,7 @@ def test_the_fit_screen_answers_as_could_fit_whatever_changed():
                 tx.evict(placed[0])
         elif step % 97 == 0:
             st.add_node(make_node(f"new{step}", 4, T4, cpu_milli=8_000))
+    assert came_back >= 1
 
 
 def test_a_retry_pass_over_groups_registered_later():
@@ -358,3 +377,26 @@ def test_a_retry_pass_over_groups_registered_later():
     sh.pending.freed.add(0)
     sh.retry()
     assert [k for k, _ in sh.tries][:3] == ["t/s0", "t/s1", "t/s2"] and all(f for _, f in sh.tries)
+
+
+def test_a_pod_nominated_during_a_pass_goes_first_when_its_group_comes_back():
+    """A pass orders heads by their entries alone while nobody is nominated; should a head that comes back into the
+    pass be nominated by then, it goes before the others, as ``sort_key`` with the nominations says."""
+    reqs = [req("run", gpu_count=4), req("a1", gpu_milli=500), req("a2", gpu_milli=500), req("b1", gpu_milli=250)]
+    for nominate in (False, True):
+        sh = _Shell(list(reqs), [make_node("n", 4, T4, cpu_milli=64_000)])
+        assert sh.sched.schedule(reqs[0]).ok
+        for i, seen in ((1, 0.0), (2, 2.0), (3, 1.0)):
+            sh.pending.add(i, seen)
+        sh.sched.forget("t/run")
+        sh.pending.freed.add(0)
+        inner = sh.attempt
+
+        def attempt(i, fits, plan, inner=inner, sh=sh, nominate=nominate):
+            a = inner(i, fits, plan)
+            if nominate and sh.reqs[i].name == "a1":
+                sh.pending.nominated.add("t/a2")  # (as if victims were deleted for it meanwhile)
+            return a
+
+        sh.pending.retry(sh.round, 0.0, attempt)
+        assert [k for k, _ in sh.tries] == (["t/a1", "t/a2", "t/b1"] if nominate else ["t/a1", "t/b1", "t/a2"])

@@ -46,7 +46,7 @@ import numpy as np
 from .model import PodRequest
 from .queues import request_vector
 from .round import Attempt, RoomFor, SchedulingRound
-from .schedqueue import QueuedPod, order_pending, room_need, room_on, room_only, sort_key
+from .schedqueue import QueuedPod, order_pending, room_need, room_on, room_only
 from .state import ClusterState
 
 PER_GROUP = 8  # with team queues: a group's candidates per pass
@@ -87,7 +87,8 @@ class PendingGroups:
         self.hints = hints  # schedqueue.requeue_hints of the profile
         self.group_by = group_by
         self.queued: dict[int, QueuedPod] = {}  # pending pods, in the order they came
-        self.groups: dict[Hashable, list[tuple]] = {}  # group -> [(sort key, index)], in order; only non-empty groups
+        self.groups: dict[Hashable, list[tuple]] = {}  # group -> [(-priority, first seen, key, index, group id)], in
+        # ``schedqueue.sort_key``'s order; only non-empty groups
         self.group_ids: dict[Hashable, int]  # group -> its id
         self.group_list: list[Hashable]  # [group id]: the group
         if like is not None:
@@ -125,6 +126,8 @@ class PendingGroups:
         self._free: list[int] = []  # indices given back by ``unregister``
         self._free_groups: list[int] = []
         self._rank: tuple[int, np.ndarray, np.ndarray] | None = None  # ``_gpu_rank``'s, for a GPU count per node
+        self._parts: tuple[int, tuple] | None = None  # ``_room_parts``'
+        self._room_only: dict[frozenset[str], bool] = {}  # ``room_only`` of the plugins that rejected a pod
 
     # --- pods that come and go (the live queue: its pods are not known up front) --------------------
     def register(self, r: PodRequest) -> int:
@@ -183,7 +186,7 @@ class PendingGroups:
                         self.count, self.priority, self.cpu_milli, self.memory_mib, self.gpu_count, self.gpu_milli))
                 self.front.extend([None] * grow)
         self.group_ids[g] = gid
-        self._rank = None
+        self._rank = self._parts = None
         self.cpu_milli[gid], self.memory_mib[gid], self.gpu_count[gid], self.gpu_milli[gid] = need
         self.priority[gid] = r.priority
         if r.priority not in self.priorities:
@@ -200,10 +203,10 @@ class PendingGroups:
     def add(self, i: int, first_seen_s: float) -> None:
         if i not in self.queued:
             r, g = self.reqs[i], self.group_of[i]
-            q = self.queued[i] = QueuedPod(r.key, r.priority, first_seen_s, r)
+            self.queued[i] = QueuedPod(r.key, r.priority, first_seen_s, r)
             lst = self.groups.setdefault(g, [])
-            bisect.insort(lst, (sort_key(q)[1:], i))
             gid = self.group_ids[g]
+            bisect.insort(lst, (-r.priority, first_seen_s, r.key, i, gid))  # an entry: ``sort_key``'s order
             self.count[gid] += 1
             self.front[gid] = lst[0]
 
@@ -212,8 +215,8 @@ class PendingGroups:
         if q is not None:
             group = self.group_of[i]
             g = self.groups[group]
-            g.remove((sort_key(q)[1:], i))
             gid = self.group_ids[group]
+            g.remove((-q.priority, q.first_seen, q.key, i, gid))
             self.count[gid] -= 1
             if g:
                 self.front[gid] = g[0]
@@ -223,15 +226,19 @@ class PendingGroups:
 
     def head(self, group: Hashable) -> int | None:
         g = self.groups.get(group)
-        return g[0][1] if g else None
+        return g[0][3] if g else None
 
     def first(self, group: Hashable, n: int) -> list[QueuedPod]:
-        return [self.queued[i] for _, i in self.groups[group][:n]]
+        return [self.queued[e[3]] for e in self.groups[group][:n]]
 
     # --- what the round decided, what changed ------------------------------------------------------
     def failed(self, i: int, first_seen_s: float, rejected_by: Collection[str]) -> None:
         """Pod i does not fit: it waits; kept out not only by room, its group is tried whenever a pod leaves."""
-        if not room_only(rejected_by, self.hints):
+        by = rejected_by if isinstance(rejected_by, frozenset) else frozenset(rejected_by)
+        only = self._room_only.get(by)  # (a few distinct sets of plugins)
+        if only is None:
+            only = self._room_only[by] = room_only(by, self.hints)
+        if not only:
             self.kept_out.add(self.group_of[i])
         self.add(i, first_seen_s)
 
@@ -253,20 +260,40 @@ class PendingGroups:
     def with_room(self, state: ClusterState, nodes: Iterable[int]) -> np.ndarray:
         """[group id]: could the group fit on one of ``nodes`` (CPU, memory, enough GPUs with its milli free).
 
-        At least ``gpu_count`` GPUs of a node have ``gpu_milli`` free when its ``gpu_count``-th freest GPU has:
-        one look-up per group in the node's sorted free milli, not a [groups, GPUs] compare."""
+        At least ``gpu_count`` GPUs of a node have ``gpu_milli`` free when its ``gpu_count``-th freest GPU has: one
+        look-up per group in the node's sorted free milli.  Each of the three tests is kept per class of the node's
+        amounts (``_room_parts``), so a node whose amounts fall in classes seen before costs no compare over the
+        groups, only the two ``&``."""
         width = state.gpu_free_milli.shape[1]
-        rank, need = self._gpu_rank(width)
+        parts = self._room_parts(width)
+        cpu_thr, mem_thr, gpu_thr, by_cpu, by_mem, by_gpu = parts
+        cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free_milli
         ok = None
         for d in nodes:
-            if width:
-                free = state.gpu_free_milli[d].copy()
-                free.sort()  # (freest last: ``rank`` counts from the end)
-            else:
-                free = _NO_GPUS
-            fit = (self.cpu_milli <= state.cpu_free[d]) & (self.memory_mib <= state.mem_free[d]) & (free[rank] >= need)
+            c, m = cpu_free.item(d), mem_free.item(d)
+            if (a := by_cpu.get(k := _bisect(cpu_thr, c))) is None:
+                a = by_cpu[k] = self.cpu_milli <= c
+            if (b := by_mem.get(k := _bisect(mem_thr, m))) is None:
+                b = by_mem[k] = self.memory_mib <= m
+            row = gpu_free[d].tolist()
+            row.sort()
+            if (g := by_gpu.get(kg := tuple([_bisect(gpu_thr, v) for v in row]))) is None:
+                rank, need = self._gpu_rank(width)
+                g = by_gpu[kg] = np.array(row if width else [0], dtype=np.int64)[rank] >= need
+            fit = a & b & g
             ok = fit if ok is None else ok | fit
         return np.zeros(len(self.count), dtype=bool) if ok is None else ok
+
+    def _room_parts(self, width: int) -> tuple:
+        """``with_room``'s three tests by class: the sorted distinct CPU, memory and GPU milli the groups ask
+        (thresholds), and per class of a node's amount (how many thresholds it reaches: every group answers alike
+        for any amount of one class) [group id] the group has that much: CPU, memory, and for the node's sorted GPU
+        free milli, class by class, enough GPUs.  Made again when groups come (``_new_group``) or the width moves."""
+        memo = self._parts
+        if memo is None or memo[0] != width:
+            thr = [sorted(set(a.tolist())) for a in (self.cpu_milli, self.memory_mib, self.gpu_milli)]
+            memo = self._parts = (width, (*thr, {}, {}, {}))
+        return memo[1]
 
     def _gpu_rank(self, width: int) -> tuple[np.ndarray, np.ndarray]:
         """[group id]: which of a node's GPUs, in ascending free milli, must have ``need`` milli free for the group's
@@ -288,7 +315,7 @@ class PendingGroups:
         """What changed since the last call, taken: the nodes that gained room, [group id] could the group fit on
         one of them (``schedqueue.may_fit_after``'s room test, for every group at once), the groups with a pod
         back in the queue."""
-        fresh, self.fresh = self.fresh & self.groups.keys(), set()
+        fresh, self.fresh = _waiting(self.fresh, self.groups), set()
         room = sorted(self.freed)
         self.freed.clear()
         return room, self.with_room(state, room), fresh
@@ -298,10 +325,10 @@ class PendingGroups:
         groups): groups with room on a node that gained room, groups back in the queue, and, when a pod left,
         groups kept out by a cluster-wide count."""
         room, ok, fresh = self.changes(state)
-        for g in fresh | (self.kept_out & self.groups.keys() if room else set()):
+        for g in fresh | (_waiting(self.kept_out, self.groups) if room else set()):
             ok[self.group_ids[g]] = True
         groups, group_list = self.groups, self.group_list
-        return [i for gid in np.flatnonzero(ok & (self.count > 0)).tolist() for _, i in groups[group_list[gid]]]
+        return [e[3] for gid in np.flatnonzero(ok & (self.count > 0)).tolist() for e in groups[group_list[gid]]]
 
     # --- a pass ------------------------------------------------------------------------------------
     def retry(self, rnd: SchedulingRound, now: float, attempt: Callable[[int, bool | None, bool], Attempt]) -> None:
@@ -322,7 +349,7 @@ class PendingGroups:
         if rnd.tree is not None:
             self._retry_queues(rnd, now, ok, attempt)
             return
-        for g in self.kept_out & self.groups.keys():
+        for g in _waiting(self.kept_out, self.groups):
             ok[self.group_ids[g]] = True
         if rnd.preemption and room:  # a pod that could evict: the room that came may complete a plan
             above = [p for p in self.priorities if rnd.rooms.lower_priority_running(p)]
@@ -334,30 +361,30 @@ class PendingGroups:
                     ok[gid] = True
                     fresh.add(g)
         nominated, groups, group_ids, group_list, reqs = self.nominated, self.groups, self.group_ids, self.group_list, self.reqs
-        # (nominated last?, head's sort key, group id) per group: the order of sort_key(head, nominated) (a head's
-        # sort key names the pod, so two never tie); nobody nominated: the first part is True for every head
+        # per group its first entry (-priority, first seen, key, index, group id): the order of sort_key(head) (an
+        # entry names the pod, so two never tie), itself when nobody is nominated; else (not nominated?, entry)
         queued = ok & (self.count > 0)  # [group id]: in ``heads`` (a group is there at most once)
         due = queued.nonzero()[0].tolist()
-        front = self.front  # (a group's first entry orders as its sort key: two never tie)
-        if nominated:
-            heads = [(reqs[e[1]].key not in nominated, e, gid) for gid in due if (e := front[gid]) is not None]
-        else:
-            heads = [(True, e, gid) for gid in due if (e := front[gid]) is not None]
+        front = self.front
+        flagged = bool(nominated)
+        heads: list = [e for gid in due if (e := front[gid]) is not None]
         if not heads:
             return
+        if flagged:
+            heads = [(reqs[e[3]].key not in nominated, e) for e in heads]
         heapq.heapify(heads)
         if len(heads) < len(due):  # a group counted but gone (never, while counts follow the lists)
             queued[:] = False
-            for _f, _k, gid in heads:
-                queued[gid] = True
+            for h in heads:
+                queued[h[1][4] if flagged else h[4]] = True
         # [group id]: kept out by a count, or back in the queue (tried whatever the room; a group's own try is the
         # only thing in a pass that changes its ``kept_out``)
         either = [False] * len(group_list)
         n_either = 0
-        if tried_anyway := (self.kept_out & groups.keys()) | fresh:
+        if tried_anyway := _waiting(self.kept_out, groups) | fresh:
             for g in tried_anyway:
                 either[group_ids[g]] = True
-            n_either = sum(either[h[2]] for h in heads)
+            n_either = sum(either[h[1][4] if flagged else h[4]] for h in heads)
         # one priority: when no queued group fits and none is tried whatever the room, every one left would be
         # passed over (``waits_by_priority``, nobody nominated), and passing over changes nothing: the pass ends
         prio = self.priorities[0] if len(self.priorities) == 1 else None
@@ -369,12 +396,12 @@ class PendingGroups:
         waits: dict[int, bool] = {}  # priority -> a pod of it with no nomination would only wait; valid until a try
         kept_out = self.kept_out
         while heads:
-            gid = heapq.heappop(heads)[2]
+            gid = heapq.heappop(heads)[1][4] if flagged else heapq.heappop(heads)[4]
             queued[gid] = False
             n_either -= either[gid]
             if (head := front[gid]) is None:
                 continue
-            i = head[1]
+            i = head[3]
             if fit[gid]:
                 fits: bool | None = True
             elif either[gid]:
@@ -410,7 +437,14 @@ class PendingGroups:
                     room = sorted(set(room) | self.freed)
                     room_set = set(room)
                 if (head := front[gid]) is not None:
-                    heapq.heappush(heads, (reqs[head[1]].key not in nominated, head, gid))
+                    if flagged:
+                        heapq.heappush(heads, (reqs[head[3]].key not in nominated, head))
+                    elif nominated and reqs[head[3]].key in nominated:  # (every entry so far: not nominated)
+                        heads = [(True, e) for e in heads]  # (the same order: still a heap)
+                        flagged = True
+                        heapq.heappush(heads, (False, head))
+                    else:
+                        heapq.heappush(heads, head)
                     queued[gid] = True
                     n_either += either[gid]
             if stale and heads:
@@ -436,7 +470,7 @@ class PendingGroups:
         for _ in range(64):
             cands: list[QueuedPod] = []
             for group, members in self.groups.items():
-                r0 = self.reqs[members[0][1]]
+                r0 = self.reqs[members[0][3]]
                 if ok[self.group_ids[group]] or group in self.kept_out or (
                         borrowing and r0.queue and rnd.rooms.may_plan(RoomFor(r0.key, r0.priority, r0), now)
                         and tree.within_nominal(r0.queue, request_vector(r0))):
@@ -473,7 +507,13 @@ class PendingGroups:
                 ok[self.group_ids[g]] = True
 
 
-_NO_GPUS = np.zeros(1, dtype=np.int64)  # ``with_room``'s sorted free milli on a cluster without GPUs
+def _waiting(some: set[Hashable], groups: Mapping[Hashable, list]) -> set[Hashable]:
+    """``some & groups.keys()``, looking up each of ``some`` (a few groups) instead of hashing every waiting group's
+    key as ``set & dict_keys`` does (it iterates over the keys)."""
+    return {g for g in some if g in groups} if some else set()
+
+
+_bisect = bisect.bisect_right
 _any = np.logical_or.reduce  # ``a.any()`` of a 1-d bool array, without the method's wrapper
 _count = np.add.reduce  # ``a.sum(axis=...)`` of a bool array (counts), without the method's wrapper
 
@@ -526,8 +566,18 @@ class FitScreen:
             versions = seen[4]
             changed = (st.version != versions).nonzero()[0]
             if changed.size:
-                seen[3][changed] = room_mask(st, need, changed)
+                now_room = room_mask(st, need, changed)
                 versions[changed] = st.version[changed]
+                if node < 0:  # no node had room: only a changed one may have now, the first of them is the first
+                    k = int(now_room.argmax())
+                    if not now_room[k]:
+                        return False  # (``room`` stays all False)
+                    seen[3][changed] = now_room
+                    seen[1], seen[2] = int(changed[k]), int(st.version[changed[k]])
+                    return True
+                seen[3][changed] = now_room
+            elif node < 0:
+                return False
         room = seen[3]
         node = int(room.argmax())
         if room[node]:
