@@ -220,3 +220,19 @@ def test_memo_forgets_the_least_recently_used_entry(monkeypatch):
         assert get(name) == name
     assert made == ["shared", "a", "b", "c"]  # "shared" was made once; "a" went when "c" came
     assert get("a") == "a" and made[-1] == "a"
+
+
+def test_requests_made_once_a_shape_are_each_pods_own_request():
+    # packing._requests builds one request per row shape and copies it under the other pods' names: field by field
+    # what TracePod.request() gives each pod (MIG pods, model lists and CPU-only pods included)
+    import dataclasses
+
+    pods = [trace.TracePod(f"p{i}", cpu, 1024, g, m, spec, mig_profile=mig)
+            for i, (cpu, g, m, spec, mig) in enumerate([(1000, 1, 500, (), ""), (1000, 1, 500, (), ""),
+                                                        (1000, 1, 500, ("T4",), ""), (2000, 0, 0, (), ""),
+                                                        (1000, 1, 0, (), "1g.10gb"), (1000, 1, 0, (), "1g.10gb"),
+                                                        (1000, 2, 1000, ("T4", "P100"), ""), (1000, 1, 500, (), "")])]
+    got = packing._requests(pods)
+    want = [p.request() for p in pods]
+    assert [dataclasses.asdict(r) for r in got] == [dataclasses.asdict(r) for r in want]
+    assert [r.name for r in got] == [p.name for p in pods] and got == want
