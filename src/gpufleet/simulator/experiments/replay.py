@@ -224,13 +224,18 @@ class _Replay:
         self.t_first = float(arrival[self.measured].min()) if self.measured.any() else 0.0
         self.t_last = float(arrival[self.measured].max()) if self.measured.any() else 0.0
         self.w_start, self.w_end = wl.window(run.warmup)
-        # the arrivals, known up front: in the order of (time, pod index), kept out of the heap; the heap holds the
-        # events that come later (time, kind, seq, index): kind 0 departures, 2 and up a subclass's (never 1: an
-        # arrival goes after the departures and before the other events of its time, as kind 1 would)
+        # the arrivals, known up front: in the order of (time, pod index), kept out of the heaps.  The departures: a
+        # heap of their times (floats compare faster than tuples) and, per time, (seq, pod) in the order they were
+        # scheduled (``seq`` grows).  ``events``: a subclass's other events (time, kind >= 2, seq, index).  Of one
+        # time, the departures go first, then the arrivals, then the other events (a heap of (time, kind, ...)
+        # with departures kind 0 and arrivals kind 1 would give that order)
         at = np.flatnonzero(self.measured)
         at = at[np.argsort(arrival[at], kind="stable")]  # time, then index (``at`` ascends)
         self.arrival_times: list[float] = arrival[at].tolist()
         self.arrival_order: list[int] = at.tolist()
+        self.run_s: list[float] = wl.run_s.tolist()
+        self.departures: list[float] = []
+        self.departing: dict[float, list[tuple[int, int]]] = {}
         self.events: list[tuple] = []
         self.seq = 0
         self.ends: dict[int, int] = {}  # pod -> seq of its live departure event (victims' old ones are stale)
@@ -291,19 +296,25 @@ class _Replay:
     def placed(self, i: int, now: float, tried: bool = False) -> None:
         """Bookkeeping once pod i holds its devices (by the round, alone -- ``tried`` -- or as a gang member)."""
         r, tree = self.reqs[i], self.tree
-        self.placed_by_prio[r.priority] = self.placed_by_prio.get(r.priority, 0) + 1
+        p = r.priority
+        self.placed_by_prio[p] = self.placed_by_prio.get(p, 0) + 1
         if tree is not None and r.queue in tree.queues and any(
                 (nom := tree.nominal(q, "gpu_milli")) is not None and tree.used(q, "gpu_milli") > nom for q in tree.path(r.queue)):
             self.lent += 1  # it borrows: reclaim may find it
-        self.used_milli += r.total_gpu_milli
-        self.running_by_prio[r.priority] = self.running_by_prio.get(r.priority, 0) + 1
-        if i in self.arrived_at and math.isnan(self.delays[i]):
-            self.delays[i] = now - self.arrived_at[i]
+        self.used_milli += r.gpu_count * r.gpu_milli  # (``total_gpu_milli``)
+        self.running_by_prio[p] = self.running_by_prio.get(p, 0) + 1
+        if (came := self.arrived_at.get(i)) is not None and math.isnan(self.delays[i]):
+            self.delays[i] = now - came
         self.pending.placed(i, tried)
         self.seq += 1
         self.ends[i] = self.seq
         self.age[i] = (int(now) << 32) + self.seen.get(i, 0)
-        heapq.heappush(self.events, (now + float(self.wl.run_s[i]), 0, self.seq, i))
+        t = now + self.run_s[i]
+        if (same := self.departing.get(t)) is None:
+            self.departing[t] = [(self.seq, i)]
+            heapq.heappush(self.departures, t)
+        else:
+            same.append((self.seq, i))
         self.gang_waiting.pop(i, None)
 
     def _stopped(self, i: int, node: str | None) -> None:
@@ -311,7 +322,7 @@ class _Replay:
         r = self.reqs[i]
         if self.limits is not None:
             self.limits.release(r.key)
-        self.used_milli -= r.total_gpu_milli
+        self.used_milli -= r.gpu_count * r.gpu_milli  # (``total_gpu_milli``)
         self.running_by_prio[r.priority] -= 1
         self.ends.pop(i, None)  # an evicted pod's departure event is stale now
         self.left += 1
@@ -451,11 +462,12 @@ class _Replay:
             self.place_initial(int(i0), self.t_first)
         t_first, t_last = self.t_first, self.t_last
         sample_times = list(np.linspace(t_first, t_last, SAMPLES)) if t_last > t_first else [t_first]
-        si, last_t, ev = 0, t_first, self.events
+        si, last_t, ev, dep, departing, ends = 0, t_first, self.events, self.departures, self.departing, self.ends
         n_samples, w_start, w_end, reqs = len(sample_times), self.w_start, self.w_end, self.reqs
         at, order, na, ai = self.arrival_times, self.arrival_order, len(self.arrival_times), 0
-        while ev or ai < na:
-            now = ev[0][0] if ev and (ai == na or ev[0][0] < at[ai]) else at[ai]
+        inf = math.inf
+        while dep or ev or ai < na:
+            now = min(dep[0] if dep else inf, ev[0][0] if ev else inf, at[ai] if ai < na else inf)
             while si < n_samples and sample_times[si] <= now:
                 sample(self, sample_times[si])
                 si += 1
@@ -465,17 +477,17 @@ class _Replay:
             last_t = now
             left_any = False
             arrivals: list[int] = []
-            while True:  # this time's events: departures, then arrivals, then the others (a heap's order)
-                if ev and ev[0][0] == now and (ev[0][1] == 0 or ai == na or at[ai] != now):
-                    _, kind, s, i = heapq.heappop(ev)
-                    i = int(i)
-                    if kind == 0:
-                        if self.ends.get(i) != s:
+            while True:  # this time's events: departures, then arrivals, then the others
+                if dep and dep[0] == now:
+                    heapq.heappop(dep)
+                    for s, i in departing.pop(now):  # (releasing a pod schedules nothing)
+                        if ends.get(i) != s:
                             continue  # a preempted pod's old departure
                         self.release(i)
                         left_any = True
-                    else:
-                        self.on_event(kind, i, now)  # other events a subclass scheduled (spot_replay: nodes)
+                elif ev and ev[0][0] == now and (ai == na or at[ai] != now):
+                    _, kind, s, i = heapq.heappop(ev)
+                    self.on_event(kind, int(i), now)  # other events a subclass scheduled (spot_replay: nodes)
                 elif ai < na and at[ai] == now:
                     arrivals.append(order[ai])
                     ai += 1
