@@ -225,8 +225,9 @@ class _Replay:
         self.t_last = float(arrival[self.measured].max()) if self.measured.any() else 0.0
         self.w_start, self.w_end = wl.window(run.warmup)
         # the arrivals, known up front: in the order of (time, pod index), kept out of the heaps.  The departures: a
-        # heap of their times (floats compare faster than tuples) and, per time, (seq, pod) in the order they were
-        # scheduled (``seq`` grows).  ``events``: a subclass's other events (time, kind >= 2, seq, index).  Of one
+        # heap of their times (floats compare faster than tuples) and, per time, ``seq << 32 | pod`` (a list of them
+        # in the order they were scheduled when several share the time; ``seq`` grows; an int, not a container
+        # object per departure).  ``events``: a subclass's other events (time, kind >= 2, seq, index).  Of one
         # time, the departures go first, then the arrivals, then the other events (a heap of (time, kind, ...)
         # with departures kind 0 and arrivals kind 1 would give that order)
         at = np.flatnonzero(self.measured)
@@ -235,7 +236,7 @@ class _Replay:
         self.arrival_order: list[int] = at.tolist()
         self.run_s: list[float] = wl.run_s.tolist()
         self.departures: list[float] = []
-        self.departing: dict[float, list[tuple[int, int]]] = {}
+        self.departing: dict[float, int | list[int]] = {}
         self.events: list[tuple] = []
         self.seq = 0
         self.ends: dict[int, int] = {}  # pod -> seq of its live departure event (victims' old ones are stale)
@@ -310,11 +311,14 @@ class _Replay:
         self.ends[i] = self.seq
         self.age[i] = (int(now) << 32) + self.seen.get(i, 0)
         t = now + self.run_s[i]
+        code = self.seq << 32 | i
         if (same := self.departing.get(t)) is None:
-            self.departing[t] = [(self.seq, i)]
+            self.departing[t] = code
             heapq.heappush(self.departures, t)
+        elif isinstance(same, list):
+            same.append(code)
         else:
-            same.append((self.seq, i))
+            self.departing[t] = [same, code]
         self.gang_waiting.pop(i, None)
 
     def _stopped(self, i: int, node: str | None) -> None:
@@ -480,8 +484,10 @@ class _Replay:
             while True:  # this time's events: departures, then arrivals, then the others
                 if dep and dep[0] == now:
                     heapq.heappop(dep)
-                    for s, i in departing.pop(now):  # (releasing a pod schedules nothing)
-                        if ends.get(i) != s:
+                    codes = departing.pop(now)
+                    for code in codes if isinstance(codes, list) else (codes,):  # (releasing a pod schedules nothing)
+                        i = code & 0xFFFFFFFF
+                        if ends.get(i) != code >> 32:
                             continue  # a preempted pod's old departure
                         self.release(i)
                         left_any = True
