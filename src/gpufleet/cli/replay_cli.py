@@ -9,6 +9,7 @@ calls ``add_arguments`` and hands replay runs here.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -212,6 +213,11 @@ def run_one(task: dict) -> dict:
                    what_if=label.strip(), copies=task.get("copies"), speedup=task.get("speedup", 1.0))
     d = r.to_json()
     d["search_added"] = task.get("add")
+    del r
+    # a replay's state is held in reference cycles (its round's ports are the replay itself, and the scheduler's):
+    # freed here, at once, not at some later full collection while this worker's next run builds its own (a sweep's
+    # worker peaked about 20 MiB higher that way)
+    gc.collect()
     return d
 
 
@@ -331,6 +337,10 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
           f"{'; what-if ' + ' '.join(args.what_if) if args.what_if else ''}; {jobs} worker(s)", file=sys.stderr)
     t0 = time.perf_counter()
     bar = tqdm(total=len(tasks), unit="run", disable=args.no_progress, file=sys.stderr)
+    # what is made so far (the modules, the trace, the prepared workloads) lives until the end: out of the cyclic
+    # collector's sight, so that each run's collection (``run_one``) and the workers' own walk only what runs make,
+    # and a forked worker's collections leave the pages it shares with this process as they are
+    gc.freeze()
     try:
         runs = _pool_map(tasks, jobs, bar)
         search = None
@@ -340,6 +350,7 @@ def run(args: argparse.Namespace, policies: list[str], pods_path: str, nodes_pat
         print(f"gpufleet simulate: {exc}", file=sys.stderr)
         return 1
     finally:
+        gc.unfreeze()
         bar.close()
     rows = summarize(runs)
     print_table(rows)
