@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench.loader import REPO, bench_module
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("bound_options", REPO / "bench" / "bound_options.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("bound_options")
 
 
 def test_variant_values_take_highs_types():

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.bench.loader import REPO, bench_module
 from tests.simulator.test_packing_and_cli import NODES, pods_csv
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("main_job_timeline", REPO / "bench" / "main_job_timeline.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("main_job_timeline")
 
 
 def test_summary_says_startup_makespan_against_cpu_tail_and_end():
