@@ -302,7 +302,7 @@ class _Replay:
         if tree is not None and r.queue in tree.queues and any(
                 (nom := tree.nominal(q, "gpu_milli")) is not None and tree.used(q, "gpu_milli") > nom for q in tree.path(r.queue)):
             self.lent += 1  # it borrows: reclaim may find it
-        self.used_milli += r.gpu_count * r.gpu_milli  # (``total_gpu_milli``)
+        self.used_milli += r.total_gpu_milli
         self.running_by_prio[p] = self.running_by_prio.get(p, 0) + 1
         if (came := self.arrived_at.get(i)) is not None and math.isnan(self.delays[i]):
             self.delays[i] = now - came
@@ -326,7 +326,7 @@ class _Replay:
         r = self.reqs[i]
         if self.limits is not None:
             self.limits.release(r.key)
-        self.used_milli -= r.gpu_count * r.gpu_milli  # (``total_gpu_milli``)
+        self.used_milli -= r.total_gpu_milli
         self.running_by_prio[r.priority] -= 1
         self.ends.pop(i, None)  # an evicted pod's departure event is stale now
         self.left += 1
