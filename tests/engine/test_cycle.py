@@ -191,6 +191,39 @@ def test_plugins_that_share_a_learner_have_it_called_once_per_cycle():
     assert model._seen == before + 2  # each pod learned once, however often it was handed over
 
 
+def test_a_shared_observer_hands_the_pod_to_the_learner_it_names():
+    """``SharedObserver``: ``observes`` is the attribute ``observed_attr`` names, and ``observe_pod`` hands the
+    cycle's pod to it (the default's plugins name their ``model``, FGD's descent its ``learner``)."""
+    from gpufleet.engine.framework import SharedObserver
+
+    class Learner:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def observe_pod(self, cycle):
+            self.seen.append(cycle.request.name)
+
+    class ByModel(SharedObserver):
+        def __init__(self) -> None:
+            self.model = Learner()
+
+    class ByLearner(SharedObserver):
+        observed_attr = "learner"
+
+        def __init__(self) -> None:
+            self.learner = Learner()
+            self.model = None
+
+    s = Scheduler(build_profile("default"), ClusterState([gpu_node("a", 2)]), seed=0)
+    cycle = s.new_cycle(parse_pod(pod(gpus=1, name="p")))
+    for plugin in (ByModel(), ByLearner()):
+        plugin.observe_pod(cycle)
+        assert plugin.observes is getattr(plugin, plugin.observed_attr)
+        assert plugin.observes.seen == ["p"]
+    learners = {id(p.observes) for p, _ in s.profile.scores if isinstance(p, SharedObserver)}
+    assert learners == {id(s._observers[0])}  # the default's learning score plugins share one learner
+
+
 def test_score_plugin_hooks_follow_the_profile_list():
     """The score plugins' optional hooks are looked up once per list: a plugin appended later is scored too."""
     import numpy as np

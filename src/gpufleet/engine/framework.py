@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from operator import attrgetter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Hashable, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Callable, ClassVar, Generic, Hashable, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -258,6 +258,22 @@ EXTENSION_POINTS: dict[str, type] = {
     "gpuSelect": GpuSelectPlugin,
     "reserve": ReservePlugin,
 }
+
+
+class SharedObserver:
+    """A plugin whose ``observe_pod`` only hands the pod to a learner it may share with other plugins.
+
+    It names that learner as ``observes`` (the attribute ``observed_attr`` names), so that the scheduler calls each
+    shared learner once per cycle rather than once per plugin (each later call would find the cycle's pod learned)."""
+
+    observed_attr: ClassVar[str] = "model"
+
+    def observe_pod(self, cycle: Cycle) -> None:
+        self.observes.observe_pod(cycle)
+
+    @property
+    def observes(self) -> Any:
+        return getattr(self, self.observed_attr)
 
 
 class Binder(Protocol):

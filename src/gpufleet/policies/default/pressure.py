@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...engine.args import PluginArgs, arg
-from ...engine.framework import Cycle, StateKey
+from ...engine.framework import Cycle, SharedObserver, StateKey
 from ...engine.model import GPU_MILLI
 from ...engine.state import ClusterState
 from .workload import WorkloadModel, model_of
@@ -36,7 +36,7 @@ class ModelPressureArgs(PluginArgs):
     quant_milli: float = arg(40.0)  # the descent's step (DescentScore's quant_milli): the cost is counted in it
 
 
-class ModelPressure:
+class ModelPressure(SharedObserver):
     """Score: minus the model pressure of the GPUs a pod would use on each node (see the module docstring).
     Applies only to GPU pods once any pinned demand was seen."""
 
@@ -51,14 +51,6 @@ class ModelPressure:
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> ModelPressure:
         return cls(ModelPressureArgs.from_config(cls.name, cfg), model_of(handle))
-
-    def observe_pod(self, cycle: Cycle) -> None:
-        self.model.observe_pod(cycle)
-
-    @property
-    def observes(self) -> Any:
-        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
-        return self.model
 
     def applies(self, cycle: Cycle, state: ClusterState) -> bool:
         return bool(self.model.pinned and self.args.model_weight and cycle.request.total_gpu_milli)

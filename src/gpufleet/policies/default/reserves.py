@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ...engine.args import PluginArgs, arg
-from ...engine.framework import Cycle, FilterResult, StateKey
+from ...engine.framework import Cycle, FilterResult, SharedObserver, StateKey
 from ...engine.model import GPU_MILLI
 from ...engine.plugins._common import passing
 from ...engine.plugins.gpufit import eligible_gpus, model_mask
@@ -39,7 +39,7 @@ class CpuReserveArgs(PluginArgs):
     reserve_max_wait_s: float = arg(600.0)  # a pod that has waited this long may use the reserve (live, replay)
 
 
-class CpuReserve:
+class CpuReserve(SharedObserver):
     """Filter: once CPU binds first, a CPU-only pod may not take the CPU a node's free GPUs need.
 
     Need = ``cpu_reserve`` x free GPU milli x the mean CPU per GPU milli of the GPU pods seen.  Off until a
@@ -57,14 +57,6 @@ class CpuReserve:
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> CpuReserve:
         return cls(CpuReserveArgs.from_config(cls.name, cfg), model_of(handle))
-
-    def observe_pod(self, cycle: Cycle) -> None:
-        self.model.observe_pod(cycle)
-
-    @property
-    def observes(self) -> Any:
-        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
-        return self.model
 
     def on(self, state: ClusterState) -> bool:
         m = self.model
@@ -102,7 +94,7 @@ class WholeGpuReserveArgs(PluginArgs):
     reserve_max_wait_s: float = arg(600.0)  # a pod that has waited this long may use the reserve (live, replay)
 
 
-class WholeGpuReserve:
+class WholeGpuReserve(SharedObserver):
     """Filter: once GPUs bind first and whole free GPUs are scarce, a share that would waste most of one goes
     on a GPU in use (or waits).
 
@@ -131,14 +123,6 @@ class WholeGpuReserve:
     @classmethod
     def from_config(cls, handle: Any = None, **cfg: Any) -> WholeGpuReserve:
         return cls(WholeGpuReserveArgs.from_config(cls.name, cfg), model_of(handle))
-
-    def observe_pod(self, cycle: Cycle) -> None:
-        self.model.observe_pod(cycle)
-
-    @property
-    def observes(self) -> Any:
-        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
-        return self.model
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r, a, m = cycle.request, self.args, self.model

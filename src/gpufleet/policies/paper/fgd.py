@@ -15,7 +15,7 @@ from typing import Any, Hashable, Iterable
 import numpy as np
 
 from ...engine.errors import ConfigError
-from ...engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice
+from ...engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice, SharedObserver
 from ...engine.model import GPU_MILLI, PodRequest
 from ...engine.plugins.gpufit import eligible_gpus, eligible_on
 from ...engine.plugins.gpuselect import BestFitGpu, pick_mig
@@ -231,7 +231,7 @@ def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
     return np.floor(MAX_NODE_SCORE / (1.0 + np.exp(-delta / 1000.0)))
 
 
-class FragDescent:
+class FragDescent(SharedObserver):
     """FGD's score machinery over a learned target workload (``learner``), for FGD and the default's descent.
 
     A share's score is its best GPU's, through a per-GPU score cache (``_shared_scores``) that the GPU
@@ -240,18 +240,11 @@ class FragDescent:
     """
 
     name = ""
+    observed_attr = "learner"
     learner: OnlineWorkload
     _gsel: OrderedDict  # see _gpu_cache
     _memo: list | None = None  # see _remembered
     _ck: tuple | None = None  # (the last cycle cache_key saw, its pod's _shape_key): see _cycle_key
-
-    def observe_pod(self, cycle: Cycle) -> None:
-        self.learner.observe_pod(cycle)
-
-    @property
-    def observes(self) -> Any:
-        """What ``observe_pod`` hands the pod to (the framework calls it once per cycle for every plugin sharing it)."""
-        return self.learner
 
     def _tw(self, state: ClusterState) -> tuple[TargetWorkload, np.ndarray]:
         return self.learner.tw(state)
@@ -270,7 +263,7 @@ class FragDescent:
         return c[1] if c is not None and c[0] is cycle else self._shape_key(cycle.request)
 
     def cache_key(self, cycle: Cycle):
-        self.observe_pod(cycle)
+        self.learner.observe_pod(cycle)
         self._ck = (cycle, self._shape_key(cycle.request))
         return (self._ck[1], self.learner.version)
 
