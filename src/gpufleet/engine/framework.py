@@ -288,6 +288,12 @@ class BindError(Exception):
 
 @dataclass
 class Profile:
+    """A scheduler's plugins by extension point, in order.
+
+    The lists may be replaced or appended to (DRA's plugin registers itself by ``append``); a scheduler keeps what it
+    derives from ``filters`` and ``scores`` (the filters it may skip, the score plugins' hooks) while the list is the
+    same object of the same length, so change an element by assigning a new list, not in place."""
+
     name: str
     pre_filters: list[PreFilterPlugin] = field(default_factory=list)
     filters: list[FilterPlugin] = field(default_factory=list)
