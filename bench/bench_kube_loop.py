@@ -27,6 +27,7 @@ import numpy as np
 from gpufleet.engine.framework import Scheduler
 from gpufleet.engine.model import Gpu, Node, PodRequest
 from gpufleet.engine.state import ClusterState
+from gpufleet import native
 from gpufleet.kube.loop import SchedulerLoop
 from gpufleet.policies import build_profile
 from gpufleet.simulator.traces import trace
@@ -34,7 +35,6 @@ from gpufleet.simulator.experiments.packing import prime_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: the fake API server lives in its tests
 from tests.kube.fake_api import FakeApi  # noqa: E402
-
 
 def node(i: int) -> dict:
     return {"metadata": {"name": f"node-{i:05d}", "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"}},
@@ -121,6 +121,7 @@ def engine_bench(n_nodes: int, policies: list[str], rounds: int, figures: bool =
                 cpu_rates.setdefault((cname, pol), []).append(len(reqs) / max(time.process_time() - c0, 1e-9))
     print(f"engine at {n_nodes} nodes, 4,000 decisions per run, median of {rounds} round(s); per CPU second: "
           f"this process's CPU time, which other processes on the cores do not take")
+    print(f"  {native.describe()}")  # the C descent measure or the numpy path
     for (cname, pol), v in rates.items():
         c = cpu_rates[(cname, pol)]
         print(f"  {cname:<8} {pol:<8} {statistics.median(v):7.0f} decisions/s, {statistics.median(c):7.0f} per CPU second"

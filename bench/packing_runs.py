@@ -44,6 +44,11 @@ def main() -> int:
             lp_cpu[0] += time.process_time() - t
 
     bound.bound_placing_first = timed_keep_first
+    try:  # on stderr: the old and new checkouts' stdout must match (side_by_side --same-stdout)
+        from gpufleet import native
+        print(native.describe(), file=sys.stderr)
+    except ImportError:
+        print("native: none in this checkout: numpy path", file=sys.stderr)
     for pol in args.policies:
         lp_cpu[0] = 0.0
         t = time.process_time()

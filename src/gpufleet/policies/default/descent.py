@@ -28,6 +28,7 @@ from typing import Any, Hashable
 
 import numpy as np
 
+from ... import native
 from ...engine.args import PluginArgs, arg
 from ...engine.framework import Cycle, GpuChoice
 from ...engine.model import GPU_MILLI, PodRequest
@@ -171,6 +172,27 @@ class DescentScore(FragDescent):
         with free milli outside 0..GPU_MILLI, and configurations where a weight is not positive (where adding
         the terms to zeros could matter), take the two functions themselves.
         """
+        a = self.args
+        if (not len(tw) or gpu.dtype.kind not in "iu" or not gpu.size or not (a.strand_weight > 0 and a.sliver_weight > 0)):
+            return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
+        if native.measure is not None and type(a.strand_weight) is float and type(a.sliver_weight) is float:
+            # the same operations in C (gpufleet/_native.c); False: an input it does not take (then numpy, below)
+            table, count, cpu_t = self._gpu_table(tw)
+            c = self._shape_acc
+            if c is None or c[0] is not acc or c[1] is not tw:
+                c = self._shape_acc = (acc, tw, (tw.gpu_milli > 0) & acc)
+            if self._rates is None or self._rates[0] != self.model.version:
+                self._rates = (self.model.version, *self.model.sums)
+            _, g_milli, c_milli, m_mib = self._rates
+            out = np.empty(cpu.shape[0])
+            if native.measure(out, cpu, gpu, mem, model, c[2], table, count, cpu_t, tw.freq, self._q_rhos,
+                              g_milli / max(c_milli, 1.0), g_milli / m_mib if m_mib > 0 else 0.0, g_milli > 0,
+                              a.memory_strand and m_mib > 0, a.strand_weight, a.sliver_weight):
+                return out
+        return self._measure_numpy(cpu, gpu, mem, model, tw, acc)
+
+    def _measure_numpy(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
+        """``_measure`` in numpy: the path without the C extension, and its reference (tests/policies)."""
         a = self.args
         if (not len(tw) or gpu.dtype.kind not in "iu" or not gpu.size or not (a.strand_weight > 0 and a.sliver_weight > 0)
                 or np.minimum.reduce(gpu, axis=None) < 0):

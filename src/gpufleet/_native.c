@@ -1,0 +1,305 @@
+/* gpufleet._native: the default policy's descent measure of a few node states, in C (optional).
+
+Why: a cached-key decision measures one to four node states (policies/default/descent.py, DescentScore._measure),
+about 25 numpy calls of about a microsecond each on arrays that small; the arithmetic itself is a few hundred
+operations.  This computes the same numbers with the same floating-point operations in the same order as the numpy
+path, so the result is the same bits:
+
+  * every per-GPU sum is of whole numbers (int64): exact in any order;
+  * the sum over shapes (numpy's add.reduce over a contiguous last axis) starts from 0.0 and adds numpy's pairwise
+    sum (8 accumulators from 8 items, halves above 128), as pairwise_sum below;
+  * the mean over ratio quantiles (add.reduce over axis 0 of [Q, S]) starts from 0.0 and adds the rows in order when
+    S > 1, and is one contiguous reduce (0.0 plus the pairwise sum) when S == 1;
+  * np.maximum(a, b) is b unless a > b or a is NaN (numpy 2's result for equal zeros: the second);
+  * no contraction of a * b + c into one fused operation (setup.py passes -ffp-contract=off; x87's extended precision
+    refused below).
+
+Only the CPython C API and the buffer protocol: no numpy headers, so building needs nothing but a C compiler.  The
+caller passes a float64 output array; measure() returns False, writing nothing, whenever an input is not of the
+types, layout or range this handles (the caller then takes the numpy path, which is also the reference the property
+tests compare against, tests/policies/test_native_measure.py).
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "double arithmetic must be evaluated in double precision (FLT_EVAL_METHOD 0) to give numpy's bits"
+#endif
+
+#define GROUP 8      /* numpy's pairwise sum: accumulators */
+#define BLOCK 128    /* numpy's PW_BLOCKSIZE */
+#define MAX_T 1024   /* shapes (and ratio quantiles) held on the stack; more take the numpy path */
+
+static double
+pairwise_sum(const double *a, Py_ssize_t n)
+{
+    if (n < GROUP) {
+        double res = 0.;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            res += a[i];
+        }
+        return res;
+    }
+    if (n <= BLOCK) {
+        double r[GROUP];
+        Py_ssize_t i;
+        for (int j = 0; j < GROUP; j++) {
+            r[j] = a[j];
+        }
+        for (i = GROUP; i < n - (n % GROUP); i += GROUP) {
+            for (int j = 0; j < GROUP; j++) {
+                r[j] += a[i + j];
+            }
+        }
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) {
+            res += a[i];
+        }
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % GROUP;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+static inline double
+np_maximum(double a, double b)
+{
+    return (a > b || a != a) ? a : b;
+}
+
+/* The element kinds accepted (bits, so that a caller may accept several): int64, int32, float64, bool; native byte
+   order, C-contiguous. */
+enum kind { K_OTHER = 0, K_I64 = 1, K_I32 = 2, K_F64 = 4, K_BOOL = 8 };
+
+static enum kind
+kind_of(const Py_buffer *v)
+{
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=') {
+        f++;
+    }
+#if PY_LITTLE_ENDIAN
+    else if (*f == '<') {
+        f++;
+    }
+#else
+    else if (*f == '>' || *f == '!') {
+        f++;
+    }
+#endif
+    if (f[0] == '\0' || f[1] != '\0') {
+        return K_OTHER;
+    }
+    switch (f[0]) {
+    case 'q': case 'l': case 'i':
+        if (v->itemsize == 8) {
+            return K_I64;
+        }
+        return v->itemsize == 4 ? K_I32 : K_OTHER;
+    case 'd':
+        return v->itemsize == 8 ? K_F64 : K_OTHER;
+    case '?':
+        return v->itemsize == 1 ? K_BOOL : K_OTHER;
+    default:
+        return K_OTHER;
+    }
+}
+
+#define NBUF 11  /* the most measure() holds at once */
+
+typedef struct {
+    Py_buffer v[NBUF];
+    int n;
+} buffers;
+
+static void
+release(buffers *b)
+{
+    for (int i = 0; i < b->n; i++) {
+        PyBuffer_Release(&b->v[i]);
+    }
+    b->n = 0;
+}
+
+/* Gets a C-contiguous buffer of ndim dimensions and one of the kinds wanted (bits); NULL when it is not one (no
+   Python error left set: the caller falls back). */
+static Py_buffer *
+get(buffers *b, PyObject *o, int ndim, int want, int writable)
+{
+    if (b->n >= NBUF) {
+        return NULL;
+    }
+    Py_buffer *v = &b->v[b->n];
+    if (PyObject_GetBuffer(o, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    b->n++;
+    if (v->ndim != ndim) {
+        return NULL;
+    }
+    if (!(kind_of(v) & want)) {
+        return NULL;
+    }
+    return v;
+}
+
+PyDoc_STRVAR(measure_doc,
+"measure(out, cpu, gpu, mem, model, shape_ok, table, count, cpu_t, freq, q_rhos, k_cpu, k_mem, strand, mem_strand,\n"
+"        strand_weight, sliver_weight) -> bool\n\n"
+"DescentScore._measure's table path for S node states into out ([S] float64): cpu, mem [S] int64, gpu [S, G] int64,\n"
+"model [S] int32/int64 (a row of shape_ok [M, T] bool, negative from the end), table [L, 2T + 2] int64 (_gpu_table),\n"
+"count [T] int64, cpu_t [T] int64 or float64, freq [T] float64, q_rhos [Q] float64 or None (the mean ratio: k_cpu),\n"
+"k_mem (used where mem_strand), strand (whether the stranded term is computed; its weight otherwise unused).\n"
+"False (out untouched) where an input is of another type or layout, or a GPU's milli or a model is out of range.");
+
+static PyObject *
+measure(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "measure() takes 17 arguments");
+        return NULL;
+    }
+    double k_cpu = PyFloat_AsDouble(args[11]);
+    double k_mem = PyFloat_AsDouble(args[12]);
+    int strand = PyObject_IsTrue(args[13]);
+    int mem_strand = PyObject_IsTrue(args[14]);
+    double w_strand = PyFloat_AsDouble(args[15]);
+    double w_sliver = PyFloat_AsDouble(args[16]);
+    if (PyErr_Occurred() || strand < 0 || mem_strand < 0) {
+        return NULL;
+    }
+    buffers b = {.n = 0};
+    PyObject *result = Py_False;
+    double tmp[MAX_T];
+    int64_t sums[2 * MAX_T + 2];
+
+    Py_buffer *out = get(&b, args[0], 1, K_F64, 1);
+    Py_buffer *cpu = get(&b, args[1], 1, K_I64, 0);
+    Py_buffer *gpu = get(&b, args[2], 2, K_I64, 0);
+    Py_buffer *mem = get(&b, args[3], 1, K_I64, 0);
+    Py_buffer *model = get(&b, args[4], 1, K_I64 | K_I32, 0);
+    Py_buffer *ok = get(&b, args[5], 2, K_BOOL, 0);
+    Py_buffer *table = get(&b, args[6], 2, K_I64, 0);
+    Py_buffer *count = get(&b, args[7], 1, K_I64, 0);
+    Py_buffer *cpu_t = get(&b, args[8], 1, K_I64 | K_F64, 0);
+    Py_buffer *freq = get(&b, args[9], 1, K_F64, 0);
+    Py_buffer *q = NULL;
+    if (!(out && cpu && gpu && mem && model && ok && table && count && cpu_t && freq)) {
+        goto done;
+    }
+    if (args[10] != Py_None && (q = get(&b, args[10], 1, K_F64, 0)) == NULL) {
+        goto done;
+    }
+    const Py_ssize_t S = cpu->shape[0], G = gpu->shape[1], T = count->shape[0];
+    const Py_ssize_t L = table->shape[0], C = table->shape[1], M = ok->shape[0];
+    const Py_ssize_t Q = q ? q->shape[0] : 0;
+    if (out->shape[0] != S || gpu->shape[0] != S || mem->shape[0] != S || model->shape[0] != S || S == 0 || G == 0
+        || T == 0 || C != 2 * T + 2 || ok->shape[1] != T || cpu_t->shape[0] != T || freq->shape[0] != T
+        || T > MAX_T || (q != NULL && (Q == 0 || Q > MAX_T))) {
+        goto done;
+    }
+    const int64_t *g = gpu->buf, *tab = table->buf, *cnt = count->buf, *c = cpu->buf, *m = mem->buf;
+    const char *okb = ok->buf;
+    const double *fr = freq->buf;
+    const int cpu_t_f = kind_of(cpu_t) == K_F64, model_i32 = kind_of(model) == K_I32;
+    for (Py_ssize_t i = 0; i < S * G; i++) {
+        if (g[i] < 0 || g[i] >= L) {
+            goto done;
+        }
+    }
+    for (Py_ssize_t s = 0; s < S; s++) {
+        int64_t mi = model_i32 ? ((const int32_t *)model->buf)[s] : ((const int64_t *)model->buf)[s];
+        if (mi < -M || mi >= M) {
+            goto done;
+        }
+    }
+    double *o = out->buf;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        /* the table's rows of the state's GPUs, summed: whole numbers */
+        memcpy(sums, tab + g[s * G] * C, C * sizeof(int64_t));
+        for (Py_ssize_t j = 1; j < G; j++) {
+            const int64_t *row = tab + g[s * G + j] * C;
+            for (Py_ssize_t k = 0; k < C; k++) {
+                sums[k] += row[k];
+            }
+        }
+        const int64_t total = sums[0];
+        int64_t mi = model_i32 ? ((const int32_t *)model->buf)[s] : ((const int64_t *)model->buf)[s];
+        if (mi < 0) {
+            mi += M;
+        }
+        const char *okrow = okb + mi * T;
+        const int64_t cs = c[s];
+        /* frag_amount: per shape, the idle milli too small for it where it fits (Q3), all idle milli otherwise */
+        for (Py_ssize_t t = 0; t < T; t++) {
+            int cpu_fits = cpu_t_f ? ((double)cs >= ((const double *)cpu_t->buf)[t]) : (cs >= ((const int64_t *)cpu_t->buf)[t]);
+            int64_t per = (okrow[t] && sums[1 + T + t] >= cnt[t] && cpu_fits) ? total - sums[1 + t] : total;
+            tmp[t] = (double)per * fr[t];
+        }
+        double frag = 0.0 + pairwise_sum(tmp, T);
+        const double sliver = (double)sums[C - 1];
+        if (!strand) {
+            o[s] = frag + (0.0 + w_sliver * sliver);
+            continue;
+        }
+        const double tot = (double)total;
+        const double cpu0 = (double)(cs > 0 ? cs : 0);
+        double stranded;
+        if (q != NULL) {
+            const double *qr = q->buf;
+            double acc;
+            if (S == 1) {  /* numpy reduces the one column as a contiguous run: pairwise */
+                for (Py_ssize_t i = 0; i < Q; i++) {
+                    tmp[i] = np_maximum(0.0, tot - cpu0 / qr[i]);
+                }
+                acc = 0.0 + pairwise_sum(tmp, Q);
+            }
+            else {
+                acc = 0.0;
+                for (Py_ssize_t i = 0; i < Q; i++) {
+                    acc += np_maximum(0.0, tot - cpu0 / qr[i]);
+                }
+            }
+            stranded = acc / (double)Q;
+        }
+        else {
+            stranded = np_maximum(0.0, tot - cpu0 * k_cpu);
+        }
+        if (mem_strand) {
+            const double mem0 = (double)(m[s] > 0 ? m[s] : 0);
+            stranded = np_maximum(stranded, tot - mem0 * k_mem);
+        }
+        o[s] = frag + (w_strand * stranded + w_sliver * sliver);
+    }
+    result = Py_True;
+done:
+    release(&b);
+    if (result != NULL) {
+        Py_INCREF(result);
+    }
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"measure", (PyCFunction)(void (*)(void))measure, METH_FASTCALL, measure_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "gpufleet._native",
+    "The default policy's descent measure in C, the same bits as its numpy path (see _native.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    return PyModule_Create(&module);
+}

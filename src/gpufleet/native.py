@@ -1,0 +1,34 @@
+"""Whether the optional C extension ``gpufleet._native`` is in use, and its functions where it is.
+
+Why a module of its own: the extension is optional (``setup.py`` builds it where a C compiler is found; an install
+without one takes the numpy paths, which give the same results), so every user of it asks here, and benchmarks and
+tests can say which path they measured (``describe``).  ``GPUFLEET_NATIVE=0`` turns it off (to measure or test the
+numpy path from the same install).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+measure: Callable[..., bool] | None = None
+REASON = ""
+try:
+    from . import _native  # type: ignore[attr-defined]  # compiled from _native.c; absent where it was not built
+except ImportError as e:
+    REASON = f"not built ({e})"
+else:
+    if os.environ.get("GPUFLEET_NATIVE", "1") == "0":
+        REASON = "off (GPUFLEET_NATIVE=0)"
+    else:
+        measure = _native.measure
+
+ACTIVE = measure is not None
+
+
+def describe() -> str:
+    """One line for a benchmark's output: which path the descent measure takes."""
+    return "native: on (gpufleet._native, the C descent measure)" if ACTIVE else f"native: {REASON}: numpy path"
+
+
+__all__ = ["ACTIVE", "REASON", "describe", "measure"]
