@@ -2,7 +2,7 @@
 
 ``optional=True``: where no C compiler is found, or the build fails, the install goes on without it and the policy
 takes its numpy path (the same results).  ``python setup.py build_ext --inplace`` builds it next to the sources, for
-runs with ``PYTHONPATH=src`` from a checkout; ``pip install -e .`` does the same.  docs/install.md says more.
+runs with ``PYTHONPATH=src`` from a checkout; ``pip install -e .`` does the same.  docs/deploy.md says more.
 """
 
 from setuptools import Extension, setup
