@@ -70,7 +70,7 @@ def main() -> int:
         timed(replay, "could_fit", "could_fit")
     retry = pending.PendingGroups.retry
 
-    def retry_timed(self: Any, rnd: Any, now: float, attempt: Any) -> None:
+    def retry_timed(self: Any, rnd: Any, now: float, attempt: Any, *waited: Any) -> None:
         def tried(*a: Any) -> Any:
             t = time.process_time()
             try:
@@ -79,10 +79,10 @@ def main() -> int:
                 spent["retry_tries"] += time.process_time() - t
         t = time.process_time()
         try:
-            retry(self, rnd, now, tried)
+            retry(self, rnd, now, tried, *waited)
         finally:
             spent["retry"] += time.process_time() - t
-    pending.PendingGroups.retry = retry_timed  # type: ignore[method-assign]
+    pending.PendingGroups.retry = retry_timed  # type: ignore[method-assign,assignment]
 
     pods = str(tracemod.bundled(tracemod.DEFAULT_PODS))
     nodes, tr, _kind = replay_cli._load(None, pods, False, 1.0)

@@ -688,6 +688,19 @@ class Scheduler:
         """Like ``decide`` but keeps the per-node reasons; never reserves.  ``waited_s`` as for ``schedule``."""
         return self.decide(self.new_cycle(request, waited_s), explain=True)
 
+    def filters_for(self, request: PodRequest) -> Sequence[FilterPlugin]:
+        """The filters a cycle of ``request`` runs now (those that skip it left out), in profile order."""
+        return self._active_filters(request, self.state) if self.skip_filters else self.profile.filters
+
+    def learns_from(self, request: PodRequest) -> bool:
+        """Would a cycle of ``request`` teach a plugin that learns the workload anything?  (A pod it has seen: no;
+        a learner that cannot say (no ``learns_from``): yes.)"""
+        for o in self._observers:
+            ask = getattr(o, "learns_from", None)
+            if ask is None or ask(request):
+                return True
+        return False
+
     def forget(self, pod_key: str) -> Assignment | None:
         """A pod left (finished, deleted): release its devices."""
         return self.state.unreserve(pod_key)

@@ -22,6 +22,13 @@ A group that is tried but has no node with room for its head (``room_on``) is pa
 cycle when a try could only make it wait (``SchedulingRound.only_waits``): no gang hold to look past,
 no room it may plan now.  Skipping changes no outcome, only saves the call.
 
+A group with room on a freed node whose head was last turned away by a plugin that gives a queueing hint
+(``schedqueue.QueueingHint``: the default's whole-GPU reserve, whose scarcity is cluster-wide) is asked
+that plugin first, as kube-scheduler asks only the plugins that rejected a pod (``asleep``): when no node
+has the head's room and passes every hint asked, no node passes its cycle, and a try whose cycle fails
+would only tell it to wait (``SchedulingRound.fails_quietly``) with reasons that keep it out by room
+alone: it sleeps on, and every outcome is the same (tested: a replay with and without the hints).
+
 With team queues the candidates (the first pods of each due group) go through ``order_pending``
 (hierarchical weighted DRF), as the live loop's due pods do; passes repeat while a group had all its
 candidates placed, and within a pass a group makes room once.
@@ -40,13 +47,14 @@ import bisect
 import heapq
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
 from .model import PodRequest
 from .queues import request_vector
 from .round import Attempt, RoomFor, SchedulingRound
-from .schedqueue import QueuedPod, order_pending, room_need, room_on, room_only
+from .schedqueue import NODES, PODS, ROOM, QueuedPod, QueueingHint, order_pending, queueing_hints, room_need, room_on, room_only
 from .state import ClusterState
 
 PER_GROUP = 8  # with team queues: a group's candidates per pass
@@ -128,6 +136,8 @@ class PendingGroups:
         self._rank: tuple[int, np.ndarray, np.ndarray] | None = None  # ``_gpu_rank``'s, for a GPU count per node
         self._parts: tuple[int, tuple] | None = None  # ``_room_parts``'
         self._room_only: dict[frozenset[str], bool] = {}  # ``room_only`` of the plugins that rejected a pod
+        self.rejected: dict[int, frozenset[str]] = {}  # waiting pod -> the plugins that turned it away last (``asleep``)
+        self._hints: tuple[Any, dict[str, QueueingHint], dict[frozenset[str], tuple[QueueingHint, ...]]] | None = None
 
     # --- pods that come and go (the live queue: its pods are not known up front) --------------------
     def register(self, r: PodRequest) -> int:
@@ -213,6 +223,7 @@ class PendingGroups:
     def remove(self, i: int) -> None:
         q = self.queued.pop(i, None)
         if q is not None:
+            self.rejected.pop(i, None)
             group = self.group_of[i]
             g = self.groups[group]
             gid = self.group_ids[group]
@@ -241,6 +252,7 @@ class PendingGroups:
         if not only:
             self.kept_out.add(self.group_of[i])
         self.add(i, first_seen_s)
+        self.rejected[i] = by
 
     def placed(self, i: int, tried: bool = True) -> None:
         """Pod i holds its devices.  ``tried``: it went through a cycle of its own (not a gang member), so its
@@ -310,6 +322,47 @@ class PendingGroups:
         """``with_room`` for one group on a few nodes, without numpy's per-call cost."""
         return room_on(state, self.need[gid], nodes)
 
+    # --- queueing hints ---------------------------------------------------------------------------
+    def asleep(self, i: int, rnd: SchedulingRound, waited_s: float, first: Sequence[int] = ()) -> bool:
+        """Would a try of waiting pod i now only tell it to wait, as its queueing hints show?  True when the plugins
+        that turned it away last give hints (``schedqueue.QueueingHint``), no node has its room (``room_need``) and
+        passes them all (so no node passes its cycle), a try whose cycle fails changes nothing else
+        (``SchedulingRound.fails_quietly``), and every filter its cycle runs is lifted by room or node changes only
+        (the try would not keep its group out by a count: ``failed``).  ``first``: nodes to look at first (those
+        that gained room: where it fits if anywhere, most often)."""
+        by = self.rejected.get(i)
+        if by is None:
+            return False
+        sched = rnd.sched
+        memo = self._hints
+        if memo is None or memo[0] is not sched.profile:  # the shell's profile replaced: its plugins' hints
+            memo = self._hints = (sched.profile, queueing_hints(sched.profile), {})
+        asked = memo[2].get(by)
+        if asked is None:
+            asked = memo[2][by] = tuple(h for name, h in sorted(memo[1].items()) if name in by)
+        if not asked:
+            return False
+        r = self.reqs[i]
+        if not rnd.fails_quietly(r):
+            return False
+        hints = self.hints
+        if not all(hints.get(p.name, PODS) in (ROOM, NODES) for p in sched.profile.pre_filters) or \
+                not all(hints.get(p.name, PODS) in (ROOM, NODES) for p in sched.filters_for(r)):
+            return False
+        state = sched.state
+        passes: np.ndarray | None = None
+        for hint in asked:
+            where = hint(r, state, waited_s)
+            if where is None:
+                return False  # passes it on every node: the room test said it has room
+            passes = where if passes is None else passes & where
+        assert passes is not None
+        need = self.need[self.group_ids[self.group_of[i]]]
+        for d in first:
+            if passes[d] and room_on(state, need, (d,)):
+                return False
+        return not _any(passes & room_mask(state, need)) if len(state) else False
+
     # --- what changed -------------------------------------------------------------------------------
     def changes(self, state: ClusterState) -> tuple[list[int], np.ndarray, set[Hashable]]:
         """What changed since the last call, taken: the nodes that gained room, [group id] could the group fit on
@@ -320,23 +373,33 @@ class PendingGroups:
         self.freed.clear()
         return room, self.with_room(state, room), fresh
 
-    def woken(self, state: ClusterState) -> list[int]:
+    def woken(self, state: ClusterState, rnd: SchedulingRound | None = None,
+              waited: Callable[[int], float] | None = None) -> list[int]:
         """The waiting pods what changed may let fit (the live queue's wake-ups; a pass of ``retry`` tries the same
         groups): groups with room on a node that gained room, groups back in the queue, and, when a pod left,
-        groups kept out by a cluster-wide count."""
+        groups kept out by a cluster-wide count.  With the round and ``waited`` (pod -> seconds it has waited), a
+        pod woken only by room that its queueing hints keep ``asleep`` is left out."""
         room, ok, fresh = self.changes(state)
+        hinted = ok.copy() if rnd is not None and waited is not None and self.rejected else None
         for g in fresh | (_waiting(self.kept_out, self.groups) if room else set()):
             ok[self.group_ids[g]] = True
+            if hinted is not None:
+                hinted[self.group_ids[g]] = False  # tried whatever the room
         groups, group_list = self.groups, self.group_list
-        return [e[3] for gid in np.flatnonzero(ok & (self.count > 0)).tolist() for e in groups[group_list[gid]]]
+        out = [e[3] for gid in np.flatnonzero(ok & (self.count > 0)).tolist() for e in groups[group_list[gid]]]
+        if hinted is None or rnd is None or waited is None:
+            return out
+        return [i for i in out if not (hinted[self.group_ids[self.group_of[i]]] and self.asleep(i, rnd, waited(i), room))]
 
     # --- a pass ------------------------------------------------------------------------------------
-    def retry(self, rnd: SchedulingRound, now: float, attempt: Callable[[int, bool | None, bool], Attempt]) -> None:
+    def retry(self, rnd: SchedulingRound, now: float, attempt: Callable[[int, bool | None, bool], Attempt],
+              waited: Callable[[int], float] | None = None) -> None:
         """One pass over the waiting pods that what changed may let fit, in the shared queue order.
 
         ``attempt(i, fits, plan)`` sends pod i through ``rnd.try_pod`` (the shell knows how long it waited);
         ``fits``: True (it has room on a freed node), None (ask the shell's screen), False (no room: straight
-        to making room); ``plan`` False: make no room for it this time."""
+        to making room); ``plan`` False: make no room for it this time.  ``waited(i)``: the seconds ``attempt``
+        says pod i has waited; given, a head with room that its queueing hints keep ``asleep`` is passed over."""
         if not len(self):
             self.fresh = set()
             self.freed.clear()
@@ -394,7 +457,7 @@ class PendingGroups:
         # other try it is recomputed as a whole
         room_set = set(room)
         waits: dict[int, bool] = {}  # priority -> a pod of it with no nomination would only wait; valid until a try
-        kept_out = self.kept_out
+        kept_out, rejected = self.kept_out, self.rejected
         while heads:
             gid = heapq.heappop(heads)[1][4] if flagged else heapq.heappop(heads)[4]
             queued[gid] = False
@@ -403,6 +466,8 @@ class PendingGroups:
                 continue
             i = head[3]
             if fit[gid]:
+                if waited is not None and i in rejected and self.asleep(i, rnd, waited(i), room):
+                    continue  # no node passes its cycle now: a try would only tell it to wait, as it was told
                 fits: bool | None = True
             elif either[gid]:
                 fits = None

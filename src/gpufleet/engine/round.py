@@ -291,6 +291,14 @@ class SchedulingRound:
             return False
         return not self.preemption or (self.tree is None and not self.rooms.lower_priority_running(priority))
 
+    def fails_quietly(self, req: PodRequest) -> bool:
+        """Would a try of ``req`` whose cycle finds no node only tell the pod to wait, and change nothing else?  True
+        when nobody is nominated (no room kept to count, no nomination a try would end), no room may be planned for
+        its priority and no gang holds (``waits_by_priority``), and no plugin would learn from it (``Scheduler.
+        learns_from``: it was seen).  A shell whose queueing hints show that no node passes such a pod may leave it
+        asleep (``pending.PendingGroups.asleep``)."""
+        return not self.nominations and self.waits_by_priority(req.priority) and not self.sched.learns_from(req)
+
     def _bind(self, a: Attempt) -> None:
         if self.nominations:
             self.nominations.pop(a.request.key, None)

@@ -30,13 +30,15 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .framework import NOMINATED_ROOM
 from .model import GPU_MILLI, Assignment, PodRequest
 from .preemption import find_victims
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from .framework import Profile, Scheduler
     from .queues import QueueTree
     from .state import ClusterState
@@ -142,6 +144,29 @@ def requeue_hints(profile: Profile) -> dict[str, str]:
     return out
 
 
+class QueueingHint(Protocol):
+    """A plugin's queueing hint (kube-scheduler's QueueingHintFn, for the one event a replay retries on: pods left
+    nodes): [nodes] where its filter passes ``request`` now, in a cycle with no held room, or None: every node.
+
+    Exact, not a guess: a pod is left asleep only when no node has its room (``room_need``) and passes every hint
+    asked, and then no node passes its cycle; a pod woken goes through the whole cycle as before.  A plugin gives
+    one (a method ``may_pass``) when the room test does not capture its rule (a rule that is cluster-wide, or on
+    more than the room need); the room test stands for the others (NodeResourcesFit, GpuFit: their rules on a
+    node need its room)."""
+
+    def __call__(self, request: PodRequest, state: ClusterState, waited_s: float) -> np.ndarray | None: ...
+
+
+def queueing_hints(profile: Profile) -> dict[str, QueueingHint]:
+    """Filter plugin name -> its queueing hint (``QueueingHint``), for the filters that give one (``may_pass``)."""
+    out: dict[str, QueueingHint] = {}
+    for p in [*profile.filters]:
+        hint = getattr(p, "may_pass", None)
+        if callable(hint):
+            out.setdefault(p.name, hint)
+    return out
+
+
 def room_only(rejected_by: Collection[str], hints: Mapping[str, str]) -> bool:
     """Can a pod leaving lift these rejections only on a node where the pod then has room?  (Every
     rejecting plugin judges each node by itself, or by what pods never change.)  False when unknown."""
@@ -240,6 +265,6 @@ def held_room_node(sched: Scheduler, req: PodRequest) -> str | None:
     return cycle.assignment.node if sched.decide(cycle).ok and cycle.assignment is not None else None
 
 
-__all__ = ["Backoff", "COULD_FIT", "Change", "EVERYTHING", "NODES", "PODS", "QueuedPod", "ROOM", "RoomPlan", "held_room_node",
-           "may_fit_after", "next_backoff_s", "order_pending", "plan_room", "requeue_hints", "room_need", "room_on",
+__all__ = ["Backoff", "COULD_FIT", "Change", "EVERYTHING", "NODES", "PODS", "QueuedPod", "QueueingHint", "ROOM", "RoomPlan", "held_room_node",
+           "may_fit_after", "next_backoff_s", "order_pending", "plan_room", "queueing_hints", "requeue_hints", "room_need", "room_on",
            "room_only", "sort_key"]

@@ -212,7 +212,7 @@ class SchedulerLoop:
         freed = self.binder.forget(key) or freed
         if freed:  # room on its node; a whole hold given back, or no node known: anything
             hold_ended = had_hold and self.round.gangs.holder is None
-            self.queue.changed(EVERYTHING if node is None or hold_ended else Change((node,)), self.cache.state)
+            self.queue.changed(EVERYTHING if node is None or hold_ended else Change((node,)), self.cache.state, self.round)
 
     def assumed_pvs(self) -> dict[str, str]:
         return self.volume_binder.assumed_pvs()

@@ -35,6 +35,7 @@ from collections.abc import Collection, Mapping
 
 from ..engine.model import PodRequest
 from ..engine.pending import PendingGroups, pod_group
+from ..engine.round import SchedulingRound
 from ..engine.schedqueue import Backoff, Change
 from ..engine.state import ClusterState
 from .pods import created_s
@@ -147,15 +148,18 @@ class SchedulingQueue:
         """The cluster changed: every waiting pod may fit now."""
         self.changed(Change(anything=True))
 
-    def changed(self, change: Change, state: ClusterState | None = None) -> None:
+    def changed(self, change: Change, state: ClusterState | None = None, rnd: SchedulingRound | None = None) -> None:
         """``change`` happened (on ``state``'s nodes): wake the waiting pods it may let fit
-        (``PendingGroups.woken``), and those nothing is known of; the others keep backing off."""
+        (``PendingGroups.woken``; with the scheduling round, less those their queueing hints keep asleep), and those
+        nothing is known of; the others keep backing off."""
         if change.anything or state is None:
             self._timers.wake_all()
             return
         self.parked.freed.update(change.freed_nodes)
         reqs, pending = self.parked.reqs, self.pending
-        keys = [k for i in self.parked.woken(state) if (k := reqs[i].key) in pending]
+        now = self.clock()
+        keys = [k for i in self.parked.woken(state, rnd, lambda i: self.waited_s(reqs[i].key, now))
+                if (k := reqs[i].key) in pending]
         self._timers.wake(keys + [k for k in self._blind if k in pending])
 
     def ready(self, now: float) -> list[tuple[str, dict]]:

@@ -52,7 +52,7 @@ def cluster(*placed: tuple[str, int]) -> ClusterState:
 SCARCE = (("n0", 150), ("n0", 1000), ("n0", 1000), ("n1", 1000), ("n1", 1000))
 
 
-@pytest.mark.parametrize("case, policy, placed, pod, want", [
+VERDICT_CASES = [
     ("whole GPUs plentiful", {"whole_reserve": 1.0}, (), share("x", 810), {"n0": None, "n1": None}),
     ("scarce: only the node with a used GPU that takes it", {"whole_reserve": 1.0}, SCARCE, share("x", 810), {"n0": None, "n1": R}),
     ("scarce, and no used GPU takes it", {"whole_reserve": 1.0}, (("n0", 300), *SCARCE[1:]), share("x", 810), {"n0": R, "n1": R}),
@@ -70,9 +70,26 @@ SCARCE = (("n0", 150), ("n0", 1000), ("n0", 1000), ("n1", 1000), ("n1", 1000))
     ("scarce, but CPU binds first", {"whole_reserve": 1.0, "cpu_only": 16}, SCARCE, share("x", 810), {"n0": None, "n1": None}),
     ("scarce, no workload learned yet", {"whole_reserve": 1.0, "mix": ((1000, 16), (810, 16))}, SCARCE, share("x", 810),
      {"n0": None, "n1": None}),
-])
+]
+
+
+@pytest.mark.parametrize("case, policy, placed, pod, want", VERDICT_CASES)
 def test_whole_reserve_verdicts(case, policy, placed, pod, want):
     assert verdicts(learned(**policy), pod, cluster(*placed)) == want, case
+
+
+@pytest.mark.parametrize("case, policy, placed, pod, want", VERDICT_CASES)
+def test_the_queueing_hint_is_the_filters_verdict(case, policy, placed, pod, want):
+    """``may_pass`` (the reserve's queueing hint): the nodes its filter passes, None where it passes every one."""
+    plugin, state = learned(**policy), cluster(*placed)
+    where = plugin.may_pass(pod, state, 0.0)
+    res = plugin.filter(Cycle(request=pod, rng=np.random.default_rng(0)), state)
+    if where is None:
+        assert res.passes_all and want == {"n0": None, "n1": None}, case
+    else:
+        assert (res.ok == where).all() and [k for k, v in want.items() if v is None] == [
+            n for n, ok in zip(("n0", "n1"), where.tolist()) if ok], case
+    assert plugin.may_pass(pod, state, 600.0) is None  # a pod that waited this long may take a whole GPU
 
 
 @pytest.mark.parametrize("waited_s, take_held, kept", [(0.0, False, True), (599.0, False, True), (600.0, False, False),

@@ -7,9 +7,9 @@ left); where GPUs bind first, what stays idle is the 190 milli beside each 810-m
 whole GPU while they were scarce.  Both keep room for pods not yet here, so both step aside for a pod that
 has waited ``reserve_max_wait_s`` and for one that would otherwise evict running pods (``cycle.take_held``:
 room kept for pods that have not come is never worth a running pod; ``schedqueue.plan_room`` plans it).
-Both judge each node by itself (``requeue_on = "room"``; the whole-GPU reserve's scarcity is cluster-wide:
-a pod it kept out is retried at its backoff, see ``schedqueue.may_fit_after``).  The figures are in
-docs/policy.md.
+Both judge each node by itself (``requeue_on = "room"``); the whole-GPU reserve's scarcity is cluster-wide, so
+it gives a queueing hint too (``may_pass``: its verdict now, ``schedqueue.QueueingHint``): a pod it kept out with
+room on a freed node stays asleep only while no node with its room passes it.  The figures are in docs/policy.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from ...engine.args import PluginArgs, arg
 from ...engine.framework import Cycle, FilterResult, SharedObserver, StateKey
-from ...engine.model import GPU_MILLI
+from ...engine.model import GPU_MILLI, PodRequest
 from ...engine.plugins._common import passing
 from ...engine.plugins.gpufit import eligible_gpus, model_mask
 from ...engine.state import ClusterState
@@ -125,32 +125,48 @@ class WholeGpuReserve(SharedObserver):
         return cls(WholeGpuReserveArgs.from_config(cls.name, cfg), model_of(handle))
 
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
-        r, a, m = cycle.request, self.args, self.model
-        n = len(state)
-        if (cycle.take_held or cycle.waited_s >= a.reserve_max_wait_s or not r.gpu_count or not a.whole_reserve
+        kept_ok = self._verdict(cycle.request, cycle.waited_s, cycle.take_held, state)
+        if kept_ok is None:
+            return passing(len(state))
+        kept, ok = kept_ok
+        cycle.write(WHOLE_KEPT, kept)
+        return FilterResult(ok, (self.REASON,), passes_all=bool(np.logical_and.reduce(ok)))  # ok.all(), unwrapped
+
+    def may_pass(self, request: PodRequest, state: ClusterState, waited_s: float) -> np.ndarray | None:
+        """The queueing hint (``schedqueue.QueueingHint``): [nodes] where this filter passes ``request`` now, for a
+        try with no held room (None: every node).  The filter's own verdict, not an estimate: the reserve's scarcity
+        is cluster-wide and its size follows the pods seen, so a pod leaving one node can lift it on every node (or
+        on none), and only the verdict now says which."""
+        kept_ok = self._verdict(request, waited_s, False, state)
+        return None if kept_ok is None else kept_ok[1]
+
+    def _verdict(self, r: PodRequest, waited_s: float, take_held: bool,
+                 state: ClusterState) -> tuple[np.ndarray, np.ndarray] | None:
+        """(kept: [nodes] whose whole GPUs are kept, ok: [nodes] the pod passes), or None: it passes every node."""
+        a, m = self.args, self.model
+        if (take_held or waited_s >= a.reserve_max_wait_s or not r.gpu_count or not a.whole_reserve
                 or r.gpu_count != 1 or not 0 < r.gpu_milli < GPU_MILLI or r.mig_profile
                 or not m.learned() or not self.cpu_spare(state) or not self.leaves_idle(r.gpu_milli)):
-            return passing(n)
+            return None
         usable, whole_n, usable_n = self._whole_gpus(state, r)
         per_gpu_cpu = m.cpu_per_gpu_milli() * GPU_MILLI
         need = a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n
         if per_gpu_cpu > 0:
             if fed_sum(whole_n, state.cpu_free, per_gpu_cpu, state.max_gpus) >= need:
-                return passing(n)
+                return None
             fed = np.minimum(whole_n, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
         else:
             fed = whole_n
             if np.add.reduce(fed) >= need:
-                return passing(n)
+                return None
         kept = fed > 0
-        cycle.write(WHOLE_KEPT, kept)
         ok = ~kept
         at = kept.nonzero()[0]  # few: whole GPUs are scarce here
         whole = usable[at] & (state.gpu_free_milli[at] >= GPU_MILLI)
         ok[at] = (eligible_gpus(state, r, at) & ~whole).any(axis=1)
-        return FilterResult(ok, (self.REASON,), passes_all=bool(np.logical_and.reduce(ok)))  # ok.all(), unwrapped
+        return kept, ok
 
-    def _whole_gpus(self, state: ClusterState, r) -> tuple[np.ndarray, np.ndarray, int]:
+    def _whole_gpus(self, state: ClusterState, r: PodRequest) -> tuple[np.ndarray, np.ndarray, int]:
         """(usable [nodes, G], whole free usable GPUs per node, usable GPUs in all) for the pod's GPU models.
 
         The per-node counts are kept between cycles and taken again only for nodes whose version moved (one or

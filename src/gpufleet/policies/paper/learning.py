@@ -106,6 +106,13 @@ class OnlineWorkload:
             self._access = (key, tw.access(state.model_names))
         return tw, self._access[1]
 
+    def learns_from(self, r: PodRequest) -> bool:
+        """Would ``observe_pod`` learn from a cycle of ``r``?  (Not once it has: a retried pod is learned once.)"""
+        if not self.learn_online:
+            return False
+        key = r.uid or r.key
+        return not key or key not in self._keys
+
     def observe_pod(self, cycle: Cycle) -> None:
         """Learn from this cycle's pod once, and from each pod once however often it is retried."""
         if not self.learn_online or cycle.data.get(self._observed):  # cycle.read / write, without the method calls

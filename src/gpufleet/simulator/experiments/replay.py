@@ -207,6 +207,8 @@ class _Replay:
     (GPU milli, pods per priority) for the metrics and for the plan rationing.
     """
 
+    hints = True  # the retries ask the queueing hints (``PendingGroups.asleep``); False: every try made (a test's baseline)
+
     def __init__(self, wl: Workload, reqs: list[PodRequest], sched: Scheduler, tree: QueueTree | None, limits: NodeLimits | None,
                  run: ReplayRun, tw: TargetWorkload | None, preemption: bool, progress: Callable[[int], None] | None) -> None:
         self.wl, self.reqs, self.sched, self.state, self.tree, self.limits = wl, reqs, sched, sched.state, tree, limits
@@ -438,7 +440,9 @@ class _Replay:
     def retry(self, now: float) -> None:
         """The waiting pods that what changed may let fit go through the round again (``PendingGroups.retry``)."""
         self.now = now
-        self.pending.retry(self.round, now, lambda i, fits, plan: self._attempt(i, now, fits, plan))
+        arrived = self.arrived_at
+        self.pending.retry(self.round, now, lambda i, fits, plan: self._attempt(i, now, fits, plan),
+                           (lambda i: now - arrived.get(i, now)) if self.hints else None)
 
     # --- the clock --------------------------------------------------------------------------------
     def on_event(self, kind: int, i: int, now: float) -> None:
