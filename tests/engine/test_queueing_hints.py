@@ -180,6 +180,11 @@ def test_a_pod_is_not_left_asleep_when_a_try_could_do_more_than_fail():
     assert sh.sched.learns_from(y) and not sh.pending.asleep(0, rnd, 0.0, [0])  # its try would teach the learner
     learner._keys[y.uid or y.key] = None
     assert sh.pending.asleep(0, rnd, 0.0, [0])
+    hints = sh.pending.hints
+    sh.pending.hints = {**hints, "GpuFit": "pods"}  # a filter its cycle runs could keep its group out by a count
+    assert not sh.pending.asleep(0, rnd, 0.0, [0])
+    sh.pending.hints = hints
+    assert sh.pending.asleep(0, rnd, 0.0, [0])
     sh.pending.rejected[0] = frozenset({"CouldFit"})  # turned away by the shell's screen: no plugin to ask
     assert not sh.pending.asleep(0, rnd, 0.0, [0])
 
