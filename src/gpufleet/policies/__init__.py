@@ -8,27 +8,33 @@ default).  ``default_profile()`` is what runs when no config file is given.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from ..engine.config import Registry, load_config
-from ..engine.errors import ConfigError
-from ..engine.framework import Profile
-from ..engine.plugins.gpufit import GpuFit
-from ..engine.plugins.gpuselect import BestFitGpu
-from ..engine.plugins.interpodaffinity import InterPodAffinity
-from ..engine.plugins.nodeaffinity import NodeAffinity
-from ..engine.plugins.nodedeclaredfeatures import NodeDeclaredFeatures
-from ..engine.plugins.nodeports import NodePorts
-from ..engine.plugins.noderesources import LeastAllocated, MostAllocated, NodeResourcesFit
-from ..engine.plugins.nodeunschedulable import NodeUnschedulable
-from ..engine.plugins.podtopologyspread import PodTopologySpread
-from ..engine.plugins import spotcapacity
-from ..engine.plugins.spread import Spread
-from ..engine.plugins.tainttoleration import TaintToleration
-from ..engine.plugins.volumes import NodeVolumeLimits, VolumeBinding
+if TYPE_CHECKING:
+    from ..engine.config import Registry
+    from ..engine.framework import Profile
+
+# The names below (the policy files, their aliases) read only this folder: importing this package imports no engine
+# module, so a command that only names policies (``gpufleet simulate``'s parser and its checks) starts without the
+# engine and the plugins; ``registry()`` and ``build_profile()`` import them when first called.
 
 
 def registry() -> Registry:
+    from ..engine.config import Registry
+    from ..engine.plugins import spotcapacity
+    from ..engine.plugins.gpufit import GpuFit
+    from ..engine.plugins.gpuselect import BestFitGpu
+    from ..engine.plugins.interpodaffinity import InterPodAffinity
+    from ..engine.plugins.nodeaffinity import NodeAffinity
+    from ..engine.plugins.nodedeclaredfeatures import NodeDeclaredFeatures
+    from ..engine.plugins.nodeports import NodePorts
+    from ..engine.plugins.noderesources import LeastAllocated, MostAllocated, NodeResourcesFit
+    from ..engine.plugins.nodeunschedulable import NodeUnschedulable
+    from ..engine.plugins.podtopologyspread import PodTopologySpread
+    from ..engine.plugins.spread import Spread
+    from ..engine.plugins.tainttoleration import TaintToleration
+    from ..engine.plugins.volumes import NodeVolumeLimits, VolumeBinding
+
     r = Registry()
     r.register("NodeUnschedulable", NodeUnschedulable)
     r.register("NodeAffinity", NodeAffinity)
@@ -68,6 +74,8 @@ def profile_config(name: str) -> dict[str, Any]:
 
     p = CONFIG_DIR / f"{name}.yaml"
     if not p.exists():
+        from ..engine.errors import ConfigError
+
         known = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
         raise ConfigError(f"unknown policy {name!r}; known: {', '.join(known)}")
     return yaml.safe_load(p.read_text())
@@ -105,6 +113,8 @@ def policy_aliases() -> dict[str, str]:
 
 def build_profile(name_or_config: str | Mapping[str, Any], **plugin_args: Any) -> Profile:
     """A profile by policy name (``fgd``, ``bestfit``, ``default``, ...) or from a config mapping."""
+    from ..engine.config import load_config
+
     cfg = profile_config(name_or_config) if isinstance(name_or_config, str) else name_or_config
     profs = load_config(cfg, registry())
     return next(iter(profs.values()))

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from ...engine.model import GPU_MILLI, Node
-from ..experiments.packing import workload_order
+from ..experiments.shared import memo, workload_order
 from ..traces.trace import TracePod
 
 Shape = tuple[int, int, int, int, frozenset | None]  # cpu, memory, GPU count, per-GPU milli, allowed models
@@ -85,8 +85,6 @@ class BoundResult:
 
 def arrived_pods(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int, tune: float) -> tuple[list[TracePod], int]:
     """The pods that have arrived when the arrived GPU demand reaches the cluster's capacity."""
-    from ..experiments.packing import memo
-
     capacity = sum(len(n.gpus) for n in nodes) * GPU_MILLI
     arrived: list[TracePod] = []
     demand = 0
@@ -432,10 +430,7 @@ def bound_placing_first(nodes: Sequence[Node], arrived: Sequence[TracePod], plac
     LP relaxation of the program above with the CPU-only pods and nodes, plus ``sum_k x[s,k] >= placed(s)``:
     0.05 to 0.07 s a run on the default trace (``_KeepFirst``).  None where the solver finds no solution (it always should:
     the run itself placed those pods)."""
-    from ..experiments.packing import memo
-
-    # the same for every policy's run of one trace and seed (``arrived`` is the arrival order's prefix)
-    kf: _KeepFirst = memo((nodes, *arrived), ("keep-first",), lambda: _KeepFirst(nodes, arrived))  # type: ignore[assignment]
+    kf = _keep_first(nodes, arrived)
     prog = kf.prog
     if len(placed) <= len(arrived) and all(a is b for a, b in zip(placed, arrived)):
         must = Counter(kf.keys[:len(placed)])  # a prefix, as a run's: its shapes counted from the arrived pods' keys
@@ -457,6 +452,17 @@ def bound_placing_first(nodes: Sequence[Node], arrived: Sequence[TracePod], plac
     if not res.optimal or res.fun is None:
         return None
     return max(0.0, round(100.0 - 100.0 * min(-float(res.fun), float(capacity_milli)) / capacity_milli, 4))
+
+
+def _keep_first(nodes: Sequence[Node], arrived: Sequence[TracePod]) -> _KeepFirst:
+    """The same for every policy's run of one trace and seed (``arrived`` is the arrival order's prefix)."""
+    return memo((nodes, *arrived), ("keep-first",), lambda: _KeepFirst(nodes, arrived))  # type: ignore[return-value]
+
+
+def prepare_placing_first(nodes: Sequence[Node], arrived: Sequence[TracePod]) -> None:
+    """Build and solve now, in this process's memo, the program every ``bound_placing_first`` of these arrived pods
+    starts from (``experiments.packing.prepare``)."""
+    _keep_first(nodes, arrived).basis()
 
 
 class _KeepFirst:

@@ -28,39 +28,9 @@ from ...policies import build_profile
 from ...policies.paper.workload import TargetWorkload, frag_amount, node_view
 from ..bounds.idle import IdleBreakdown, IdleRecorder
 from ..traces.trace import TracePod
+from .shared import memo, workload_order
 
 ARRIVED_POINTS = np.arange(0, 131)
-
-
-def workload_order(pods: Sequence[TracePod], capacity_milli: int, tune: float, seed: int) -> list[tuple[TracePod, str]]:
-    """Arrival order: the trace sorted by name and shuffled, then resampled pods.
-
-    Follows the paper's simulator (``SortClusterPods`` + ``tuneUpPods``):
-    resampled pods are appended until drawing one whose per-GPU milli would
-    push the demand over ``tune`` x capacity.  Returns (pod, unique name).
-    """
-    rng = np.random.default_rng(seed)
-    base = sorted(pods, key=lambda p: p.name)
-    order = [(base[i], base[i].name) for i in rng.permutation(len(base))]
-    if tune <= 0 or not any(p.num_gpu for p in base):  # no GPU pod: resampling could never reach the target
-        return order
-    target = tune * capacity_milli
-    demand = sum(p.total_gpu_milli for p in base)
-    if demand > target:  # tune down: drop random pods until under the target
-        while demand > target and order:
-            p, _ = order.pop(int(rng.integers(len(order))))
-            demand -= p.total_gpu_milli
-        return order
-    i = 0
-    while True:
-        p = base[int(rng.integers(len(base)))]
-        per_gpu = p.gpu_milli if p.num_gpu else 0
-        if demand + per_gpu > target:
-            break
-        demand += p.total_gpu_milli
-        order.append((p, f"{p.name}-tuned-{i}"))
-        i += 1
-    return order
 
 
 @dataclass
@@ -170,28 +140,46 @@ def _arrivals(pods: Sequence[TracePod], requests: list[PodRequest], order: list[
     return out
 
 
-# What every run of one trace and seed computes the same whatever the policy (the pods' requests, the arrival
-# order), kept for the next run in this process: ``gpufleet simulate`` gives each worker several runs of the
-# same trace.  Keyed by the objects themselves (held here, so an id is never reused while its entry lives).  The
-# least recently used entry goes first; 32 entries hold about ten seeds of the default trace (three entries and
-# about 6 MB a seed: the arrival order, the arrivals, the keep-first LP's program and basis), so the workers of a
-# ten-seed ``gpufleet simulate`` build them once per seed instead of again for nearly every run.
-_MEMO: dict[tuple, tuple] = {}
-_MEMO_MAX = 32
+def _shared(pods: Sequence[TracePod], capacity: int, tune: float, seed: int
+            ) -> tuple[list[PodRequest], list[tuple[TracePod, str]], list[tuple[PodRequest, int, bool]], TargetWorkload]:
+    """What every run of this trace and seed reads alike, from ``memo``: the pods' requests, the arrival order, each
+    arrival's request under its arrival name with its GPU milli and whether it asks a MIG instance (requests are
+    frozen, and no plugin keys anything on their identity), and the trace's target workload (fragmentation is
+    measured against it, whatever the policy)."""
+    base_requests: list[PodRequest] = memo((pods,), ("requests",), lambda: _requests(pods))  # type: ignore[assignment]
+    order: list[tuple[TracePod, str]] = memo((pods,), ("order", capacity, tune, seed),  # type: ignore[assignment]
+                                             lambda: workload_order(pods, capacity, tune, seed))
+    arrivals: list[tuple[PodRequest, int, bool]] = memo(  # type: ignore[assignment]
+        (pods,), ("arrivals", capacity, tune, seed), lambda: _arrivals(pods, base_requests, order))
+    tw: TargetWorkload = memo((pods,), ("target workload",),  # type: ignore[assignment]
+                              lambda: TargetWorkload.from_requests(base_requests))
+    return base_requests, order, arrivals, tw
 
 
-def memo(key_objs: tuple, key: tuple, make: Callable[[], object]) -> object:
-    """``make()``, or what it gave for the same ``key_objs`` (by identity) and ``key`` (by value) in this process."""
-    k = (*map(id, key_objs), *key)
-    hit = _MEMO.get(k)
-    if hit is not None and all(a is b for a, b in zip(hit[0], key_objs)):
-        _MEMO[k] = _MEMO.pop(k)  # now the most recently used
-        return hit[1]
-    value = make()
-    if len(_MEMO) >= _MEMO_MAX:
-        _MEMO.pop(next(iter(_MEMO)))
-    _MEMO[k] = (key_objs, value)
-    return value
+def _full_at(arrivals: Sequence[tuple[PodRequest, int, bool]], capacity: int) -> int:
+    """The index of the first arrival past the 100%-arrived point (``len(arrivals)``: none): the arrived pods before
+    it are what the keep-first LP places (its program is the same for every policy of one trace and seed)."""
+    arrived_milli = 0
+    for k, (_req, milli, _mig) in enumerate(arrivals):
+        if arrived_milli + milli > capacity:
+            return k
+        arrived_milli += milli
+    return len(arrivals)
+
+
+def prepare(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 42, tune: float = 1.3,
+            placing_bound: bool = True) -> None:
+    """Build now, in this process's ``memo``, what each ``run_packing`` of this trace and seed would build on its
+    first run here (about 0.2 CPU s on the default trace: the requests, the arrival order, the arrivals, the target
+    workload, and the keep-first LP's program and optimal basis).  ``gpufleet simulate`` calls it in the parent while
+    the first offline bound's MIP has a core to itself, so that the workers it forks next start with it instead of
+    each building it; the runs read exactly what they would have built (same functions, same memo keys)."""
+    capacity = ClusterState(nodes).total_gpu_milli()
+    _base, order, arrivals, _tw = _shared(pods, capacity, tune, seed)
+    if placing_bound:
+        from ..bounds.bound import prepare_placing_first
+
+        prepare_placing_first(nodes, [tp for tp, _ in order[:_full_at(arrivals, capacity)]])
 
 
 def prime_policy(sched: Scheduler, requests: list[PodRequest]) -> None:
@@ -237,21 +225,10 @@ def run_packing(
     if not isinstance(policy, str):  # an inline profile config
         policy = profile.name
     sched = Scheduler(profile, state, seed=seed)
-    base_requests: list[PodRequest] = memo((pods,), ("requests",), lambda: _requests(pods))  # type: ignore[assignment]
-    prime_policy(sched, base_requests)
-
     capacity = state.total_gpu_milli()
     total_gpus = capacity // 1000
-    order: list[tuple[TracePod, str]] = memo((pods,), ("order", capacity, tune, seed),  # type: ignore[assignment]
-                                             lambda: workload_order(pods, capacity, tune, seed))
-    # each arrival is its trace row's request, renamed, with its GPU milli and whether it asks a MIG instance: the
-    # same for every run of this trace and seed (requests are frozen, and no plugin keys anything on their identity)
-    arrivals: list[tuple[PodRequest, int, bool]] = memo(  # type: ignore[assignment]
-        (pods,), ("arrivals", capacity, tune, seed), lambda: _arrivals(pods, base_requests, order))
-
-    # fragmentation is measured against the trace's own target workload, whatever the policy
-    tw: TargetWorkload = memo((pods,), ("target workload",),  # type: ignore[assignment]
-                              lambda: TargetWorkload.from_requests(base_requests))
+    base_requests, order, arrivals, tw = _shared(pods, capacity, tune, seed)
+    prime_policy(sched, base_requests)
     acc = tw.access(state.model_names)
     all_nodes = np.arange(len(state))
     cpu, left, model = node_view(state, all_nodes)
@@ -367,7 +344,7 @@ def run_packing(
     run.idle = snap if snap is not None else rec.snapshot(state)
     run.idle.saturation = rec.saturation  # the first pod turned away may come after the 100% point
     if placing_bound:
-        from ..bounds.bound import bound_placing_first  # bound.py imports this module
+        from ..bounds.bound import bound_placing_first  # imported at the first run that asks (the LP's solver)
 
         arrived100 = [tp for tp, _ in order[:snap_at]]
         placed = arrived100 if rec.first_refusal is None else arrived100[:rec.first_refusal]
