@@ -11,7 +11,8 @@ prints, per worker, its tasks in order, then
   interpreter's own start before this script's first line is not counted);
 * the makespan: the first task's start to the last one's end, against the workers' CPU seconds over their number
   (what it would be with no core ever idle and no other process on the machine);
-* the tail: the last task's end less the other workers' last ends (one core idle meanwhile);
+* the tail: the last task's end less the other workers' last ends (one core idle meanwhile; where the first offline
+  bound has a process of its own, three workers share two cores: from when one worker is left);
 * the end: the last task's end to the report written.
 
     PYTHONPATH=src python bench/main_job_timeline.py                 # the README's command, as main_job.py runs it
@@ -117,10 +118,12 @@ def main() -> int:
     return 0
 
 
-def summary(tasks: list[dict[str, Any]], done_s: float, parent_cpu_s: float) -> list[str]:
+def summary(tasks: list[dict[str, Any]], done_s: float, parent_cpu_s: float, cores: int | None = None) -> list[str]:
     """The timeline's lines: each worker's tasks (``pid``, ``task``, ``start``/``end`` wall seconds from the
-    process's start, ``cpu`` seconds), then the start-up, the makespan against the CPU seconds over the workers,
-    the tail and the end (``done_s``: when the command returned)."""
+    process's start, ``cpu`` seconds), then the start-up, the makespan against the CPU seconds over the workers (or
+    the ``cores``, default this machine's, where there are more workers: the first offline bound has a process of its
+    own), the tail (from the moment fewer workers than that are left) and the end (``done_s``: when the command
+    returned)."""
     by_pid: dict[int, list[dict[str, Any]]] = {}
     for t in sorted(tasks, key=lambda t: t["start"]):
         by_pid.setdefault(t["pid"], []).append(t)
@@ -131,12 +134,13 @@ def summary(tasks: list[dict[str, Any]], done_s: float, parent_cpu_s: float) -> 
     for n, ts in enumerate(by_pid.values(), start=1):
         row = ", ".join(f"{t['task']} {t['start']:.2f}-{t['end']:.2f} ({t['cpu']:.2f} CPU)" for t in ts)
         out.append(f"worker {n}: {sum(t['cpu'] for t in ts):.2f} CPU s: {row}")
-    workers = len(by_pid)
+    workers = min(len(by_pid), cores or os.cpu_count() or 1)
     out.append(f"start-up (this script's start to the first task): {first:.2f} s wall; the parent's CPU in all "
                f"{parent_cpu_s:.2f} s; the parent and the workers {parent_cpu_s + cpu:.2f} CPU s")
     out.append(f"makespan: {ends[-1] - first:.2f} s wall; the workers' CPU {cpu:.2f} s over {workers}: "
                f"{cpu / workers:.2f} s")
-    out.append(f"tail: the last task ends {ends[-1] - ends[0]:.2f} s after the first worker's last")
+    out.append(f"tail: the last task ends {ends[-1] - ends[-workers]:.2f} s after "
+               + ("the first worker's last" if workers == len(by_pid) else f"the first of the last {workers} workers to finish"))
     out.append(f"end (the last task to the command's return): {done_s - ends[-1]:.2f} s; all of it {done_s:.2f} s wall")
     return out
 

@@ -24,7 +24,7 @@ def test_summary_says_startup_makespan_against_cpu_tail_and_end():
         {"pid": 2, "task": "bestfit", "seed": 42, "start": 2.8, "end": 4.3, "cpu": 1.4},
         {"pid": 1, "task": "fgd", "seed": 42, "start": 3.3, "end": 4.8, "cpu": 1.5},
     ]
-    lines = _module().summary(tasks, done_s=4.9, parent_cpu_s=0.4)
+    lines = _module().summary(tasks, done_s=4.9, parent_cpu_s=0.4, cores=2)
     assert lines[0] == "worker 1: 4.40 CPU s: bound 0.30-3.30 (2.90 CPU), fgd 3.30-4.80 (1.50 CPU)"
     assert lines[1] == "worker 2: 3.90 CPU s: default 0.30-2.80 (2.50 CPU), bestfit 2.80-4.30 (1.40 CPU)"
     assert ("start-up (this script's start to the first task): 0.30 s wall; the parent's CPU in all 0.40 s; "
@@ -32,6 +32,11 @@ def test_summary_says_startup_makespan_against_cpu_tail_and_end():
     assert "makespan: 4.50 s wall; the workers' CPU 8.30 s over 2: 4.15 s" in lines
     assert "tail: the last task ends 0.50 s after the first worker's last" in lines
     assert "end (the last task to the command's return): 0.10 s; all of it 4.90 s wall" in lines
+    # the bound in a process of its own: three workers on two cores, the tail from when one core is left
+    three = [dict(t, pid=3) if t["task"] == "bound" else t for t in tasks]
+    lines = _module().summary(three, done_s=4.9, parent_cpu_s=0.4, cores=2)
+    assert "makespan: 4.50 s wall; the workers' CPU 8.30 s over 2: 4.15 s" in lines
+    assert "tail: the last task ends 0.50 s after the first of the last 2 workers to finish" in lines
 
 
 @pytest.mark.skipif(multiprocessing.get_start_method(allow_none=False) != "fork", reason="needs the fork start method")
@@ -46,7 +51,7 @@ def test_times_every_task_in_its_worker(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "offline bound" in p.stdout  # the command's own table
     workers = [line for line in p.stderr.splitlines() if line.startswith("worker ")]
-    assert len(workers) == 2
+    assert len(workers) == 3  # the first offline bound in a process of its own, the runs over two workers
     timed = " ".join(workers)
     for task in ("bound", "fgd", "bestfit", "random"):  # every task, in one worker or the other
         assert timed.count(f"{task} ") == 1, timed

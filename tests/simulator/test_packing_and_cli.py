@@ -9,6 +9,7 @@ import pytest
 from gpufleet.cli.main import main
 from gpufleet.simulator.experiments import packing
 from gpufleet.simulator.experiments import replay
+from gpufleet.simulator.experiments import shared
 from gpufleet.simulator.traces import trace
 from gpufleet.simulator.bounds.bound import offline_bound
 
@@ -71,14 +72,36 @@ def test_a_run_after_others_in_one_process_gives_what_a_first_run_gives(tiny, mo
         d.pop("wall_s")
         return d
 
-    monkeypatch.setattr(packing, "_MEMO", {})
-    fresh = {pol: (monkeypatch.setattr(packing, "_MEMO", {}), run(pol))[1] for pol in ("fgd", "bestfit")}
+    monkeypatch.setattr(shared, "_MEMO", {})
+    fresh = {pol: (monkeypatch.setattr(shared, "_MEMO", {}), run(pol))[1] for pol in ("fgd", "bestfit")}
     assert run("fgd") == fresh["fgd"] and run("bestfit") == fresh["bestfit"] and run("fgd", seed=7) != fresh["fgd"]
-    assert len(packing._MEMO) == 8 and run("bestfit") == fresh["bestfit"]  # requests, target workload; per seed: order,
+    assert len(shared._MEMO) == 8 and run("bestfit") == fresh["bestfit"]  # requests, target workload; per seed: order,
     # arrivals, the keep-first LP's program and basis
     other = list(pods)  # an equal list, another object: computed again, not taken from the memo
     packing.run_packing(nodes, other, "bestfit", seed=42, tune=1.3)
-    assert any(v[0][0] is other for v in packing._MEMO.values())
+    assert any(v[0][0] is other for v in shared._MEMO.values())
+
+
+def test_prepared_inputs_are_what_a_run_builds_and_change_nothing(tiny, monkeypatch):
+    """packing.prepare (gpufleet simulate's parent, before it forks the runs' workers) fills the memo with exactly the
+    entries a run of that trace and seed looks up: a run after it builds none, and gives what a fresh run gives."""
+    nodes = trace.load_nodes(tiny / "nodes.csv")
+    pods = trace.load_pods(tiny / "pods.csv").pods
+
+    def run(policy: str) -> dict:
+        d = packing.run_packing(nodes, pods, policy, seed=42, tune=1.3).to_json()
+        d.pop("wall_s")
+        return d
+
+    monkeypatch.setattr(shared, "_MEMO", {})
+    fresh = run("fgd")
+    keys = set(shared._MEMO)
+    monkeypatch.setattr(shared, "_MEMO", {})
+    packing.prepare(nodes, pods, seed=42, tune=1.3)
+    prepared = dict(shared._MEMO)
+    assert set(prepared) == keys  # the requests, the target workload, the order, the arrivals, the keep-first LP
+    assert run("fgd") == fresh
+    assert set(shared._MEMO) == keys and all(shared._MEMO[k][1] is v[1] for k, v in prepared.items())  # none made again
 
 
 def test_replay_queues_and_releases(tiny):
@@ -207,14 +230,14 @@ def test_cli_queues_experiment(tiny):
 
 
 def test_memo_forgets_the_least_recently_used_entry(monkeypatch):
-    """packing.memo: an entry used again is kept over older ones (the shared requests over a run of seeds)."""
-    monkeypatch.setattr(packing, "_MEMO", {})
-    monkeypatch.setattr(packing, "_MEMO_MAX", 3)
+    """shared.memo (packing.memo): an entry used again is kept over older ones (the shared requests over a run of seeds)."""
+    monkeypatch.setattr(shared, "_MEMO", {})
+    monkeypatch.setattr(shared, "_MEMO_MAX", 3)
     made: list[str] = []
     objs = (object(),)
 
     def get(name: str) -> object:
-        return packing.memo(objs, (name,), lambda: made.append(name) or name)
+        return shared.memo(objs, (name,), lambda: made.append(name) or name)
 
     for name in ("shared", "a", "shared", "b", "shared", "c", "shared"):
         assert get(name) == name
@@ -236,3 +259,31 @@ def test_requests_made_once_a_shape_are_each_pods_own_request():
     want = [p.request() for p in pods]
     assert [dataclasses.asdict(r) for r in got] == [dataclasses.asdict(r) for r in want]
     assert [r.name for r in got] == [p.name for p in pods] and got == want
+
+
+def test_the_first_bounds_process_starts_without_the_engine_and_policies():
+    """gpufleet simulate forks the first offline bound's MIP right after reading the trace (cli/simulate.py
+    _start_first_bound), before it imports the engine and the policies for the runs: the command's module, the trace
+    reader and the bound must not import them (else the MIP's process starts no earlier, or imports them itself)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, gpufleet.cli.simulate, highspy, gpufleet.simulator.bounds.bound\n"
+            "heavy = sorted(m for m in sys.modules if m.startswith(('gpufleet.engine.framework', 'gpufleet.engine.plugins',"
+            " 'gpufleet.engine.state', 'gpufleet.policies.', 'gpufleet.simulator.experiments.packing')))\n"
+            "print(heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_first_bound_gets_its_own_process(tiny, capsys):
+    assert main(["simulate", "--nodes", str(tiny / "nodes.csv"), "--pods", str(tiny / "pods.csv"), "--policy", "bestfit,random",
+                 "--seeds", "1-2", "--jobs", "2", "--report", "", "--no-progress"]) == 0
+    import multiprocessing
+
+    err = capsys.readouterr().err
+    if multiprocessing.get_start_method(allow_none=False) == "fork":
+        assert "2 worker(s) and one for the first offline bound" in err
+    else:
+        assert "2 worker(s)\n" in err

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -197,6 +197,26 @@ def _import_for_workers(experiment: str) -> None:
         from ..simulator.experiments import queues  # noqa: F401
 
 
+def _start_first_bound(bound_tasks: list[dict]) -> tuple[ProcessPoolExecutor, Future] | None:
+    """The first offline bound's MIP, started now in a process of its own (None: no bound, or workers are not forked).
+
+    Why: the MIP needs the trace, numpy and HiGHS only, while the runs' workers need the engine and the policies,
+    which the parent imports next (about 0.2 CPU s) before it forks them; started now, the MIP uses the core that
+    would idle meanwhile, and its process never imports them at all (a worker of the runs' pool that took the MIP
+    first would import them after it, which only moves that time).  The other seeds' MIPs go to the runs' pool
+    first, as before, so a job of many seeds and few policies keeps every core busy to its end."""
+    import multiprocessing
+
+    if not bound_tasks or multiprocessing.get_start_method(allow_none=False) != "fork":
+        return None
+    import highspy  # noqa: F401  what the MIP's process would import first (bounds/bound.py solves through it)
+
+    from ..simulator.bounds import bound  # noqa: F401
+
+    ex = ProcessPoolExecutor(max_workers=1)
+    return ex, ex.submit(_bound_one, bound_tasks[0])
+
+
 # --- published figures ------------------------------------------------------------------
 
 
@@ -296,36 +316,44 @@ def run(args: argparse.Namespace) -> int:
     ]
     jobs = args.jobs or (os.cpu_count() or 1)
     jobs = max(1, min(jobs, len(tasks)))
-    from ..version import start_git_commit
-
-    commit = start_git_commit()  # for the provenance at the end: git runs while the runs do, not after them
-    t0 = time.perf_counter()
-    print(f"{args.experiment} experiment: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, {len(tr.pods)} pods "
-          f"({trace_name}); policies {', '.join(policies)}; seeds {args.seeds[0]}..{args.seeds[-1]} ({len(args.seeds)}); "
-          f"{jobs} worker(s)", file=sys.stderr)
-    runs: list[dict] = []
-    bounds: list[dict] = []
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(tasks) + (len(args.seeds) if args.bound else 0), unit="run", disable=args.no_progress, file=sys.stderr)
+    bound_tasks = [dict(tasks[0], seed=s) for s in args.seeds] if args.bound and args.experiment == "packing" else []
+    early = _start_first_bound(bound_tasks) if jobs > 1 else None
+    bar = None
     try:
+        from ..version import start_git_commit
+
+        commit = start_git_commit()  # for the provenance at the end: git runs while the runs do, not after them
+        t0 = time.perf_counter()
+        print(f"{args.experiment} experiment: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, {len(tr.pods)} pods "
+              f"({trace_name}); policies {', '.join(policies)}; seeds {args.seeds[0]}..{args.seeds[-1]} ({len(args.seeds)}); "
+              f"{jobs} worker(s)" + (" and one for the first offline bound" if early is not None else ""), file=sys.stderr)
+        runs: list[dict] = []
+        bounds: list[dict] = []
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(tasks) + len(bound_tasks), unit="run", disable=args.no_progress, file=sys.stderr)
         if jobs == 1:
             for t in tasks:
                 bar.set_postfix_str(f"{t['policy']} seed {t['seed']}")
                 runs.append(_run_one(t))
                 bar.update(1)
-            if args.bound and args.experiment == "packing":
-                for s in args.seeds:
-                    bounds.append(_bound_one(dict(tasks[0], seed=s)))
-                    bar.update(1)
+            for b in bound_tasks:
+                bounds.append(_bound_one(b))
+                bar.update(1)
         else:
+            futs = {}
+            if early is not None:
+                futs[early[1]] = "bound"
+                bound_tasks = bound_tasks[1:]
             _import_for_workers(args.experiment)
+            if early is not None:  # the MIP has the other core meanwhile: the workers forked next start with these
+                from ..simulator.experiments.packing import prepare
+
+                prepare(nodes, tr.pods, seed=args.seeds[0], tune=args.tune)
             with ProcessPoolExecutor(max_workers=jobs) as ex:
                 # longest first (the bound's MIP, then the policies by their usual cost), so that no worker is left
                 # alone with a long run at the end while the other idles; the output is sorted below, unchanged
-                futs = {}
-                if args.bound and args.experiment == "packing":
-                    futs.update({ex.submit(_bound_one, dict(tasks[0], seed=s)): "bound" for s in args.seeds})
+                futs.update({ex.submit(_bound_one, b): "bound" for b in bound_tasks})
                 for t in sorted(tasks, key=lambda t: -_RUN_COST.get(t["policy"], 1.0)):
                     futs[ex.submit(_run_one, t)] = "run"
                 try:
@@ -336,7 +364,10 @@ def run(args: argparse.Namespace) -> int:
                     ex.shutdown(wait=False, cancel_futures=True)
                     raise
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
+        if early is not None:
+            early[0].shutdown(wait=False, cancel_futures=True)
     order = {p: i for i, p in enumerate(policies)}
     runs.sort(key=lambda r: (order[r["policy"]], r["seed"]))
     bounds.sort(key=lambda b: b["seed"])  # workers finish in any order; the mean and the JSON follow the seeds
