@@ -134,7 +134,7 @@ def test_a_node_that_changed_without_a_pod_leaving_counts_too():
     assert sh.sched.schedule(small).ok and int(sh.sched.state.gpu_free_milli[0].max()) == 850
     sh.sched.forget("default/placed3")  # a whole GPU on n1: kept by the reserve
     sh.pending.freed.add(1)
-    assert not sh.pending.asleep(0, sh.round, 0.0, [1])
+    assert not sh.pending.asleep(0, sh.round, 0.0)
     sh.retry()
     assert sh.tries == ["default/y"] * 2 and sh.sched.state.assignments["default/y"].node == "n0"
 
@@ -170,23 +170,23 @@ def test_a_pod_is_not_left_asleep_when_a_try_could_do_more_than_fail():
     sh.arrive(0)
     sh.sched.forget("default/placed1")
     rnd, y = sh.round, sh.reqs[0]
-    assert sh.pending.asleep(0, rnd, 0.0, [0])
-    assert not sh.pending.asleep(0, rnd, 600.0, [0])  # waited long enough: the reserve steps aside
+    assert sh.pending.asleep(0, rnd, 0.0)
+    assert not sh.pending.asleep(0, rnd, 600.0)  # waited long enough: the reserve steps aside
     rnd.nominate(share("other", 1000), "n1")
-    assert not sh.pending.asleep(0, rnd, 0.0, [0])  # room kept for a nominated pod: the round's business
+    assert not sh.pending.asleep(0, rnd, 0.0)  # room kept for a nominated pod: the round's business
     rnd.nominations.clear()
     learner = sh.sched._observers[0]
     learner._keys.pop(y.uid or y.key)
-    assert sh.sched.learns_from(y) and not sh.pending.asleep(0, rnd, 0.0, [0])  # its try would teach the learner
+    assert sh.sched.learns_from(y) and not sh.pending.asleep(0, rnd, 0.0)  # its try would teach the learner
     learner._keys[y.uid or y.key] = None
-    assert sh.pending.asleep(0, rnd, 0.0, [0])
+    assert sh.pending.asleep(0, rnd, 0.0)
     hints = sh.pending.hints
     sh.pending.hints = {**hints, "GpuFit": "pods"}  # a filter its cycle runs could keep its group out by a count
-    assert not sh.pending.asleep(0, rnd, 0.0, [0])
+    assert not sh.pending.asleep(0, rnd, 0.0)
     sh.pending.hints = hints
-    assert sh.pending.asleep(0, rnd, 0.0, [0])
+    assert sh.pending.asleep(0, rnd, 0.0)
     sh.pending.rejected[0] = frozenset({"CouldFit"})  # turned away by the shell's screen: no plugin to ask
-    assert not sh.pending.asleep(0, rnd, 0.0, [0])
+    assert not sh.pending.asleep(0, rnd, 0.0)
 
 
 def test_asleep_only_when_no_node_passes_the_cycle():
@@ -217,8 +217,7 @@ def test_asleep_only_when_no_node_passes_the_cycle():
                 if r.key in sh.sched.state.assignments:
                     sh.sched.forget(r.key)
                 continue
-            freed = sorted(sh.pending.freed)
-            if sh.pending.asleep(i, sh.round, 0.0, freed):
+            if sh.pending.asleep(i, sh.round, 0.0):
                 asleep += 1
                 assert not sh.sched.decide(sh.sched.new_cycle(r)).ok, (step, r.key)
             checked += 1

@@ -138,6 +138,8 @@ class PendingGroups:
         self._room_only: dict[frozenset[str], bool] = {}  # ``room_only`` of the plugins that rejected a pod
         self.rejected: dict[int, frozenset[str]] = {}  # waiting pod -> the plugins that turned it away last (``asleep``)
         self._hints: tuple[Any, dict[str, QueueingHint], dict[frozenset[str], tuple[QueueingHint, ...]]] | None = None
+        self._screen: FitScreen | None = None  # the nodes with a group's room (``asleep``), kept between passes
+        self._kinds: tuple[Any, Any, Any, bool] | None = None  # (pre-filters, filters run, hints, all room or nodes?)
 
     # --- pods that come and go (the live queue: its pods are not known up front) --------------------
     def register(self, r: PodRequest) -> int:
@@ -323,20 +325,25 @@ class PendingGroups:
         return room_on(state, self.need[gid], nodes)
 
     # --- queueing hints ---------------------------------------------------------------------------
-    def asleep(self, i: int, rnd: SchedulingRound, waited_s: float, first: Sequence[int] = ()) -> bool:
+    def _hints_of(self, sched: Any) -> tuple[Any, dict[str, QueueingHint], dict[frozenset[str], tuple[QueueingHint, ...]]]:
+        """(the profile, its plugins' hints by name, the hints asked per set of rejecting plugins), made again when the
+        shell's profile is replaced."""
+        memo = self._hints
+        if memo is None or memo[0] is not sched.profile:
+            memo = self._hints = (sched.profile, queueing_hints(sched.profile), {})
+        return memo
+
+    def asleep(self, i: int, rnd: SchedulingRound, waited_s: float) -> bool:
         """Would a try of waiting pod i now only tell it to wait, as its queueing hints show?  True when the plugins
         that turned it away last give hints (``schedqueue.QueueingHint``), no node has its room (``room_need``) and
         passes them all (so no node passes its cycle), a try whose cycle fails changes nothing else
         (``SchedulingRound.fails_quietly``), and every filter its cycle runs is lifted by room or node changes only
-        (the try would not keep its group out by a count: ``failed``).  ``first``: nodes to look at first (those
-        that gained room: where it fits if anywhere, most often)."""
+        (the try would not keep its group out by a count: ``failed``)."""
         by = self.rejected.get(i)
         if by is None:
             return False
         sched = rnd.sched
-        memo = self._hints
-        if memo is None or memo[0] is not sched.profile:  # the shell's profile replaced: its plugins' hints
-            memo = self._hints = (sched.profile, queueing_hints(sched.profile), {})
+        memo = self._hints_of(sched)
         asked = memo[2].get(by)
         if asked is None:
             asked = memo[2][by] = tuple(h for name, h in sorted(memo[1].items()) if name in by)
@@ -345,23 +352,18 @@ class PendingGroups:
         r = self.reqs[i]
         if not rnd.fails_quietly(r):
             return False
-        hints = self.hints
-        if not all(hints.get(p.name, PODS) in (ROOM, NODES) for p in sched.profile.pre_filters) or \
-                not all(hints.get(p.name, PODS) in (ROOM, NODES) for p in sched.filters_for(r)):
+        pre, run, hints = sched.profile.pre_filters, sched.filters_for(r), self.hints
+        kinds = self._kinds
+        if kinds is None or kinds[0] is not pre or kinds[1] is not run or kinds[2] is not hints:  # (most often the same)
+            names = [p.name for p in pre] + [p.name for p in run]
+            kinds = self._kinds = (pre, run, hints, all(hints.get(name, PODS) in (ROOM, NODES) for name in names))
+        if not kinds[3]:
             return False
         state = sched.state
-        passes: np.ndarray | None = None
-        for hint in asked:
-            where = hint(r, state, waited_s)
-            if where is None:
-                return False  # passes it on every node: the room test said it has room
-            passes = where if passes is None else passes & where
-        assert passes is not None
-        need = self.need[self.group_ids[self.group_of[i]]]
-        for d in first:
-            if passes[d] and room_on(state, need, (d,)):
-                return False
-        return not _any(passes & room_mask(state, need)) if len(state) else False
+        screen = self._screen
+        if screen is None or screen.state is not state:
+            screen = self._screen = FitScreen(state)
+        return not _hints_pass(asked, r, state, waited_s, screen.rooms(self.need[self.group_ids[self.group_of[i]]]).nonzero()[0])
 
     # --- what changed -------------------------------------------------------------------------------
     def changes(self, state: ClusterState) -> tuple[list[int], np.ndarray, set[Hashable]]:
@@ -389,7 +391,7 @@ class PendingGroups:
         out = [e[3] for gid in np.flatnonzero(ok & (self.count > 0)).tolist() for e in groups[group_list[gid]]]
         if hinted is None or rnd is None or waited is None:
             return out
-        return [i for i in out if not (hinted[self.group_ids[self.group_of[i]]] and self.asleep(i, rnd, waited(i), room))]
+        return [i for i in out if not (hinted[self.group_ids[self.group_of[i]]] and self.asleep(i, rnd, waited(i)))]
 
     # --- a pass ------------------------------------------------------------------------------------
     def retry(self, rnd: SchedulingRound, now: float, attempt: Callable[[int, bool | None, bool], Attempt],
@@ -458,6 +460,7 @@ class PendingGroups:
         room_set = set(room)
         waits: dict[int, bool] = {}  # priority -> a pod of it with no nomination would only wait; valid until a try
         kept_out, rejected = self.kept_out, self.rejected
+        hinted = self._hints_of(rnd.sched)[1].keys() if waited is not None else {}.keys()  # plugins that give hints
         while heads:
             gid = heapq.heappop(heads)[1][4] if flagged else heapq.heappop(heads)[4]
             queued[gid] = False
@@ -466,7 +469,8 @@ class PendingGroups:
                 continue
             i = head[3]
             if fit[gid]:
-                if waited is not None and i in rejected and self.asleep(i, rnd, waited(i), room):
+                if waited is not None and (by := rejected.get(i)) is not None and not by.isdisjoint(hinted) and \
+                        self.asleep(i, rnd, waited(i)):
                     continue  # no node passes its cycle now: a try would only tell it to wait, as it was told
                 fits: bool | None = True
             elif either[gid]:
@@ -578,6 +582,18 @@ def _waiting(some: set[Hashable], groups: Mapping[Hashable, list]) -> set[Hashab
     return {g for g in some if g in groups} if some else set()
 
 
+def _hints_pass(hints: Iterable[QueueingHint], r: PodRequest, state: ClusterState, waited_s: float, rows: np.ndarray) -> bool:
+    """Could ``r`` pass every hint's plugin on one of ``rows``?  (Each hint covers the rows where its plugin passes.)"""
+    if not rows.size:
+        return False
+    ok: np.ndarray | None = None
+    for hint in hints:
+        where = hint(r, state, waited_s, rows)
+        if where is not None:
+            ok = where if ok is None else ok & where
+    return ok is None or bool(_any(ok))
+
+
 _bisect = bisect.bisect_right
 _any = np.logical_or.reduce  # ``a.any()`` of a 1-d bool array, without the method's wrapper
 _count = np.add.reduce  # ``a.sum(axis=...)`` of a bool array (counts), without the method's wrapper
@@ -613,6 +629,26 @@ class FitScreen:
         self.state = state
         # need -> [epoch, a node with room (-1: none), its version then, [nodes] room, [nodes] version of that room]
         self._seen: dict[tuple[int, int, int, int], list] = {}
+
+    def rooms(self, need: tuple[int, int, int, int]) -> np.ndarray:
+        """[nodes]: which nodes have ``need``'s room now (``room_mask``), kept from the last answer for ``need`` and
+        tested again only on the nodes whose version moved since.  The array is the screen's own: read, not kept."""
+        st = self.state
+        seen = self._seen.get(need)
+        if seen is None or seen[0] != st.epoch:
+            seen = self._seen[need] = [st.epoch, -1, 0, room_mask(st, need), st.version.copy()]
+        else:
+            versions = seen[4]
+            changed = (st.version != versions).nonzero()[0]
+            if changed.size:
+                seen[3][changed] = room_mask(st, need, changed)
+                versions[changed] = st.version[changed]
+        room = seen[3]
+        if seen[1] < 0:  # ``__call__``'s "no node had room" must stay true to ``room``
+            k = int(room.argmax())
+            if room[k]:
+                seen[1], seen[2] = k, int(st.version[k])
+        return room
 
     def __call__(self, r: PodRequest) -> bool:
         st = self.state

@@ -146,7 +146,8 @@ def requeue_hints(profile: Profile) -> dict[str, str]:
 
 class QueueingHint(Protocol):
     """A plugin's queueing hint (kube-scheduler's QueueingHintFn, for the one event a replay retries on: pods left
-    nodes): [nodes] where its filter passes ``request`` now, in a cycle with no held room, or None: every node.
+    nodes): of ``rows`` (node indices), [rows] covering every one where its filter passes ``request`` now, in a
+    cycle with no held room (more is allowed, never less); None: it may pass on any of them.
 
     Exact, not a guess: a pod is left asleep only when no node has its room (``room_need``) and passes every hint
     asked, and then no node passes its cycle; a pod woken goes through the whole cycle as before.  A plugin gives
@@ -154,7 +155,7 @@ class QueueingHint(Protocol):
     more than the room need); the room test stands for the others (NodeResourcesFit, GpuFit: their rules on a
     node need its room)."""
 
-    def __call__(self, request: PodRequest, state: ClusterState, waited_s: float) -> np.ndarray | None: ...
+    def __call__(self, request: PodRequest, state: ClusterState, waited_s: float, rows: np.ndarray) -> np.ndarray | None: ...
 
 
 def queueing_hints(profile: Profile) -> dict[str, QueueingHint]:

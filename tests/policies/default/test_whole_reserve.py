@@ -80,16 +80,16 @@ def test_whole_reserve_verdicts(case, policy, placed, pod, want):
 
 @pytest.mark.parametrize("case, policy, placed, pod, want", VERDICT_CASES)
 def test_the_queueing_hint_is_the_filters_verdict(case, policy, placed, pod, want):
-    """``may_pass`` (the reserve's queueing hint): the nodes its filter passes, None where it passes every one."""
+    """``may_pass`` (the reserve's queueing hint) on one node at a time: it rules a node out exactly where the filter
+    turns the pod away; on both nodes at once, it rules them out only when the filter turns it away from both."""
     plugin, state = learned(**policy), cluster(*placed)
-    where = plugin.may_pass(pod, state, 0.0)
     res = plugin.filter(Cycle(request=pod, rng=np.random.default_rng(0)), state)
-    if where is None:
-        assert res.passes_all and want == {"n0": None, "n1": None}, case
-    else:
-        assert (res.ok == where).all() and [k for k, v in want.items() if v is None] == [
-            n for n, ok in zip(("n0", "n1"), where.tolist()) if ok], case
-    assert plugin.may_pass(pod, state, 600.0) is None  # a pod that waited this long may take a whole GPU
+    for d, name in enumerate(("n0", "n1")):
+        where = plugin.may_pass(pod, state, 0.0, np.array([d]))
+        assert (where is not None and not where[0]) == (want[name] is not None) == (not res.ok[d]), (case, name)
+    both = plugin.may_pass(pod, state, 0.0, np.arange(2))
+    assert (both is not None and not both.any()) == (not res.ok.any()), case
+    assert plugin.may_pass(pod, state, 600.0, np.arange(2)) is None  # a pod that waited this long may take a whole GPU
 
 
 @pytest.mark.parametrize("waited_s, take_held, kept", [(0.0, False, True), (599.0, False, True), (600.0, False, False),

@@ -132,33 +132,51 @@ class WholeGpuReserve(SharedObserver):
         cycle.write(WHOLE_KEPT, kept)
         return FilterResult(ok, (self.REASON,), passes_all=bool(np.logical_and.reduce(ok)))  # ok.all(), unwrapped
 
-    def may_pass(self, request: PodRequest, state: ClusterState, waited_s: float) -> np.ndarray | None:
-        """The queueing hint (``schedqueue.QueueingHint``): [nodes] where this filter passes ``request`` now, for a
-        try with no held room (None: every node).  The filter's own verdict, not an estimate: the reserve's scarcity
-        is cluster-wide and its size follows the pods seen, so a pod leaving one node can lift it on every node (or
-        on none), and only the verdict now says which."""
-        kept_ok = self._verdict(request, waited_s, False, state)
-        return None if kept_ok is None else kept_ok[1]
+    def may_pass(self, request: PodRequest, state: ClusterState, waited_s: float, rows: np.ndarray) -> np.ndarray | None:
+        """The queueing hint (``schedqueue.QueueingHint``): of ``rows`` (node indices), [rows] covering every one where
+        this filter passes ``request`` now in a try with no held room; None: it may pass on any.  The filter's rule,
+        row by row first: a row with no whole GPU its CPU feeds, or with a GPU in use that takes the pod, passes
+        whether whole GPUs are scarce or not (None); only when every row keeps its whole GPUs is the cluster-wide
+        scarcity worked out, as the filter does (its size follows the pods seen, so a pod leaving one node can lift it
+        on every node, or on none)."""
+        if self._off(request, waited_s, False, state):
+            return None
+        m = self.model
+        usable, whole_n, usable_n = self._whole_gpus(state, request)
+        per_gpu_cpu = m.cpu_per_gpu_milli() * GPU_MILLI
+        wn = whole_n.take(rows)
+        fed = np.minimum(wn, np.maximum(state.cpu_free.take(rows), 0) // per_gpu_cpu) if per_gpu_cpu > 0 else wn
+        whole = usable[rows] & (state.gpu_free_milli[rows] >= GPU_MILLI)
+        ok = (fed <= 0) | (eligible_gpus(state, request, rows) & ~whole).any(axis=1)
+        if np.logical_or.reduce(ok) or not self._scarce(whole_n, usable_n, per_gpu_cpu, state):
+            return None
+        return ok
+
+    def _off(self, r: PodRequest, waited_s: float, take_held: bool, state: ClusterState) -> bool:
+        """The reserve does not apply to this pod now (whatever the nodes)."""
+        a, m = self.args, self.model
+        return bool(take_held or waited_s >= a.reserve_max_wait_s or not r.gpu_count or not a.whole_reserve
+                    or r.gpu_count != 1 or not 0 < r.gpu_milli < GPU_MILLI or r.mig_profile
+                    or not m.learned() or not self.cpu_spare(state) or not self.leaves_idle(r.gpu_milli))
+
+    def _scarce(self, whole_n: np.ndarray, usable_n: int, per_gpu_cpu: float, state: ClusterState) -> bool:
+        """Fewer whole GPUs the nodes' free CPU can feed than the reserve keeps for the pods seen."""
+        m = self.model
+        need = self.args.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n
+        if per_gpu_cpu > 0:
+            return fed_sum(whole_n, state.cpu_free, per_gpu_cpu, state.max_gpus) < need
+        return np.add.reduce(whole_n) < need
 
     def _verdict(self, r: PodRequest, waited_s: float, take_held: bool,
                  state: ClusterState) -> tuple[np.ndarray, np.ndarray] | None:
         """(kept: [nodes] whose whole GPUs are kept, ok: [nodes] the pod passes), or None: it passes every node."""
-        a, m = self.args, self.model
-        if (take_held or waited_s >= a.reserve_max_wait_s or not r.gpu_count or not a.whole_reserve
-                or r.gpu_count != 1 or not 0 < r.gpu_milli < GPU_MILLI or r.mig_profile
-                or not m.learned() or not self.cpu_spare(state) or not self.leaves_idle(r.gpu_milli)):
+        if self._off(r, waited_s, take_held, state):
             return None
         usable, whole_n, usable_n = self._whole_gpus(state, r)
-        per_gpu_cpu = m.cpu_per_gpu_milli() * GPU_MILLI
-        need = a.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n
-        if per_gpu_cpu > 0:
-            if fed_sum(whole_n, state.cpu_free, per_gpu_cpu, state.max_gpus) >= need:
-                return None
-            fed = np.minimum(whole_n, np.maximum(state.cpu_free, 0) // per_gpu_cpu)
-        else:
-            fed = whole_n
-            if np.add.reduce(fed) >= need:
-                return None
+        per_gpu_cpu = self.model.cpu_per_gpu_milli() * GPU_MILLI
+        if not self._scarce(whole_n, usable_n, per_gpu_cpu, state):
+            return None
+        fed = np.minimum(whole_n, np.maximum(state.cpu_free, 0) // per_gpu_cpu) if per_gpu_cpu > 0 else whole_n
         kept = fed > 0
         ok = ~kept
         at = kept.nonzero()[0]  # few: whole GPUs are scarce here
