@@ -1,8 +1,8 @@
-/* gpufleet._native: the default policy's descent measure of a few node states, in C (optional).
+/* gpufleet._native: the default policy's descent measure and FGD's frag_amount of a few node states, in C (optional).
 
-Why: a cached-key decision measures one to four node states (policies/default/descent.py, DescentScore._measure),
-about 25 numpy calls of about a microsecond each on arrays that small; the arithmetic itself is a few hundred
-operations.  This computes the same numbers with the same floating-point operations in the same order as the numpy
+Why: a cached-key decision measures one to four node states (policies/default/descent.py, DescentScore._measure;
+FGD's scores, policies/paper/workload.py, frag_amount's table path), about 25 (measure) or 12 (frag_amount) numpy
+calls of about a microsecond each on arrays that small; the arithmetic itself is a few hundred operations.  This computes the same numbers with the same floating-point operations in the same order as the numpy
 path, so the result is the same bits:
 
   * every per-GPU sum is of whole numbers (int64): exact in any order;
@@ -15,9 +15,10 @@ path, so the result is the same bits:
     refused below).
 
 Only the CPython C API and the buffer protocol: no numpy headers, so building needs nothing but a C compiler.  The
-caller passes a float64 output array; measure() returns False, writing nothing, whenever an input is not of the
-types, layout or range this handles (the caller then takes the numpy path, which is also the reference the property
-tests compare against, tests/policies/test_native_measure.py).
+caller passes a float64 output array; measure() and frag_amount() return False, writing nothing, whenever an input
+is not of the types, layout or range they handle (the caller then takes the numpy path, which is also the reference
+the property tests compare against: tests/policies/default/test_native_measure.py, and
+tests/policies/test_native_frag.py).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -149,6 +150,76 @@ get(buffers *b, PyObject *o, int ndim, int want, int writable)
     return v;
 }
 
+/* Free milli of every GPU in 0..L-1 (a row of the table): else the caller declines (numpy's take raises). */
+static int
+gpus_in_range(const int64_t *g, Py_ssize_t n, Py_ssize_t L)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (g[i] < 0 || g[i] >= L) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static inline int64_t
+model_at(const void *model, int model_i32, Py_ssize_t s)
+{
+    return model_i32 ? ((const int32_t *)model)[s] : ((const int64_t *)model)[s];
+}
+
+/* Every model a row of an [M, T] table, negative from the end (numpy's indexing): else numpy raises. */
+static int
+models_in_range(const void *model, int model_i32, Py_ssize_t S, Py_ssize_t M)
+{
+    for (Py_ssize_t s = 0; s < S; s++) {
+        int64_t mi = model_at(model, model_i32, s);
+        if (mi < -M || mi >= M) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* State s's row of the [M, T] bool table (models_in_range checked first). */
+static inline const char *
+ok_row(const void *ok, const void *model, int model_i32, Py_ssize_t s, Py_ssize_t M, Py_ssize_t T)
+{
+    int64_t mi = model_at(model, model_i32, s);
+    return (const char *)ok + (mi < 0 ? mi + M : mi) * T;
+}
+
+/* The table's rows of one state's G GPUs, summed into sums[C]: whole numbers. */
+static inline void
+sum_rows(int64_t *sums, const int64_t *tab, Py_ssize_t C, const int64_t *g, Py_ssize_t G)
+{
+    memcpy(sums, tab + g[0] * C, C * sizeof(int64_t));
+    for (Py_ssize_t j = 1; j < G; j++) {
+        const int64_t *row = tab + g[j] * C;
+        for (Py_ssize_t k = 0; k < C; k++) {
+            sums[k] += row[k];
+        }
+    }
+}
+
+/* frag_amount of one state from its summed table row (sums[0] the idle milli, sums[1 + t] the idle milli on GPUs
+   that hold shape t's share, sums[1 + T + t] how many hold it): per shape, the idle milli on GPUs too small for it
+   where it fits (Q3: the shape asks GPUs and may use the model (ok, and gpu_shape where given), enough GPUs hold it,
+   the CPU is enough), all idle milli otherwise; as float64 times the frequency, then 0.0 plus numpy's pairwise sum
+   (add.reduce over a contiguous row).  tmp holds T doubles. */
+static double
+frag_of(const int64_t *sums, int64_t total, Py_ssize_t T, const char *ok, const char *gpu_shape, const int64_t *cnt,
+        const void *cpu_t, int cpu_t_f, int64_t cs, const double *fr, double *tmp)
+{
+    for (Py_ssize_t t = 0; t < T; t++) {
+        int cpu_fits = cpu_t_f ? ((double)cs >= ((const double *)cpu_t)[t]) : (cs >= ((const int64_t *)cpu_t)[t]);
+        int q3 = ok[t] && (gpu_shape == NULL || gpu_shape[t]) && sums[1 + T + t] >= cnt[t] && cpu_fits;
+        int64_t per = q3 ? total - sums[1 + t] : total;
+        tmp[t] = (double)per * fr[t];
+    }
+    return 0.0 + pairwise_sum(tmp, T);
+}
+
 PyDoc_STRVAR(measure_doc,
 "measure(out, cpu, gpu, mem, model, shape_ok, table, count, cpu_t, freq, q_rhos, k_cpu, k_mem, strand, mem_strand,\n"
 "        strand_weight, sliver_weight) -> bool\n\n"
@@ -206,44 +277,18 @@ measure(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     const int64_t *g = gpu->buf, *tab = table->buf, *cnt = count->buf, *c = cpu->buf, *m = mem->buf;
-    const char *okb = ok->buf;
     const double *fr = freq->buf;
     const int cpu_t_f = kind_of(cpu_t) == K_F64, model_i32 = kind_of(model) == K_I32;
-    for (Py_ssize_t i = 0; i < S * G; i++) {
-        if (g[i] < 0 || g[i] >= L) {
-            goto done;
-        }
-    }
-    for (Py_ssize_t s = 0; s < S; s++) {
-        int64_t mi = model_i32 ? ((const int32_t *)model->buf)[s] : ((const int64_t *)model->buf)[s];
-        if (mi < -M || mi >= M) {
-            goto done;
-        }
+    if (!gpus_in_range(g, S * G, L) || !models_in_range(model->buf, model_i32, S, M)) {
+        goto done;
     }
     double *o = out->buf;
     for (Py_ssize_t s = 0; s < S; s++) {
-        /* the table's rows of the state's GPUs, summed: whole numbers */
-        memcpy(sums, tab + g[s * G] * C, C * sizeof(int64_t));
-        for (Py_ssize_t j = 1; j < G; j++) {
-            const int64_t *row = tab + g[s * G + j] * C;
-            for (Py_ssize_t k = 0; k < C; k++) {
-                sums[k] += row[k];
-            }
-        }
+        sum_rows(sums, tab, C, g + s * G, G);
         const int64_t total = sums[0];
-        int64_t mi = model_i32 ? ((const int32_t *)model->buf)[s] : ((const int64_t *)model->buf)[s];
-        if (mi < 0) {
-            mi += M;
-        }
-        const char *okrow = okb + mi * T;
         const int64_t cs = c[s];
-        /* frag_amount: per shape, the idle milli too small for it where it fits (Q3), all idle milli otherwise */
-        for (Py_ssize_t t = 0; t < T; t++) {
-            int cpu_fits = cpu_t_f ? ((double)cs >= ((const double *)cpu_t->buf)[t]) : (cs >= ((const int64_t *)cpu_t->buf)[t]);
-            int64_t per = (okrow[t] && sums[1 + T + t] >= cnt[t] && cpu_fits) ? total - sums[1 + t] : total;
-            tmp[t] = (double)per * fr[t];
-        }
-        double frag = 0.0 + pairwise_sum(tmp, T);
+        double frag = frag_of(sums, total, T, ok_row(ok->buf, model->buf, model_i32, s, M, T), NULL, cnt, cpu_t->buf,
+                              cpu_t_f, cs, fr, tmp);
         const double sliver = (double)sums[C - 1];
         if (!strand) {
             o[s] = frag + (0.0 + w_sliver * sliver);
@@ -287,14 +332,75 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(frag_amount_doc,
+"frag_amount(out, cpu, gpu, model, access, gpu_shape, table, count, cpu_t, freq) -> bool\n\n"
+"policies.paper.workload.frag_amount's table path for S node states into out ([S] float64): cpu [S] int64,\n"
+"gpu [S, G] int64, model [S] int32/int64 (a row of access [M, T] bool, negative from the end), gpu_shape [T] bool\n"
+"(the shape asks GPUs), table [L, 2T + 1] int64 (workload._gpu_table), count [T] int64, cpu_t [T] int64 or float64,\n"
+"freq [T] float64.  False (out untouched) where an input is of another type or layout, or a GPU's milli or a model\n"
+"is out of range.");
+
+static PyObject *
+frag_amount(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "frag_amount() takes 10 arguments");
+        return NULL;
+    }
+    buffers b = {.n = 0};
+    PyObject *result = Py_False;
+    double tmp[MAX_T];
+    int64_t sums[2 * MAX_T + 1];
+
+    Py_buffer *out = get(&b, args[0], 1, K_F64, 1);
+    Py_buffer *cpu = get(&b, args[1], 1, K_I64, 0);
+    Py_buffer *gpu = get(&b, args[2], 2, K_I64, 0);
+    Py_buffer *model = get(&b, args[3], 1, K_I64 | K_I32, 0);
+    Py_buffer *ok = get(&b, args[4], 2, K_BOOL, 0);
+    Py_buffer *shape = get(&b, args[5], 1, K_BOOL, 0);
+    Py_buffer *table = get(&b, args[6], 2, K_I64, 0);
+    Py_buffer *count = get(&b, args[7], 1, K_I64, 0);
+    Py_buffer *cpu_t = get(&b, args[8], 1, K_I64 | K_F64, 0);
+    Py_buffer *freq = get(&b, args[9], 1, K_F64, 0);
+    if (!(out && cpu && gpu && model && ok && shape && table && count && cpu_t && freq)) {
+        goto done;
+    }
+    const Py_ssize_t S = cpu->shape[0], G = gpu->shape[1], T = count->shape[0];
+    const Py_ssize_t L = table->shape[0], C = table->shape[1], M = ok->shape[0];
+    if (out->shape[0] != S || gpu->shape[0] != S || model->shape[0] != S || S == 0 || G == 0 || T == 0
+        || C != 2 * T + 1 || ok->shape[1] != T || shape->shape[0] != T || cpu_t->shape[0] != T
+        || freq->shape[0] != T || T > MAX_T) {
+        goto done;
+    }
+    const int64_t *g = gpu->buf, *c = cpu->buf;
+    const int cpu_t_f = kind_of(cpu_t) == K_F64, model_i32 = kind_of(model) == K_I32;
+    if (!gpus_in_range(g, S * G, L) || !models_in_range(model->buf, model_i32, S, M)) {
+        goto done;
+    }
+    double *o = out->buf;
+    for (Py_ssize_t s = 0; s < S; s++) {
+        sum_rows(sums, table->buf, C, g + s * G, G);
+        o[s] = frag_of(sums, sums[0], T, ok_row(ok->buf, model->buf, model_i32, s, M, T), shape->buf, count->buf,
+                       cpu_t->buf, cpu_t_f, c[s], freq->buf, tmp);
+    }
+    result = Py_True;
+done:
+    release(&b);
+    Py_INCREF(result);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"measure", (PyCFunction)(void (*)(void))measure, METH_FASTCALL, measure_doc},
+    {"frag_amount", (PyCFunction)(void (*)(void))frag_amount, METH_FASTCALL, frag_amount_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "gpufleet._native",
-    "The default policy's descent measure in C, the same bits as its numpy path (see _native.c).", -1, methods,
+    "The descent measure and FGD's frag_amount of a few node states in C, the same bits as numpy (see _native.c).",
+    -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-measure: Callable[..., bool] | None = None
+measure: Callable[..., bool] | None = None  # DescentScore._measure's table path
+frag_amount: Callable[..., bool] | None = None  # policies.paper.workload.frag_amount's table path
 REASON = ""
 try:
     from . import _native  # type: ignore[attr-defined]  # compiled from _native.c; absent where it was not built
@@ -22,13 +23,14 @@ else:
         REASON = "off (GPUFLEET_NATIVE=0)"
     else:
         measure = _native.measure
+        frag_amount = _native.frag_amount
 
 ACTIVE = measure is not None
 
 
 def describe() -> str:
-    """One line for a benchmark's output: which path the descent measure takes."""
-    return "native: on (gpufleet._native, the C descent measure)" if ACTIVE else f"native: {REASON}: numpy path"
+    """One line for a benchmark's output: which path the descent measure and frag_amount take."""
+    return "native: on (gpufleet._native, the C descent measure and frag_amount)" if ACTIVE else f"native: {REASON}: numpy path"
 
 
-__all__ = ["ACTIVE", "REASON", "describe", "measure"]
+__all__ = ["ACTIVE", "REASON", "describe", "frag_amount", "measure"]

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ... import native
 from ...engine.model import GPU_MILLI, PodRequest
 from ...engine.state import ClusterState
 
@@ -134,8 +135,25 @@ def frag_amount(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, t
     is too small for it" for all shapes at once (two numpy calls for the GPUs,
     whatever S).  Many states (the yardstick's thousands) are binned instead: each
     GPU once by how many of the shapes' distinct per-GPU sizes it can hold, then
-    per-state bin counts and sums.  Every path gives the same bits.
+    per-state bin counts and sums.  Every path gives the same bits.  Where the C extension is in use
+    (``gpufleet.native``), the table path is computed there (``_native.c``: the same operations in the same order,
+    property-tested bit for bit) unless an input is of a type or range it does not take; ``_frag_amount_numpy`` is
+    the path without it, and the reference.
     """
+    if len(tw) == 0:
+        return np.zeros(cpu_left.shape[0])
+    S = gpu_left.shape[0]
+    if 0 < S <= TABLE_MAX_ROWS and native.frag_amount is not None:
+        out = np.empty(S)
+        if native.frag_amount(out, cpu_left, gpu_left, model, access, _direct_consts(tw)[1], _gpu_table(tw),
+                              tw.gpu_count, tw.cpu_milli, tw.freq):
+            return out
+    return _frag_amount_numpy(cpu_left, gpu_left, model, tw, access)
+
+
+def _frag_amount_numpy(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.ndarray, tw: TargetWorkload,
+                       access: np.ndarray) -> np.ndarray:
+    """``frag_amount`` in numpy: the path without the C extension (or for inputs it does not take), its reference."""
     if len(tw) == 0:
         return np.zeros(cpu_left.shape[0])
     S, G = gpu_left.shape
@@ -197,14 +215,19 @@ def _frag_from_sums(cpu_left: np.ndarray, sums: np.ndarray, model: np.ndarray, t
                     access: np.ndarray) -> np.ndarray:
     """``frag_amount`` from the per-state sums of ``_gpu_table`` rows ([S, 1 + 2T]): the direct form's whole numbers,
     times the frequencies as float64 (numpy converts the integers first) and summed row by row: the same bits."""
-    c = tw.__dict__.get("_direct")
-    if c is None:
-        c = tw.__dict__["_direct"] = (tw.gpu_milli[None, :, None], tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
-    _, gpu_shape, count, cpu = c
+    _, gpu_shape, count, cpu = _direct_consts(tw)
     t = count.size
     total = sums[:, :1]
     q3 = gpu_shape & access[model] & (sums[:, 1 + t :] >= count) & (cpu_left[:, None] >= cpu)
     return _sum(np.where(q3, total - sums[:, 1 : 1 + t], total) * tw.freq, axis=1)
+
+
+def _direct_consts(tw: TargetWorkload) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per workload, once: the shapes' per-GPU milli as [1, T, 1], whether each asks GPUs, GPU counts, CPU."""
+    c = tw.__dict__.get("_direct")
+    if c is None:
+        c = tw.__dict__["_direct"] = (tw.gpu_milli[None, :, None], tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
+    return c
 
 
 DIRECT_MAX_ROWS = 4  # up to this many node states, comparing every GPU with every shape is cheaper than binning
@@ -214,10 +237,7 @@ def _frag_amount_direct(cpu_left: np.ndarray, gpu_left: np.ndarray, model: np.nd
                         access: np.ndarray) -> np.ndarray:
     """``frag_amount`` for a few node states, [S, T, G] at once.  Every amount before the last sum is a whole
     number of milli (exact in any order), and the last sum is the same row by row: the same bits as binning."""
-    c = tw.__dict__.get("_direct")
-    if c is None:
-        c = tw.__dict__["_direct"] = (tw.gpu_milli[None, :, None], tw.gpu_milli > 0, tw.gpu_count, tw.cpu_milli)
-    milli3, gpu_shape, count, cpu = c
+    milli3, gpu_shape, count, cpu = _direct_consts(tw)
     # ufunc reductions called directly (what ``.sum``/``count_nonzero`` call, without their Python wrappers)
     total = _sum(gpu_left, axis=-1)  # [S]
     g3 = gpu_left[:, None, :]
