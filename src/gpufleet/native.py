@@ -23,13 +23,18 @@ else:
         REASON = "off (GPUFLEET_NATIVE=0)"
     else:
         measure = _native.measure
-        frag_amount = _native.frag_amount
+        # None where the extension was built from an older _native.c (an in-place build not redone): that path is
+        # then numpy's, and the build says so (describe) rather than failing every import
+        frag_amount = getattr(_native, "frag_amount", None)
 
 ACTIVE = measure is not None
 
 
 def describe() -> str:
     """One line for a benchmark's output: which path the descent measure and frag_amount take."""
+    if ACTIVE and frag_amount is None:
+        return ("native: on for the descent measure; frag_amount: numpy path (gpufleet._native built from an older "
+                "_native.c: python setup.py build_ext --inplace)")
     return "native: on (gpufleet._native, the C descent measure and frag_amount)" if ACTIVE else f"native: {REASON}: numpy path"
 
 

@@ -27,7 +27,7 @@ from gpufleet.policies.paper.workload import (TABLE_MAX_ROWS, TargetWorkload, _d
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
-needs_native = pytest.mark.skipif(not native.ACTIVE, reason=f"the C extension is not in use ({native.REASON})")
+needs_native = pytest.mark.skipif(native.frag_amount is None, reason=f"the C frag_amount is not in use ({native.describe()})")
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -158,6 +158,14 @@ def test_more_states_than_the_table_path_take_numpy(monkeypatch):
         np.testing.assert_array_equal(bits(workload.frag_amount(cpu, gpu, model, tw, acc)),
                                       bits(_frag_amount_numpy(cpu, gpu, model, tw, acc)))
     assert asked == [TABLE_MAX_ROWS]
+
+
+def test_required_extension_has_frag_amount():
+    """An in-place build older than ``frag_amount`` imports (numpy path) but fails CI's GPUFLEET_REQUIRE_NATIVE=1."""
+    if os.environ.get("GPUFLEET_REQUIRE_NATIVE") == "1":
+        assert native.frag_amount is not None, f"GPUFLEET_REQUIRE_NATIVE=1 but {native.describe()}"
+    if native.ACTIVE and native.frag_amount is None:
+        assert "older" in native.describe()
 
 
 def test_native_off_by_environment():
