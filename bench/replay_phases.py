@@ -9,6 +9,7 @@ than an unwrapped run; one replay at the sweep's copies (three passes of the bun
 ``bench/side_by_side.py``:
 
     PYTHONPATH=src python bench/replay_phases.py default 1.0
+    PYTHONHASHSEED=0 PYTHONPATH=src valgrind --tool=cachegrind --cache-sim=no python3 bench/replay_phases.py default 1.0 --untimed
     python bench/side_by_side.py OLD NEW --rounds 3 --same-stdout -- python $PWD/bench/replay_phases.py bestfit 1.0
 
 (the script by its full path: an old checkout may not have it; it times whichever checkout's code it is run with).
@@ -26,14 +27,17 @@ def main() -> int:
     from gpufleet.cli import replay_cli
     from gpufleet.cli.main import Parser
     from gpufleet.engine import framework, pending
-    from gpufleet.simulator.traces import trace as tracemod
-    from gpufleet.simulator.traces.workload import DEFAULT_WARMUP, workload_from_trace
 
     ap = Parser(prog="replay_phases.py", description=__doc__.split("\n")[0])
     ap.add_argument("policy")
     ap.add_argument("load", type=float_range(0.01, 10))
+    ap.add_argument("--untimed", action="store_true",
+                    help="run the replay with no part wrapped (for an instruction count: valgrind --tool=cachegrind)")
     args = ap.parse_args()
     from gpufleet.simulator.experiments import replay, replay_metrics
+
+    if args.untimed:
+        return _untimed(args.policy, args.load)
 
     spent = {"schedule": 0.0, "retry": 0.0, "retry_tries": 0.0, "could_fit": 0.0, "samples": 0.0, "observe": 0.0,
              "forget": 0.0, "loop": 0.0}
@@ -84,13 +88,8 @@ def main() -> int:
             spent["retry"] += time.process_time() - t
     pending.PendingGroups.retry = retry_timed  # type: ignore[method-assign,assignment]
 
-    pods = str(tracemod.bundled(tracemod.DEFAULT_PODS))
-    nodes, tr, _kind = replay_cli._load(None, pods, False, 1.0)
-    ref = sum(len(n.gpus) for n in nodes)
-    copies = workload_from_trace(tr.pods, tr.name).copies_for(1.2, ref, DEFAULT_WARMUP)  # the sweep's highest load
-    task = {"nodes": None, "pods": pods, "skip": False, "cluster_size": 1.0, "warmup": DEFAULT_WARMUP, "queues": None,
-            "team_column": None, "priority_column": None, "no_preemption": False, "copies": copies, "speedup": 1.0,
-            "policy": args.policy, "seed": 42, "load": args.load, "what_if": []}
+    task = _task(args.policy, args.load)
+    copies = task["copies"]
     t0 = time.process_time()
     r = replay_cli.run_one(task)
     total = time.process_time() - t0
@@ -103,6 +102,33 @@ def main() -> int:
     print(f"FIGURE samples_cpu_s {spent['samples']:.3f}")  # the curves over time (fragmentation: frag_amount)
     print(f"FIGURE observe_forget_cpu_s {spent['observe'] + spent['forget']:.3f}")  # the engine's, per arrival/departure
     print(f"FIGURE setup_cpu_s {total - spent['loop']:.3f}")  # pacing, groups, profile, summary: the run outside its loop
+    return 0
+
+
+def _task(policy: str, load: float) -> dict[str, Any]:
+    """One run of the sweep as its worker gets it: the bundled trace at the sweep's copies."""
+    from gpufleet.cli import replay_cli
+    from gpufleet.simulator.traces import trace as tracemod
+    from gpufleet.simulator.traces.workload import DEFAULT_WARMUP, workload_from_trace
+
+    pods = str(tracemod.bundled(tracemod.DEFAULT_PODS))
+    nodes, tr, _kind = replay_cli._load(None, pods, False, 1.0)
+    ref = sum(len(n.gpus) for n in nodes)
+    copies = workload_from_trace(tr.pods, tr.name).copies_for(1.2, ref, DEFAULT_WARMUP)  # the sweep's highest load
+    return {"nodes": None, "pods": pods, "skip": False, "cluster_size": 1.0, "warmup": DEFAULT_WARMUP, "queues": None,
+            "team_column": None, "priority_column": None, "no_preemption": False, "copies": copies, "speedup": 1.0,
+            "policy": policy, "seed": 42, "load": load, "what_if": []}
+
+
+def _untimed(policy: str, load: float) -> int:
+    """The same replay, nothing wrapped: its figures and the process's CPU seconds."""
+    from gpufleet.cli import replay_cli
+
+    task = _task(policy, load)
+    t0 = time.process_time()
+    r = replay_cli.run_one(task)
+    print(f"{policy} at load {load:g}, {task['copies']} passes: p50 {r['queue_delay_s']['p50']} s, p99 {r['queue_delay_s']['p99']} s")
+    print(f"FIGURE run_cpu_s {time.process_time() - t0:.3f}")
     return 0
 
 
