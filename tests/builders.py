@@ -245,3 +245,43 @@ def assert_same_snapshot(a: Mapping[str, Any], b: Mapping[str, Any]) -> None:
             np.testing.assert_array_equal(a[k], b[k], err_msg=k)
         else:
             assert a[k] == b[k], k
+
+
+class RoundShell:
+    """The ports a ``SchedulingRound`` asks of its shell (RoundPort, RoomPort), at their smallest: the pending pods
+    (``self.pending``, a ``PendingGroups``) placed or left waiting, the scheduler's state for the could-fit screen, no
+    queues, nothing lower to preempt unless ``self.lower`` (then every plan is allowed).  Tests of the pending pods
+    subclass it with their scheduler and pods."""
+
+    lower = False
+    tree = None
+
+    def could_fit(self, request: PodRequest) -> Any:
+        from gpufleet.engine.pending import could_fit
+
+        return could_fit(self.sched.state, request)  # type: ignore[attr-defined]
+
+    def bind(self, attempt: Any) -> None:
+        self.pending.placed(self.pending.by_key[attempt.request.key])  # type: ignore[attr-defined]
+
+    def wait(self, attempt: Any) -> None:
+        self.pending.failed(self.pending.by_key[attempt.request.key], 0.0, attempt.decision.rejected_by)  # type: ignore[attr-defined]
+
+    def lower_priority_running(self, priority: int) -> bool:
+        return self.lower
+
+    def may_plan(self, room: Any, now: float) -> bool:
+        return self.lower
+
+    def planned(self, room: Any, now: float, spent_s: float, outcome: Any) -> None:
+        pass
+
+    def victim_options(self) -> dict:
+        return {}
+
+    def room_coming(self, request: PodRequest) -> str:
+        return ""
+
+    def leaving(self) -> frozenset:
+        return frozenset()
+

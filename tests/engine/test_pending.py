@@ -10,7 +10,7 @@ from gpufleet.engine.model import Assignment, PodRequest
 from gpufleet.engine.pending import FitScreen, PendingGroups, could_fit, room_mask
 from gpufleet.engine.schedqueue import room_need
 
-from tests.builders import T4, make_node, state_of
+from tests.builders import T4, RoundShell, make_node, state_of
 
 
 def req(name: str, gpu_milli: int = 1000, gpu_count: int = 1, cpu_milli: int = 1000, priority: int = 0) -> PodRequest:
@@ -152,7 +152,7 @@ def test_every_arrival_is_counted_once_in_the_progress_bar_also_when_it_preempts
     assert sum(ticks) == 6
 
 
-class _Shell:
+class _Shell(RoundShell):
     """The smallest shell of the round: the pending pods, a scheduler, no queues; nothing lower to preempt
     unless ``lower`` (then every plan is allowed)."""
 
@@ -174,33 +174,6 @@ class _Shell:
     def retry(self) -> None:
         self.pending.retry(self.round, 0.0, self.attempt)
 
-    # RoundPort / RoomPort
-    def could_fit(self, request):
-        return could_fit(self.sched.state, request)
-
-    def bind(self, attempt):
-        self.pending.placed(self.pending.by_key[attempt.request.key])
-
-    def wait(self, attempt):
-        self.pending.failed(self.pending.by_key[attempt.request.key], 0.0, attempt.decision.rejected_by)
-
-    def lower_priority_running(self, priority):
-        return self.lower
-
-    def may_plan(self, room, now):
-        return self.lower
-
-    def planned(self, room, now, spent_s, outcome):
-        pass
-
-    def victim_options(self):
-        return {}
-
-    def room_coming(self, request):
-        return ""
-
-    def leaving(self):
-        return frozenset()
 
 
 def test_a_retry_pass_tries_only_what_the_freed_room_may_take_in_queue_order():

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from gpufleet.engine.model import PodRequest
-from gpufleet.engine.pending import PendingGroups, could_fit
+from gpufleet.engine.pending import PendingGroups
 from gpufleet.engine.round import SchedulingRound
 from gpufleet.engine.schedqueue import queueing_hints, requeue_hints
 from gpufleet.policies import build_profile, profile_config
 
-from tests.builders import T4, make_node, scheduler
+from tests.builders import T4, RoundShell, make_node, scheduler
 
 REASON = "node(s) kept their whole GPUs for pods that fill them (whole GPUs are scarce)"
 
@@ -29,7 +29,7 @@ def default_with_reserve() -> dict:
     return cfg
 
 
-class _Shell:
+class _Shell(RoundShell):
     """The smallest shell of the round over the default profile: two nodes of 4 T4s, a workload learned in which the
     whole-GPU reserve keeps whole GPUs once they are scarce; nothing lower to preempt."""
 
@@ -55,33 +55,6 @@ class _Shell:
     def arrive(self, i: int) -> None:
         self.attempt(i, None, True)
 
-    # RoundPort / RoomPort
-    def could_fit(self, request):
-        return could_fit(self.sched.state, request)
-
-    def bind(self, attempt):
-        self.pending.placed(self.pending.by_key[attempt.request.key])
-
-    def wait(self, attempt):
-        self.pending.failed(self.pending.by_key[attempt.request.key], 0.0, attempt.decision.rejected_by)
-
-    def lower_priority_running(self, priority):
-        return False
-
-    def may_plan(self, room, now):
-        return False
-
-    def planned(self, room, now, spent_s, outcome):
-        pass
-
-    def victim_options(self):
-        return {}
-
-    def room_coming(self, request):
-        return ""
-
-    def leaving(self):
-        return frozenset()
 
 
 def scarce(sh: _Shell) -> None:
