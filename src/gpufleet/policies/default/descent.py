@@ -151,15 +151,28 @@ class DescentScore(FragDescent):
         """Stranded + sliver GPU milli of node states ([S], [S, G], [S])."""
         a = self.args
         out = np.zeros(cpu.shape[0])
-        if self._rates is None or self._rates[0] != self.model.version:  # ratios change with the workload, not per pod
-            self._rates = (self.model.version, *self.model.sums)
-        _, g_milli, c_milli, m_mib = self._rates
+        _, g_milli, c_milli, m_mib = self._workload_rates()
         total = np.add.reduce(gpu, axis=-1)  # ``gpu.sum(axis=-1)`` without its Python wrapper
         if a.strand_weight and g_milli > 0:
             out += a.strand_weight * self._stranded(cpu, total, mem, g_milli, c_milli, m_mib)
         if a.sliver_weight:
             out += a.sliver_weight * np.add.reduce(self._sliver_table()[np.minimum(np.maximum(gpu, 0), GPU_MILLI)], axis=-1)  # np.clip, without its overhead
         return out
+
+    def _workload_rates(self) -> tuple:
+        """(workload version, GPU milli, CPU milli, memory MiB) the workload asks in all: they change with the
+        workload, not per pod, so they are kept per version."""
+        if self._rates is None or self._rates[0] != self.model.version:
+            self._rates = (self.model.version, *self.model.sums)
+        return self._rates
+
+    def _gpu_shape_access(self, tw, acc) -> np.ndarray:
+        """Per GPU model, the target workload's shapes that ask GPUs and may use it ([models, T] bool), kept while
+        the workload and the access table are the same objects."""
+        c = self._shape_acc
+        if c is None or c[0] is not acc or c[1] is not tw:
+            c = self._shape_acc = (acc, tw, (tw.gpu_milli > 0) & acc)
+        return c[2]
 
     def _measure(self, cpu, gpu, mem, model, tw, acc) -> np.ndarray:
         """``frag_amount + _penalty`` of node states ([S], [S, G], [S], [S]), the same bits.
@@ -178,14 +191,10 @@ class DescentScore(FragDescent):
         if native.measure is not None and type(a.strand_weight) is float and type(a.sliver_weight) is float:
             # the same operations in C (gpufleet/_native.c); False: an input it does not take (then numpy, below)
             table, count, cpu_t = self._gpu_table(tw)
-            c = self._shape_acc
-            if c is None or c[0] is not acc or c[1] is not tw:
-                c = self._shape_acc = (acc, tw, (tw.gpu_milli > 0) & acc)
-            if self._rates is None or self._rates[0] != self.model.version:
-                self._rates = (self.model.version, *self.model.sums)
-            _, g_milli, c_milli, m_mib = self._rates
+            gpu_acc = self._gpu_shape_access(tw, acc)
+            _, g_milli, c_milli, m_mib = self._workload_rates()
             out = np.empty(cpu.shape[0])
-            if native.measure(out, cpu, gpu, mem, model, c[2], table, count, cpu_t, tw.freq, self._q_rhos,
+            if native.measure(out, cpu, gpu, mem, model, gpu_acc, table, count, cpu_t, tw.freq, self._q_rhos,
                               g_milli / max(c_milli, 1.0), g_milli / m_mib if m_mib > 0 else 0.0, g_milli > 0,
                               a.memory_strand and m_mib > 0, a.strand_weight, a.sliver_weight):
                 return out
@@ -198,9 +207,7 @@ class DescentScore(FragDescent):
                 or np.minimum.reduce(gpu, axis=None) < 0):
             return frag_amount(cpu, gpu, model, tw, acc) + self._penalty(cpu, gpu, mem)
         table, count, cpu_t = self._gpu_table(tw)
-        c = self._shape_acc
-        if c is None or c[0] is not acc or c[1] is not tw:  # per GPU model, the shapes that ask GPUs and may use it
-            c = self._shape_acc = (acc, tw, (tw.gpu_milli > 0) & acc)
+        gpu_acc = self._gpu_shape_access(tw, acc)
         try:
             # [S, 2T + 2]; IndexError: a GPU above GPU_MILLI.  Taken GPU-major ([G, S, columns]) so the sum over GPUs
             # adds whole [S, columns] slabs (whole numbers: the same sums in any order)
@@ -211,12 +218,10 @@ class DescentScore(FragDescent):
         total = sums[:, 0]
         tot = total[:, None]
         # frag_amount: idle milli on GPUs too small for a shape where it fits (Q3), all idle milli otherwise
-        q3 = c[2][model] & (sums[:, 1 + t : 1 + 2 * t] >= count) & (cpu[:, None] >= cpu_t)
+        q3 = gpu_acc[model] & (sums[:, 1 + t : 1 + 2 * t] >= count) & (cpu[:, None] >= cpu_t)
         per = np.where(q3, tot - sums[:, 1 : 1 + t], tot)  # whole milli: times freq, as float64 (exact) times freq
         frag = np.add.reduce(per * tw.freq, axis=1)  # row by row, as frag_amount
-        if self._rates is None or self._rates[0] != self.model.version:
-            self._rates = (self.model.version, *self.model.sums)
-        _, g_milli, c_milli, m_mib = self._rates
+        _, g_milli, c_milli, m_mib = self._workload_rates()
         if g_milli > 0:  # _penalty's stranded GPU milli (>= 0: adding it to zeros is the same number)
             stranded = self._stranded(cpu, total, mem, g_milli, c_milli, m_mib)
             return frag + (a.strand_weight * stranded + a.sliver_weight * sums[:, -1])
