@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from gpufleet import native
 from gpufleet.engine.model import GPU_MILLI
 from gpufleet.policies.paper import workload
+from tests.policies.native_inputs import bits, free_milli, workloads
 from gpufleet.policies.paper.workload import (TABLE_MAX_ROWS, TargetWorkload, _direct_consts, _frag_amount_direct,
                                               _frag_amount_numpy, _gpu_table, frag_amount)
 
@@ -30,46 +31,17 @@ SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=N
 needs_native = pytest.mark.skipif(native.frag_amount is None, reason=f"the C frag_amount is not in use ({native.describe()})")
 
 
-def bits(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64).view(np.int64)  # -0.0 and 0.0 differ here
-
-
-@st.composite
-def workloads(draw):
-    t = draw(st.sampled_from([1, 2, 5, 7, 8, 9, 15, 16, 17, 31, 64, 127, 128, 129, 200, 255, 256, 257, 300]))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    milli = rng.choice([0, 100, 120, 250, 300, 500, 1000], size=t)
-    count = np.where(milli > 0, rng.choice([1, 1, 2, 4, 8], size=t), 0)
-    cpu = rng.integers(0, 32_000, size=t)
-    freq = rng.random(t) / t
-    signs = draw(st.sampled_from(["positive", "some", "all"]))
-    if signs == "some":  # zeros and negative zeros: a product of -0.0 in the sum over shapes
-        freq[rng.random(t) < 0.3] = -0.0
-        freq[rng.random(t) < 0.1] = -1e-3
-    elif signs == "all":  # every product -0.0: numpy's sum over a row starts from 0.0, so the state's amount is 0.0
-        freq[:] = -0.0
-    models = tuple(rng.choice([None, frozenset({"A100"}), frozenset({"T4", "A100"})], size=t))
-    return TargetWorkload(cpu_milli=cpu.astype(np.float64) if draw(st.booleans()) else cpu.astype(np.int64),
-                          gpu_milli=milli.astype(np.int64), gpu_count=count.astype(np.int64), freq=freq, models=models)
-
-
 @st.composite
 def states(draw):
     s = draw(st.sampled_from([1, 1, 1, 2, 3, 4, 5, 8, 17, 70, 300, TABLE_MAX_ROWS]))
     g = draw(st.sampled_from([1, 2, 4, 8]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    kind = draw(st.sampled_from(["steps", "any", "edges"]))
-    if kind == "steps":
-        gpu = rng.choice([0, 10, 120, 250, 300, 500, 700, 750, 880, 1000], size=(s, g))
-    elif kind == "edges":  # every GPU full or empty
-        gpu = rng.choice([0, GPU_MILLI], size=(s, g))
-    else:
-        gpu = rng.integers(0, GPU_MILLI + 1, size=(s, g))
+    gpu = free_milli(draw, rng, s, g)
     cpu = rng.integers(-2000, 96_000, size=s)
     if draw(st.booleans()):
         cpu[rng.random(s) < 0.3] = 0
     model = rng.integers(-3, 3, size=s).astype(draw(st.sampled_from([np.int32, np.int64])))  # [-3, 3): every row
-    return cpu.astype(np.int64), gpu.astype(np.int64), model
+    return cpu.astype(np.int64), gpu, model
 
 
 def c_frag(out, cpu, gpu, model, acc, tw, table=None):

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from gpufleet import native
 from gpufleet.engine.model import GPU_MILLI, PodRequest
 from gpufleet.policies.default import DescentArgs, DescentScore, WorkloadArgs, WorkloadModel
-from gpufleet.policies.paper.workload import TargetWorkload
+from tests.policies.native_inputs import bits, free_milli, workloads
 
 SETTINGS = settings(max_examples=50, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -36,10 +36,6 @@ def test_required_extension_is_active():
     assert native.describe().startswith("native: ")
 
 
-def bits(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64).view(np.int64)  # -0.0 and 0.0 differ here
-
-
 def plugin(args: DescentArgs) -> DescentScore:
     p = DescentScore(args, model=WorkloadModel(WorkloadArgs(learn_online=False)))
     p.prime([PodRequest(name=f"w{i}", cpu_milli=c, memory_mib=m, gpu_count=n, gpu_milli=g)
@@ -49,34 +45,11 @@ def plugin(args: DescentArgs) -> DescentScore:
 
 
 @st.composite
-def workloads(draw):
-    t = draw(st.sampled_from([1, 2, 5, 7, 8, 9, 15, 16, 17, 31, 64, 127, 128, 129, 200, 300]))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    milli = rng.choice([0, 100, 120, 250, 300, 500, 1000], size=t)
-    count = np.where(milli > 0, rng.choice([1, 1, 2, 4, 8], size=t), 0)
-    cpu = rng.integers(0, 32_000, size=t)
-    freq = rng.random(t) / t
-    if draw(st.booleans()):  # zeros and negative zeros: a product of -0.0 in the sum over shapes
-        freq[rng.random(t) < 0.3] = -0.0
-        freq[rng.random(t) < 0.1] = -1e-3
-    models = tuple(rng.choice([None, frozenset({"A100"}), frozenset({"T4", "A100"})], size=t))
-    tw = TargetWorkload(cpu_milli=cpu.astype(np.float64) if draw(st.booleans()) else cpu.astype(np.int64),
-                        gpu_milli=milli.astype(np.int64), gpu_count=count.astype(np.int64), freq=freq, models=models)
-    return tw
-
-
-@st.composite
 def states(draw):
     s = draw(st.sampled_from([1, 1, 1, 2, 3, 4, 5, 8, 17, 70]))  # one state: the quantiles' sum is pairwise
     g = draw(st.sampled_from([1, 2, 4, 8]))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    kind = draw(st.sampled_from(["steps", "any", "edges"]))
-    if kind == "steps":
-        gpu = rng.choice([0, 10, 120, 250, 300, 500, 700, 750, 880, 1000], size=(s, g))
-    elif kind == "edges":  # every GPU full or empty
-        gpu = rng.choice([0, GPU_MILLI], size=(s, g))
-    else:
-        gpu = rng.integers(0, GPU_MILLI + 1, size=(s, g))
+    gpu = free_milli(draw, rng, s, g)
     # small CPU against the GPU milli: stranded terms with fractions, where the order of the quantiles' sum shows
     cpu = rng.integers(-50, 700, size=s) if draw(st.booleans()) else rng.integers(-2000, 96_000, size=s)
     if draw(st.booleans()):
@@ -97,7 +70,7 @@ def rates(draw_kind: str, p: DescentScore) -> None:
 @needs_native
 @pytest.mark.parametrize("q", [0, 1, 4, 7, 8, 9, 12])
 @SETTINGS
-@given(st_=states(), tw=workloads(), memory=st.booleans(),
+@given(st_=states(), tw=workloads(signs=("positive", "some")), memory=st.booleans(),
        rate=st.sampled_from(["usual", "no_gpu", "no_mem", "tiny_cpu"]),
        weights=st.sampled_from([(16.0, 8.0), (1e-3, 3.7), (0.3, 1e6)]))
 def test_c_measure_equals_numpy_measure(st_, tw, q, memory, rate, weights):
