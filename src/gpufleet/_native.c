@@ -1,8 +1,11 @@
-/* gpufleet._native: the default policy's descent measure and FGD's frag_amount of a few node states, in C (optional).
+/* gpufleet._native: the default policy's descent measure and scores and FGD's frag_amount of a few node states, in C
+(optional).
 
 Why: a cached-key decision measures one to four node states (policies/default/descent.py, DescentScore._measure;
 FGD's scores, policies/paper/workload.py, frag_amount's table path), about 25 (measure) or 12 (frag_amount) numpy
-calls of about a microsecond each on arrays that small; the arithmetic itself is a few hundred operations.  This computes the same numbers with the same floating-point operations in the same order as the numpy
+calls of about a microsecond each on arrays that small; the arithmetic itself is a few hundred operations.  descent()
+goes one step further for the default's scores (DescentScore._native_scores): the node view, the placements of a
+share, the before-cache, the quantising and the per-GPU terms around the measure, another ~40 numpy calls a score.  This computes the same numbers with the same floating-point operations in the same order as the numpy
 path, so the result is the same bits:
 
   * every per-GPU sum is of whole numbers (int64): exact in any order;
@@ -17,8 +20,8 @@ path, so the result is the same bits:
 Only the CPython C API and the buffer protocol: no numpy headers, so building needs nothing but a C compiler.  The
 caller passes a float64 output array; measure() and frag_amount() return False, writing nothing, whenever an input
 is not of the types, layout or range they handle (the caller then takes the numpy path, which is also the reference
-the property tests compare against: tests/policies/default/test_native_measure.py, and
-tests/policies/test_native_frag.py).
+the property tests compare against: tests/policies/default/test_native_measure.py,
+tests/policies/default/test_native_descent.py and tests/policies/test_native_frag.py).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -111,7 +114,7 @@ kind_of(const Py_buffer *v)
     }
 }
 
-#define NBUF 11  /* the most measure() holds at once */
+#define NBUF 24  /* the most a function holds at once */
 
 typedef struct {
     Py_buffer v[NBUF];
@@ -220,6 +223,110 @@ frag_of(const int64_t *sums, int64_t total, Py_ssize_t T, const char *ok, const 
     return 0.0 + pairwise_sum(tmp, T);
 }
 
+/* What measure() and descent() read of the target workload and the weights: the measure's parameters. */
+typedef struct {
+    const char *ok;          /* [M, T] bool: the shape asks GPUs and may use the model */
+    const int64_t *tab;      /* [L, C] int64: _gpu_table */
+    const int64_t *cnt;      /* [T] */
+    const void *cpu_t;       /* [T] int64 or float64 */
+    const double *fr;        /* [T] */
+    const double *qr;        /* [Q] or NULL */
+    Py_ssize_t T, L, C, M, Q;
+    int cpu_t_f, strand, mem_strand;
+    double k_cpu, k_mem, w_strand, w_sliver;
+} mparams;
+
+/* The measure of one node state (cpu cs, GPUs g[G], memory ms, model row mi); single: the state is the only one of
+   its batch (numpy reduces the quantiles of one state pairwise).  tmp holds max(T, Q) doubles, sums C int64. */
+static double
+measure_state(const mparams *p, int64_t cs, const int64_t *g, Py_ssize_t G, int64_t ms, int64_t mi, int single,
+              double *tmp, int64_t *sums)
+{
+    sum_rows(sums, p->tab, p->C, g, G);
+    const int64_t total = sums[0];
+    double frag = frag_of(sums, total, p->T, p->ok + (mi < 0 ? mi + p->M : mi) * p->T, NULL, p->cnt, p->cpu_t,
+                          p->cpu_t_f, cs, p->fr, tmp);
+    const double sliver = (double)sums[p->C - 1];
+    if (!p->strand) {
+        return frag + (0.0 + p->w_sliver * sliver);
+    }
+    const double tot = (double)total;
+    const double cpu0 = (double)(cs > 0 ? cs : 0);
+    double stranded;
+    if (p->qr != NULL) {
+        const double *qr = p->qr;
+        const Py_ssize_t Q = p->Q;
+        double acc;
+        if (single) {  /* numpy reduces the one column as a contiguous run: pairwise */
+            for (Py_ssize_t i = 0; i < Q; i++) {
+                tmp[i] = np_maximum(0.0, tot - cpu0 / qr[i]);
+            }
+            acc = 0.0 + pairwise_sum(tmp, Q);
+        }
+        else {
+            acc = 0.0;
+            for (Py_ssize_t i = 0; i < Q; i++) {
+                acc += np_maximum(0.0, tot - cpu0 / qr[i]);
+            }
+        }
+        stranded = acc / (double)Q;
+    }
+    else {
+        stranded = np_maximum(0.0, tot - cpu0 * p->k_cpu);
+    }
+    if (p->mem_strand) {
+        const double mem0 = (double)(ms > 0 ? ms : 0);
+        stranded = np_maximum(stranded, tot - mem0 * p->k_mem);
+    }
+    return frag + (p->w_strand * stranded + p->w_sliver * sliver);
+}
+
+/* Reads the measure's 12 parameters from args[0..11] (shape_ok, table, count, cpu_t, freq, q_rhos, k_cpu, k_mem,
+   strand, mem_strand, strand_weight, sliver_weight) into p: 1 where they are of the kinds taken, 0 where the caller
+   declines, -1 with a Python error set. */
+static int
+get_params(buffers *b, PyObject *const *args, mparams *p)
+{
+    p->k_cpu = PyFloat_AsDouble(args[6]);
+    p->k_mem = PyFloat_AsDouble(args[7]);
+    p->strand = PyObject_IsTrue(args[8]);
+    p->mem_strand = PyObject_IsTrue(args[9]);
+    p->w_strand = PyFloat_AsDouble(args[10]);
+    p->w_sliver = PyFloat_AsDouble(args[11]);
+    if (PyErr_Occurred() || p->strand < 0 || p->mem_strand < 0) {
+        return -1;
+    }
+    Py_buffer *ok = get(b, args[0], 2, K_BOOL, 0);
+    Py_buffer *table = get(b, args[1], 2, K_I64, 0);
+    Py_buffer *count = get(b, args[2], 1, K_I64, 0);
+    Py_buffer *cpu_t = get(b, args[3], 1, K_I64 | K_F64, 0);
+    Py_buffer *freq = get(b, args[4], 1, K_F64, 0);
+    Py_buffer *q = NULL;
+    if (!(ok && table && count && cpu_t && freq)) {
+        return 0;
+    }
+    if (args[5] != Py_None && (q = get(b, args[5], 1, K_F64, 0)) == NULL) {
+        return 0;
+    }
+    p->T = count->shape[0];
+    p->L = table->shape[0];
+    p->C = table->shape[1];
+    p->M = ok->shape[0];
+    p->Q = q ? q->shape[0] : 0;
+    if (p->T == 0 || p->C != 2 * p->T + 2 || ok->shape[1] != p->T || cpu_t->shape[0] != p->T
+        || freq->shape[0] != p->T || p->T > MAX_T || (q != NULL && (p->Q == 0 || p->Q > MAX_T))) {
+        return 0;
+    }
+    p->ok = ok->buf;
+    p->tab = table->buf;
+    p->cnt = count->buf;
+    p->cpu_t = cpu_t->buf;
+    p->cpu_t_f = kind_of(cpu_t) == K_F64;
+    p->fr = freq->buf;
+    p->qr = q ? q->buf : NULL;
+    return 1;
+}
+
 PyDoc_STRVAR(measure_doc,
 "measure(out, cpu, gpu, mem, model, shape_ok, table, count, cpu_t, freq, q_rhos, k_cpu, k_mem, strand, mem_strand,\n"
 "        strand_weight, sliver_weight) -> bool\n\n"
@@ -237,91 +344,37 @@ measure(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "measure() takes 17 arguments");
         return NULL;
     }
-    double k_cpu = PyFloat_AsDouble(args[11]);
-    double k_mem = PyFloat_AsDouble(args[12]);
-    int strand = PyObject_IsTrue(args[13]);
-    int mem_strand = PyObject_IsTrue(args[14]);
-    double w_strand = PyFloat_AsDouble(args[15]);
-    double w_sliver = PyFloat_AsDouble(args[16]);
-    if (PyErr_Occurred() || strand < 0 || mem_strand < 0) {
-        return NULL;
-    }
     buffers b = {.n = 0};
     PyObject *result = Py_False;
     double tmp[MAX_T];
     int64_t sums[2 * MAX_T + 2];
+    mparams p;
 
     Py_buffer *out = get(&b, args[0], 1, K_F64, 1);
     Py_buffer *cpu = get(&b, args[1], 1, K_I64, 0);
     Py_buffer *gpu = get(&b, args[2], 2, K_I64, 0);
     Py_buffer *mem = get(&b, args[3], 1, K_I64, 0);
     Py_buffer *model = get(&b, args[4], 1, K_I64 | K_I32, 0);
-    Py_buffer *ok = get(&b, args[5], 2, K_BOOL, 0);
-    Py_buffer *table = get(&b, args[6], 2, K_I64, 0);
-    Py_buffer *count = get(&b, args[7], 1, K_I64, 0);
-    Py_buffer *cpu_t = get(&b, args[8], 1, K_I64 | K_F64, 0);
-    Py_buffer *freq = get(&b, args[9], 1, K_F64, 0);
-    Py_buffer *q = NULL;
-    if (!(out && cpu && gpu && mem && model && ok && table && count && cpu_t && freq)) {
+    if (!(out && cpu && gpu && mem && model)) {
         goto done;
     }
-    if (args[10] != Py_None && (q = get(&b, args[10], 1, K_F64, 0)) == NULL) {
+    int got = get_params(&b, args + 5, &p);
+    if (got <= 0) {
+        result = got < 0 ? NULL : Py_False;
         goto done;
     }
-    const Py_ssize_t S = cpu->shape[0], G = gpu->shape[1], T = count->shape[0];
-    const Py_ssize_t L = table->shape[0], C = table->shape[1], M = ok->shape[0];
-    const Py_ssize_t Q = q ? q->shape[0] : 0;
-    if (out->shape[0] != S || gpu->shape[0] != S || mem->shape[0] != S || model->shape[0] != S || S == 0 || G == 0
-        || T == 0 || C != 2 * T + 2 || ok->shape[1] != T || cpu_t->shape[0] != T || freq->shape[0] != T
-        || T > MAX_T || (q != NULL && (Q == 0 || Q > MAX_T))) {
+    const Py_ssize_t S = cpu->shape[0], G = gpu->shape[1];
+    if (out->shape[0] != S || gpu->shape[0] != S || mem->shape[0] != S || model->shape[0] != S || S == 0 || G == 0) {
         goto done;
     }
-    const int64_t *g = gpu->buf, *tab = table->buf, *cnt = count->buf, *c = cpu->buf, *m = mem->buf;
-    const double *fr = freq->buf;
-    const int cpu_t_f = kind_of(cpu_t) == K_F64, model_i32 = kind_of(model) == K_I32;
-    if (!gpus_in_range(g, S * G, L) || !models_in_range(model->buf, model_i32, S, M)) {
+    const int64_t *g = gpu->buf, *c = cpu->buf, *m = mem->buf;
+    const int model_i32 = kind_of(model) == K_I32;
+    if (!gpus_in_range(g, S * G, p.L) || !models_in_range(model->buf, model_i32, S, p.M)) {
         goto done;
     }
     double *o = out->buf;
     for (Py_ssize_t s = 0; s < S; s++) {
-        sum_rows(sums, tab, C, g + s * G, G);
-        const int64_t total = sums[0];
-        const int64_t cs = c[s];
-        double frag = frag_of(sums, total, T, ok_row(ok->buf, model->buf, model_i32, s, M, T), NULL, cnt, cpu_t->buf,
-                              cpu_t_f, cs, fr, tmp);
-        const double sliver = (double)sums[C - 1];
-        if (!strand) {
-            o[s] = frag + (0.0 + w_sliver * sliver);
-            continue;
-        }
-        const double tot = (double)total;
-        const double cpu0 = (double)(cs > 0 ? cs : 0);
-        double stranded;
-        if (q != NULL) {
-            const double *qr = q->buf;
-            double acc;
-            if (S == 1) {  /* numpy reduces the one column as a contiguous run: pairwise */
-                for (Py_ssize_t i = 0; i < Q; i++) {
-                    tmp[i] = np_maximum(0.0, tot - cpu0 / qr[i]);
-                }
-                acc = 0.0 + pairwise_sum(tmp, Q);
-            }
-            else {
-                acc = 0.0;
-                for (Py_ssize_t i = 0; i < Q; i++) {
-                    acc += np_maximum(0.0, tot - cpu0 / qr[i]);
-                }
-            }
-            stranded = acc / (double)Q;
-        }
-        else {
-            stranded = np_maximum(0.0, tot - cpu0 * k_cpu);
-        }
-        if (mem_strand) {
-            const double mem0 = (double)(m[s] > 0 ? m[s] : 0);
-            stranded = np_maximum(stranded, tot - mem0 * k_mem);
-        }
-        o[s] = frag + (w_strand * stranded + w_sliver * sliver);
+        o[s] = measure_state(&p, c[s], g + s * G, G, m[s], model_at(model->buf, model_i32, s), S == 1, tmp, sums);
     }
     result = Py_True;
 done:
@@ -391,9 +444,218 @@ done:
     return result;
 }
 
+#define MAX_G 64  /* GPUs per node held on the stack; more take the Python path */
+
+PyDoc_STRVAR(descent_doc,
+"descent(out, nodes, cpu_free, mem_free, gpu_free, gpu_usable, node_model, vals, vers, version, elig, r_cpu, r_mem,\n"
+"        milli, count, quant, term, fit, shape_ok, table, count_t, cpu_t, freq, q_rhos, k_cpu, k_mem, strand,\n"
+"        mem_strand, strand_weight, sliver_weight) -> bool\n\n"
+"DescentScore's scores of k nodes (nodes [k] int64, rows of the state's columns: cpu_free, mem_free [n] int64,\n"
+"gpu_free [n, G] int64, gpu_usable [n, G] bool, node_model [n] int32/int64), through the measure (the last 12\n"
+"arguments, as measure()'s) and the before-cache (vals [n] float64, vers [n] int64, written for the stale nodes;\n"
+"version [n] int64).  elig None: _node_scores into out [k] (count > 0: take_packed of count GPUs of milli);\n"
+"elig [k, G] bool: _gpu_scores of a share of milli into out [k, G] (-inf where not eligible), plus term and less fit\n"
+"(None or float64 per free milli).  quant: the score's step (<= 0: none).  False (nothing written) where an input is\n"
+"of another type or layout or out of range: the caller takes the Python path.");
+
+static PyObject *
+descent(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 30) {
+        PyErr_SetString(PyExc_TypeError, "descent() takes 30 arguments");
+        return NULL;
+    }
+    const long long r_cpu = PyLong_AsLongLong(args[11]);
+    const long long r_mem = PyLong_AsLongLong(args[12]);
+    const long long milli = PyLong_AsLongLong(args[13]);
+    const long long count = PyLong_AsLongLong(args[14]);
+    const double quant = PyFloat_AsDouble(args[15]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    buffers b = {.n = 0};
+    PyObject *result = Py_False;
+    double tmp[MAX_T];
+    int64_t sums[2 * MAX_T + 2];
+    int64_t row[MAX_G], after[MAX_G];
+    mparams p;
+    const int share = args[10] != Py_None;
+
+    Py_buffer *out = get(&b, args[0], share ? 2 : 1, K_F64, 1);
+    Py_buffer *nodes = get(&b, args[1], 1, K_I64, 0);
+    Py_buffer *cpu_free = get(&b, args[2], 1, K_I64, 0);
+    Py_buffer *mem_free = get(&b, args[3], 1, K_I64, 0);
+    Py_buffer *gpu_free = get(&b, args[4], 2, K_I64, 0);
+    Py_buffer *usable = get(&b, args[5], 2, K_BOOL, 0);
+    Py_buffer *node_model = get(&b, args[6], 1, K_I64 | K_I32, 0);
+    Py_buffer *vals = get(&b, args[7], 1, K_F64, 1);
+    Py_buffer *vers = get(&b, args[8], 1, K_I64, 1);
+    Py_buffer *version = get(&b, args[9], 1, K_I64, 0);
+    Py_buffer *elig = NULL, *term = NULL, *fit = NULL;
+    if (!(out && nodes && cpu_free && mem_free && gpu_free && usable && node_model && vals && vers && version)) {
+        goto done;
+    }
+    if (share && ((elig = get(&b, args[10], 2, K_BOOL, 0)) == NULL
+                  || (args[16] != Py_None && (term = get(&b, args[16], 1, K_F64, 0)) == NULL)
+                  || (args[17] != Py_None && (fit = get(&b, args[17], 1, K_F64, 0)) == NULL))) {
+        goto done;
+    }
+    int got = get_params(&b, args + 18, &p);
+    if (got <= 0) {
+        result = got < 0 ? NULL : Py_False;
+        goto done;
+    }
+    const Py_ssize_t k = nodes->shape[0], n = cpu_free->shape[0], G = gpu_free->shape[1];
+    if (k == 0 || G == 0 || G > MAX_G || mem_free->shape[0] != n || gpu_free->shape[0] != n
+        || usable->shape[0] != n || usable->shape[1] != G || node_model->shape[0] != n || vals->shape[0] != n
+        || vers->shape[0] != n || version->shape[0] != n || out->shape[0] != k
+        || (share && (out->shape[1] != G || elig->shape[0] != k || elig->shape[1] != G)) || milli < 0) {
+        goto done;
+    }
+    const int64_t *at = nodes->buf, *cf = cpu_free->buf, *mf = mem_free->buf, *gf = gpu_free->buf;
+    const int64_t *ver = version->buf;
+    const char *us = usable->buf, *el = share ? elig->buf : NULL;
+    const int model_i32 = kind_of(node_model) == K_I32;
+    const Py_ssize_t tl = term ? term->shape[0] : PY_SSIZE_T_MAX, fl = fit ? fit->shape[0] : PY_SSIZE_T_MAX;
+    double *vl = vals->buf;
+    int64_t *vr = vers->buf;
+    /* everything checked before anything is written: the node numbers, each GPU's free milli (and after the share)
+       a row of the table (and of term and fit), the models */
+    Py_ssize_t n_stale = 0, n_after = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const int64_t node = at[i];
+        if (node < 0 || node >= n) {
+            goto done;
+        }
+        int64_t mi = model_at(node_model->buf, model_i32, node);
+        if (mi < -p.M || mi >= p.M) {
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < G; j++) {
+            const int64_t l = us[node * G + j] ? gf[node * G + j] : 0;
+            if (l < 0 || l >= p.L || l >= tl || l >= fl) {
+                goto done;
+            }
+            if (share && el[i * G + j]) {
+                if (l - milli < 0) {
+                    goto done;
+                }
+                int dup = 0;  /* distinct_placements: one per free milli per node */
+                for (Py_ssize_t j2 = 0; j2 < j; j2++) {
+                    if (el[i * G + j2] && (us[node * G + j2] ? gf[node * G + j2] : 0) == l) {
+                        dup = 1;
+                        break;
+                    }
+                }
+                n_after += !dup;
+            }
+        }
+        n_stale += vr[node] != ver[node];
+    }
+    if (!share) {
+        n_after = k;
+    }
+    double *o = out->buf;
+    if (n_after > 0) {
+        const int single = n_stale + n_after == 1;
+        for (Py_ssize_t i = 0; i < k; i++) {  /* the stale before-states first, as _descent */
+            const int64_t node = at[i];
+            if (vr[node] == ver[node]) {
+                continue;
+            }
+            for (Py_ssize_t j = 0; j < G; j++) {
+                row[j] = us[node * G + j] ? gf[node * G + j] : 0;
+            }
+            vl[node] = measure_state(&p, cf[node], row, G, mf[node], model_at(node_model->buf, model_i32, node),
+                                     single, tmp, sums);
+            vr[node] = ver[node];
+        }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            const int64_t node = at[i];
+            const int64_t mi = model_at(node_model->buf, model_i32, node);
+            const double before = vl[node];
+            for (Py_ssize_t j = 0; j < G; j++) {
+                row[j] = us[node * G + j] ? gf[node * G + j] : 0;
+            }
+            if (!share) {
+                memcpy(after, row, G * sizeof(int64_t));
+                for (long long c = 0; c < count; c++) {  /* take_packed: the least sufficient GPU, first of equals */
+                    Py_ssize_t best = -1;
+                    for (Py_ssize_t j = 0; j < G; j++) {
+                        if (after[j] == row[j] && row[j] >= milli && (best < 0 || row[j] < row[best])) {
+                            best = j;
+                        }
+                    }
+                    if (best < 0) {
+                        break;
+                    }
+                    after[best] -= milli;
+                    if (milli == 0) {
+                        break;  /* nothing taken: every further GPU the same */
+                    }
+                }
+                double d = before - measure_state(&p, cf[node] - r_cpu, after, G, mf[node] - r_mem, mi, single, tmp,
+                                                  sums);
+                o[i] = quant > 0 ? floor(d / quant) : d;
+                continue;
+            }
+            double *orow = o + i * G;
+            for (Py_ssize_t j = 0; j < G; j++) {
+                double v = -INFINITY;
+                if (el[i * G + j]) {
+                    Py_ssize_t j2 = 0;
+                    while (j2 < j && !(el[i * G + j2] && row[j2] == row[j])) {
+                        j2++;
+                    }
+                    if (j2 < j) {
+                        v = orow[j2];  /* the same after-state's score (written before term and fit below) */
+                    }
+                    else {
+                        memcpy(after, row, G * sizeof(int64_t));
+                        after[j] -= milli;
+                        double d = before - measure_state(&p, cf[node] - r_cpu, after, G, mf[node] - r_mem, mi,
+                                                          single, tmp, sums);
+                        v = quant > 0 ? floor(d / quant) : d;
+                    }
+                }
+                orow[j] = v;
+            }
+        }
+    }
+    else {
+        for (Py_ssize_t x = 0; x < k * G; x++) {
+            o[x] = -INFINITY;
+        }
+    }
+    if (share && (term || fit)) {
+        const double *tv = term ? term->buf : NULL, *fv = fit ? fit->buf : NULL;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            const int64_t node = at[i];
+            for (Py_ssize_t j = 0; j < G; j++) {
+                const int64_t l = us[node * G + j] ? gf[node * G + j] : 0;
+                if (tv) {
+                    o[i * G + j] += tv[l];
+                }
+                if (fv) {
+                    o[i * G + j] -= fv[l];
+                }
+            }
+        }
+    }
+    result = Py_True;
+done:
+    release(&b);
+    if (result != NULL) {
+        Py_INCREF(result);
+    }
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"measure", (PyCFunction)(void (*)(void))measure, METH_FASTCALL, measure_doc},
     {"frag_amount", (PyCFunction)(void (*)(void))frag_amount, METH_FASTCALL, frag_amount_doc},
+    {"descent", (PyCFunction)(void (*)(void))descent, METH_FASTCALL, descent_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -32,9 +32,10 @@ from ... import native
 from ...engine.args import PluginArgs, arg
 from ...engine.framework import Cycle, GpuChoice
 from ...engine.model import GPU_MILLI, PodRequest
+from ...engine.plugins.gpufit import eligible_gpus, eligible_on
 from ...engine.state import ClusterState
 from ..paper._common import take_packed
-from ..paper.fgd import IDS_PY_MAX, FragDescent
+from ..paper.fgd import GPU_SCORES_PY_MAX, IDS_PY_MAX, FragDescent
 from ..paper.workload import frag_amount, node_view
 from .patterns import SharePatterns, patterns_of
 from .reserves import WHOLE_KEPT
@@ -304,8 +305,47 @@ class DescentScore(FragDescent):
 
     _placement_scores = _descent  # FragDescent._gpu_scores enumerates the placements; this measure scores them
 
+    def _native_scores(self, state: ClusterState, nodes: np.ndarray, r: PodRequest, elig: np.ndarray | None, count: int,
+                       term: np.ndarray | None, fit: np.ndarray | None) -> np.ndarray | None:
+        """``_node_scores`` (``elig`` None; ``count``: the whole GPUs ``take_packed`` takes, 0 for none) or
+        ``_gpu_scores`` (``elig``: ``eligible_gpus`` of ``nodes``; ``term``, ``fit``: ``_share_tables``') in one C call
+        (gpufleet._native.descent), the same bits; None where the extension is off or declines (the Python path then).
+
+        Why: a cached key recomputes one to a few dozen nodes per decision, and around the C measure the node view,
+        the placements, the before-cache, the quantising and the per-GPU terms were ~40 numpy calls of about a
+        microsecond each on arrays of a few rows.  The C does the same operations in the same order: the before-states
+        of the stale nodes first (written to the before-cache), the after-states of the same distinct placements (one
+        per free milli per node: the batch size the measure's quantile mean depends on), each quantised."""
+        a = self.args
+        if (native.descent is None or type(a.strand_weight) is not float or type(a.sliver_weight) is not float
+                or not (a.strand_weight > 0 and a.sliver_weight > 0) or not nodes.size):
+            return None
+        tw, acc = self._tw(state)
+        if not len(tw):
+            return None
+        tight = self.model.cpu_tight(state)
+        use_q = a.strand_quantiles > 0 and a.quantile_tight <= tight < a.quantile_tight_max
+        self._q_rhos = self._rho_quantiles(state) if use_q else None
+        vals, vers = self._before_cache(state)
+        table, count_t, cpu_t = self._gpu_table(tw)
+        gpu_acc = self._gpu_shape_access(tw, acc)
+        _, g_milli, c_milli, m_mib = self._workload_rates()
+        out = np.empty(nodes.size if elig is None else (nodes.size, state.gpu_free_milli.shape[1]))
+        if native.descent(out, nodes, state.cpu_free, state.mem_free, state.gpu_free_milli, state.gpu_usable,
+                          state.node_model, vals, vers, state.version, elig, r.cpu_milli, r.memory_mib, r.gpu_milli, count,
+                          a.quant_milli, term, fit, gpu_acc, table, count_t, cpu_t, tw.freq, self._q_rhos,
+                          g_milli / max(c_milli, 1.0), g_milli / m_mib if m_mib > 0 else 0.0, g_milli > 0,
+                          a.memory_strand and m_mib > 0, a.strand_weight, a.sliver_weight):
+            return out
+        return None
+
     def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
         r = cycle.request
+        if native.descent is not None:
+            out = self._native_scores(state, nodes, r, None, r.gpu_count if r.gpu_count and not r.mig_profile else 0,
+                                      None, None)
+            if out is not None:
+                return out
         view = node_view(state, nodes)
         left = view[1]
         new_left = take_packed(left, r.gpu_milli, r.gpu_count) if r.gpu_count and not r.mig_profile else left
@@ -313,11 +353,23 @@ class DescentScore(FragDescent):
 
     def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray,
                     view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        milli = cycle.request.gpu_milli
+        patterns = self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight
+        if native.descent is not None and nodes.size:
+            r = cycle.request
+            if nodes.size <= GPU_SCORES_PY_MAX:  # eligible_on: what eligible_gpus marks, without its numpy calls
+                elig = np.zeros((nodes.size, state.gpu_free_milli.shape[1]), dtype=bool)
+                for i, node in enumerate(nodes.tolist()):
+                    elig[i, eligible_on(state, r, node)] = True
+            else:
+                elig = eligible_gpus(state, r, nodes)
+            term, fit = self._share_tables(milli, patterns)
+            got = self._native_scores(state, nodes, r, elig, 0, term, fit)
+            if got is not None:
+                return got
         view = view if view is not None else node_view(state, nodes)
         out = super()._gpu_scores(cycle, state, nodes, view)
-        milli = cycle.request.gpu_milli
         left = view[1]
-        patterns = self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight
         if left.size and 0 <= np.minimum.reduce(left, axis=None):
             term, fit = self._share_tables(milli, patterns)  # per free milli: the same values as computed per GPU
             try:  # ``out`` is this call's own array: added to in place; IndexError: a GPU above GPU_MILLI
