@@ -186,10 +186,12 @@ def _import_for_workers(experiment: str) -> None:
 
     if multiprocessing.get_start_method(allow_none=False) != "fork":
         return  # spawned or forkserver workers import for themselves; importing here would only add to the parent
-    from ..policies import default, paper  # noqa: F401  what registry() imports
+    from ..policies import registry
 
+    registry()  # the engine's plugins and the policies, which each worker's first build_profile() would import
     if experiment == "packing":
         import highspy  # noqa: F401  the keep-first LP of every run, the MIP of the bound (bounds/bound.py)
+        import numpy.ma  # noqa: F401  numpy 2 imports it at the first np.unique (the target workload's sizes)
 
         from ..simulator.bounds import bound  # noqa: F401
         from ..simulator.experiments import packing  # noqa: F401
@@ -389,6 +391,8 @@ def run(args: argparse.Namespace) -> int:
             if early is not None:
                 bound_tasks = bound_tasks[1:]
             _import_for_workers(args.experiment)
+            if args.report and args.experiment != "queues":  # here, beside the other core's work, not after the last run
+                from ..simulator.report import packing as _report  # noqa: F401
             if early is not None:  # the MIP has the other core meanwhile: the workers forked next start with these
                 from ..simulator.experiments.packing import prepare
 
