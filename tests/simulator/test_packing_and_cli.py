@@ -75,8 +75,8 @@ def test_a_run_after_others_in_one_process_gives_what_a_first_run_gives(tiny, mo
     monkeypatch.setattr(shared, "_MEMO", {})
     fresh = {pol: (monkeypatch.setattr(shared, "_MEMO", {}), run(pol))[1] for pol in ("fgd", "bestfit")}
     assert run("fgd") == fresh["fgd"] and run("bestfit") == fresh["bestfit"] and run("fgd", seed=7) != fresh["fgd"]
-    assert len(shared._MEMO) == 8 and run("bestfit") == fresh["bestfit"]  # requests, target workload; per seed: order,
-    # arrivals, the keep-first LP's program and basis
+    assert len(shared._MEMO) == 11 and run("bestfit") == fresh["bestfit"]  # requests, target workload, the empty cluster;
+    # per seed: order, arrivals, their idle-recorder facts, the keep-first LP's program and basis
     other = list(pods)  # an equal list, another object: computed again, not taken from the memo
     packing.run_packing(nodes, other, "bestfit", seed=42, tune=1.3)
     assert any(v[0][0] is other for v in shared._MEMO.values())

@@ -33,7 +33,7 @@ import bisect
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -107,6 +107,41 @@ class IdleBreakdown:
         }
 
 
+@dataclass(frozen=True)
+class ArrivalFacts:
+    """What :meth:`IdleRecorder.observe` reads of each arrival, as arrays: the same for every packing run of one trace
+    and seed, so a run builds them once (``experiments.packing``) and records its arrivals in bulk
+    (:meth:`IdleRecorder.observe_many`) instead of one call per pod (about 2 us each, 8,800 a run)."""
+
+    milli: np.ndarray  # int64: GPU count x per-GPU milli
+    gpu: np.ndarray  # bool: asks a GPU
+    cpu_milli: np.ndarray  # int64
+    pinned: np.ndarray  # int64 0/1: has a GPU model restriction (``used_by``'s column)
+    fail_key: np.ndarray  # int64: index into ``fail_names`` ("unpinned" or "pinned:<models>")
+    fail_names: tuple[str, ...]
+    shape: np.ndarray  # int64: index into ``shapes`` (-1: no GPU)
+    shapes: tuple[tuple, ...]
+
+    @classmethod
+    def of(cls, reqs: Sequence[PodRequest]) -> ArrivalFacts:
+        names: dict[str, int] = {}
+        shapes: dict[tuple, int] = {}
+        milli, gpu, cpu, pinned, fail_key, shape = [], [], [], [], [], []
+        for req in reqs:
+            count = req.gpu_count
+            allow = req.gpu_models_allow
+            milli.append(count * req.gpu_milli)
+            gpu.append(bool(count))
+            cpu.append(req.cpu_milli)
+            pinned.append(1 if allow else 0)
+            fail_key.append(names.setdefault("pinned:" + "|".join(sorted(allow)) if allow else "unpinned", len(names)))
+            shape.append(shapes.setdefault((req.cpu_milli, req.memory_mib, count, req.gpu_milli, allow), len(shapes))
+                         if count else -1)
+        return cls(np.array(milli, dtype=np.int64), np.array(gpu, dtype=bool), np.array(cpu, dtype=np.int64),
+                   np.array(pinned, dtype=np.int64), np.array(fail_key, dtype=np.int64), tuple(names),
+                   np.array(shape, dtype=np.int64), tuple(shapes))
+
+
 @dataclass
 class IdleRecorder:
     """Watches a packing run decision by decision; :meth:`snapshot` breaks the idle GPUs down."""
@@ -146,6 +181,54 @@ class IdleRecorder:
             if self.saturation is None:
                 self.saturation = self.arrived / self.capacity if self.capacity else None
                 self.first_refusal = self.arrivals - 1
+
+    def observe_many(self, state: ClusterState, facts: ArrivalFacts, where: np.ndarray, start: int, stop: int) -> None:
+        """:meth:`observe` of arrivals ``start`` to ``stop - 1`` in turn, ``facts`` saying what each asked and
+        ``where[k]`` the node index arrival k went to (-1: turned away): the same counters, in a few numpy calls.
+        (Sums of whole milli as float64 are exact; the failure keys enter ``failed`` in the order they first fail.)"""
+        if stop <= start:
+            return
+        w, milli = where[start:stop], facts.milli[start:stop]
+        placed = w >= 0
+        arrived_before, arrivals_before = self.arrived, self.arrivals
+        self.arrived += int(milli.sum())
+        self.arrivals += stop - start
+        sh = facts.shape[start:stop]
+        self.shapes.update(facts.shapes[j] for j in np.unique(sh[sh >= 0]).tolist())
+        self.allocated += int(milli[placed].sum())
+        put = np.flatnonzero(placed & (milli > 0))
+        if put.size:
+            names, model_id = self._models(state)
+            mid = model_id[w[put]]
+            on_gpu = mid >= 0  # a node with no GPU holds no GPU milli: nothing to add to its model's row
+            key = mid[on_gpu] * 2 + facts.pinned[start:stop][put[on_gpu]]
+            sums = np.bincount(key, weights=milli[put[on_gpu]], minlength=2 * len(names)).tolist()
+            for m, name in enumerate(names):
+                if sums[2 * m] or sums[2 * m + 1]:
+                    row = self.used_by[name]
+                    row[0] += int(sums[2 * m])
+                    row[1] += int(sums[2 * m + 1])
+        refused = np.flatnonzero(~placed)
+        if refused.size:
+            cpu_only = refused[~facts.gpu[start:stop][refused]]
+            self.cpu_only_failed += int(cpu_only.size)
+            self.cpu_only_failed_cpu_milli += int(facts.cpu_milli[start:stop][cpu_only].sum())
+            keys = facts.fail_key[start:stop][refused]
+            firsts, at = np.unique(keys, return_index=True)
+            sums = np.bincount(keys, weights=milli[refused], minlength=len(facts.fail_names)).tolist()
+            for j in firsts[np.argsort(at, kind="stable")].tolist():
+                self.failed[facts.fail_names[j]] += int(sums[j])
+            if self.saturation is None:  # with no capacity it stays None, and observe keeps the last refusal
+                j0 = int(refused[0] if self.capacity else refused[-1])
+                if self.capacity:
+                    self.saturation = (arrived_before + int(milli[:j0 + 1].sum())) / self.capacity
+                self.first_refusal = arrivals_before + j0
+
+    def _models(self, state: ClusterState) -> tuple[list[str], np.ndarray]:
+        """(GPU model names, each node's index into them or -1 for a node with no GPU)."""
+        names: dict[str, int] = {}
+        ids = [names.setdefault(n.gpus[0].model, len(names)) if n.gpus else -1 for n in state.nodes]
+        return list(names), np.array(ids, dtype=np.int64)
 
     def snapshot(self, state: ClusterState) -> IdleBreakdown:
         per_model = _per_model(state, self.shapes)

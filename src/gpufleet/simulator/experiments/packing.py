@@ -26,7 +26,7 @@ from ...engine.model import Node, PodRequest
 from ...engine.state import ClusterState
 from ...policies import build_profile
 from ...policies.paper.workload import TargetWorkload, frag_amount, node_view
-from ..bounds.idle import IdleBreakdown, IdleRecorder
+from ..bounds.idle import ArrivalFacts, IdleBreakdown, IdleRecorder
 from ..traces.trace import TracePod
 from .shared import memo, workload_order
 
@@ -156,6 +156,13 @@ def _shared(pods: Sequence[TracePod], capacity: int, tune: float, seed: int
     return base_requests, order, arrivals, tw
 
 
+def _arrival_facts(pods: Sequence[TracePod], capacity: int, tune: float, seed: int,
+                   arrivals: Sequence[tuple[PodRequest, int, bool]]) -> ArrivalFacts:
+    """What the idle recorder reads of each arrival (``ArrivalFacts``), from ``memo``: the same for every run."""
+    return memo((pods,), ("arrival facts", capacity, tune, seed),  # type: ignore[return-value]
+                lambda: ArrivalFacts.of([r for r, _milli, _mig in arrivals]))
+
+
 def _full_at(arrivals: Sequence[tuple[PodRequest, int, bool]], capacity: int) -> int:
     """The index of the first arrival past the 100%-arrived point (``len(arrivals)``: none): the arrived pods before
     it are what the keep-first LP places (its program is the same for every policy of one trace and seed)."""
@@ -171,15 +178,87 @@ def prepare(nodes: Sequence[Node], pods: Sequence[TracePod], seed: int = 42, tun
             placing_bound: bool = True) -> None:
     """Build now, in this process's ``memo``, what each ``run_packing`` of this trace and seed would build on its
     first run here (about 0.2 CPU s on the default trace: the requests, the arrival order, the arrivals, the target
-    workload, and the keep-first LP's program and optimal basis).  ``gpufleet simulate`` calls it in the parent while
+    workload, the empty cluster's fragment, what the idle recorder reads of each arrival, and the keep-first LP's
+    program and optimal basis).  ``gpufleet simulate`` calls it in the parent while
     the first offline bound's MIP has a core to itself, so that the workers it forks next start with it instead of
     each building it; the runs read exactly what they would have built (same functions, same memo keys)."""
-    capacity = ClusterState(nodes).total_gpu_milli()
-    _base, order, arrivals, _tw = _shared(pods, capacity, tune, seed)
+    state = ClusterState(nodes)
+    capacity = state.total_gpu_milli()
+    _base, order, arrivals, tw = _shared(pods, capacity, tune, seed)
+    _empty_cluster(nodes, pods, state, tw)
+    _arrival_facts(pods, capacity, tune, seed, arrivals)
     if placing_bound:
         from ..bounds.bound import prepare_placing_first
 
         prepare_placing_first(nodes, [tp for tp, _ in order[:_full_at(arrivals, capacity)]])
+
+
+@dataclass(frozen=True)
+class _EmptyCluster:
+    """What every run of one cluster and trace computes alike on the empty cluster: the GPU fragment and idle milli of
+    each node against the trace's target workload (and their sums), the workload's access table and the node arrays'
+    shapes; kept in ``memo`` (and built once in ``prepare``) instead of again by each run (about 0.01 CPU s a run)."""
+
+    access: np.ndarray
+    node_frag: np.ndarray  # [nodes] GPU fragment milli
+    idle: np.ndarray  # [nodes] idle GPU milli (float64)
+    frag_sum: float
+    idle_sum: float
+    gpus: int  # columns of the per-GPU arrays
+    left_dtype: np.dtype
+    model_of: np.ndarray  # [nodes] each node's GPU model id (-1: none), in node_view's dtype
+
+
+def _empty_cluster(nodes: Sequence[Node], pods: Sequence[TracePod], state: ClusterState, tw: TargetWorkload
+                   ) -> _EmptyCluster:
+    """``_EmptyCluster`` of ``nodes`` (``state``: a fresh ``ClusterState`` of them) and the trace ``pods`` (``tw``: its
+    target workload), from ``memo``."""
+
+    def make() -> _EmptyCluster:
+        acc = tw.access(state.model_names)
+        cpu, left, model = node_view(state, np.arange(len(state)))
+        node_frag = frag_amount(cpu, left, model, tw, acc)
+        idle = left.sum(axis=1).astype(np.float64)
+        model_of = state.gpu_model[:, 0] if state.gpu_model.shape[1] else np.full(len(state), -1)
+        return _EmptyCluster(acc, node_frag, idle, float(node_frag.sum()), float(idle.sum()), left.shape[1], left.dtype,
+                             model_of.astype(model.dtype))
+
+    return memo((nodes, pods), ("empty cluster",), make)  # type: ignore[return-value]
+
+
+def _running_frag(empty: _EmptyCluster, where: np.ndarray, placed_at: list[int], placed_cpu: np.ndarray,
+                  placed_left: np.ndarray, gpu_usable: np.ndarray, tw: TargetWorkload) -> tuple[np.ndarray, np.ndarray]:
+    """The cluster's GPU fragment and idle milli after each arrival, from each placement's node as it was then.
+
+    A placement on node i changes the sums by (i's new figure - its figure before), the figure before being the one
+    of the last placement on i, or the empty node's.  The sums run in the order of the placements (``np.cumsum`` adds
+    left to right: the same floating-point sums as adding them one by one)."""
+    n, p = where.size, len(placed_at)
+    at = np.asarray(placed_at, dtype=np.int64)
+    node = where[at]
+    left = placed_left[:p]
+    left *= gpu_usable[node]  # node_view's np.where(usable, free, 0)
+    new_frag = frag_amount(placed_cpu[:p], left, empty.model_of[node], tw, empty.access)
+    new_idle = left.sum(axis=1).astype(np.float64)
+    order = np.argsort(node, kind="stable")  # each node's placements in the order they came
+    on = node[order]
+    first = np.ones(p, dtype=bool)
+    first[1:] = on[1:] != on[:-1]
+
+    def before(new: np.ndarray, initial: np.ndarray) -> np.ndarray:
+        prev = np.empty(p)
+        prev[1:] = new[order][:-1]
+        prev[first] = initial[on[first]]
+        out = np.empty(p)
+        out[order] = prev
+        return out
+
+    frag_sums = np.cumsum(np.concatenate(([empty.frag_sum], new_frag - before(new_frag, empty.node_frag))))
+    idle_sums = np.cumsum(np.concatenate(([empty.idle_sum], new_idle - before(new_idle, empty.idle))))
+    placed = np.zeros(n, dtype=np.int64)
+    placed[at] = 1
+    count = np.cumsum(placed)  # placements up to and including each arrival
+    return frag_sums[count], idle_sums[count]
 
 
 def prime_policy(sched: Scheduler, requests: list[PodRequest]) -> None:
@@ -229,45 +308,36 @@ def run_packing(
     total_gpus = capacity // 1000
     base_requests, order, arrivals, tw = _shared(pods, capacity, tune, seed)
     prime_policy(sched, base_requests)
-    acc = tw.access(state.model_names)
-    all_nodes = np.arange(len(state))
-    cpu, left, model = node_view(state, all_nodes)
-    node_frag = frag_amount(cpu, left, model, tw, acc)
-    idle = left.sum(axis=1).astype(np.float64)
+    empty = _empty_cluster(nodes, pods, state, tw)
 
     n = len(order)
-    arrived = np.zeros(n)
-    used = np.zeros(n)
-    frag = np.zeros(n)
-    idle_total = np.zeros(n)
     arrived_milli = 0
-    used_milli = 0
     failed = 0
     mig_pods = mig_failed = 0
     reasons: dict[str, int] = {}
     dms: list[float] = []
     rec = IdleRecorder(capacity)
+    facts = None if shape is not None else _arrival_facts(pods, capacity, tune, seed, arrivals)
+    shaped: list[PodRequest] = []  # with ``dra``: each arrival's request as scheduled
     snap: IdleBreakdown | None = None
     snap_at = len(order)
-    frag_sum = float(node_frag.sum())
-    idle_sum = float(idle.sum())
+    # each arrival's node (-1: turned away); the recorder reads them in bulk at the snapshot and at the end
+    where = np.full(n, -1, dtype=np.int64)
     # the yardstick of each placement's node, computed for all of them at once after the run (frag_amount
-    # scores row by row, so a node's fragment is the same in any batch): node, its CPU, GPUs and model then
+    # scores row by row, so a node's fragment is the same in any batch): its CPU and GPUs then
     placed_at: list[int] = []
-    placed_node = np.zeros(n, dtype=np.int64)
     placed_cpu = np.zeros(n, dtype=state.cpu_free.dtype)
-    placed_left = np.zeros((n, left.shape[1]), dtype=left.dtype)
-    placed_model = np.zeros(n, dtype=model.dtype)
+    placed_left = np.zeros((n, empty.gpus), dtype=empty.left_dtype)
     gpu_usable, gpu_free, cpu_free = state.gpu_usable, state.gpu_free_milli, state.cpu_free
-    model_of = state.gpu_model[:, 0] if state.gpu_model.shape[1] else np.full(len(state), -1)
     index = state.index
     schedule = sched.schedule
-    observe = rec.observe
     for k, (req, milli, mig) in enumerate(arrivals):
         if shape is not None:
             req = shape(req)
             milli, mig = req.total_gpu_milli, bool(req.mig_profile)
+            shaped.append(req)
         if snap is None and arrived_milli + milli > capacity:  # the 100%-arrived point
+            rec.observe_many(state, facts or ArrivalFacts.of(shaped[:k]), where, 0, k)
             snap = rec.snapshot(state)
             snap_at = k
         arrived_milli += milli
@@ -282,17 +352,13 @@ def run_packing(
             mig_pods += 1
             mig_failed += not ok
         if ok:
-            used_milli += milli
             i = index[dec.assignment.node]  # type: ignore[union-attr]
+            where[k] = i
             row = len(placed_at)
-            placed_node[row] = i
             placed_cpu[row] = cpu_free[i]
             placed_left[row] = gpu_free[i]  # times gpu_usable after the run (node_view's np.where(usable, free, 0))
-            placed_model[row] = model_of[i]
             placed_at.append(k)
-            observe(state, req, i)
         else:
-            observe(state, req, None)
             failed += 1
             diag = dec.diagnosis
             if diag is not None and diag.counts:
@@ -301,30 +367,17 @@ def run_packing(
                 msg = dec.status.message if hasattr(dec.status, "message") else str(dec.status)
                 r = msg.split(":", 1)[-1].strip() if diag is None else msg
             reasons[r] = reasons.get(r, 0) + 1
-        arrived[k] = arrived_milli
-        used[k] = used_milli
         if progress is not None:
             progress(1)
-    # the running sums, in the order the run changed them (same floating-point sums as node by node)
-    p = len(placed_at)
+    if facts is None:
+        facts = ArrivalFacts.of(shaped)
+    rec.observe_many(state, facts, where, 0 if snap is None else snap_at, n)
     if state.gpu_usable is not gpu_usable:  # pragma: no cover - a packing run never changes its nodes
         raise RuntimeError("packing run: the cluster's nodes changed during the run")
-    placed_left[:p] *= gpu_usable[placed_node[:p]]
-    new_frag = frag_amount(placed_cpu[:p], placed_left[:p], placed_model[:p], tw, acc).tolist()
-    new_idle = placed_left[:p].sum(axis=1).tolist()
-    node_frag_l, idle_l = node_frag.tolist(), idle.tolist()
-    last = 0
-    for row, k in enumerate(placed_at):
-        frag[last:k] = frag_sum
-        idle_total[last:k] = idle_sum
-        i, f, li = int(placed_node[row]), new_frag[row], float(new_idle[row])
-        frag_sum += f - node_frag_l[i]
-        node_frag_l[i] = f
-        idle_sum += li - idle_l[i]
-        idle_l[i] = li
-        last = k
-    frag[last:] = frag_sum
-    idle_total[last:] = idle_sum
+    # the arrived and allocated GPU milli after each arrival: running sums of whole numbers (exact in float64)
+    arrived = np.cumsum(facts.milli).astype(np.float64)
+    used = np.cumsum(np.where(where >= 0, facts.milli, 0)).astype(np.float64)
+    frag, idle_total = _running_frag(empty, where, placed_at, placed_cpu, placed_left, gpu_usable, tw)
 
     arrived_pct = arrived / capacity * 100.0
     run = PackingRun(policy=policy, seed=seed, trace=trace_name, tune=tune, total_gpus=int(total_gpus))
