@@ -152,8 +152,9 @@ def test_whole_gpu_counts_kept_between_cycles_follow_every_placement_and_release
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(st.data())
 def test_fed_sum_is_the_floor_division_sum(data):
-    """fed_sum gives np.minimum(whole, max(cpu, 0) // per).sum() exactly, near the floor division's edges too."""
-    from gpufleet.policies.default.reserves import fed_sum
+    """fed_sum gives np.minimum(whole, max(cpu, 0) // per).sum() exactly, near the floor division's edges too; fed_lower
+    is a part of it."""
+    from gpufleet.policies.default.reserves import fed_lower, fed_sum
 
     g = data.draw(st.sampled_from([1, 2, 4, 8, 16]))
     k = data.draw(st.integers(0, 60))
@@ -164,3 +165,6 @@ def test_fed_sum_is_the_floor_division_sum(data):
     want = np.minimum(whole, np.maximum(cpu, 0) // per).sum()
     got = fed_sum(whole, cpu, per, g)
     assert got == want and float(got) == float(want)
+    # fed_lower: the whole GPUs of the nodes fed_sum counts in full, never above it (_scarce's early "no")
+    lower = fed_lower(whole, cpu, per, g)
+    assert lower == int(whole[np.maximum(cpu, 0) >= (g + 2) * per].sum()) and lower <= got

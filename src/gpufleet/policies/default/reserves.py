@@ -87,6 +87,16 @@ def fed_sum(whole_n: np.ndarray, cpu_free: np.ndarray, per_gpu_cpu: float, max_g
     return int(np.add.reduce(whole_n)) - int(np.add.reduce(part)) + float(np.add.reduce(np.minimum(part, cpu.take(at) // per_gpu_cpu)))
 
 
+def fed_lower(whole_n: np.ndarray, cpu_free: np.ndarray, per_gpu_cpu: float, max_gpus: int) -> int:
+    """The whole free GPUs of nodes with at least (max_gpus + 2) x ``per_gpu_cpu`` CPU free: the part of ``fed_sum``
+    that counts all of a node's whole GPUs (see there; ``per_gpu_cpu`` > 0), so never above it.
+
+    Why: whether whole GPUs are scarce is ``fed_sum(...) < need``; where this bound already reaches ``need`` the answer
+    is no, known from one compare and one masked sum over the nodes instead of fed_sum's ten calls and its float floor
+    division over every node with whole GPUs and less CPU (about 8 instead of 95 us a share pod at 5,000 nodes)."""
+    return int(np.add.reduce(whole_n, where=cpu_free >= (max_gpus + 2) * per_gpu_cpu))
+
+
 @dataclass(frozen=True)
 class WholeGpuReserveArgs(PluginArgs):
     whole_reserve: float = arg(0.05)  # kept: this x (share of GPU demand asking one whole GPU) of a pod's usable GPUs; 0: off
@@ -164,6 +174,8 @@ class WholeGpuReserve(SharedObserver):
         m = self.model
         need = self.args.whole_reserve * m.whole1 / max(m.sums[0], 1.0) * usable_n
         if per_gpu_cpu > 0:
+            if fed_lower(whole_n, state.cpu_free, per_gpu_cpu, state.max_gpus) >= need:  # fed_sum is at least this
+                return False
             return fed_sum(whole_n, state.cpu_free, per_gpu_cpu, state.max_gpus) < need
         return np.add.reduce(whole_n) < need
 
@@ -242,4 +254,4 @@ class WholeGpuReserve(SharedObserver):
         return hit
 
 
-__all__ = ["CpuReserve", "CpuReserveArgs", "WHOLE_KEPT", "fed_sum", "WholeGpuReserve", "WholeGpuReserveArgs"]
+__all__ = ["CpuReserve", "CpuReserveArgs", "WHOLE_KEPT", "fed_lower", "fed_sum", "WholeGpuReserve", "WholeGpuReserveArgs"]
