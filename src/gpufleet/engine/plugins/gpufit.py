@@ -90,6 +90,9 @@ class GpuFit:
          "nvidia.com/gpu.replicas or the agent's sharesPerGpu per GPU, and only what it advertises)"),
     )
 
+    _WHOLE = REASONS[:1]  # _plain's reasons
+    _SHARE = REASONS[1:2]
+
     def filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         n = len(state)
@@ -149,34 +152,38 @@ class GpuFit:
         trace): one comparison against two per-node figures that hold for every such pod, kept for all nodes and
         refreshed only where a node's version moved, instead of a verdict per request shape."""
         room, whole = self._room(state)
-        if r.gpu_milli >= GPU_MILLI:  # too few whole free GPUs: code 0
-            return FilterResult(np.greater_equal(whole, r.gpu_count), self.REASONS, _codes(len(state), 0))
-        return FilterResult(np.greater_equal(room, r.gpu_milli), self.REASONS, _codes(len(state), 1))
+        # every node it turns away has one reason (too few whole free GPUs; too little milli), given alone: a
+        # diagnosis then counts them (``np.count_nonzero``) instead of gathering a code per node
+        if r.gpu_milli >= GPU_MILLI:
+            return FilterResult(np.greater_equal(whole, r.gpu_count), self._WHOLE)
+        return FilterResult(np.greater_equal(room, r.gpu_milli), self._SHARE)
 
     def _room(self, state: ClusterState) -> tuple[np.ndarray, np.ndarray]:
         """Per node: the most free milli on one usable GPU (-1: none), and its usable GPUs wholly free (all their
-        milli and memory); kept per snapshot and epoch, recomputed for the nodes whose version moved."""
+        milli and memory); kept per snapshot and epoch, recomputed for the nodes whose version moved since the last
+        call (``ClusterState.changed_since``: one or a few a cycle, found without comparing every node's version)."""
         key = (state.token, state.epoch)
         ent = self._rooms
-        if ent is None or ent[0] != key:
+        stale = state.changed_since(ent[3]) if ent is not None and ent[0] == key else None
+        if stale is None:
             usable, free = state.gpu_usable, state.gpu_free_milli
             room = np.where(usable, free, -1).max(axis=1, initial=-1)
             whole = np.add.reduce(usable & (free >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap), axis=1,
                                   dtype=np.int64)
-            ent = self._rooms = (key, room, whole, state.version.copy())
+            self._rooms = (key, room, whole, state.change_mark())
             return room, whole
-        _, room, whole, vers = ent
-        stale = (vers != state.version).nonzero()[0]
-        if stale.size:
+        assert ent is not None
+        _, room, whole, _mark = ent
+        if stale:
             usable, free, mem_free, mem_cap = state.gpu_usable, state.gpu_free_milli, state.gpu_mem_free, state.gpu_mem_cap
-            for i in stale.tolist():  # a node or a few since the last cycle: their few GPUs, in Python
+            for i in (stale if len(stale) == 1 else set(stale)):  # their few GPUs, in Python
                 fr = [f if u else -1 for f, u in zip(free[i].tolist(), usable[i].tolist())]
                 best = max(fr)
                 room[i] = best
                 # wholly free: all its milli and all its memory (read only where some usable GPU has all its milli)
                 whole[i] = 0 if best < GPU_MILLI else sum(
                     1 for f, m, c in zip(fr, mem_free[i].tolist(), mem_cap[i].tolist()) if f >= GPU_MILLI and m == c)
-            np.copyto(vers, state.version)  # every node's version now (those not stale had it already)
+            self._rooms = (key, room, whole, state.change_mark())
         return room, whole
 
     def _fit_rows(self, state: ClusterState, r: PodRequest, mm: np.ndarray | None,
@@ -243,21 +250,6 @@ def _without_plugin_down(res: FilterResult, state: ClusterState) -> FilterResult
     codes = res.reason_codes()
     base = codes if codes is not None else np.zeros(len(down), dtype=np.int64)
     return FilterResult(res.ok & ~down, (*res.reasons, PLUGIN_DOWN), np.where(down, len(res.reasons), base))
-
-
-_CODES: dict[tuple[int, int], np.ndarray] = {}
-
-
-def _codes(n: int, code: int) -> np.ndarray:
-    """A shared read-only array of ``n`` times ``code`` (a verdict's reason codes, never written)."""
-    a = _CODES.get((n, code))
-    if a is None:
-        a = np.full(n, code, dtype=np.int64)
-        a.setflags(write=False)
-        if len(_CODES) > 64:
-            _CODES.clear()
-        _CODES[(n, code)] = a
-    return a
 
 
 def _at_least(mask: np.ndarray, k: int) -> np.ndarray:

@@ -14,6 +14,9 @@ from ..framework import Cycle, FilterResult
 from ..state import ClusterState
 
 
+_REASONS = ("Too many pods", "Insufficient cpu", "Insufficient memory")
+
+
 @dataclass
 class NodeResourcesFit:
     """CPU, memory, pod count and every other scalar resource the pod requests (GPUs: GpuFit)."""
@@ -25,15 +28,23 @@ class NodeResourcesFit:
         r = cycle.request
         cpu = state.cpu_free >= r.cpu_milli
         mem = state.mem_free >= r.memory_mib
+        if not r.scalars:
+            # the reason codes (0 no pod slot, 1 too little cpu, 2 too little memory), made only for a diagnosis
+            # from this cycle's masks: pods * (cpu + 1) is np.where(~pods, 0, np.where(~cpu, 1, 2)) in two calls
+            if not state.pods_short:  # every node has a pod slot left (ClusterState.pods_short): pods is all true
+                ok = cpu & mem
+                if np.logical_and.reduce(ok):  # ok.all(), without the method's Python wrapper
+                    return FilterResult(ok, passes_all=True)
+                return FilterResult(ok, _REASONS, codes_of=lambda: np.add(cpu, 1))
+            pods = state.pods_free >= 1
+            ok = cpu & mem & pods
+            if np.logical_and.reduce(ok):
+                return FilterResult(ok, passes_all=True)
+            return FilterResult(ok, _REASONS, codes_of=lambda: np.multiply(pods, np.add(cpu, 1)))
         pods = state.pods_free >= 1
         ok = cpu & mem & pods
-        if not r.scalars:
-            if np.logical_and.reduce(ok):  # ok.all(), without the method's Python wrapper
-                return FilterResult(ok, passes_all=True)
-            return FilterResult(ok, ("Too many pods", "Insufficient cpu", "Insufficient memory"),
-                                codes_of=lambda: np.where(~pods, 0, np.where(~cpu, 1, 2)))  # this cycle's masks only
         codes = np.where(~pods, 0, np.where(~cpu, 1, 2))
-        reasons = ["Too many pods", "Insufficient cpu", "Insufficient memory"]
+        reasons = list(_REASONS)
         for name, amount in r.scalars:
             free = state.scalar_free.get(name)
             fits = free >= amount if free is not None else np.zeros(len(state), dtype=bool)
