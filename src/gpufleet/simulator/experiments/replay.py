@@ -221,6 +221,11 @@ class _Replay:
         self.pending = PendingGroups(reqs, requeue_hints(sched.profile), like=like)  # waiting pods, what changed, the retries
         self.fit_screen = FitScreen(self.state)  # ``could_fit``, remembering why
         self.by_key = self.pending.by_key
+        # per pod, what the per-event bookkeeping reads: ``PodRequest.key`` is a property that formats its string at
+        # every read, ``total_gpu_milli`` a product; a replay reads them at every placement and departure
+        self.keys: list[str] = [r.key for r in reqs]
+        self.milli: list[int] = [r.total_gpu_milli for r in reqs]
+        self.trying = -1  # the pod ``_attempt`` sends through the round: its ``bind``/``wait`` are for that pod
         arrival = wl.arrival_s
         self.measured = ~np.isnan(arrival)
         self.t_first = float(arrival[self.measured].min()) if self.measured.any() else 0.0
@@ -286,8 +291,15 @@ class _Replay:
         """Pod i through the shared round (its decision comes back through ``bind``/``wait``/``evict``)."""
         r = self.reqs[i]
         self.now = now
+        self.trying = i
         nominated = self.pending.nominated
-        return self.round.try_pod(r, now, now - self.arrived_at.get(i, now), bool(nominated) and r.key in nominated, fits, plan)
+        return self.round.try_pod(r, now, now - self.arrived_at.get(i, now), bool(nominated) and self.keys[i] in nominated, fits, plan)
+
+    def _index(self, r: PodRequest) -> int:
+        """Pod index of a request the round hands back: the pod being tried (the same object: no key formatted and
+        looked up), else by its key (a gang's members, a victim)."""
+        i = self.trying
+        return i if i >= 0 and self.reqs[i] is r else self.by_key[r.key]
 
     def place_initial(self, i: int, now: float) -> None:
         """A pod already running when the trace starts: placed if it fits, never waits."""
@@ -304,7 +316,7 @@ class _Replay:
         if tree is not None and r.queue in tree.queues and any(
                 (nom := tree.nominal(q, "gpu_milli")) is not None and tree.used(q, "gpu_milli") > nom for q in tree.path(r.queue)):
             self.lent += 1  # it borrows: reclaim may find it
-        self.used_milli += r.total_gpu_milli
+        self.used_milli += self.milli[i]
         self.running_by_prio[p] = self.running_by_prio.get(p, 0) + 1
         if (came := self.arrived_at.get(i)) is not None and math.isnan(self.delays[i]):
             self.delays[i] = now - came
@@ -328,7 +340,7 @@ class _Replay:
         r = self.reqs[i]
         if self.limits is not None:
             self.limits.release(r.key)
-        self.used_milli -= r.total_gpu_milli
+        self.used_milli -= self.milli[i]
         self.running_by_prio[r.priority] -= 1
         self.ends.pop(i, None)  # an evicted pod's departure event is stale now
         self.left += 1
@@ -337,12 +349,12 @@ class _Replay:
 
     def release(self, i: int) -> None:
         """Pod i ran its time and leaves."""
-        r = self.reqs[i]
-        a = self.state.assignments.get(r.key)
-        if self.gangs is not None and r.pod_group:
-            self.gangs.remove(r.key)  # as the live loop's drop_pod: forgets its devices too
+        key = self.keys[i]
+        a = self.state.assignments.get(key)
+        if self.gangs is not None and self.reqs[i].pod_group:
+            self.gangs.remove(key)  # as the live loop's drop_pod: forgets its devices too
         else:
-            self.sched.forget(r.key)
+            self.sched.forget(key)
         self._stopped(i, a.node if a is not None else None)
 
     def remove_victims(self, victims: Sequence, kind: str, now: float) -> None:
@@ -370,11 +382,11 @@ class _Replay:
         return self.fit_screen(request)
 
     def bind(self, attempt: Attempt) -> None:
-        self.placed(self.by_key[attempt.request.key], self.now, tried=True)
+        self.placed(self._index(attempt.request), self.now, tried=True)
         self.result.held_taken += attempt.held_room
 
     def wait(self, attempt: Attempt) -> None:
-        i = self.by_key[attempt.request.key]
+        i = self._index(attempt.request)
         self.pending.failed(i, self.arrived_at.get(i, self.now), attempt.decision.rejected_by)
 
     def gang_result(self, result: GangResult) -> None:
@@ -440,9 +452,15 @@ class _Replay:
     def retry(self, now: float) -> None:
         """The waiting pods that what changed may let fit go through the round again (``PendingGroups.retry``)."""
         self.now = now
-        arrived = self.arrived_at
-        self.pending.retry(self.round, now, lambda i, fits, plan: self._attempt(i, now, fits, plan),
-                           (lambda i: now - arrived.get(i, now)) if self.hints else None)
+        self.pending.retry(self.round, now, self._retry_attempt, self._waited if self.hints else None)
+
+    # a retry pass's calls back, at ``self.now`` (bound methods: no two closures made per pass)
+    def _retry_attempt(self, i: int, fits: bool | None, plan: bool) -> Attempt:
+        return self._attempt(i, self.now, fits, plan)
+
+    def _waited(self, i: int) -> float:
+        now = self.now
+        return now - self.arrived_at.get(i, now)
 
     # --- the clock --------------------------------------------------------------------------------
     def on_event(self, kind: int, i: int, now: float) -> None:
@@ -474,11 +492,15 @@ class _Replay:
         n_samples, w_start, w_end, reqs = len(sample_times), self.w_start, self.w_end, self.reqs
         at, order, na, ai = self.arrival_times, self.arrival_order, len(self.arrival_times), 0
         inf = math.inf
+        # the next sample's time as a Python float (numpy's scalars compare slower), inf after the last; the
+        # sample itself gets ``sample_times[si]``, as before
+        next_sample = float(sample_times[0]) if n_samples else inf
         while dep or ev or ai < na:
             now = min(dep[0] if dep else inf, ev[0][0] if ev else inf, at[ai] if ai < na else inf)
-            while si < n_samples and sample_times[si] <= now:
+            while next_sample <= now:
                 sample(self, sample_times[si])
                 si += 1
+                next_sample = float(sample_times[si]) if si < n_samples else inf
             lo, hi = max(last_t, w_start), min(now, w_end)
             if hi > lo:
                 self.alloc_integral += self.used_milli * (hi - lo)
