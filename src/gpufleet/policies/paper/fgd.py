@@ -10,7 +10,7 @@ import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, fields
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, cast
 
 import numpy as np
 
@@ -172,7 +172,7 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
     if slots:
         cols[:, 3 + 2 * g :] = state.gpu_slots_free[nodes]
     # each row as one void item: tolist gives its bytes (row.tobytes(), every byte kept), 4x faster than row by row
-    return cols.view(np.dtype((np.void, cols.shape[1] * cols.itemsize))).reshape(-1).tolist()
+    return cast(list[bytes], cols.view(np.dtype((np.void, cols.shape[1] * cols.itemsize))).reshape(-1).tolist())
 
 
 MEMO_KEYS_PY_MAX = 2  # nodes up to which memo_keys builds each key alone (fewer numpy calls than the [k, 19] table)
