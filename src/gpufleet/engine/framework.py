@@ -9,7 +9,8 @@ engine also places *devices*:
   ``ClusterState``) rather than node by node;
 * a score plugin may declare a cache key (normally the pod's resource shape);
   its raw scores are then cached per node and recomputed only for nodes whose
-  ``version`` changed since.  That is what keeps FGD near a millisecond.
+  ``version`` changed since (found from the state's log of changes, ``ClusterState.changed_since``, rather than
+  by comparing every node's version each cycle).  That is what keeps FGD near a millisecond.
 
 A filter plugin may also say, before it runs, that it has nothing to check for a pod (kube-scheduler's PreFilter
 returning Skip): ``skips(request, state)``, reading only the request fields it names in ``skip_fields``, the state's
@@ -29,7 +30,7 @@ from typing import Any, Callable, ClassVar, Generic, Hashable, Protocol, Sequenc
 
 import numpy as np
 
-from .model import GPU_MILLI, Assignment, PodRequest
+from .model import GPU_MILLI, Assignment, PodRequest, quick_frozen_init
 from .errors import StateError
 from .state import ClusterState
 from .status import Code, Diagnosis, Status
@@ -80,6 +81,7 @@ class StateKey(Generic[T]):
         return f"StateKey({self.name!r})"
 
 
+@quick_frozen_init
 @dataclass(frozen=True)
 class GpuChoice:
     gpu_indices: tuple[int, ...] = ()
@@ -306,6 +308,7 @@ class Profile:
     tie_break: str = "random"
 
 
+@quick_frozen_init  # made on every decision (see quick_frozen_init)
 @dataclass(frozen=True)
 class Decision:
     pod_key: str
@@ -342,7 +345,9 @@ class Scheduler:
         self.rng = np.random.default_rng(seed)
         self._rank_rng = np.random.default_rng(None if seed is None else seed + 1)
         self._rank: np.ndarray | None = None
-        self._cache: OrderedDict[tuple, tuple[np.ndarray, np.ndarray, int]] = OrderedDict()
+        # (plugin name, its cache key) -> [raw scores, stale (never scored, or the node's version moved since),
+        # epoch, the state's change mark when last read (ClusterState.changed_since)]: see _score
+        self._cache: OrderedDict[tuple, list[Any]] = OrderedDict()
         self._cache_size = cache_size
         self._cache_versions: dict[str, Hashable] = {}  # plugin name -> its cache_version when last asked (_drop_older)
         # plugins that learn the workload see every pod that passes prefilter, also one no node can take:
@@ -443,25 +448,33 @@ class Scheduler:
             else:
                 ck = (p.name, key)
                 ent = self._cache.get(ck)
-                new = ent is None or ent[2] != st.epoch
-                if ent is None or new:  # versions start at 0: every node is stale
+                if ent is None or ent[2] != st.epoch:  # every node is stale
                     if cv is not None:
                         self._drop_older(p.name, cv())
-                    ent = (np.zeros(n, dtype=np.float64), np.full(n, -1, dtype=np.int64), st.epoch)
+                    ent = [np.zeros(n, dtype=np.float64), np.ones(n, dtype=bool), st.epoch, st.change_mark()]
                     self._cache[ck] = ent
                     if len(self._cache) > self._cache_size:
                         self._cache.popitem(last=False)
+                    vals, stale_at = ent[0], ent[1]
                 else:
                     self._cache.move_to_end(ck)
-                vals, vers, _ = ent
-                if feasible is not None and cand.size * 4 > vers.size:  # most nodes are candidates: compare whole columns
-                    # np.flatnonzero, without its wrappers
-                    stale = feasible.nonzero()[0] if new else ((vers != st.version) & feasible).nonzero()[0]
+                    vals, stale_at = ent[0], ent[1]
+                    moved = st.changed_since(ent[3])  # the nodes whose version moved since this entry was last read
+                    if moved is None:  # unknown (the log was renewed): all of them
+                        stale_at.fill(True)
+                    elif len(moved) <= 4:
+                        for i in moved:
+                            stale_at[i] = True
+                    else:
+                        stale_at[moved] = True
+                    ent[3] = st.change_mark()
+                if feasible is not None and cand.size * 4 > n:  # most nodes are candidates: whole columns
+                    stale = (stale_at & feasible).nonzero()[0]  # np.flatnonzero, without its wrappers
                 else:
-                    stale = cand if new else cand[vers.take(cand) != st.version.take(cand)]
+                    stale = cand[stale_at.take(cand)]
                 if stale.size:
                     vals[stale] = p.score(cycle, st, stale)
-                    vers[stale] = st.version.take(stale)
+                    stale_at[stale] = False
                 # cand: sorted, distinct; n of them: every node.  .take: what vals[cand] gives, twice as fast
                 raw = vals if cand.size == n and post is None else vals.take(cand)
             if post is not None:
@@ -494,15 +507,16 @@ class Scheduler:
         self._cache_versions[name] = version
 
     def _pick(self, cycle: Cycle, cand: np.ndarray, scores: np.ndarray) -> int:
+        """The chosen node's position in ``cand`` (and ``scores``): the caller reads its node and its score there."""
         best = _max(scores)
         ties = (scores >= best - 1e-9).nonzero()[0]
         if ties.size == 1:
-            return int(cand[ties[0]])
+            return int(ties[0])
         if self.profile.tie_break == "ordered":
             rank = self._node_rank()
             t = cand.take(ties)  # cand[ties], rank[t]: the same, without fancy indexing's per-item checks
-            return int(t[rank.take(t).argmin()])
-        return int(cand[ties[int(self.rng.integers(ties.size))]])
+            return int(ties[rank.take(t).argmin()])
+        return int(ties[int(self.rng.integers(ties.size))])
 
     def _node_rank(self) -> np.ndarray:
         n = len(self.state)
@@ -611,7 +625,8 @@ class Scheduler:
             return Decision(r.key, cycle.status, diagnosis=d)
         scores = self._score(cycle, cand)
         cycle.scores = scores
-        node = self._pick(cycle, cand, scores)
+        at = self._pick(cycle, cand, scores)
+        node = int(cand[at])
         choice = _NO_GPUS
         if r.gpu_count > 0:
             sel = self.profile.gpu_selector
@@ -628,7 +643,7 @@ class Scheduler:
             choice = picked
         cycle.node = node
         cycle.assignment = self._assignment(cycle, node, choice)
-        score = float(scores[cand.searchsorted(node)])
+        score = float(scores[at])
         diag = self.diagnosis(cycle, by_node=True) if explain else None
         return Decision(r.key, Status.success(), cycle.assignment, score, int(cand.size), diag)
 

@@ -8,8 +8,8 @@ translate it into these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 if TYPE_CHECKING:
     from .constraints import PodTerms
@@ -227,6 +227,41 @@ class PodRequest:
         )
 
 
+_T = TypeVar("_T")
+
+
+def quick_frozen_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen dataclass an ``__init__`` that fills the new instance's ``__dict__`` in one update, where the
+    generated one calls ``object.__setattr__`` once per field (its way round the class's frozen ``__setattr__``).
+
+    Why: the engine makes an ``Assignment``, a ``Decision``, a ``GpuChoice`` and for a refused pod a ``Status`` on
+    every decision; with sixteen fields the generated ``__init__`` of an ``Assignment`` took about 2 us of a cheap
+    policy's 65 us cycle, this one about 1 us.  The instance is the
+    same (fields, defaults, equality, hash, repr: tests/engine/test_quick_init.py compares them); only for classes
+    whose fields all have a plain default or none (no ``default_factory``, ``__post_init__``, ``InitVar``, slots)."""
+    params, names, ns = [], [], {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.default_factory is not MISSING or not f.init:
+            raise TypeError(f"{cls.__name__}.{f.name}: quick_frozen_init needs a plain default or none")
+        names.append(f.name)
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            ns[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
+        raise TypeError(f"{cls.__name__}: quick_frozen_init does not call __post_init__ or fill slots")
+    src = (f"def __init__(self, {', '.join(params)}):\n"
+           f"    self.__dict__.update({', '.join(f'{n}={n}' for n in names)})\n")
+    exec(src, ns)  # as dataclasses builds the generated __init__: from source text
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
+
+@quick_frozen_init  # made on every placement (see quick_frozen_init)
 @dataclass(frozen=True)
 class Assignment:
     """Where a pod runs: the node and the exact devices it holds."""

@@ -346,11 +346,12 @@ class ClusterState:
         return self._check_devices(a, i)
 
     def _check_counts(self, a: Assignment, i: int) -> str | None:
-        if self.cpu_free[i] < a.cpu_milli:
+        # .item: the value as a Python int (what the comparison needs), without a numpy scalar
+        if self.cpu_free.item(i) < a.cpu_milli:
             return f"node {a.node}: cpu {a.cpu_milli}m requested, {self.cpu_free[i]}m free"
-        if self.mem_free[i] < a.memory_mib:
+        if self.mem_free.item(i) < a.memory_mib:
             return f"node {a.node}: memory {a.memory_mib}Mi requested, {self.mem_free[i]}Mi free"
-        if self.pods_free[i] < 1:
+        if self.pods_free.item(i) < 1:
             return f"node {a.node}: no pod slots left"
         for name, amount in a.scalars:
             sfree = self.scalar_free.get(name)
@@ -367,15 +368,16 @@ class ClusterState:
         if len(set(a.mig)) != len(a.mig):
             return "MIG instance listed twice"
         for j, mem in zip(a.gpu_indices, a.gpu_memory_mib or (0,) * len(a.gpu_indices)):
-            if j < 0 or j >= self.gpu_n[i] or not self.gpu_usable[i, j]:
+            if j < 0 or j >= self.gpu_n.item(i) or not self.gpu_usable.item(i, j):
                 return f"node {a.node}: GPU {j} does not exist or is not usable"
-            if self.gpu_free_milli[i, j] < a.gpu_milli:
+            if self.gpu_free_milli.item(i, j) < a.gpu_milli:
                 return f"node {a.node}: GPU {j} has {self.gpu_free_milli[i, j]} milli free, {a.gpu_milli} requested"
-            if self.gpu_mem_free[i, j] < mem:
+            mem_free = self.gpu_mem_free.item(i, j)
+            if mem_free < mem:
                 return f"node {a.node}: GPU {j} has {self.gpu_mem_free[i, j]} MiB free, {mem} requested"
-            if a.gpu_milli >= GPU_MILLI and self.gpu_mem_free[i, j] != self.gpu_mem_cap[i, j]:
+            if a.gpu_milli >= GPU_MILLI and mem_free != self.gpu_mem_cap.item(i, j):
                 return f"node {a.node}: GPU {j} is partly used, a whole GPU was requested"
-            if self.gpu_slots_free[i, j] < 1:
+            if self.gpu_slots_free.item(i, j) < 1:
                 return (f"node {a.node}: GPU {j} has no kubelet device left "
                         f"({self.gpu_slots_cap[i]} per GPU, one per pod on it)")
         free = self.mig_free[i].get(a.mig_profile or "", [])

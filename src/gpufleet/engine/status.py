@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .model import quick_frozen_init
+
 
 class Code(Enum):
     SUCCESS = "success"
@@ -20,6 +22,7 @@ class Code(Enum):
     ERROR = "error"  # a fault: bind failed, API error
 
 
+@quick_frozen_init  # a refused pod's status is made on every refusal
 @dataclass(frozen=True)
 class Status:
     code: Code = Code.SUCCESS

@@ -170,20 +170,23 @@ class GpuFit:
             room = np.where(usable, free, -1).max(axis=1, initial=-1)
             whole = np.add.reduce(usable & (free >= GPU_MILLI) & (state.gpu_mem_free == state.gpu_mem_cap), axis=1,
                                   dtype=np.int64)
-            self._rooms = (key, room, whole, state.change_mark())
+            self._rooms = (key, room, whole, state.change_mark(), {})
             return room, whole
         assert ent is not None
-        _, room, whole, _mark = ent
+        _, room, whole, _mark, usable_on = ent
         if stale:
-            usable, free, mem_free, mem_cap = state.gpu_usable, state.gpu_free_milli, state.gpu_mem_free, state.gpu_mem_cap
+            free, mem_free, mem_cap = state.gpu_free_milli, state.gpu_mem_free, state.gpu_mem_cap
             for i in (stale if len(stale) == 1 else set(stale)):  # their few GPUs, in Python
-                fr = [f if u else -1 for f, u in zip(free[i].tolist(), usable[i].tolist())]
-                best = max(fr)
+                usable = usable_on.get(i)  # the node's usable GPUs (they change only with the epoch)
+                if usable is None:
+                    usable = usable_on[i] = state.gpu_usable[i].nonzero()[0].tolist()
+                row = free[i].tolist()
+                best = max([row[j] for j in usable], default=-1)
                 room[i] = best
                 # wholly free: all its milli and all its memory (read only where some usable GPU has all its milli)
                 whole[i] = 0 if best < GPU_MILLI else sum(
-                    1 for f, m, c in zip(fr, mem_free[i].tolist(), mem_cap[i].tolist()) if f >= GPU_MILLI and m == c)
-            self._rooms = (key, room, whole, state.change_mark())
+                    1 for j in usable if row[j] >= GPU_MILLI and mem_free.item(i, j) == mem_cap.item(i, j))
+            self._rooms = (key, room, whole, state.change_mark(), usable_on)
         return room, whole
 
     def _fit_rows(self, state: ClusterState, r: PodRequest, mm: np.ndarray | None,
