@@ -237,6 +237,8 @@ def _in_workers(pending: list[tuple[str, Callable[[dict], dict], dict]], jobs: i
         if pending:
             kind, fn, task = pending.pop(0)
             running[ex.submit(fn, task)] = (kind, ex)
+        else:  # nothing left for it: it ends now, beside the others' last tasks and this process's report
+            ex.shutdown(wait=False)
 
     def fork_worker() -> None:
         ex = ProcessPoolExecutor(max_workers=1)
@@ -253,6 +255,8 @@ def _in_workers(pending: list[tuple[str, Callable[[dict], dict], dict]], jobs: i
                 kind, ex = running.pop(f)
                 result = f.result()
                 if ex is None:  # the first bound's process ends: its core takes the other tasks now
+                    if first is not None:
+                        first[0].shutdown(wait=False)
                     if pending:
                         fork_worker()
                 else:
@@ -260,7 +264,7 @@ def _in_workers(pending: list[tuple[str, Callable[[dict], dict], dict]], jobs: i
                 yield kind, result
         done_all = True
     finally:  # one task failed (or Ctrl-C): do not wait for the others
-        for ex in workers:
+        for ex in workers:  # (a worker shut down above is waited for at the interpreter's exit, after the outputs)
             ex.shutdown(wait=done_all, cancel_futures=not done_all)
 
 
