@@ -181,7 +181,8 @@ class GpuFit:
                 if usable is None:
                     usable = usable_on[i] = state.gpu_usable[i].nonzero()[0].tolist()
                 row = free[i].tolist()
-                best = max([row[j] for j in usable], default=-1)
+                got = [row[j] for j in usable]
+                best = max(got) if got else -1  # not max(..., default=-1): the keyword costs as much as the rest
                 room[i] = best
                 # wholly free: all its milli and all its memory (read only where some usable GPU has all its milli)
                 whole[i] = 0 if best < GPU_MILLI else sum(
