@@ -652,10 +652,166 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(fgd_doc,
+"fgd(out, inv, nodes, cpu_free, gpu_free, gpu_usable, node_model, elig, r_cpu, milli, count, access, gpu_shape,\n"
+"    table, count_t, cpu_t, freq) -> int\n\n"
+"FGD's fragment decreases (frag_amount before less after; the sigmoid stays in numpy) of placing a pod on k nodes\n"
+"(nodes [k] int64, rows of the state's columns: cpu_free [n] int64, gpu_free [n, G] int64, gpu_usable [n, G] bool,\n"
+"node_model [n] int32/int64), frag_amount's last six arguments as frag_amount()'s.  elig None: per node into out [k]\n"
+"(count > 0: take_packed of count GPUs of milli; inv unused), returns k.  elig [k, G] bool (a share of milli): one per\n"
+"distinct placement (per node, per free milli of its eligible GPUs: FragDescent's distinct_placements) into out\n"
+"([>= k * G] float64) in the order of the node, then the free milli, and inv [k, G] int64 each GPU's placement (-1\n"
+"where not eligible), returns their number.  -1 (nothing written) where an input is of another type or layout or\n"
+"out of range: the caller takes the Python path.");
+
+static PyObject *
+fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 17) {
+        PyErr_SetString(PyExc_TypeError, "fgd() takes 17 arguments");
+        return NULL;
+    }
+    const long long r_cpu = PyLong_AsLongLong(args[8]);
+    const long long milli = PyLong_AsLongLong(args[9]);
+    const long long count = PyLong_AsLongLong(args[10]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    buffers b = {.n = 0};
+    long long result = -1;
+    double tmp[MAX_T];
+    int64_t sums[2 * MAX_T + 1];
+    int64_t row[MAX_G], after[MAX_G];
+    const int share = args[7] != Py_None;
+
+    Py_buffer *out = get(&b, args[0], 1, K_F64, 1);
+    Py_buffer *inv = share ? get(&b, args[1], 2, K_I64, 1) : NULL;
+    Py_buffer *nodes = get(&b, args[2], 1, K_I64, 0);
+    Py_buffer *cpu_free = get(&b, args[3], 1, K_I64, 0);
+    Py_buffer *gpu_free = get(&b, args[4], 2, K_I64, 0);
+    Py_buffer *usable = get(&b, args[5], 2, K_BOOL, 0);
+    Py_buffer *node_model = get(&b, args[6], 1, K_I64 | K_I32, 0);
+    Py_buffer *elig = share ? get(&b, args[7], 2, K_BOOL, 0) : NULL;
+    Py_buffer *ok = get(&b, args[11], 2, K_BOOL, 0);
+    Py_buffer *shape = get(&b, args[12], 1, K_BOOL, 0);
+    Py_buffer *table = get(&b, args[13], 2, K_I64, 0);
+    Py_buffer *count_t = get(&b, args[14], 1, K_I64, 0);
+    Py_buffer *cpu_t = get(&b, args[15], 1, K_I64 | K_F64, 0);
+    Py_buffer *freq = get(&b, args[16], 1, K_F64, 0);
+    if (!(out && nodes && cpu_free && gpu_free && usable && node_model && ok && shape && table && count_t && cpu_t
+          && freq) || (share && !(inv && elig))) {
+        goto done;
+    }
+    const Py_ssize_t k = nodes->shape[0], n = cpu_free->shape[0], G = gpu_free->shape[1], T = count_t->shape[0];
+    const Py_ssize_t L = table->shape[0], C = table->shape[1], M = ok->shape[0];
+    if (k == 0 || G == 0 || G > MAX_G || T == 0 || T > MAX_T || C != 2 * T + 1 || ok->shape[1] != T
+        || shape->shape[0] != T || cpu_t->shape[0] != T || freq->shape[0] != T || gpu_free->shape[0] != n
+        || usable->shape[0] != n || usable->shape[1] != G || node_model->shape[0] != n || milli < 0
+        || out->shape[0] < (share ? k * G : k)
+        || (share && (inv->shape[0] != k || inv->shape[1] != G || elig->shape[0] != k || elig->shape[1] != G))) {
+        goto done;
+    }
+    const int64_t *at = nodes->buf, *cf = cpu_free->buf, *gf = gpu_free->buf;
+    const char *us = usable->buf, *el = share ? elig->buf : NULL;
+    const int model_i32 = kind_of(node_model) == K_I32, cpu_t_f = kind_of(cpu_t) == K_F64;
+    /* everything checked before anything is written: the node numbers, each GPU's free milli (and after the share)
+       a row of the table, the models */
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const int64_t node = at[i];
+        if (node < 0 || node >= n) {
+            goto done;
+        }
+        const int64_t mi = model_at(node_model->buf, model_i32, node);
+        if (mi < -M || mi >= M) {
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < G; j++) {
+            const int64_t l = us[node * G + j] ? gf[node * G + j] : 0;
+            if (l < 0 || l >= L || (share && el[i * G + j] && l - milli < 0)) {
+                goto done;
+            }
+        }
+    }
+    double *o = out->buf;
+    int64_t *iv = share ? inv->buf : NULL;
+    Py_ssize_t p = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const int64_t node = at[i];
+        const char *okr = ok_row(ok->buf, node_model->buf, model_i32, node, M, T);
+        for (Py_ssize_t j = 0; j < G; j++) {
+            row[j] = us[node * G + j] ? gf[node * G + j] : 0;
+        }
+        if (share) {
+            int any = 0;
+            for (Py_ssize_t j = 0; j < G; j++) {
+                iv[i * G + j] = -1;
+                any |= el[i * G + j];
+            }
+            if (!any) {
+                continue;
+            }
+        }
+        sum_rows(sums, table->buf, C, row, G);
+        const double before = frag_of(sums, sums[0], T, okr, shape->buf, count_t->buf, cpu_t->buf, cpu_t_f, cf[node],
+                                      freq->buf, tmp);
+        if (!share) {
+            memcpy(after, row, G * sizeof(int64_t));
+            for (long long c = 0; c < count; c++) {  /* take_packed: the least sufficient GPU, first of equals */
+                Py_ssize_t best = -1;
+                for (Py_ssize_t j = 0; j < G; j++) {
+                    if (after[j] == row[j] && row[j] >= milli && (best < 0 || row[j] < row[best])) {
+                        best = j;
+                    }
+                }
+                if (best < 0) {
+                    break;
+                }
+                after[best] -= milli;
+                if (milli == 0) {
+                    break;  /* nothing taken: every further GPU the same */
+                }
+            }
+            sum_rows(sums, table->buf, C, after, G);
+            o[i] = before - frag_of(sums, sums[0], T, okr, shape->buf, count_t->buf, cpu_t->buf, cpu_t_f,
+                                    cf[node] - r_cpu, freq->buf, tmp);
+            continue;
+        }
+        /* the node's distinct free milli among its eligible GPUs, ascending (distinct_placements' sorted keys), each
+           placed on its first GPU */
+        for (;;) {
+            Py_ssize_t best = -1;
+            for (Py_ssize_t j = 0; j < G; j++) {
+                if (el[i * G + j] && iv[i * G + j] < 0 && (best < 0 || row[j] < row[best])) {
+                    best = j;
+                }
+            }
+            if (best < 0) {
+                break;
+            }
+            for (Py_ssize_t j = best; j < G; j++) {
+                if (el[i * G + j] && row[j] == row[best]) {
+                    iv[i * G + j] = p;
+                }
+            }
+            memcpy(after, row, G * sizeof(int64_t));
+            after[best] -= milli;
+            sum_rows(sums, table->buf, C, after, G);
+            o[p++] = before - frag_of(sums, sums[0], T, okr, shape->buf, count_t->buf, cpu_t->buf, cpu_t_f,
+                                      cf[node] - r_cpu, freq->buf, tmp);
+        }
+    }
+    result = share ? (long long)p : (long long)k;
+done:
+    release(&b);
+    return PyLong_FromLongLong(result);
+}
+
 static PyMethodDef methods[] = {
     {"measure", (PyCFunction)(void (*)(void))measure, METH_FASTCALL, measure_doc},
     {"frag_amount", (PyCFunction)(void (*)(void))frag_amount, METH_FASTCALL, frag_amount_doc},
     {"descent", (PyCFunction)(void (*)(void))descent, METH_FASTCALL, descent_doc},
+    {"fgd", (PyCFunction)(void (*)(void))fgd, METH_FASTCALL, fgd_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,6 +14,7 @@ from typing import Any, Hashable, Iterable, cast
 
 import numpy as np
 
+from ... import native
 from ...engine.errors import ConfigError
 from ...engine.framework import MAX_NODE_SCORE, Cycle, GpuChoice, SharedObserver
 from ...engine.model import GPU_MILLI, PodRequest
@@ -22,7 +23,7 @@ from ...engine.plugins.gpuselect import BestFitGpu, pick_mig
 from ...engine.state import ClusterState
 from ._common import PaperPlugin, take_packed
 from .learning import FORGET_BELOW, SEEN_KEYS_MAX, OnlineWorkload, fade
-from .workload import POPULARITY_THRESHOLD, TargetWorkload, frag_amount, node_view, shape_of
+from .workload import POPULARITY_THRESHOLD, TargetWorkload, _direct_consts, _gpu_table, frag_amount, node_view, shape_of
 
 
 DEDUPE_MIN_NODES = 32  # below this, grouping costs more than it saves
@@ -226,6 +227,9 @@ def set_rows(dst: np.ndarray, at: np.ndarray, src: np.ndarray) -> None:
 
 
 _BEST_FIT = BestFitGpu()  # stateless: one for every whole-GPU pod's selection
+
+
+_NO_GPU = np.array([-np.inf])  # FGDScore._native_scores: the score read where no GPU takes the share (index -1)
 
 
 def _sigmoid_score(delta: np.ndarray) -> np.ndarray:
@@ -510,6 +514,57 @@ class FGDScore(FragDescent, PaperPlugin):
         self.learner = OnlineWorkload(self.learn_online, self.refresh_every, self.refresh_growth, self.refresh_max_pods,
                                       self.memory_pods, self.min_change, self.threshold, self.include_cpu_pods)
         self._gsel = OrderedDict()
+
+    def _native_scores(self, state: ClusterState, nodes: np.ndarray, r: PodRequest,
+                       elig: np.ndarray | None) -> np.ndarray | None:
+        """``_node_scores`` (``elig`` None) or ``_gpu_scores`` (``elig``: ``eligible_gpus`` of ``nodes``) with the
+        fragment decreases from one C call (gpufleet._native.fgd); None where the extension is off or declines (the
+        Python path then).
+
+        Why: a cached key recomputes one to a few nodes per decision, and around ``frag_amount``'s two C calls the
+        node view, ``take_packed`` or the placements' enumeration and their after-states were ~15-25 numpy calls and
+        Python loops on arrays of a few rows.  The C gives the decreases of the same states (for a share: one per
+        distinct placement, in ``distinct_placements``' order); the sigmoid stays here, over the same array in the same
+        order (``np.exp``'s SIMD bits are numpy's own), so every score is the same bits."""
+        tw, acc = self._tw(state)
+        if native.fgd is None or not len(tw) or r.mig_profile:
+            return None
+        args = (state.cpu_free, state.gpu_free_milli, state.gpu_usable, state.node_model)
+        wl = (acc, _direct_consts(tw)[1], _gpu_table(tw), tw.gpu_count, tw.cpu_milli, tw.freq)
+        if elig is None:
+            out = np.empty(nodes.size)
+            if native.fgd(out, None, nodes, *args, None, r.cpu_milli, r.gpu_milli, r.gpu_count, *wl) < 0:
+                return None
+            return _sigmoid_score(out)
+        out = np.empty(elig.size)
+        inv = np.empty(elig.shape, dtype=np.int64)
+        n = native.fgd(out, inv, nodes, *args, elig, r.cpu_milli, r.gpu_milli, 1, *wl)
+        if n < 0:
+            return None
+        # each GPU's placement's score; -1 (no GPU): the -inf appended
+        return np.concatenate((_sigmoid_score(out[:n]), _NO_GPU)).take(inv)
+
+    def _node_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> np.ndarray:
+        if native.fgd is not None and nodes.size:
+            got = self._native_scores(state, nodes, cycle.request, None)
+            if got is not None:
+                return got
+        return super()._node_scores(cycle, state, nodes)
+
+    def _gpu_scores(self, cycle: Cycle, state: ClusterState, nodes: np.ndarray,
+                    view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        if native.fgd is not None and nodes.size:
+            r = cycle.request
+            if nodes.size <= GPU_SCORES_PY_MAX:  # eligible_on: what eligible_gpus marks, without its numpy calls
+                elig = np.zeros((nodes.size, state.gpu_free_milli.shape[1]), dtype=bool)
+                for i, node in enumerate(nodes.tolist()):
+                    elig[i, eligible_on(state, r, node)] = True
+            else:
+                elig = eligible_gpus(state, r, nodes)
+            got = self._native_scores(state, nodes, r, elig)
+            if got is not None:
+                return got
+        return super()._gpu_scores(cycle, state, nodes, view)
 
     @property
     def workload(self) -> TargetWorkload | None:
