@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from ..model import PodRequest
+from ..model import PodRequest, request_copy
 from .objects import ResourceClaim
 
 if TYPE_CHECKING:
@@ -58,7 +58,4 @@ def request_with(r: PodRequest, **changes: Any) -> PodRequest:
     bad = changes.keys() - _REQUEST_FIELDS
     if bad:
         raise TypeError(f"PodRequest has no field(s) {sorted(bad)}")
-    out = object.__new__(PodRequest)
-    out.__dict__.update(r.__dict__)
-    out.__dict__.update(changes)
-    return out
+    return request_copy(r, **changes)

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ...engine.framework import Scheduler
-from ...engine.model import Node, PodRequest
+from ...engine.model import Node, PodRequest, request_copy
 from ...engine.state import ClusterState
 from ...policies import build_profile
 from ...policies.paper.workload import TargetWorkload, frag_amount, node_view
@@ -105,10 +105,7 @@ def _discretize_sorted(key: np.ndarray, values: np.ndarray) -> list[float | None
 def _named(r: PodRequest, name: str) -> PodRequest:
     """``r`` under another name: what ``TracePod.request(name)`` builds, without running the frozen dataclass's
     ``__init__`` again for every arrival (a resampled pod is its row's request under a new name)."""
-    out = object.__new__(PodRequest)
-    out.__dict__.update(r.__dict__)
-    out.__dict__["name"] = name
-    return out
+    return request_copy(r, name=name)
 
 
 def _requests(pods: Sequence[TracePod]) -> list[PodRequest]:

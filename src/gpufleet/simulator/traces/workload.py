@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ...engine.model import GPU_MILLI, PodRequest
+from ...engine.model import GPU_MILLI, PodRequest, request_copy
 from .trace import TraceError, TracePod
 
 DEFAULT_WARMUP = 0.1
@@ -173,10 +173,7 @@ class _Pacing:
 def _renamed(r: PodRequest, name: str) -> PodRequest:
     """``replace(r, name=name)`` without running the frozen dataclass's ``__init__`` again (every pod of every pass
     after the first; the fields are the same values)."""
-    out = object.__new__(PodRequest)
-    out.__dict__.update(r.__dict__)
-    out.__dict__["name"] = name
-    return out
+    return request_copy(r, name=name)
 
 
 def workload_from_trace(pods: Sequence[TracePod], trace_name: str = "trace",
