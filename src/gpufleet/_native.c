@@ -658,7 +658,8 @@ PyDoc_STRVAR(fgd_doc,
 "FGD's fragment decreases (frag_amount before less after; the sigmoid stays in numpy) of placing a pod on k nodes\n"
 "(nodes [k] int64, rows of the state's columns: cpu_free [n] int64, gpu_free [n, G] int64, gpu_usable [n, G] bool,\n"
 "node_model [n] int32/int64), frag_amount's last six arguments as frag_amount()'s.  elig None: per node into out [k]\n"
-"(count > 0: take_packed of count GPUs of milli; inv unused), returns k.  elig [k, G] bool (a share of milli): one per\n"
+"(count > 0: take_packed of count GPUs of milli; inv unused), returns k.  elig [k, G] bool (a share of milli; True:\n"
+"every usable GPU with milli free, eligible_gpus' mask of a pod with no model, memory or device-slot terms): one per\n"
 "distinct placement (per node, per free milli of its eligible GPUs: FragDescent's distinct_placements) into out\n"
 "([>= k * G] float64) in the order of the node, then the free milli, and inv [k, G] int64 each GPU's placement (-1\n"
 "where not eligible), returns their number.  -1 (nothing written) where an input is of another type or layout or\n"
@@ -683,7 +684,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     double tmp[MAX_T];
     int64_t sums[2 * MAX_T + 1];
     int64_t row[MAX_G], after[MAX_G];
-    const int share = args[7] != Py_None;
+    const int share = args[7] != Py_None, plain = args[7] == Py_True;
 
     Py_buffer *out = get(&b, args[0], 1, K_F64, 1);
     Py_buffer *inv = share ? get(&b, args[1], 2, K_I64, 1) : NULL;
@@ -692,7 +693,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer *gpu_free = get(&b, args[4], 2, K_I64, 0);
     Py_buffer *usable = get(&b, args[5], 2, K_BOOL, 0);
     Py_buffer *node_model = get(&b, args[6], 1, K_I64 | K_I32, 0);
-    Py_buffer *elig = share ? get(&b, args[7], 2, K_BOOL, 0) : NULL;
+    Py_buffer *elig = share && !plain ? get(&b, args[7], 2, K_BOOL, 0) : NULL;
     Py_buffer *ok = get(&b, args[11], 2, K_BOOL, 0);
     Py_buffer *shape = get(&b, args[12], 1, K_BOOL, 0);
     Py_buffer *table = get(&b, args[13], 2, K_I64, 0);
@@ -700,7 +701,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer *cpu_t = get(&b, args[15], 1, K_I64 | K_F64, 0);
     Py_buffer *freq = get(&b, args[16], 1, K_F64, 0);
     if (!(out && nodes && cpu_free && gpu_free && usable && node_model && ok && shape && table && count_t && cpu_t
-          && freq) || (share && !(inv && elig))) {
+          && freq) || (share && !(inv && (plain || elig)))) {
         goto done;
     }
     const Py_ssize_t k = nodes->shape[0], n = cpu_free->shape[0], G = gpu_free->shape[1], T = count_t->shape[0];
@@ -709,11 +710,14 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || shape->shape[0] != T || cpu_t->shape[0] != T || freq->shape[0] != T || gpu_free->shape[0] != n
         || usable->shape[0] != n || usable->shape[1] != G || node_model->shape[0] != n || milli < 0
         || out->shape[0] < (share ? k * G : k)
-        || (share && (inv->shape[0] != k || inv->shape[1] != G || elig->shape[0] != k || elig->shape[1] != G))) {
+        || (share && (inv->shape[0] != k || inv->shape[1] != G))
+        || (elig && (elig->shape[0] != k || elig->shape[1] != G))) {
         goto done;
     }
     const int64_t *at = nodes->buf, *cf = cpu_free->buf, *gf = gpu_free->buf;
-    const char *us = usable->buf, *el = share ? elig->buf : NULL;
+    const char *us = usable->buf, *el = elig ? elig->buf : NULL;
+/* GPU j of the i-th node (row node) takes the share: the mask given, or usable with the share's milli free */
+#define ELIG(i, node, j) (el ? el[(i) * G + (j)] : (us[(node) * G + (j)] && gf[(node) * G + (j)] >= milli))
     const int model_i32 = kind_of(node_model) == K_I32, cpu_t_f = kind_of(cpu_t) == K_F64;
     /* everything checked before anything is written: the node numbers, each GPU's free milli (and after the share)
        a row of the table, the models */
@@ -728,7 +732,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         for (Py_ssize_t j = 0; j < G; j++) {
             const int64_t l = us[node * G + j] ? gf[node * G + j] : 0;
-            if (l < 0 || l >= L || (share && el[i * G + j] && l - milli < 0)) {
+            if (l < 0 || l >= L || (share && ELIG(i, node, j) && l - milli < 0)) {
                 goto done;
             }
         }
@@ -746,7 +750,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             int any = 0;
             for (Py_ssize_t j = 0; j < G; j++) {
                 iv[i * G + j] = -1;
-                any |= el[i * G + j];
+                any |= ELIG(i, node, j);
             }
             if (!any) {
                 continue;
@@ -782,7 +786,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (;;) {
             Py_ssize_t best = -1;
             for (Py_ssize_t j = 0; j < G; j++) {
-                if (el[i * G + j] && iv[i * G + j] < 0 && (best < 0 || row[j] < row[best])) {
+                if (ELIG(i, node, j) && iv[i * G + j] < 0 && (best < 0 || row[j] < row[best])) {
                     best = j;
                 }
             }
@@ -790,7 +794,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 break;
             }
             for (Py_ssize_t j = best; j < G; j++) {
-                if (el[i * G + j] && row[j] == row[best]) {
+                if (ELIG(i, node, j) && row[j] == row[best]) {
                     iv[i * G + j] = p;
                 }
             }
@@ -806,6 +810,7 @@ done:
     release(&b);
     return PyLong_FromLongLong(result);
 }
+#undef ELIG
 
 static PyMethodDef methods[] = {
     {"measure", (PyCFunction)(void (*)(void))measure, METH_FASTCALL, measure_doc},

@@ -2,8 +2,8 @@
 by ``FGDScore._native_scores``) have the same bits as the Python path (``node_view``, ``take_packed``, the placements
 of ``FragDescent._gpu_scores`` and ``_placement_scores``' two ``frag_amount`` calls, C or numpy): one to forty nodes
 (past the few-node Python enumeration and ``distinct_placements``' plain-Python size) of one to eight GPUs (some
-unusable, two models, free milli on common steps or anywhere), whole-GPU, multi-GPU (fewer than the node's GPUs: which ones are taken shows), share and CPU-only pods (GPU
-memory asked, models allowed or denied), nodes short of CPU, workloads of 1 to 40 shapes (some model-bound, some
+unusable, two models, free milli on common steps or anywhere), whole-GPU, multi-GPU (fewer than the node's GPUs: which ones are taken shows), share (eligible GPUs marked by the C where the pod asks
+no memory or models) and CPU-only pods (GPU memory asked, models allowed or denied), nodes short of CPU, workloads of 1 to 40 shapes (some model-bound, some
 CPU-only, frequencies with -0.0).  Inputs the C does not take (MIG pods, a GPU's free milli out of 0..GPU_MILLI, an
 empty workload) must leave it (None) for the Python path.
 """
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gpufleet import native
 from gpufleet.engine.framework import Cycle
 from gpufleet.engine.model import GPU_MILLI, PodRequest
+from gpufleet.engine.plugins.gpufit import eligible_gpus
 from gpufleet.engine.state import ClusterState
 from gpufleet.policies.paper import fgd
 from gpufleet.policies.paper.fgd import FGDScore
@@ -54,7 +55,8 @@ def cases(draw):
     deny = draw(st.sampled_from([frozenset(), frozenset({T4})]))
     cpu, mem = int(rng.integers(0, 40)) * 500, int(rng.integers(0, 64)) * 1024
     if kind == "share":
-        r = PodRequest(name="p", cpu_milli=cpu, memory_mib=mem, gpu_count=1, gpu_milli=int(rng.integers(1, GPU_MILLI)),
+        r = PodRequest(name="p", cpu_milli=cpu, memory_mib=mem, gpu_count=1,
+                       gpu_milli=int(rng.integers(1, GPU_MILLI)) if rng.random() < 0.7 else int(rng.choice([120, 250, 500])),
                        gpu_memory_mib=draw(st.sampled_from([0, 0, 4096, 30_000, 50_000])), gpu_models_allow=allow,
                        gpu_models_deny=deny)
     elif kind in ("whole", "multi"):
@@ -124,6 +126,14 @@ def test_inputs_the_c_does_not_take_go_to_python():
     elig = np.ones((2, 2), dtype=bool)
     assert p._native_scores(state, at, whole, None) is not None
     assert p._native_scores(state, at, share, elig) is not None
+    state.gpu_free_milli[:] = [[300, 1000], [200, 0]]
+    state.gpu_usable[1, 0] = False
+    plain = p._native_scores(state, at, share, True)  # the C makes eligible_gpus' mask: usable, the milli free
+    assert plain is not None
+    np.testing.assert_array_equal(plain, p._native_scores(state, at, share, eligible_gpus(state, share, at)))
+    assert np.isfinite(plain[0]).all() and np.isneginf(plain[1]).all()
+    state.gpu_usable[1, 0] = True
+    state.gpu_free_milli[:] = GPU_MILLI
     mig = PodRequest(name="m", cpu_milli=1000, memory_mib=1024, gpu_count=1, mig_profile="1g.10gb")
     assert p._native_scores(state, at, mig, None) is None
     state.gpu_free_milli[0, 1] = GPU_MILLI + 1  # out of the table: Python's path (which then takes numpy's)

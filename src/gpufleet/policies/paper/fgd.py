@@ -516,8 +516,9 @@ class FGDScore(FragDescent, PaperPlugin):
         self._gsel = OrderedDict()
 
     def _native_scores(self, state: ClusterState, nodes: np.ndarray, r: PodRequest,
-                       elig: np.ndarray | None) -> np.ndarray | None:
-        """``_node_scores`` (``elig`` None) or ``_gpu_scores`` (``elig``: ``eligible_gpus`` of ``nodes``) with the
+                       elig: np.ndarray | bool | None) -> np.ndarray | None:
+        """``_node_scores`` (``elig`` None) or ``_gpu_scores`` (``elig``: ``eligible_gpus`` of ``nodes``, or True where
+        that is the usable GPUs with the share's milli free: the pod asks no memory or models, no device slots) with the
         fragment decreases from one C call (gpufleet._native.fgd); None where the extension is off or declines (the
         Python path then).
 
@@ -536,8 +537,8 @@ class FGDScore(FragDescent, PaperPlugin):
             if native.fgd(out, None, nodes, *args, None, r.cpu_milli, r.gpu_milli, r.gpu_count, *wl) < 0:
                 return None
             return _sigmoid_score(out)
-        out = np.empty(elig.size)
-        inv = np.empty(elig.shape, dtype=np.int64)
+        inv = np.empty((nodes.size, state.gpu_free_milli.shape[1]), dtype=np.int64)
+        out = np.empty(inv.size)
         n = native.fgd(out, inv, nodes, *args, elig, r.cpu_milli, r.gpu_milli, 1, *wl)
         if n < 0:
             return None
@@ -555,7 +556,10 @@ class FGDScore(FragDescent, PaperPlugin):
                     view: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         if native.fgd is not None and nodes.size:
             r = cycle.request
-            if nodes.size <= GPU_SCORES_PY_MAX:  # eligible_on: what eligible_gpus marks, without its numpy calls
+            elig: np.ndarray | bool
+            if r.gpu_models_allow is None and not r.gpu_models_deny and not r.gpu_memory_mib and not state.slots_limited:
+                elig = True  # eligible_gpus' mask is usable GPUs with the share's milli free: the C makes it
+            elif nodes.size <= GPU_SCORES_PY_MAX:  # eligible_on: what eligible_gpus marks, without its numpy calls
                 elig = np.zeros((nodes.size, state.gpu_free_milli.shape[1]), dtype=bool)
                 for i, node in enumerate(nodes.tolist()):
                     elig[i, eligible_on(state, r, node)] = True
