@@ -812,11 +812,182 @@ done:
 }
 #undef ELIG
 
+/* fit's per-node first rejection (0 passed, 1 no pod slot, 2 cpu, 3 memory, 4 GPU figure), without branches (the
+   loop unswitched on with_pods and with_fig; pf and fg unread where 0).  Baseline x86-64 (SSE2) has no 64-bit integer
+   compare, so gcc also builds an AVX2 clone, picked at load time where the CPU has it (as numpy dispatches its own
+   compares); other compilers and targets build the one function. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void
+fit_codes(unsigned char *restrict codes, const int64_t *restrict cf, const int64_t *restrict mf,
+          const int64_t *restrict pf, const int64_t *restrict fg, int64_t cpu, int64_t mem, int64_t need,
+          Py_ssize_t n, int with_pods, int with_fig)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = with_fig ? (unsigned char)((fg[i] < need) * 4) : 0;
+        c = mf[i] < mem ? 3 : c;
+        c = cf[i] < cpu ? 2 : c;
+        if (with_pods) {
+            c = pf[i] < 1 ? 1 : c;
+        }
+        codes[i] = c;
+    }
+}
+
+PyDoc_STRVAR(fit_doc,
+"fit(cpu_free, mem_free, pods_free, fig, cpu, mem, need, ok, codes, cand) -> (passed, by_fit, by_gpu) or None\n\n"
+"A plain pod's filter phase over every node in one pass: NodeResourcesFit (cpu_free >= cpu, mem_free >= mem and,\n"
+"where pods_free is not None, pods_free >= 1) then GpuFit's plain verdict (fig >= need; fig None: GpuFit passes\n"
+"all).  Writes ok[i] (bool), codes[i] (a bytearray: 0 passed, 1 no pod slot, 2 too little cpu, 3 too little\n"
+"memory, 4 turned away by GpuFit alone) and the passing nodes' positions into cand[0:passed] (int64); returns how\n"
+"many passed and how many each filter turned away, or None (writing nothing) where an input is not of the types,\n"
+"shapes or range it handles.");
+
+/* The engine's filter phase for a pod with no terms, claims or scalars (framework.Scheduler._filter's fused path):
+   the two filters' compares, the framework's newly-rejected masks, the feasible mask and its nonzero, a dozen numpy
+   calls over every node, as one pass; each node's first rejection kept as a byte for a later diagnosis. */
+static PyObject *
+fit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "fit takes 10 arguments");
+        return NULL;
+    }
+    long long cpu = PyLong_AsLongLong(args[4]);
+    long long mem = cpu == -1 && PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[5]);
+    long long need = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred()) {  /* not an int, or beyond int64: the numpy path */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    buffers b = {.n = 0};
+    PyObject *result = Py_None;
+    Py_buffer *vc = get(&b, args[0], 1, K_I64, 0);
+    Py_buffer *vm = vc ? get(&b, args[1], 1, K_I64, 0) : NULL;
+    Py_buffer *vp = NULL, *vf = NULL, *vo = NULL, *vk = NULL, *vn = NULL;
+    if (vm == NULL) {
+        goto done;
+    }
+    Py_ssize_t n = vc->shape[0];
+    if (vm->shape[0] != n) {
+        goto done;
+    }
+    if (args[2] != Py_None && ((vp = get(&b, args[2], 1, K_I64, 0)) == NULL || vp->shape[0] != n)) {
+        goto done;
+    }
+    if (args[3] != Py_None && ((vf = get(&b, args[3], 1, K_I64, 0)) == NULL || vf->shape[0] != n)) {
+        goto done;
+    }
+    if ((vo = get(&b, args[7], 1, K_BOOL, 1)) == NULL || vo->shape[0] != n) {
+        goto done;
+    }
+    if (b.n >= NBUF || PyObject_GetBuffer(args[8], &b.v[b.n], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        goto done;
+    }
+    vk = &b.v[b.n++];
+    if (vk->len != n) {
+        goto done;
+    }
+    if ((vn = get(&b, args[9], 1, K_I64, 1)) == NULL || vn->shape[0] != n) {
+        goto done;
+    }
+    {
+        const int64_t *cf = vc->buf, *mf = vm->buf;
+        const int64_t *pf = vp ? vp->buf : NULL, *fg = vf ? vf->buf : NULL;
+        char *ok = vo->buf;
+        unsigned char *codes = vk->buf;
+        int64_t *cand = vn->buf;
+        Py_ssize_t passed = 0, by_fit = 0, by_gpu = 0;
+        /* branch-free, in four variants (pod-slot column, GPU figure, each present or not), so that the compiler
+           vectorises the codes as numpy does its compares; then the candidates by a branch-free compaction */
+        if (pf && fg) {
+            fit_codes(codes, cf, mf, pf, fg, cpu, mem, need, n, 1, 1);
+        }
+        else if (pf) {
+            fit_codes(codes, cf, mf, pf, cf, cpu, mem, need, n, 1, 0);
+        }
+        else if (fg) {
+            fit_codes(codes, cf, mf, cf, fg, cpu, mem, need, n, 0, 1);
+        }
+        else {
+            fit_codes(codes, cf, mf, cf, cf, cpu, mem, need, n, 0, 0);
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned char c = codes[i];
+            ok[i] = c == 0;
+            by_gpu += c == 4;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            cand[passed] = i;
+            passed += ok[i];
+        }
+        by_fit = n - passed - by_gpu;
+        result = Py_BuildValue("(nnn)", passed, by_fit, by_gpu);
+        release(&b);
+        return result;
+    }
+done:
+    release(&b);
+    Py_INCREF(result);
+    return result;
+}
+
+PyDoc_STRVAR(top_doc,
+"top(scores) -> (ties, first) or None\n\n"
+"How many of the float64 scores are within 1e-9 of the largest (scores >= max(scores) - 1e-9) and the position of\n"
+"the first; None where scores is not a non-empty float64 vector or holds a NaN (the numpy path then).");
+
+/* framework.Scheduler._pick's maximum, tie mask and nonzero (three numpy calls) as one pass, for the usual cycle
+   whose best score is unique. */
+static PyObject *
+top(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "top takes 1 argument");
+        return NULL;
+    }
+    buffers b = {.n = 0};
+    Py_buffer *v = get(&b, args[0], 1, K_F64, 0);
+    if (v == NULL || v->shape[0] == 0) {
+        release(&b);
+        Py_RETURN_NONE;
+    }
+    const double *s = v->buf;
+    Py_ssize_t n = v->shape[0];
+    double best = s[0];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (isnan(s[i])) {  /* np.maximum.reduce propagates it: the numpy path */
+            release(&b);
+            Py_RETURN_NONE;
+        }
+        if (s[i] > best) {
+            best = s[i];
+        }
+    }
+    double thr = best - 1e-9;
+    Py_ssize_t ties = 0, first = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (s[i] >= thr) {
+            if (ties++ == 0) {
+                first = i;
+            }
+        }
+    }
+    release(&b);
+    return Py_BuildValue("(nn)", ties, first);
+}
+
 static PyMethodDef methods[] = {
     {"measure", (PyCFunction)(void (*)(void))measure, METH_FASTCALL, measure_doc},
     {"frag_amount", (PyCFunction)(void (*)(void))frag_amount, METH_FASTCALL, frag_amount_doc},
     {"descent", (PyCFunction)(void (*)(void))descent, METH_FASTCALL, descent_doc},
     {"fgd", (PyCFunction)(void (*)(void))fgd, METH_FASTCALL, fgd_doc},
+    {"fit", (PyCFunction)(void (*)(void))fit, METH_FASTCALL, fit_doc},
+    {"top", (PyCFunction)(void (*)(void))top, METH_FASTCALL, top_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,8 @@ measure: Callable[..., bool] | None = None  # DescentScore._measure's table path
 frag_amount: Callable[..., bool] | None = None  # policies.paper.workload.frag_amount's table path
 descent: Callable[..., bool] | None = None  # DescentScore's node and share scores of a few nodes, measure included
 fgd: Callable[..., int] | None = None  # FGDScore's fragment decreases of a few nodes (the sigmoid stays in numpy)
+fit: Callable[..., tuple[int, int, int] | None] | None = None  # the engine's one-pass filter phase (Scheduler._filter)
+top: Callable[..., tuple[int, int] | None] | None = None  # Scheduler._pick's best score and its ties
 REASON = ""
 try:
     from . import _native  # type: ignore[attr-defined]  # compiled from _native.c; absent where it was not built
@@ -30,16 +32,18 @@ else:
         frag_amount = getattr(_native, "frag_amount", None)
         descent = getattr(_native, "descent", None)
         fgd = getattr(_native, "fgd", None)
+        fit = getattr(_native, "fit", None)
+        top = getattr(_native, "top", None)
 
 ACTIVE = measure is not None
 
 
 def describe() -> str:
     """One line for a benchmark's output: which path the descent measure and frag_amount take."""
-    if ACTIVE and (frag_amount is None or descent is None or fgd is None):
+    if ACTIVE and (frag_amount is None or descent is None or fgd is None or fit is None or top is None):
         return ("native: on for the descent measure; frag_amount, the descent's or FGD's scores: numpy path (gpufleet._native "
                 "built from an older _native.c: python setup.py build_ext --inplace)")
     return "native: on (gpufleet._native, the C descent measure and scores, frag_amount and FGD's deltas)" if ACTIVE else f"native: {REASON}: numpy path"
 
 
-__all__ = ["ACTIVE", "REASON", "descent", "describe", "fgd", "frag_amount", "measure"]
+__all__ = ["ACTIVE", "REASON", "descent", "describe", "fgd", "fit", "frag_amount", "measure", "top"]

@@ -30,6 +30,7 @@ from typing import Any, Callable, ClassVar, Generic, Hashable, Protocol, Sequenc
 
 import numpy as np
 
+from .. import native
 from .model import GPU_MILLI, Assignment, PodRequest, quick_frozen_init
 from .errors import StateError
 from .state import ClusterState
@@ -39,6 +40,7 @@ MAX_NODE_SCORE = 100
 # a node whose room is kept for a pod nominated there (its victims are leaving), as kube-scheduler counts
 # nominated pods on their node for pods of lower or equal priority; ``engine.round`` sets ``Scheduler.nominated``
 NOMINATED_ROOM = "NominatedRoom"
+TOP_IN_C_MAX = 2_048  # _pick: the most candidates whose best score _native.top finds (numpy's calls past it)
 KEPT_OFF_REASON = "node(s) keep their room for a nominated pod of equal or higher priority"
 
 
@@ -121,12 +123,20 @@ class Cycle:
     _rejections: list[tuple[np.ndarray, int, np.ndarray | Callable[[], np.ndarray] | None]] | None = field(
         default=None, repr=False)
     _first_fail: np.ndarray | None = field(default=None, repr=False)
+    # the one-pass filter phase's rejections (Scheduler._filter, gpufleet._native.fit), before ``_rejections``'s:
+    # each node's code (0 passed, 1-3 NodeResourcesFit's codes + 1, 4 GpuFit's) and each code's index into
+    # ``fail_reasons`` (-1: none); None where the filters ran one by one
+    _fused: tuple[bytearray, tuple[int, ...]] | None = field(default=None, repr=False)
 
     @property
     def first_fail(self) -> np.ndarray | None:
         """Per node: index into ``fail_reasons`` of the first filter that rejected it, -1 = passed (None: not filtered)."""
         if self._first_fail is None and self._rejections is not None:
-            first = np.full(self._rejections_n, -1, dtype=np.int64)
+            fused = self._fused
+            if fused is not None:
+                first = np.array(fused[1], dtype=np.int64).take(np.frombuffer(fused[0], dtype=np.uint8))
+            else:
+                first = np.full(self._rejections_n, -1, dtype=np.int64)
             for newly, base, codes in self._rejections:
                 if callable(codes):
                     codes = codes()
@@ -138,6 +148,7 @@ class Cycle:
     def first_fail(self, value: np.ndarray | None) -> None:
         self._first_fail = value
         self._rejections = None
+        self._fused = None
 
     _rejections_n: int = field(default=0, repr=False)
 
@@ -368,6 +379,9 @@ class Scheduler:
         self.nominated: Callable[[Cycle, np.ndarray], np.ndarray | None] | None = None
         # filters that say they have nothing to check for a pod are not run (False: run every filter, for tests)
         self.skip_filters = True
+        # NodeResourcesFit then GpuFit, a trace pod's whole filter phase, in one C pass where the extension is built
+        # (``_fused_filter``; False: the plugins' filters one by one, as tests/engine/test_fused_filter.py compares)
+        self.fuse_filters = True
         self._skips: _FilterSkips | None = None
         self._scorers: tuple[list, tuple] | None = None  # see _score_plugins
 
@@ -391,7 +405,15 @@ class Scheduler:
             rejections.append((~cycle.only_nodes, 0, None))
             reasons.append("node(s) were not offered by kube-scheduler")
         st = self.state
-        for p in self._active_filters(cycle.request, st) if self.skip_filters else self.profile.filters:
+        flt = self._active_filters(cycle.request, st) if self.skip_filters else self.profile.filters
+        cycle.candidates = None
+        cycle._fused = None
+        if len(flt) == 2 and self.fuse_filters and native.fit is not None and cycle.only_nodes is None:
+            fused = self._fused_filter(cycle, flt, n)
+            if fused is not None:
+                feasible, reasons, rejected = fused
+                flt = ()
+        for p in flt:
             res = p.filter(cycle, st)
             if res.passes_all:
                 continue
@@ -411,6 +433,7 @@ class Scheduler:
             cycle.kept_off = self.nominated(cycle, feasible)
             if cycle.kept_off is not None and (newly := feasible & cycle.kept_off).any():
                 feasible &= ~cycle.kept_off
+                cycle.candidates = None  # the fused pass's candidates no longer hold
                 rejections.append((newly, len(reasons), None))
                 reasons.append(KEPT_OFF_REASON)
                 rejected.append(NOMINATED_ROOM)
@@ -421,6 +444,49 @@ class Scheduler:
         cycle.fail_reasons = reasons
         cycle.rejected_by = rejected
         return feasible
+
+    def _fused_filter(self, cycle: Cycle, flt: Sequence[FilterPlugin], n: int) -> tuple[np.ndarray, list[str], list[str]] | None:
+        """NodeResourcesFit then GpuFit (a trace pod's whole filter phase) in one C pass (``gpufleet._native.fit``):
+        their compares, the newly-rejected masks, the feasible mask and its candidates were a dozen numpy calls over
+        every node a cycle.  Each node's first rejection is kept as a byte (``Cycle._fused``), so a diagnosis made
+        now or later counts and names the same reasons as the filters run one by one (tests/engine/test_fused_filter.py).
+        Returns (feasible, reasons, rejected-by), the candidates in ``cycle.candidates``; None where either plugin
+        has more to check than its plain compare (it then runs as usual)."""
+        a, g = flt
+        fit_args = getattr(a, "fused_fit", None)
+        gpu_args = getattr(g, "fused_gpu", None)
+        if fit_args is None or gpu_args is None:
+            return None
+        st = self.state
+        x = fit_args(cycle, st)
+        y = gpu_args(cycle, st) if x is not None else None
+        if y is None:
+            return None
+        assert x is not None and native.fit is not None
+        cpu, mem, pods, fit_reasons = x
+        fig, need, gpu_reasons = y
+        feasible = np.empty(n, dtype=bool)
+        codes = bytearray(n)
+        cand = np.empty(n, dtype=np.intp)
+        got = native.fit(st.cpu_free, st.mem_free, pods, fig, cpu, mem, need, feasible, codes, cand)
+        if got is None:
+            return None
+        passed, by_fit, by_gpu = got
+        reasons: list[str] = []
+        rejected: list[str] = []
+        table = [-1, -1, -1, -1, -1]
+        if by_fit:
+            table[1:4] = 0, 1, 2
+            reasons.extend(fit_reasons)
+            rejected.append(a.name)
+        if by_gpu:
+            table[4] = len(reasons)
+            reasons.extend(gpu_reasons)
+            rejected.append(g.name)
+        if by_fit or by_gpu:
+            cycle._fused = (codes, tuple(table))
+        cycle.candidates = cand[:passed]
+        return feasible, reasons, rejected
 
     def _active_filters(self, r: PodRequest, st: ClusterState) -> Sequence[FilterPlugin]:
         sk = self._skips
@@ -508,6 +574,13 @@ class Scheduler:
 
     def _pick(self, cycle: Cycle, cand: np.ndarray, scores: np.ndarray) -> int:
         """The chosen node's position in ``cand`` (and ``scores``): the caller reads its node and its score there."""
+        top = native.top
+        # one C pass for the usual unique best (same compare, same ties); a scalar loop, so only where numpy's three
+        # calls cost more than the pass: at 5,000 candidates numpy's vector loops win (tried: 1.05x the instructions)
+        if top is not None and self.fuse_filters and scores.size <= TOP_IN_C_MAX:
+            got = top(scores)
+            if got is not None and got[0] == 1:
+                return got[1]
         best = _max(scores)
         ties = (scores >= best - 1e-9).nonzero()[0]
         if ties.size == 1:
@@ -528,11 +601,18 @@ class Scheduler:
         d = Diagnosis(total_nodes=len(self.state), plugins=tuple(cycle.rejected_by))
         rejections = cycle._rejections
         if not by_node and rejections is not None and cycle._first_fail is None:
+            counts = d.counts
+            fused = cycle._fused
+            if fused is not None:  # the one-pass filter phase's codes, in the order of their reasons
+                cnt = np.bincount(np.frombuffer(fused[0], dtype=np.uint8), minlength=5).tolist()
+                for code in range(1, 5):
+                    if cnt[code]:
+                        r = cycle.fail_reasons[fused[1][code]]
+                        counts[r] = counts.get(r, 0) + cnt[code]
             # the counts straight from the filters' rejections, without the per-node ``first_fail``: the nodes each
             # rejection turned away are disjoint (only nodes still feasible are counted as newly rejected) and come in
             # the order of their reasons, so these are the counts, and the order, that ``first_fail`` gives
             reasons = cycle.fail_reasons
-            counts = d.counts
             for newly, base, codes in rejections:
                 if callable(codes):
                     codes = codes()
@@ -617,8 +697,10 @@ class Scheduler:
         for o in self._observers:
             o.observe_pod(cycle)
         feasible = self._filter(cycle, explain)
-        cand = feasible.nonzero()[0]  # np.flatnonzero of a 1-d mask, without its wrappers
-        cycle.candidates = cand
+        cand = cycle.candidates  # the fused filter pass's (``_fused_filter``); else:
+        if cand is None:
+            cand = feasible.nonzero()[0]  # np.flatnonzero of a 1-d mask, without its wrappers
+            cycle.candidates = cand
         if cand.size == 0:
             d = self.diagnosis(cycle, by_node=explain)
             cycle.status = d.status()

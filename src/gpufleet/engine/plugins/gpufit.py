@@ -108,6 +108,23 @@ class GpuFit:
             return FilterResult(res.ok | by_dra, res.reasons, res.codes, codes_of=res.codes_of)
         return res
 
+    def fused_gpu(self, cycle: Cycle, state: ClusterState) -> tuple[np.ndarray | None, int, tuple[str, ...]] | None:
+        """What the framework's one-pass filter phase (``gpufleet._native.fit``) needs to give ``filter``'s verdict
+        where it is one compare (``_plain``): the per-node figure, the pod's need and the one reason (figure None:
+        passes every node); None where ``filter`` must run (claims, MIG, model lists, device or slot limits, a device
+        plugin down, shares with memory or over several GPUs)."""
+        r = cycle.request
+        if r.gpu_count == 0:
+            return None, 0, ()
+        if (r.dra is not None or state.any_plugin_down or r.mig_profile or r.gpu_models_allow is not None
+                or r.gpu_models_deny or state.devices_limited or state.slots_limited
+                or not (r.gpu_milli >= GPU_MILLI or (r.gpu_count == 1 and not r.gpu_memory_mib))):
+            return None
+        room, whole = self._room(state)
+        if r.gpu_milli >= GPU_MILLI:
+            return whole, r.gpu_count, self._WHOLE
+        return room, r.gpu_milli, self._SHARE
+
     def _filter(self, cycle: Cycle, state: ClusterState) -> FilterResult:
         r = cycle.request
         n = len(state)

@@ -53,6 +53,15 @@ class NodeResourcesFit:
             ok &= fits
         return FilterResult(ok, tuple(reasons), codes)
 
+    def fused_fit(self, cycle: Cycle, state: ClusterState) -> tuple[int, int, np.ndarray | None, tuple[str, ...]] | None:
+        """What the framework's one-pass filter phase (``gpufleet._native.fit``) needs to give ``filter``'s verdict
+        and codes: the pod's cpu and memory, the pod-slot column (None: every node has a slot) and the reasons; None
+        for a pod with other scalar resources (``filter`` then runs)."""
+        r = cycle.request
+        if r.scalars:
+            return None
+        return r.cpu_milli, r.memory_mib, state.pods_free if state.pods_short else None, _REASONS
+
 
 def _fractions_after(cycle: Cycle, state: ClusterState, nodes: np.ndarray) -> list[np.ndarray]:
     """Used fraction of each requested resource on ``nodes`` after placing the pod."""
