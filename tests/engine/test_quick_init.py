@@ -10,7 +10,8 @@ import pickle
 import pytest
 
 from gpufleet.engine.framework import Decision, GpuChoice
-from gpufleet.engine.model import Assignment, quick_frozen_init
+from gpufleet.engine.model import Assignment, PodRequest, quick_frozen_init
+from gpufleet.engine.round import Attempt
 from gpufleet.engine.status import Code, Status
 
 
@@ -29,6 +30,9 @@ CASES = [
                 dict(pod_key="a/b", status=Status.unschedulable("no", plugin="p"), score=3.5, feasible_nodes=7)]),
     (Status, [dict(code=Code.SUCCESS), dict(code=Code.UNSCHEDULABLE, reasons=("a", "b"), plugin="p")]),
     (GpuChoice, [dict(gpu_indices=(1, 2)), dict(mig=((0, 1),))]),
+    (Attempt, [dict(request=PodRequest("p", cpu_milli=1), decision=Decision(pod_key="default/p", status=Status.success())),
+               dict(request=PodRequest("q"), decision=Decision(pod_key="default/q", status=Status.unschedulable("no")),
+                    held_room=True, note="n", until=3.0, made_room=True)]),
 ]
 
 

@@ -277,36 +277,44 @@ class PendingGroups:
         At least ``gpu_count`` GPUs of a node have ``gpu_milli`` free when its ``gpu_count``-th freest GPU has: one
         look-up per group in the node's sorted free milli.  Each of the three tests is kept per class of the node's
         amounts (``_room_parts``), so a node whose amounts fall in classes seen before costs no compare over the
-        groups, only the two ``&``."""
+        groups, only the two ``&``; and their ``&`` is kept per class of all three (``by_node``), so a node whose
+        classes were seen together before costs one look-up (a retry pass asks this for the node a pod left, and
+        again after each try placed a pod there: about 30,000 calls a replay)."""
         width = state.gpu_free_milli.shape[1]
         parts = self._room_parts(width)
-        cpu_thr, mem_thr, gpu_thr, by_cpu, by_mem, by_gpu = parts
+        cpu_thr, mem_thr, gpu_thr, by_cpu, by_mem, by_gpu, by_node = parts
         cpu_free, mem_free, gpu_free = state.cpu_free, state.mem_free, state.gpu_free_milli
         ok = None
         for d in nodes:
             c, m = cpu_free.item(d), mem_free.item(d)
-            if (a := by_cpu.get(k := _bisect(cpu_thr, c))) is None:
-                a = by_cpu[k] = self.cpu_milli <= c
-            if (b := by_mem.get(k := _bisect(mem_thr, m))) is None:
-                b = by_mem[k] = self.memory_mib <= m
             row = gpu_free[d].tolist()
             row.sort()
-            if (g := by_gpu.get(kg := tuple([_bisect(gpu_thr, v) for v in row]))) is None:
-                rank, need = self._gpu_rank(width)
-                g = by_gpu[kg] = np.array(row if width else [0], dtype=np.int64)[rank] >= need
-            fit = a & b & g
-            ok = fit if ok is None else ok | fit
+            kg = tuple([_bisect(gpu_thr, v) for v in row])
+            if (fit := by_node.get(kn := (_bisect(cpu_thr, c), _bisect(mem_thr, m), kg))) is None:
+                if (a := by_cpu.get(k := kn[0])) is None:
+                    a = by_cpu[k] = self.cpu_milli <= c
+                if (b := by_mem.get(k := kn[1])) is None:
+                    b = by_mem[k] = self.memory_mib <= m
+                if (g := by_gpu.get(kg)) is None:
+                    rank, need = self._gpu_rank(width)
+                    g = by_gpu[kg] = np.array(row if width else [0], dtype=np.int64)[rank] >= need
+                fit = by_node[kn] = a & b & g
+            if ok is None:
+                ok = fit.copy()  # (the kept array stays the cache's: callers may write theirs)
+            else:
+                ok |= fit
         return np.zeros(len(self.count), dtype=bool) if ok is None else ok
 
     def _room_parts(self, width: int) -> tuple:
         """``with_room``'s three tests by class: the sorted distinct CPU, memory and GPU milli the groups ask
         (thresholds), and per class of a node's amount (how many thresholds it reaches: every group answers alike
         for any amount of one class) [group id] the group has that much: CPU, memory, and for the node's sorted GPU
-        free milli, class by class, enough GPUs.  Made again when groups come (``_new_group``) or the width moves."""
+        free milli, class by class, enough GPUs; and the three's ``&`` per (CPU, memory, GPU) class.  Made again when
+        groups come (``_new_group``) or the width moves."""
         memo = self._parts
         if memo is None or memo[0] != width:
             thr = [sorted(set(a.tolist())) for a in (self.cpu_milli, self.memory_mib, self.gpu_milli)]
-            memo = self._parts = (width, (*thr, {}, {}, {}))
+            memo = self._parts = (width, (*thr, {}, {}, {}, {}))
         return memo[1]
 
     def _gpu_rank(self, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -623,12 +631,47 @@ class FitScreen:
     each node's ``version`` then.  Versions only go up, one per change of a node's free amounts, so a node whose
     version is the same has the same room: a node that had room and has not changed answers at once, and otherwise
     only the nodes that changed since are tested again.  The answer is ``could_fit``'s, without the [nodes, GPUs]
-    test on most calls (a replay asks it for every arrival)."""
+    test on most calls (a replay asks it for every arrival).
+
+    The nodes that changed since come from the state's log (``changed_since``, with a mark taken whenever every
+    node's version was brought up to date), tested one by one in Python when they are a few; a comparison of every
+    node's version only where the log cannot say or lists many.  Why: about half of a replay's arrivals ask for a
+    room no node had, and there the compare over every node (1,213 at the sweep's cluster) and the few changed
+    rows' numpy tests were most of the call; most often none or one node moved since."""
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
-        # need -> [epoch, a node with room (-1: none), its version then, [nodes] room, [nodes] version of that room]
+        # need -> [epoch, a node with room (-1: none), its version then, [nodes] room, [nodes] version of that room,
+        #          the log's mark when every node's version in it was the state's]
         self._seen: dict[tuple[int, int, int, int], list] = {}
+
+    def _new(self, need: tuple[int, int, int, int]) -> list:
+        st = self.state
+        seen = self._seen[need] = [st.epoch, -1, 0, room_mask(st, need), st.version.copy(), st.change_mark()]
+        return seen
+
+    def _changed(self, seen: list, need: tuple[int, int, int, int]) -> tuple[list[int] | np.ndarray, list | np.ndarray]:
+        """Brings ``seen``'s room and versions up to date: (the nodes whose version moved since, ascending, once
+        each; whether each has the room now)."""
+        st = self.state
+        versions, room = seen[4], seen[3]
+        moved = st.changed_since(seen[5])
+        seen[5] = st.change_mark()
+        if moved is not None and len(moved) <= _FEW_MOVED:
+            few = sorted(set(moved))  # what the compare below finds: versions only go up, each move is logged
+            now_room = [room_on(st, need, (d,)) for d in few]
+            vers = st.version
+            for d, ok in zip(few, now_room):
+                room[d] = ok
+                versions[d] = vers.item(d)
+            return few, now_room
+        changed = (st.version != versions).nonzero()[0]
+        if not changed.size:
+            return changed, changed
+        now = room_mask(st, need, changed)
+        versions[changed] = st.version[changed]
+        room[changed] = now
+        return changed, now
 
     def rooms(self, need: tuple[int, int, int, int]) -> np.ndarray:
         """[nodes]: which nodes have ``need``'s room now (``room_mask``), kept from the last answer for ``need`` and
@@ -636,13 +679,9 @@ class FitScreen:
         st = self.state
         seen = self._seen.get(need)
         if seen is None or seen[0] != st.epoch:
-            seen = self._seen[need] = [st.epoch, -1, 0, room_mask(st, need), st.version.copy()]
+            seen = self._new(need)
         else:
-            versions = seen[4]
-            changed = (st.version != versions).nonzero()[0]
-            if changed.size:
-                seen[3][changed] = room_mask(st, need, changed)
-                versions[changed] = st.version[changed]
+            self._changed(seen, need)
         room = seen[3]
         if seen[1] < 0:  # ``__call__``'s "no node had room" must stay true to ``room``
             k = int(room.argmax())
@@ -655,30 +694,23 @@ class FitScreen:
         need = room_need(r)
         seen = self._seen.get(need)
         if seen is None or seen[0] != st.epoch:
-            seen = self._seen[need] = [st.epoch, -1, 0, room_mask(st, need), st.version.copy()]
+            seen = self._new(need)
         else:
             node = seen[1]
             if node >= 0:
-                if st.version[node] == seen[2]:
+                if st.version.item(node) == seen[2]:
                     return True
                 if room_on(st, need, (node,)):
-                    seen[2] = int(st.version[node])
+                    seen[2] = st.version.item(node)
                     return True
-            versions = seen[4]
-            changed = (st.version != versions).nonzero()[0]
-            if changed.size:
-                now_room = room_mask(st, need, changed)
-                versions[changed] = st.version[changed]
-                if node < 0:  # no node had room: only a changed one may have now, the first of them is the first
-                    k = int(now_room.argmax())
-                    if not now_room[k]:
-                        return False  # (``room`` stays all False)
-                    seen[3][changed] = now_room
-                    seen[1], seen[2] = int(changed[k]), int(st.version[changed[k]])
-                    return True
-                seen[3][changed] = now_room
-            elif node < 0:
-                return False
+            changed, now_room = self._changed(seen, need)
+            if node < 0:  # no node had room: only a changed one may have now, the first of them is the first
+                for k, ok in enumerate(now_room):
+                    if ok:
+                        d = int(changed[k])
+                        seen[1], seen[2] = d, st.version.item(d)
+                        return True
+                return False  # (``room`` stays all False)
         room = seen[3]
         node = int(room.argmax())
         if room[node]:
@@ -686,6 +718,9 @@ class FitScreen:
             return True
         seen[1] = -1
         return False
+
+
+_FEW_MOVED = 6  # ``FitScreen``: up to this many logged moves, the changed nodes are tested one by one in Python
 
 
 __all__ = ["PER_GROUP", "FitScreen", "PendingGroups", "could_fit", "pod_group", "trace_group"]

@@ -183,9 +183,9 @@ def room_need(r: PodRequest) -> tuple[int, int, int, int]:
 def room_on(state: ClusterState, need: tuple[int, int, int, int], nodes: Iterable[int]) -> bool:
     """Could a pod with ``room_need`` ``need`` fit on one of ``nodes`` by its resources (a necessary condition)?"""
     c, m, gc, gm = need
-    for d in nodes:
-        if state.cpu_free[d] >= c and state.mem_free[d] >= m and \
-                (gc == 0 or sum(1 for f in state.gpu_free_milli[d].tolist() if f >= gm) >= gc):
+    cpu, mem, gpu = state.cpu_free, state.mem_free, state.gpu_free_milli
+    for d in nodes:  # (Python ints by .item and tolist: numpy scalars compare slower)
+        if cpu.item(d) >= c and mem.item(d) >= m and (gc == 0 or len([f for f in gpu[d].tolist() if f >= gm]) >= gc):
             return True
     return False
 
