@@ -407,6 +407,8 @@ class SchedulingRound:
     def _decide(self, req: PodRequest, now: float, waited_s: float, nominated: bool, fits: bool | None,
                 plan: bool) -> Attempt:
         dec = self._cycle(req, waited_s, nominated, fits)  # victims went for it: held room too
+        if dec.ok:  # (most tries: what the rest gives a placed pod, without asking dec.ok thrice)
+            return Attempt(req, dec)
         why = ""
         gangs = self.gangs
         if not dec.ok and gangs.held:

@@ -401,17 +401,20 @@ class ClusterState:
                 mems = a.gpu_memory_mib or (0,) * len(a.gpu_indices)
             if mems != a.gpu_memory_mib:
                 a = replace(a, gpu_memory_mib=mems)
-        self.cpu_free[i] -= a.cpu_milli
-        self.mem_free[i] -= a.memory_mib
+        cpu, mem_free = self.cpu_free, self.mem_free  # (Python ints by .item, as ``unreserve``)
+        cpu[i] = cpu.item(i) - a.cpu_milli
+        mem_free[i] = mem_free.item(i) - a.memory_mib
         pods = self.pods_free.item(i)
         self.pods_free[i] = pods - 1
         if pods == 1:  # its last slot (overcommit may take it below 0: counted once, at 1 -> 0)
             self.pods_short += 1
-        self.gpu_dev_free[i] -= len(a.gpu_indices)
-        for j, mem in zip(a.gpu_indices, a.gpu_memory_mib):
-            self.gpu_free_milli[i, j] -= a.gpu_milli
-            self.gpu_mem_free[i, j] -= mem
-            self.gpu_slots_free[i, j] -= 1
+        if a.gpu_indices:
+            self.gpu_dev_free[i] -= len(a.gpu_indices)
+            milli, g_milli, g_mem, g_slots = a.gpu_milli, self.gpu_free_milli, self.gpu_mem_free, self.gpu_slots_free
+            for j, mem in zip(a.gpu_indices, a.gpu_memory_mib):
+                g_milli[i, j] = g_milli.item(i, j) - milli
+                g_mem[i, j] = g_mem.item(i, j) - mem
+                g_slots[i, j] = g_slots.item(i, j) - 1
         if a.mig and a.mig_profile is not None:
             free = self.mig_free[i][a.mig_profile]
             for inst in a.mig:
@@ -421,7 +424,7 @@ class ClusterState:
             self.scalar_free[name][i] -= amount
         if a.terms is not None:
             self.pod_index.add(a.pod_key, a.terms, i)
-        self.version[i] += 1
+        self.version[i] = self.version.item(i) + 1
         self._changed(i)
         self.assignments[a.pod_key] = a
         self.pods_on_node[a.node].add(a.pod_key)
