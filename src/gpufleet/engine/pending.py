@@ -279,7 +279,8 @@ class PendingGroups:
         amounts (``_room_parts``), so a node whose amounts fall in classes seen before costs no compare over the
         groups, only the two ``&``; and their ``&`` is kept per class of all three (``by_node``), so a node whose
         classes were seen together before costs one look-up (a retry pass asks this for the node a pod left, and
-        again after each try placed a pod there: about 30,000 calls a replay)."""
+        again after each try placed a pod there: about 30,000 calls a replay).  The answer may be that kept array,
+        read-only: a caller that writes copies it."""
         width = state.gpu_free_milli.shape[1]
         parts = self._room_parts(width)
         cpu_thr, mem_thr, gpu_thr, by_cpu, by_mem, by_gpu, by_node = parts
@@ -299,10 +300,8 @@ class PendingGroups:
                     rank, need = self._gpu_rank(width)
                     g = by_gpu[kg] = np.array(row if width else [0], dtype=np.int64)[rank] >= need
                 fit = by_node[kn] = a & b & g
-            if ok is None:
-                ok = fit.copy()  # (the kept array stays the cache's: callers may write theirs)
-            else:
-                ok |= fit
+                fit.flags.writeable = False  # the cache's own, and perhaps the answer: read, never written
+            ok = fit if ok is None else ok | fit
         return np.zeros(len(self.count), dtype=bool) if ok is None else ok
 
     def _room_parts(self, width: int) -> tuple:
@@ -390,6 +389,7 @@ class PendingGroups:
         groups kept out by a cluster-wide count.  With the round and ``waited`` (pod -> seconds it has waited), a
         pod woken only by room that its queueing hints keep ``asleep`` is left out."""
         room, ok, fresh = self.changes(state)
+        ok = ok.copy()  # (``with_room``'s may be read-only)
         hinted = ok.copy() if rnd is not None and waited is not None and self.rejected else None
         for g in fresh | (_waiting(self.kept_out, self.groups) if room else set()):
             ok[self.group_ids[g]] = True
