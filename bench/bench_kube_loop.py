@@ -121,7 +121,7 @@ def engine_bench(n_nodes: int, policies: list[str], rounds: int, figures: bool =
                 cpu_rates.setdefault((cname, pol), []).append(len(reqs) / max(time.process_time() - c0, 1e-9))
     print(f"engine at {n_nodes} nodes, 4,000 decisions per run, median of {rounds} round(s); per CPU second: "
           f"this process's CPU time, which other processes on the cores do not take")
-    print(f"  {native.describe()}")  # the C extension (descent measure, frag_amount) or the numpy paths
+    print(f"  {native.describe()}")  # the C extension or the numpy paths
     for (cname, pol), v in rates.items():
         c = cpu_rates[(cname, pol)]
         print(f"  {cname:<8} {pol:<8} {statistics.median(v):7.0f} decisions/s, {statistics.median(c):7.0f} per CPU second"

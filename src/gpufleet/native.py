@@ -39,11 +39,14 @@ ACTIVE = measure is not None
 
 
 def describe() -> str:
-    """One line for a benchmark's output: which path the descent measure and frag_amount take."""
+    """One line for a benchmark's output: whether the C paths (the policies' measures and scores, the engine's fused
+    filter phase and pick) or numpy's run."""
     if ACTIVE and (frag_amount is None or descent is None or fgd is None or fit is None or top is None):
-        return ("native: on for the descent measure; frag_amount, the descent's or FGD's scores: numpy path (gpufleet._native "
-                "built from an older _native.c: python setup.py build_ext --inplace)")
-    return "native: on (gpufleet._native, the C descent measure and scores, frag_amount and FGD's deltas)" if ACTIVE else f"native: {REASON}: numpy path"
+        return ("native: on for the descent measure; frag_amount, the descent's or FGD's scores, the fused filters: numpy "
+                "path (gpufleet._native built from an older _native.c: python setup.py build_ext --inplace)")
+    if not ACTIVE:
+        return f"native: {REASON}: numpy path"
+    return "native: on (gpufleet._native: the descent measure and scores, frag_amount, FGD's deltas, the fused filters and pick)"
 
 
 __all__ = ["ACTIVE", "REASON", "descent", "describe", "fgd", "fit", "frag_amount", "measure", "top"]
