@@ -281,6 +281,29 @@ measure_state(const mparams *p, int64_t cs, const int64_t *g, Py_ssize_t G, int6
     return frag + (p->w_strand * stranded + p->w_sliver * sliver);
 }
 
+/* take_packed (policies.paper._common) of one node: after is row less count GPUs of milli, each the least
+   sufficient GPU not yet taken (first of equals); stops early where none is left. */
+static void
+take_packed(int64_t *after, const int64_t *row, Py_ssize_t G, long long count, long long milli)
+{
+    memcpy(after, row, G * sizeof(int64_t));
+    for (long long c = 0; c < count; c++) {
+        Py_ssize_t best = -1;
+        for (Py_ssize_t j = 0; j < G; j++) {
+            if (after[j] == row[j] && row[j] >= milli && (best < 0 || row[j] < row[best])) {
+                best = j;
+            }
+        }
+        if (best < 0) {
+            break;
+        }
+        after[best] -= milli;
+        if (milli == 0) {
+            break;  /* nothing taken: every further GPU the same */
+        }
+    }
+}
+
 /* Reads the measure's 12 parameters from args[0..11] (shape_ok, table, count, cpu_t, freq, q_rhos, k_cpu, k_mem,
    strand, mem_strand, strand_weight, sliver_weight) into p: 1 where they are of the kinds taken, 0 where the caller
    declines, -1 with a Python error set. */
@@ -579,22 +602,7 @@ descent(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 row[j] = us[node * G + j] ? gf[node * G + j] : 0;
             }
             if (!share) {
-                memcpy(after, row, G * sizeof(int64_t));
-                for (long long c = 0; c < count; c++) {  /* take_packed: the least sufficient GPU, first of equals */
-                    Py_ssize_t best = -1;
-                    for (Py_ssize_t j = 0; j < G; j++) {
-                        if (after[j] == row[j] && row[j] >= milli && (best < 0 || row[j] < row[best])) {
-                            best = j;
-                        }
-                    }
-                    if (best < 0) {
-                        break;
-                    }
-                    after[best] -= milli;
-                    if (milli == 0) {
-                        break;  /* nothing taken: every further GPU the same */
-                    }
-                }
+                take_packed(after, row, G, count, milli);
                 double d = before - measure_state(&p, cf[node] - r_cpu, after, G, mf[node] - r_mem, mi, single, tmp,
                                                   sums);
                 o[i] = quant > 0 ? floor(d / quant) : d;
@@ -760,22 +768,7 @@ fgd(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         const double before = frag_of(sums, sums[0], T, okr, shape->buf, count_t->buf, cpu_t->buf, cpu_t_f, cf[node],
                                       freq->buf, tmp);
         if (!share) {
-            memcpy(after, row, G * sizeof(int64_t));
-            for (long long c = 0; c < count; c++) {  /* take_packed: the least sufficient GPU, first of equals */
-                Py_ssize_t best = -1;
-                for (Py_ssize_t j = 0; j < G; j++) {
-                    if (after[j] == row[j] && row[j] >= milli && (best < 0 || row[j] < row[best])) {
-                        best = j;
-                    }
-                }
-                if (best < 0) {
-                    break;
-                }
-                after[best] -= milli;
-                if (milli == 0) {
-                    break;  /* nothing taken: every further GPU the same */
-                }
-            }
+            take_packed(after, row, G, count, milli);
             sum_rows(sums, table->buf, C, after, G);
             o[i] = before - frag_of(sums, sums[0], T, okr, shape->buf, count_t->buf, cpu_t->buf, cpu_t_f,
                                     cf[node] - r_cpu, freq->buf, tmp);

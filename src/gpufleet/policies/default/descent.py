@@ -32,10 +32,9 @@ from ... import native
 from ...engine.args import PluginArgs, arg
 from ...engine.framework import Cycle, GpuChoice
 from ...engine.model import GPU_MILLI, PodRequest
-from ...engine.plugins.gpufit import eligible_gpus, eligible_on
 from ...engine.state import ClusterState
 from ..paper._common import take_packed
-from ..paper.fgd import GPU_SCORES_PY_MAX, IDS_PY_MAX, FragDescent
+from ..paper.fgd import IDS_PY_MAX, FragDescent, eligible_mask
 from ..paper.workload import frag_amount, node_view
 from .patterns import SharePatterns, patterns_of
 from .reserves import WHOLE_KEPT
@@ -357,12 +356,7 @@ class DescentScore(FragDescent):
         patterns = self.patterns.on and self.model.cpu_tight(state) < self.args.quantile_tight
         if native.descent is not None and nodes.size:
             r = cycle.request
-            if nodes.size <= GPU_SCORES_PY_MAX:  # eligible_on: what eligible_gpus marks, without its numpy calls
-                elig = np.zeros((nodes.size, state.gpu_free_milli.shape[1]), dtype=bool)
-                for i, node in enumerate(nodes.tolist()):
-                    elig[i, eligible_on(state, r, node)] = True
-            else:
-                elig = eligible_gpus(state, r, nodes)
+            elig = eligible_mask(state, r, nodes)
             term, fit = self._share_tables(milli, patterns)
             got = self._native_scores(state, nodes, r, elig, 0, term, fit)
             if got is not None:

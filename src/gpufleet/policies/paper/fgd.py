@@ -176,6 +176,17 @@ def memo_keys(state: ClusterState, nodes: np.ndarray) -> list[bytes]:
     return cast(list[bytes], cols.view(np.dtype((np.void, cols.shape[1] * cols.itemsize))).reshape(-1).tolist())
 
 
+def eligible_mask(state: ClusterState, r: PodRequest, nodes: np.ndarray) -> np.ndarray:
+    """``eligible_gpus(state, r, nodes)``, by ``eligible_on`` node by node for a few nodes (no numpy calls over the
+    table): the share's usable GPUs, as the C scores of FGD and of the default policy take them."""
+    if nodes.size > GPU_SCORES_PY_MAX:
+        return eligible_gpus(state, r, nodes)
+    elig = np.zeros((nodes.size, state.gpu_free_milli.shape[1]), dtype=bool)
+    for i, node in enumerate(nodes.tolist()):
+        elig[i, eligible_on(state, r, node)] = True
+    return elig
+
+
 MEMO_KEYS_PY_MAX = 2  # nodes up to which memo_keys builds each key alone (fewer numpy calls than the [k, 19] table)
 GPU_SCORES_PY_MAX = 2  # nodes up to which FragDescent._gpu_scores enumerates placements in Python (46.8 -> 42.8 us at one
 # node, even at two, slower at four: best of 30 runs each)
@@ -559,12 +570,8 @@ class FGDScore(FragDescent, PaperPlugin):
             elig: np.ndarray | bool
             if r.gpu_models_allow is None and not r.gpu_models_deny and not r.gpu_memory_mib and not state.slots_limited:
                 elig = True  # eligible_gpus' mask is usable GPUs with the share's milli free: the C makes it
-            elif nodes.size <= GPU_SCORES_PY_MAX:  # eligible_on: what eligible_gpus marks, without its numpy calls
-                elig = np.zeros((nodes.size, state.gpu_free_milli.shape[1]), dtype=bool)
-                for i, node in enumerate(nodes.tolist()):
-                    elig[i, eligible_on(state, r, node)] = True
             else:
-                elig = eligible_gpus(state, r, nodes)
+                elig = eligible_mask(state, r, nodes)
             got = self._native_scores(state, nodes, r, elig)
             if got is not None:
                 return got
